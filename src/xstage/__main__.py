@@ -1,0 +1,5 @@
+"""``python -m xstage``."""
+
+from .cli.main import entry
+
+entry()

@@ -1,0 +1,1 @@
+"""The ``xstage`` command line: thin modules over the library; only this package prints or exits."""

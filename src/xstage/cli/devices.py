@@ -1,0 +1,9 @@
+"""Placeholder registration for `xstage devices` (filled in by its own module)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    pass

@@ -1,0 +1,97 @@
+"""Assembles the command groups and maps known errors to exit codes.
+
+Each command module exposes ``register(subparsers)``; the parser it adds carries
+``func(args, out) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from .. import errors
+from .._version import __version__
+from . import _errors
+from ._output import Output
+
+__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_REFUSED = 2
+EXIT_USAGE = 64
+
+_EPILOG = """environment:
+  XSTAGE_HOME      state root (envs/, cache/, records/, logs/); default: the user data dir
+  XSTAGE_DEBUG=1   show tracebacks for known errors too
+  XSTAGE_PYTHON_<ROUTE>  interpreter for one route, e.g. XSTAGE_PYTHON_ORT_OPENVINO
+
+exit codes: 0 ok, 1 error, 2 refused (a record is still written), 64 usage error
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad flags; 2 means "refused" here, so usage errors exit 64."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import devices, env, run
+
+    parser = _Parser(
+        prog="xstage",
+        description="Run one model stage on a device the host engine cannot drive, "
+        "in a worker process of its own, and prove where it ran.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"xstage {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only errors and data")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for module in (devices, env, run):
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    out = Output(
+        json_mode=bool(getattr(args, "json", False) is True),
+        verbosity=-1 if args.quiet else args.verbose,
+    )
+    try:
+        return int(args.func(args, out))
+    except KeyboardInterrupt:
+        out.error("interrupted")
+        return 130
+    except errors.UsageError as exc:
+        if os.environ.get("XSTAGE_DEBUG") == "1":
+            raise
+        out.error(exc.message)
+        if exc.remedy:
+            out.hint(exc.remedy)
+        return EXIT_USAGE
+    except errors.XstageError as exc:
+        if os.environ.get("XSTAGE_DEBUG") == "1":
+            raise
+        line, hint = _errors.format_known(exc) or (str(exc), None)
+        out.error(line)
+        if hint:
+            out.hint(hint)
+        out.hint("set XSTAGE_DEBUG=1 to see the traceback")
+        return EXIT_ERROR
+
+
+def entry() -> None:
+    sys.exit(main())

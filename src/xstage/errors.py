@@ -1,0 +1,205 @@
+"""The one exception tree of xstage.
+
+Everything xstage raises on purpose is an ``XstageError``; anything else is a bug and stays
+loud. The CLI maps each class to one line and a hint (``xstage.cli._errors``).
+
+::
+
+    XstageError
+    ├── UsageError                 the caller asked for something inconsistent
+    ├── ArtifactError              a graph or artifact file cannot be used
+    ├── RecordError                a record is unreadable or fails its schema
+    ├── EnvError                   building or removing a route environment failed
+    ├── RouteMissing               a route was required and did not resolve
+    ├── ProtocolError              a frame broke the wire spec (docs/wire.md)
+    │   ├── LocalProtocolError     we were about to send a bad frame
+    │   └── RemoteProtocolError    the worker sent a bad frame
+    └── WorkerError                the worker process failed us
+        ├── WorkerDied             it exited (status and log tail attached)
+        ├── WorkerRaised           it raised (remote traceback attached)
+        └── WorkerTimeout          a phase deadline passed
+            ├── SpawnTimeout
+            ├── HelloTimeout
+            ├── LoadTimeout
+            ├── WarmupTimeout
+            ├── CallTimeout
+            └── ShutdownTimeout
+
+Misuse of an object's lifecycle is a ``RuntimeError`` subclass, apart from operational
+failures: ``StageClosed`` (a call after ``close()`` or after the worker died).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArtifactError",
+    "CallTimeout",
+    "EnvError",
+    "HelloTimeout",
+    "LoadTimeout",
+    "LocalProtocolError",
+    "ProtocolError",
+    "RecordError",
+    "RemoteProtocolError",
+    "RouteMissing",
+    "ShutdownTimeout",
+    "SpawnTimeout",
+    "StageClosed",
+    "UsageError",
+    "WarmupTimeout",
+    "WorkerDied",
+    "WorkerError",
+    "WorkerRaised",
+    "WorkerTimeout",
+    "XstageError",
+]
+
+
+class XstageError(Exception):
+    """Raised for every failure xstage anticipates; carries an optional remedy."""
+
+    def __init__(self, message: str, *, remedy: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.remedy = remedy
+
+
+class UsageError(XstageError):
+    """Raised when flags or arguments contradict each other or name nothing that exists."""
+
+
+class ArtifactError(XstageError):
+    """Raised when a graph or artifact cannot be read, parsed or loaded."""
+
+
+class RecordError(XstageError):
+    """Raised when a record file is unreadable or does not match its schema."""
+
+
+class EnvError(XstageError):
+    """Raised when a route environment cannot be created, listed or removed."""
+
+
+class RouteMissing(XstageError):
+    """Raised when a route was pinned and did not resolve; carries its reason code."""
+
+    def __init__(self, message: str, *, reason_code: str, remedy: str | None = None) -> None:
+        super().__init__(message, remedy=remedy)
+        self.reason_code = reason_code
+
+
+class ProtocolError(XstageError):
+    """Raised when a frame breaks the wire spec."""
+
+
+class LocalProtocolError(ProtocolError):
+    """Raised when the client was about to send a frame the spec forbids."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """Raised when the worker sent a frame the spec forbids."""
+
+
+class WorkerError(XstageError):
+    """Raised when the worker process fails; names the route and pid where known."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        remedy: str | None = None,
+        pid: int | None = None,
+        log_tail: str = "",
+    ) -> None:
+        super().__init__(message, remedy=remedy)
+        self.pid = pid
+        self.log_tail = log_tail
+
+
+class WorkerDied(WorkerError):
+    """Raised when the worker exited; ``exit_status`` and ``log_tail`` say how."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        exit_status: int | None,
+        remedy: str | None = None,
+        pid: int | None = None,
+        log_tail: str = "",
+    ) -> None:
+        super().__init__(message, remedy=remedy, pid=pid, log_tail=log_tail)
+        self.exit_status = exit_status
+
+
+class WorkerRaised(WorkerError):
+    """Raised when the worker caught an exception; ``kind`` and ``remote_traceback`` say which."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str,
+        remote_traceback: str = "",
+        remedy: str | None = None,
+        pid: int | None = None,
+    ) -> None:
+        super().__init__(message, remedy=remedy, pid=pid)
+        self.kind = kind
+        self.remote_traceback = remote_traceback
+
+
+class WorkerTimeout(WorkerError):
+    """Raised when a phase deadline passed; ``phase`` and ``seconds`` say which."""
+
+    phase = "call"
+
+    def __init__(self, seconds: float, *, pid: int | None = None, log_tail: str = "") -> None:
+        super().__init__(
+            f"worker {self.phase} deadline of {seconds:g} s passed",
+            remedy=f"raise the {self.phase} deadline (Deadlines({self.phase}=...)) "
+            "if the device is slow, or look at the worker log",
+            pid=pid,
+            log_tail=log_tail,
+        )
+        self.seconds = seconds
+
+
+class SpawnTimeout(WorkerTimeout):
+    """Raised when the interpreter did not start in time."""
+
+    phase = "spawn"
+
+
+class HelloTimeout(WorkerTimeout):
+    """Raised when the worker started but sent no hello in time."""
+
+    phase = "hello"
+
+
+class LoadTimeout(WorkerTimeout):
+    """Raised when loading (session creation, compilation) took too long."""
+
+    phase = "load"
+
+
+class WarmupTimeout(WorkerTimeout):
+    """Raised when the profiled warm-up run took too long."""
+
+    phase = "warmup"
+
+
+class CallTimeout(WorkerTimeout):
+    """Raised when one call took too long; the worker is killed, the stage is dead."""
+
+    phase = "call"
+
+
+class ShutdownTimeout(WorkerTimeout):
+    """Raised when the worker did not exit in time after being asked; it is then killed."""
+
+    phase = "shutdown"
+
+
+class StageClosed(RuntimeError):
+    """Raised on a call to a worker or stage that was closed or whose worker died."""

@@ -1,0 +1,52 @@
+"""The worker package as a foreign interpreter sees it: a staged copy, alone on its path.
+
+A foreign interpreter (a Python 3.9 venv, a venv pinned to torch 2.4.1) must not see the
+client's site-packages, so ``xstage_remote`` is copied once per content hash into
+``cache/remote/<hash>/`` and that folder alone is put on the worker's ``sys.path``. The
+same hash travels in ``hello`` (``xstage_remote.package_hash``), so both ends know they run
+the same protocol code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import xstage_remote
+
+from .home import cache_dir
+
+__all__ = ["BOOTSTRAP", "local_hash", "staged_root", "worker_argv"]
+
+#: Run with ``-E -s``: no PYTHON* variables, no user site. The staged folder goes first on
+#: ``sys.path``; the interpreter's own site-packages (its runtime) stays visible.
+BOOTSTRAP = "import sys; sys.path.insert(0, sys.argv[1]); from xstage_remote.__main__ import main; main(sys.argv[2:])"
+
+
+def local_hash() -> str:
+    """The hash of the worker package this client would send."""
+    return xstage_remote.package_hash()
+
+
+def staged_root() -> Path:
+    """A folder holding only ``xstage_remote/``, made atomically once per hash."""
+    digest = local_hash()
+    root = cache_dir() / "remote" / digest[:16]
+    if (root / "xstage_remote" / "__init__.py").is_file():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".stage-", dir=root.parent))
+    src = Path(xstage_remote.__file__).parent
+    shutil.copytree(src, tmp / "xstage_remote", ignore=shutil.ignore_patterns("__pycache__"))
+    try:
+        os.replace(tmp, root)
+    except OSError:  # another process staged the same hash first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def worker_argv(interpreter: str, *args: str) -> list[str]:
+    """The argv that starts ``xstage_remote`` under ``interpreter`` with ``args``."""
+    return [interpreter, "-E", "-s", "-c", BOOTSTRAP, str(staged_root()), *args]

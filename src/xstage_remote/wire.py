@@ -1,0 +1,429 @@
+"""Framing, validation and tensor encoding for the xstage worker protocol (docs/wire.md).
+
+One implementation, imported by both ends. Every ``validate_*`` function raises
+``ProtocolError`` before anything sized by the peer is allocated, and the checks run
+cheapest first: prefix → lengths → UTF-8 → JSON → op → fields → tensor names → dtype →
+rank → ``nbytes == prod(shape) * itemsize`` (Python ints, no overflow) → exact coverage.
+
+Frame on the control stream (all integers little-endian)::
+
+    0       4          8                 16            16+H
+    +-------+----------+-----------------+-------------+-------------------+
+    | XSW1  | H (u32)  | P (u64)         | header (H)  | payload (P)       |
+    +-------+----------+-----------------+-------------+-------------------+
+
+The header is a UTF-8 JSON object; its ``t`` list describes the tensors laid end to end
+in the payload. There is no pickle anywhere in this module, by design.
+"""
+
+import json
+import struct
+import sys
+
+import numpy as np
+
+__all__ = [
+    "DTYPES",
+    "MAGIC",
+    "MAX_HEADER_BYTES",
+    "MAX_NAME_CHARS",
+    "MAX_PAYLOAD_BYTES",
+    "MAX_RANK",
+    "MAX_TENSORS",
+    "OPS",
+    "PREFIX",
+    "Frame",
+    "ProtocolError",
+    "decode_tensors",
+    "dtype_of_tag",
+    "encode_frame",
+    "recv_frame",
+    "send_frame",
+    "tag_of_dtype",
+    "validate_header",
+    "validate_header_bytes",
+    "validate_prefix",
+    "validate_tensor_descs",
+]
+
+MAGIC = b"XSW1"
+PREFIX = struct.Struct("<4sIQ")
+#: A header is small JSON; a megabyte is generous and bounds the parse.
+MAX_HEADER_BYTES = 1 << 20
+#: Default payload ceiling per frame; a connection may lower or raise it.
+MAX_PAYLOAD_BYTES = 8 << 30
+MAX_TENSORS = 4096
+MAX_NAME_CHARS = 1024
+MAX_RANK = 32
+#: Per-dimension ceiling: keeps ``prod(shape)`` a sane Python int before it is compared.
+MAX_DIM = 1 << 40
+
+
+class ProtocolError(Exception):
+    """Raised when bytes on the wire break the spec; the message names the field and limit."""
+
+
+def _bf16():
+    try:
+        import ml_dtypes  # noqa: F401  (optional: only where bfloat16 crosses the wire)
+
+        return np.dtype(ml_dtypes.bfloat16)
+    except Exception:  # not installed in this interpreter
+        return None
+
+
+#: The dtype whitelist: tag → (numpy dtype or None for bfloat16, itemsize).
+DTYPES = {
+    "bool": (np.dtype("bool"), 1),
+    "int8": (np.dtype("<i1"), 1),
+    "int16": (np.dtype("<i2"), 2),
+    "int32": (np.dtype("<i4"), 4),
+    "int64": (np.dtype("<i8"), 8),
+    "uint8": (np.dtype("<u1"), 1),
+    "uint16": (np.dtype("<u2"), 2),
+    "uint32": (np.dtype("<u4"), 4),
+    "uint64": (np.dtype("<u8"), 8),
+    "float16": (np.dtype("<f2"), 2),
+    "bfloat16": (None, 2),
+    "float32": (np.dtype("<f4"), 4),
+    "float64": (np.dtype("<f8"), 8),
+}
+#: Stable small integers for the binary descriptors in shared memory (shm.py).
+DTYPE_CODES = {tag: i + 1 for i, tag in enumerate(DTYPES)}
+CODE_DTYPES = {code: tag for tag, code in DTYPE_CODES.items()}
+
+
+def tag_of_dtype(dtype):
+    """The wire tag of a numpy dtype, or ProtocolError if it is not on the whitelist."""
+    dtype = np.dtype(dtype)
+    if dtype.name == "bfloat16":
+        return "bfloat16"
+    if dtype.kind in "biuf" and dtype.name in DTYPES:
+        return dtype.name
+    if dtype.kind == "b":
+        return "bool"
+    raise ProtocolError(
+        "dtype %s is not on the wire's whitelist (%s)" % (dtype, ", ".join(DTYPES))
+    )
+
+
+def dtype_of_tag(tag, name="?"):
+    """The numpy dtype for a wire tag (bfloat16 needs ml_dtypes in this interpreter)."""
+    entry = DTYPES.get(tag)
+    if entry is None:
+        raise ProtocolError("tensor %r: unknown dtype %r" % (name, tag))
+    if entry[0] is None:
+        dt = _bf16()
+        if dt is None:
+            raise ProtocolError(
+                "tensor %r is bfloat16 and this interpreter has no ml_dtypes to hold it; "
+                "pip install ml_dtypes there" % (name,)
+            )
+        return dt
+    return entry[0]
+
+
+# ---------------------------------------------------------------------------- header spec
+
+_OBJ, _LIST, _STR, _INT, _BOOL, _NUM = dict, list, str, int, bool, (int, float)
+
+#: op → {field: (type, required)}. Unknown ops and unknown fields are rejected; ``op`` and
+#: ``id`` are common to all. ``t`` is the tensor list (validated by validate_tensor_descs).
+OPS = {
+    "hello": {"v": (_INT, True), "features": (_LIST, True), "worker": (_OBJ, True),
+              "package_hash": (_STR, True), "auth": (_STR, True)},
+    "load": {"runtime": (_STR, True), "path": (_STR, True), "options": (_OBJ, False)},
+    "loaded": {"inputs": (_LIST, True), "outputs": (_LIST, True), "info": (_OBJ, False)},
+    "attach": {"region": (_OBJ, True)},
+    "attached": {"info": (_OBJ, False)},
+    "run": {"t": (_LIST, True), "options": (_OBJ, False)},
+    "result": {"t": (_LIST, True), "timing": (_OBJ, False)},
+    "ping": {},
+    "pong": {"info": (_OBJ, False)},
+    "shutdown": {},
+    "bye": {},
+    "error": {"kind": (_STR, True), "message": (_STR, True), "traceback": (_STR, False)},
+}
+_COMMON = {"op", "id"}
+
+
+def validate_prefix(prefix, max_payload=MAX_PAYLOAD_BYTES):
+    """Check the 16-byte prefix and return ``(header_len, payload_len)``."""
+    if len(prefix) != PREFIX.size:
+        raise ProtocolError("frame prefix is %d bytes, expected %d" % (len(prefix), PREFIX.size))
+    magic, hlen, plen = PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise ProtocolError("frame magic is %r, expected %r" % (magic, MAGIC))
+    if hlen < 2 or hlen > MAX_HEADER_BYTES:
+        raise ProtocolError("header length %d is outside [2, %d]" % (hlen, MAX_HEADER_BYTES))
+    if plen > max_payload:
+        raise ProtocolError("payload length %d exceeds the limit %d" % (plen, max_payload))
+    return hlen, plen
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ProtocolError("duplicate key %r in header" % (key,))
+        out[key] = value
+    return out
+
+
+def _reject_constant(name):
+    raise ProtocolError("header contains %s, which is not JSON" % name)
+
+
+def validate_header_bytes(raw):
+    """Decode header bytes: UTF-8, then JSON object without duplicate keys or NaN."""
+    try:
+        text = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError("header is not UTF-8 (%s)" % exc.reason) from None
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    except ProtocolError:
+        raise
+    except RecursionError:
+        raise ProtocolError("header JSON nests too deeply") from None
+    except ValueError as exc:
+        raise ProtocolError("header is not JSON (%s)" % exc) from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("header is a JSON %s, expected an object" % type(obj).__name__)
+    return obj
+
+
+def validate_header(obj):
+    """Check op, id and the op's fields (no unknown ones); return the op name."""
+    op = obj.get("op")
+    if not isinstance(op, str) or op not in OPS:
+        raise ProtocolError("unknown op %r (known: %s)" % (op, ", ".join(sorted(OPS))))
+    rid = obj.get("id")
+    if type(rid) is not int or rid < 0 or rid >= 1 << 63:
+        raise ProtocolError("op %s: id %r is not an integer in [0, 2^63)" % (op, rid))
+    spec = OPS[op]
+    for key in obj:
+        if key not in _COMMON and key not in spec:
+            raise ProtocolError("op %s: unknown field %r" % (op, key))
+    for key, (typ, required) in spec.items():
+        if key not in obj:
+            if required:
+                raise ProtocolError("op %s: missing field %r" % (op, key))
+            continue
+        value = obj[key]
+        if not isinstance(value, typ) or (typ is _INT and isinstance(value, bool)):
+            raise ProtocolError(
+                "op %s: field %r is %s, expected %s"
+                % (op, key, type(value).__name__, getattr(typ, "__name__", "number"))
+            )
+    return op
+
+
+def validate_tensor_descs(descs, payload_len):
+    """Check a ``t`` list against the payload length; return ``[(name, tag, shape, off, n)]``.
+
+    Names are unique non-empty strings, dtypes on the whitelist, rank ≤ MAX_RANK, every
+    dimension a non-negative int, ``nbytes == prod(shape) * itemsize`` and the tensors laid
+    end to end from offset 0 covering the payload exactly (no holes, no overlap).
+    """
+    if len(descs) > MAX_TENSORS:
+        raise ProtocolError("%d tensors in one frame exceed the limit %d" % (len(descs), MAX_TENSORS))
+    seen = set()
+    out = []
+    cursor = 0
+    for i, d in enumerate(descs):
+        if not isinstance(d, dict):
+            raise ProtocolError("tensor descriptor %d is not an object" % i)
+        extra = set(d) - {"name", "dtype", "shape", "offset", "nbytes"}
+        if extra:
+            raise ProtocolError("tensor descriptor %d has unknown fields %s" % (i, sorted(extra)))
+        name = d.get("name")
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS:
+            raise ProtocolError("tensor descriptor %d: name %r is not a string of 1..%d chars"
+                                % (i, name, MAX_NAME_CHARS))
+        if name in seen:
+            raise ProtocolError("tensor %r appears twice in one frame" % (name,))
+        seen.add(name)
+        tag = d.get("dtype")
+        if not isinstance(tag, str) or tag not in DTYPES:
+            raise ProtocolError("tensor %r: dtype %r is not on the whitelist" % (name, tag))
+        shape = d.get("shape")
+        if not isinstance(shape, list):
+            raise ProtocolError("tensor %r: shape is not a list" % (name,))
+        if len(shape) > MAX_RANK:
+            raise ProtocolError("tensor %r: rank %d exceeds %d" % (name, len(shape), MAX_RANK))
+        count = 1
+        for dim in shape:
+            if type(dim) is not int or dim < 0 or dim > MAX_DIM:
+                raise ProtocolError("tensor %r: dimension %r is not an int in [0, 2^40]" % (name, dim))
+            count *= dim
+        nbytes = d.get("nbytes")
+        offset = d.get("offset")
+        if type(nbytes) is not int or type(offset) is not int:
+            raise ProtocolError("tensor %r: offset and nbytes must be integers" % (name,))
+        expected = count * DTYPES[tag][1]
+        if nbytes != expected:
+            raise ProtocolError("tensor %r: nbytes %d != prod(shape) * itemsize = %d"
+                                % (name, nbytes, expected))
+        if offset != cursor:
+            raise ProtocolError("tensor %r: offset %d, expected %d (tensors are contiguous)"
+                                % (name, offset, cursor))
+        cursor += nbytes
+        if cursor > payload_len:
+            raise ProtocolError("tensor %r ends at byte %d, past the payload's %d"
+                                % (name, cursor, payload_len))
+        out.append((name, tag, tuple(shape), offset, nbytes))
+    if cursor != payload_len:
+        raise ProtocolError("tensors cover %d bytes of a %d-byte payload" % (cursor, payload_len))
+    return out
+
+
+class Frame:
+    """One decoded frame: the validated header and the payload it describes."""
+
+    __slots__ = ("header", "payload", "tensors")
+
+    def __init__(self, header, payload, tensors):
+        self.header = header
+        self.payload = payload
+        self.tensors = tensors
+
+    @property
+    def op(self):
+        return self.header["op"]
+
+    @property
+    def id(self):
+        return self.header["id"]
+
+    def arrays(self):
+        """The frame's tensors as numpy arrays viewing the payload (writable, C order)."""
+        return decode_tensors(self.tensors, self.payload)
+
+    def __repr__(self):
+        return "Frame(op=%r, id=%r, tensors=%d)" % (self.op, self.id, len(self.tensors))
+
+
+def decode_tensors(tensors, payload):
+    """Arrays for validated descriptors; zero-copy views of ``payload``."""
+    out = {}
+    for name, tag, shape, offset, nbytes in tensors:
+        dtype = dtype_of_tag(tag, name)
+        if nbytes == 0:
+            arr = np.empty(shape, dtype=dtype)
+        else:
+            arr = np.frombuffer(payload, dtype=dtype, count=nbytes // dtype.itemsize,
+                                offset=offset).reshape(shape)
+        out[name] = arr
+    return out
+
+
+def encode_tensors(arrays):
+    """Descriptors and buffers for a name → array mapping (non-contiguous arrays copied once)."""
+    descs = []
+    buffers = []
+    offset = 0
+    for name, arr in arrays.items():
+        if not isinstance(name, str) or not name:
+            raise ProtocolError("tensor name %r is not a non-empty string" % (name,))
+        arr = np.asarray(arr)
+        tag = tag_of_dtype(arr.dtype)
+        if len(arr.shape) > MAX_RANK:
+            raise ProtocolError("tensor %r: rank %d exceeds %d" % (name, arr.ndim, MAX_RANK))
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+        if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        nbytes = arr.nbytes
+        descs.append({"name": name, "dtype": tag, "shape": [int(d) for d in arr.shape],
+                      "offset": offset, "nbytes": nbytes})
+        if nbytes:
+            buffers.append(memoryview(arr.reshape(-1)).cast("B"))
+        offset += nbytes
+    return descs, buffers, offset
+
+
+def encode_frame(header, arrays=None):
+    """A list of buffers making one frame: prefix + header + tensor bytes (no joined copy)."""
+    header = dict(header)
+    buffers = []
+    plen = 0
+    if arrays is not None:
+        descs, buffers, plen = encode_tensors(arrays)
+        header["t"] = descs
+    validate_header(header)
+    if "t" in header:
+        validate_tensor_descs(header["t"], plen)
+    raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError("header is %d bytes, over the limit %d" % (len(raw), MAX_HEADER_BYTES))
+    return [PREFIX.pack(MAGIC, len(raw), plen), raw] + buffers
+
+
+def send_frame(sock, header, arrays=None):
+    """Encode and send one frame on a stream socket."""
+    parts = encode_frame(header, arrays)
+    if sum(len(p) for p in parts) <= 1 << 16:
+        sock.sendall(b"".join(parts))
+        return
+    for part in parts:
+        sock.sendall(part)
+
+
+class PeerClosed(EOFError):
+    """Raised when the stream ends; ``partial`` says whether it ended inside a frame."""
+
+    def __init__(self, partial):
+        EOFError.__init__(self, "peer closed the stream" + (" mid-frame" if partial else ""))
+        self.partial = partial
+
+
+def _recv_exactly(sock, view, started):
+    got = 0
+    n = len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise PeerClosed(started or got > 0)
+        got += k
+
+
+def recv_frame(sock, max_payload=MAX_PAYLOAD_BYTES):
+    """Read, validate and return one Frame; nothing peer-sized is allocated before it passes."""
+    prefix = bytearray(PREFIX.size)
+    _recv_exactly(sock, memoryview(prefix), False)
+    hlen, plen = validate_prefix(bytes(prefix), max_payload)
+    raw = bytearray(hlen)
+    _recv_exactly(sock, memoryview(raw), True)
+    header = validate_header_bytes(raw)
+    op = validate_header(header)
+    tensors = []
+    if "t" in header:
+        tensors = validate_tensor_descs(header["t"], plen)
+    elif plen:
+        raise ProtocolError("op %s carries a %d-byte payload and no tensor list" % (op, plen))
+    payload = bytearray(plen)
+    if plen:
+        _recv_exactly(sock, memoryview(payload), True)
+    return Frame(header, payload, tensors)
+
+
+def parse_frame(data, max_payload=MAX_PAYLOAD_BYTES):
+    """Validate and decode one complete frame held in memory (the fuzz target)."""
+    data = memoryview(data)
+    hlen, plen = validate_prefix(bytes(data[: PREFIX.size]), max_payload)
+    end = PREFIX.size + hlen
+    if len(data) < end:
+        raise ProtocolError("frame holds %d bytes, its header needs %d" % (len(data), end))
+    header = validate_header_bytes(data[PREFIX.size:end])
+    op = validate_header(header)
+    tensors = []
+    if "t" in header:
+        tensors = validate_tensor_descs(header["t"], plen)
+    elif plen:
+        raise ProtocolError("op %s carries a %d-byte payload and no tensor list" % (op, plen))
+    if len(data) != end + plen:
+        raise ProtocolError("frame holds %d bytes, its lengths say %d" % (len(data), end + plen))
+    frame = Frame(header, bytearray(data[end:]), tensors)
+    frame.arrays()  # dtype availability (bfloat16) is part of decoding
+    return frame
