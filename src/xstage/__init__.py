@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._version import __version__
-from .errors import XstageError
+from xstage._version import __version__
+from xstage.errors import XstageError
 
 __all__ = ["XstageError", "__version__"]

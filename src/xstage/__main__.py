@@ -1,5 +1,5 @@
 """``python -m xstage``."""
 
-from .cli.main import entry
+from xstage.cli.main import entry
 
 entry()

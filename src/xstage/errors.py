@@ -8,6 +8,7 @@ loud. The CLI maps each class to one line and a hint (``xstage.cli._errors``).
     XstageError
     ├── UsageError                 the caller asked for something inconsistent
     ├── ArtifactError              a graph or artifact file cannot be used
+    ├── InputError                 inputs do not match the stage's declared signature
     ├── RecordError                a record is unreadable or fails its schema
     ├── EnvError                   building or removing a route environment failed
     ├── RouteMissing               a route was required and did not resolve
@@ -36,6 +37,7 @@ __all__ = [
     "CallTimeout",
     "EnvError",
     "HelloTimeout",
+    "InputError",
     "LoadTimeout",
     "LocalProtocolError",
     "ProtocolError",
@@ -70,6 +72,10 @@ class UsageError(XstageError):
 
 class ArtifactError(XstageError):
     """Raised when a graph or artifact cannot be read, parsed or loaded."""
+
+
+class InputError(XstageError):
+    """Raised when inputs differ from the stage's declared names, dtypes or shapes."""
 
 
 class RecordError(XstageError):

@@ -15,14 +15,16 @@ import tempfile
 from pathlib import Path
 
 import xstage_remote
-
-from .home import cache_dir
+from xstage.home import cache_dir
 
 __all__ = ["BOOTSTRAP", "local_hash", "staged_root", "worker_argv"]
 
 #: Run with ``-E -s``: no PYTHON* variables, no user site. The staged folder goes first on
 #: ``sys.path``; the interpreter's own site-packages (its runtime) stays visible.
-BOOTSTRAP = "import sys; sys.path.insert(0, sys.argv[1]); from xstage_remote.__main__ import main; main(sys.argv[2:])"
+BOOTSTRAP = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from xstage_remote.__main__ import main; main(sys.argv[2:])"
+)
 
 
 def local_hash() -> str:

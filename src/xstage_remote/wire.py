@@ -93,15 +93,25 @@ DTYPE_CODES = {tag: i + 1 for i, tag in enumerate(DTYPES)}
 CODE_DTYPES = {code: tag for tag, code in DTYPE_CODES.items()}
 
 
+_TAGS = {}
+
+
 def tag_of_dtype(dtype):
     """The wire tag of a numpy dtype, or ProtocolError if it is not on the whitelist."""
+    tag = _TAGS.get(dtype)
+    if tag is not None:
+        return tag
     dtype = np.dtype(dtype)
+    tag = None
     if dtype.name == "bfloat16":
-        return "bfloat16"
-    if dtype.kind in "biuf" and dtype.name in DTYPES:
-        return dtype.name
-    if dtype.kind == "b":
-        return "bool"
+        tag = "bfloat16"
+    elif dtype.kind in "biuf" and dtype.name in DTYPES:
+        tag = dtype.name
+    elif dtype.kind == "b":
+        tag = "bool"
+    if tag is not None:
+        _TAGS[dtype] = tag  # dtype.name is slow (Python-level); calls hit this cache
+        return tag
     raise ProtocolError(
         "dtype %s is not on the wire's whitelist (%s)" % (dtype, ", ".join(DTYPES))
     )
@@ -338,7 +348,9 @@ def encode_tensors(arrays):
         descs.append({"name": name, "dtype": tag, "shape": [int(d) for d in arr.shape],
                       "offset": offset, "nbytes": nbytes})
         if nbytes:
-            buffers.append(memoryview(arr.reshape(-1)).cast("B"))
+            # A uint8 view, not memoryview(arr): numpy cannot export bfloat16 (ml_dtypes)
+            # through the buffer protocol.
+            buffers.append(memoryview(arr.reshape(-1).view(np.uint8)))
         offset += nbytes
     return descs, buffers, offset
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import errors as E
+from xstage import errors as E
 
 __all__ = ["CLI_ERROR_FORMATTERS", "format_known"]
 

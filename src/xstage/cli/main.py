@@ -11,10 +11,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .. import errors
-from .._version import __version__
-from . import _errors
-from ._output import Output
+from xstage import errors
+from xstage._version import __version__
+from xstage.cli import _errors
+from xstage.cli._output import Output
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
 
@@ -42,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import devices, env, run
+    from xstage.cli import devices, env, run
 
     parser = _Parser(
         prog="xstage",

@@ -1,0 +1,81 @@
+"""Small ONNX graphs built in code, so the main job and the tests need no user files.
+
+Written with IR version 8 and opset 17: every onnxruntime from 1.19 (Python 3.9's newest)
+to today, and the OpenVINO builds, load them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = ["IR_VERSION", "OPSET", "mlp", "slice_graph", "write"]
+
+IR_VERSION = 8
+OPSET = 17
+
+
+def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
+        producer_name="xstage",
+    )
+    onnx.checker.check_model(model)
+    return model
+
+
+def mlp(width: int = 256, depth: int = 4, batch: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """A small MLP (MatMul + Add + Relu, then Tanh): compute an EP will take whole."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    prev = "x"
+    for i in range(depth):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        b = (rng.standard_normal(width) * 0.1).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+            helper.make_node("Relu", [f"a{i}"], [f"r{i}"]),
+        ]
+        prev = f"r{i}"
+    nodes.append(helper.make_node("Tanh", [prev], ["y"]))
+    graph = helper.make_graph(
+        nodes, "xstage_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width])],
+        inits,
+    )
+    return _model(graph)
+
+
+def slice_graph(n_in: int, n_out: int, dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    """``y = x[:n_out]``: moves n_in elements in and n_out out with almost no compute.
+
+    The transport benchmark's stage: the worker's own time is one copy inside onnxruntime,
+    reported separately, so what is left of a round trip is the transport.
+    """
+    if not 0 < n_out <= n_in:
+        raise ValueError("need 0 < n_out <= n_in")
+    starts = numpy_helper.from_array(np.array([0], np.int64), "starts")
+    ends = numpy_helper.from_array(np.array([n_out], np.int64), "ends")
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", "starts", "ends"], ["y"])], "xstage_slice",
+        [helper.make_tensor_value_info("x", dtype, [n_in])],
+        [helper.make_tensor_value_info("y", dtype, [n_out])],
+        [starts, ends],
+    )
+    return _model(graph)
+
+
+def write(model: onnx.ModelProto, path: str | Path) -> Path:
+    """Save atomically (temp + rename) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    onnx.save(model, tmp)
+    tmp.replace(path)
+    return path

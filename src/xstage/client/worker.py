@@ -1,0 +1,544 @@
+"""Spawn one worker in a route's interpreter, talk to it, notice when it dies, end it.
+
+The only module (with ``routes``) that starts processes. A worker gets three inherited
+descriptors — the control socket, the doorbell and the read end of a death pipe — and a
+secret in its environment (never argv). Its fd 1 and fd 2 go to a log file whose tail is
+attached to every ``WorkerDied``. It runs in a session of its own so ``close()`` can end the
+whole process group, grandchildren included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xstage import errors
+from xstage.client.deadlines import Deadlines
+from xstage.home import logs_dir
+from xstage.remote_pkg import local_hash, worker_argv
+from xstage_remote import PROTOCOL_VERSION, shm, wire
+from xstage_remote.worker import auth_token
+
+__all__ = ["WorkerClient", "WorkerState"]
+
+_LOG_TAIL_BYTES = 4096
+
+
+class WorkerState(enum.Enum):
+    """Lifecycle of one worker; moves only forward."""
+
+    UNSTARTED = "unstarted"  # constructed; no process yet
+    STARTING = "starting"  # process spawned; waiting for its hello
+    READY = "ready"  # hello checked; load/run/ping allowed
+    CLOSING = "closing"  # shutdown sent; waiting for it to exit
+    CLOSED = "closed"  # exited and reaped; resources released
+    DEAD = "dead"  # died, timed out or broke protocol; every call raises StageClosed
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class WorkerClient:
+    """One worker process and the protocol to it.
+
+    Calls are serialized by a lock (thread-safe). Every call has the deadline of its phase;
+    a passed deadline kills the worker (its state is unknown), so the client becomes DEAD.
+    """
+
+    def __init__(
+        self,
+        interpreter: str,
+        *,
+        route: str = "ort-cpu",
+        deadlines: Deadlines | None = None,
+        shm_mode: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.interpreter = interpreter
+        self.route = route
+        self.deadlines = deadlines or Deadlines()
+        self.shm_mode = shm_mode or os.environ.get("XSTAGE_SHM", "auto")
+        if self.shm_mode not in ("auto", "memfd", "named", "off"):
+            raise errors.UsageError(
+                f"XSTAGE_SHM={self.shm_mode!r} is not one of auto, memfd, named, off"
+            )
+        self._env = dict(os.environ if env is None else env)
+        self.state = WorkerState.UNSTARTED
+        self.hello: dict[str, Any] | None = None
+        self.loaded: dict[str, Any] | None = None
+        self.last_timing: dict[str, int] = {}
+        self.log_path: Path | None = None
+        self._lock = threading.RLock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ctl: socket.socket | None = None
+        self._bell: shm.Doorbell | None = None
+        self._death_w: int | None = None
+        self._region: shm.Region | None = None
+        self._next_id = 1
+        self._seq = 0
+        self._inputs: list[dict[str, Any]] = []
+        self._outputs: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> WorkerClient:
+        if self.state is WorkerState.UNSTARTED:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> dict[str, Any]:
+        """Spawn the worker and check its hello (version, package hash, secret)."""
+        with self._lock:
+            if self.state is not WorkerState.UNSTARTED:
+                raise errors.StageClosed(f"worker is {self.state.value}; start it only once")
+            self.state = WorkerState.STARTING
+            try:
+                self._spawn()
+                self.hello = self._await_hello()
+            except BaseException:
+                self._abort()
+                raise
+            self.state = WorkerState.READY
+            return self.hello
+
+    def _spawn(self) -> None:
+        ctl_parent, ctl_child = shm.socketpair()
+        bell_parent, bell_child = shm.socketpair()
+        death_r, death_w = os.pipe()
+        secret = secrets.token_hex(16)
+        self._secret = secret
+        env = dict(self._env)
+        env["XSTAGE_WORKER_SECRET"] = secret
+        self.log_path = logs_dir() / (
+            f"worker-{self.route}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.log"
+        )
+        argv = worker_argv(
+            self.interpreter,
+            "worker",
+            "--ctl-fd", str(ctl_child.fileno()),
+            "--bell-fd", str(bell_child.fileno()),
+            "--death-fd", str(death_r),
+        )
+        try:
+            with open(self.log_path, "wb") as log:
+                self._proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    env=env,
+                    pass_fds=(ctl_child.fileno(), bell_child.fileno(), death_r),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as exc:
+            for s in (ctl_parent, bell_parent):
+                s.close()
+            os.close(death_w)
+            raise errors.WorkerError(
+                f"could not start the {self.route} interpreter {self.interpreter}: "
+                f"{exc.strerror or exc}",
+                remedy=f"check the interpreter path, or set XSTAGE_PYTHON_"
+                f"{self.route.upper().replace('-', '_')} to a working Python",
+            ) from exc
+        finally:
+            ctl_child.close()
+            bell_child.close()
+            os.close(death_r)
+        self._ctl = ctl_parent
+        self._bell = shm.Doorbell(bell_parent)
+        self._death_w = death_w
+
+    def _await_hello(self) -> dict[str, Any]:
+        assert self._ctl is not None and self._proc is not None
+        import select
+
+        spawn_s = self.deadlines.spawn
+        readable, _, _ = select.select([self._ctl], [], [], spawn_s)
+        if not readable:
+            raise errors.SpawnTimeout(spawn_s or 0, pid=self.pid, log_tail=self.log_tail())
+        frame = self._recv("hello", self.deadlines.hello)
+        if frame.op != "hello":
+            raise errors.RemoteProtocolError(f"first frame is {frame.op!r}, expected hello")
+        h = frame.header
+        if h["v"] != PROTOCOL_VERSION:
+            raise errors.RemoteProtocolError(
+                f"worker speaks protocol v{h['v']}, this client v{PROTOCOL_VERSION}"
+            )
+        if h["package_hash"] != local_hash():
+            raise errors.RemoteProtocolError(
+                "worker package hash differs from the client's "
+                f"({h['package_hash'][:12]} != {local_hash()[:12]})",
+                remedy="remove the staged copy under XSTAGE_HOME/cache/remote and retry",
+            )
+        if h["auth"] != auth_token(self._secret, self._proc.pid):
+            raise errors.RemoteProtocolError("worker hello does not prove the session secret")
+        return h
+
+    def close(self) -> None:
+        """End the worker (politely, then the whole group) and release everything. Idempotent."""
+        with self._lock:
+            if self.state in (WorkerState.CLOSED, WorkerState.UNSTARTED):
+                self.state = WorkerState.CLOSED
+                return
+            if self.state is WorkerState.READY:
+                self.state = WorkerState.CLOSING
+                with contextlib.suppress(errors.XstageError, OSError):
+                    self._send({"op": "shutdown", "id": self._take_id()})
+                    self._recv("shutdown", self.deadlines.shutdown)
+                    if self._proc is not None:
+                        self._proc.wait(timeout=self.deadlines.shutdown)
+            self._abort()
+            self.state = WorkerState.CLOSED
+
+    def _abort(self) -> None:
+        """Kill the process group, reap, close descriptors and the region."""
+        proc = self._proc
+        if proc is not None:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        else:
+            pass
+        if proc is not None:
+            # Anything the worker started in its session goes too.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self._region is not None:
+            self._region.close()
+            self._region = None
+        for closer in (self._ctl, self._bell.sock if self._bell else None):
+            if closer is not None:
+                closer.close()
+        self._ctl = None
+        self._bell = None
+        if self._death_w is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._death_w)
+            self._death_w = None
+        if self.state is not WorkerState.CLOSING:
+            self.state = WorkerState.DEAD
+
+    # ------------------------------------------------------------------ plumbing
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines the worker (or its native runtime) wrote."""
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _take_id(self) -> int:
+        rid = self._next_id
+        self._next_id += 1
+        return rid
+
+    def _died(self) -> errors.WorkerDied:
+        code = None
+        if self._proc is not None:
+            try:
+                code = self._proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                code = None
+        tail = self.log_tail()
+        exc = errors.WorkerDied(
+            f"the {self.route} worker (pid {self.pid}) {_describe_exit(code)}",
+            exit_status=code,
+            pid=self.pid,
+            log_tail=tail,
+            remedy=f"see its log {self.log_path}" if self.log_path else None,
+        )
+        self._abort()
+        self.state = WorkerState.DEAD
+        return exc
+
+    @contextlib.contextmanager
+    def _boundary(self, phase: str, seconds: float | None) -> Iterator[None]:
+        """Translate lower-layer failures into the most specific xstage error."""
+        try:
+            yield
+        except wire.PeerClosed as exc:
+            raise self._died() from exc
+        except (ConnectionError, BrokenPipeError) as exc:
+            raise self._died() from exc
+        except TimeoutError as exc:
+            timeout_cls = {
+                "spawn": errors.SpawnTimeout,
+                "hello": errors.HelloTimeout,
+                "load": errors.LoadTimeout,
+                "warmup": errors.WarmupTimeout,
+                "call": errors.CallTimeout,
+                "shutdown": errors.ShutdownTimeout,
+            }[phase]
+            tail = self.log_tail()
+            pid = self.pid
+            self._abort()
+            raise timeout_cls(seconds or 0, pid=pid, log_tail=tail) from exc
+        except wire.ProtocolError as exc:
+            self._abort()
+            raise errors.RemoteProtocolError(f"worker {self.pid}: {exc}") from exc
+
+    def _send(self, header: dict[str, Any], arrays: Mapping[str, np.ndarray] | None = None) -> None:
+        assert self._ctl is not None
+        try:
+            parts = wire.encode_frame(header, arrays)
+        except wire.ProtocolError as exc:
+            raise errors.LocalProtocolError(str(exc)) from exc
+        with self._boundary("call", None):
+            self._ctl.settimeout(None)
+            for part in parts:
+                self._ctl.sendall(part)
+
+    def _recv(self, phase: str, seconds: float | None) -> wire.Frame:
+        if self._ctl is None:
+            raise errors.StageClosed(f"worker is {self.state.value}")
+        with self._boundary(phase, seconds):
+            self._ctl.settimeout(seconds)
+            frame = wire.recv_frame(self._ctl)
+        return frame
+
+    def _expect(self, frame: wire.Frame, op: str, rid: int) -> wire.Frame:
+        if frame.op == "error":
+            h = frame.header
+            raise errors.WorkerRaised(
+                f"the {self.route} worker raised {h['kind']}: {h['message']}",
+                kind=h["kind"],
+                remote_traceback=h.get("traceback", ""),
+                pid=self.pid,
+            )
+        if frame.op != op or frame.id != rid:
+            self._abort()
+            raise errors.RemoteProtocolError(
+                f"expected {op} #{rid}, the worker sent {frame.op} #{frame.id}"
+            )
+        return frame
+
+    def _request(self, header: dict[str, Any], reply: str, phase: str,
+                 arrays: Mapping[str, np.ndarray] | None = None) -> wire.Frame:
+        self._require_ready()
+        rid = self._take_id()
+        header = dict(header, id=rid)
+        self._send(header, arrays)
+        seconds = getattr(self.deadlines, phase)
+        return self._expect(self._recv(phase, seconds), reply, rid)
+
+    def _require_ready(self) -> None:
+        if self.state is not WorkerState.READY:
+            raise errors.StageClosed(
+                f"the {self.route} worker is {self.state.value}"
+                + ("; it died earlier, open a new one" if self.state is WorkerState.DEAD else "")
+            )
+
+    # ------------------------------------------------------------------ operations
+    def ping(self) -> dict[str, Any]:
+        """Liveness and the worker's memory (rss, peak)."""
+        with self._lock:
+            return self._request({"op": "ping"}, "pong", "call").header.get("info", {})
+
+    def load(self, path: str | os.PathLike[str], *, runtime: str = "ort",
+             options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Load a stage; then set up the shared region when the signature allows one."""
+        with self._lock:
+            header = {"op": "load", "runtime": runtime, "path": str(path),
+                      "options": dict(options or {})}
+            frame = self._request(header, "loaded", "load")
+            self.loaded = frame.header
+            self._inputs = frame.header["inputs"]
+            self._outputs = frame.header["outputs"]
+            if self.shm_mode != "off":
+                self._attach_region()
+            return self.loaded
+
+    @staticmethod
+    def _capacity(decl: Mapping[str, Any]) -> int | None:
+        n = wire.DTYPES[decl["dtype"]][1]
+        for d in decl["shape"]:
+            if not isinstance(d, int):
+                return None
+            n *= d
+        return n
+
+    def _attach_region(self) -> None:
+        slots, size = shm.plan_layout(
+            [(d["name"], d["dtype"], self._capacity(d)) for d in self._inputs],
+            [(d["name"], d["dtype"], self._capacity(d)) for d in self._outputs],
+        )
+        if slots is None:
+            return
+        kind = "memfd" if self.shm_mode in ("auto", "memfd") and hasattr(os, "memfd_create") \
+            else "named"
+        region = shm.Region.create(size, slots, kind)
+        spec: dict[str, Any] = {"kind": kind, "size": size, "slots": slots}
+        if kind == "named":
+            spec["name"] = region.name
+        rid = self._take_id()
+        try:
+            self._send({"op": "attach", "id": rid, "region": spec})
+            if kind == "memfd":
+                assert self._ctl is not None
+                socket.send_fds(self._ctl, [b"\0"], [region.fd])
+            self._expect(self._recv("load", self.deadlines.load), "attached", rid)
+        finally:
+            region.handed_over()
+        self._region = region
+        assert self._bell is not None
+        self._bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
+        self._seq = region.resp_seq()
+
+    def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        declared = {d["name"]: d for d in self._inputs}
+        if set(inputs) != set(declared):
+            missing = sorted(set(declared) - set(inputs))
+            extra = sorted(set(inputs) - set(declared))
+            raise errors.InputError(
+                "inputs do not match the stage: "
+                + (f"missing {missing}" if missing else "")
+                + ("; " if missing and extra else "")
+                + (f"unexpected {extra}" if extra else ""),
+                remedy=f"the stage takes {sorted(declared)}",
+            )
+        feeds = {}
+        for name, decl in declared.items():
+            arr = np.asarray(inputs[name])
+            try:
+                tag = wire.tag_of_dtype(arr.dtype)
+            except wire.ProtocolError:
+                tag = str(arr.dtype)
+            if tag != decl["dtype"]:
+                raise errors.InputError(
+                    f"input {name!r} is {tag}, the stage expects {decl['dtype']}",
+                    remedy=f"convert it yourself (arr.astype(np.{decl['dtype']})): "
+                    "xstage never casts silently",
+                )
+            shape = decl["shape"]
+            ok = len(shape) == arr.ndim and all(
+                not isinstance(d, int) or d == n for d, n in zip(shape, arr.shape, strict=True)
+            )
+            if not ok:
+                raise errors.InputError(
+                    f"input {name!r} has shape {tuple(arr.shape)}, the stage expects "
+                    f"{tuple(shape)}",
+                    remedy="symbolic dimensions (names) accept any size; fixed ones must match",
+                )
+            feeds[name] = arr
+        return feeds
+
+    def run(self, inputs: Mapping[str, Any], *,
+            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run the loaded stage: outputs by name in graph order, C-contiguous, owned.
+
+        ``out`` may hold preallocated C-contiguous arrays for some outputs (same dtype and
+        shape as the result); those are filled in place and returned, saving an allocation
+        per call on the shared-memory path.
+        """
+        with self._lock:
+            self._require_ready()
+            if self.loaded is None:
+                raise errors.UsageError("run() before load()")
+            feeds = self._check_inputs(inputs)
+            region = self._region
+            if region is not None and all(
+                a.nbytes <= region.slots[region.index[("in", n)]]["capacity"]
+                for n, a in feeds.items()
+            ):
+                return self._run_shm(region, feeds, out or {})
+            frame = self._request({"op": "run"}, "result", "call", arrays=feeds)
+            self.last_timing = dict(frame.header.get("timing", {}))
+            return self._collect(frame.arrays(), out or {})
+
+    def _collect(self, arrays: Mapping[str, np.ndarray],
+                 out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = {}
+        for d in self._outputs:
+            name = d["name"]
+            result[name] = _fill(out.get(name), arrays[name], name)
+        return result
+
+    def _run_shm(self, region: shm.Region, feeds: Mapping[str, np.ndarray],
+                 out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        assert self._bell is not None and self._ctl is not None
+        seq = self._seq + 1
+        for name, arr in feeds.items():
+            region.write("in", name, arr)
+        region.publish_request(seq)
+        self._bell.ring()
+        seconds = self.deadlines.call
+        deadline = None if seconds is None else time.monotonic() + seconds
+        state = self._bell.wait(lambda: region.resp_seq() == seq, deadline, watch=[self._ctl])
+        if state == "timeout":
+            pid, tail = self.pid, self.log_tail()
+            self._abort()
+            raise errors.CallTimeout(seconds or 0, pid=pid, log_tail=tail)
+        if state in ("closed", "watch") and region.resp_seq() != seq:
+            # The worker either died or sent a frame ahead of its response (error, inline).
+            frame = self._recv("call", seconds)
+            if region.resp_seq() != seq:
+                self._bell.wait(lambda: region.resp_seq() == seq, deadline, spin=0)
+            return self._finish_shm(region, seq, frame, out)
+        return self._finish_shm(region, seq, None, out)
+
+    def _finish_shm(self, region: shm.Region, seq: int, frame: wire.Frame | None,
+                    out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        status, worker_ns, rss, peak = region.response()
+        self._seq = seq
+        self.last_timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak}
+        if status == shm.STATUS_OK:
+            result = {}
+            for d in self._outputs:
+                name = d["name"]
+                try:
+                    dtype, shape = region.read_desc("out", name)
+                except wire.ProtocolError as exc:
+                    self._abort()
+                    raise errors.RemoteProtocolError(f"worker {self.pid}: {exc}") from exc
+                result[name] = _fill(out.get(name), region.view("out", name, dtype, shape), name)
+            return result
+        if frame is None:
+            frame = self._recv("call", self.deadlines.call)
+        frame = self._expect(frame, "result", seq)
+        self.last_timing = dict(frame.header.get("timing", {}))
+        return self._collect(frame.arrays(), out)
+
+
+def _fill(target: np.ndarray | None, value: np.ndarray, name: str) -> np.ndarray:
+    """Copy ``value`` into ``target`` when given (checked), else into a new owned array."""
+    if target is None:
+        return np.array(value, copy=True, order="C")
+    if target.dtype != value.dtype or target.shape != value.shape or not target.flags.c_contiguous:
+        raise errors.InputError(
+            f"out[{name!r}] is {target.dtype}{tuple(target.shape)}, the output is "
+            f"{value.dtype}{tuple(value.shape)}",
+            remedy="pass a C-contiguous array of the output's dtype and shape, or no out",
+        )
+    np.copyto(target, value)
+    return target

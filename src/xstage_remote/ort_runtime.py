@@ -1,0 +1,160 @@
+"""The onnxruntime runtime inside a worker: build the session a route asks for, run it.
+
+Session construction here is deliberately literal: the client says which EP (a built-in
+provider name with options, or a plugin EP library to register and the device to bind) and
+this module asks onnxruntime for exactly that, with its Python fallback turned off where the
+build allows, so a session that silently rebuilt itself on the CPU cannot pass unnoticed.
+Placement evidence (profiles, assignment) belongs to the ``external`` path and is added there.
+"""
+
+import time
+
+__all__ = ["OrtRuntime", "load"]
+
+_ORT_TYPES = {
+    "tensor(bool)": "bool", "tensor(int8)": "int8", "tensor(int16)": "int16",
+    "tensor(int32)": "int32", "tensor(int64)": "int64", "tensor(uint8)": "uint8",
+    "tensor(uint16)": "uint16", "tensor(uint32)": "uint32", "tensor(uint64)": "uint64",
+    "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16", "tensor(float)": "float32",
+    "tensor(double)": "float64",
+}
+_REGISTERED = {}
+
+
+def _dims(shape):
+    """ORT shapes hold ints, strings (symbolic) or None; symbolic dims become strings."""
+    out = []
+    for d in shape:
+        if isinstance(d, int) and d >= 0:
+            out.append(d)
+        else:
+            out.append(str(d) if d is not None else "?")
+    return out
+
+
+def _signature(args):
+    sig = []
+    for a in args:
+        tag = _ORT_TYPES.get(a.type)
+        if tag is None:
+            raise TypeError("stage I/O %r has type %s, which the wire cannot carry" % (a.name, a.type))
+        sig.append({"name": a.name, "dtype": tag, "shape": _dims(a.shape)})
+    return sig
+
+
+def _register_plugin(ort, module_name, registration):
+    if registration in _REGISTERED:
+        return _REGISTERED[registration]
+    mod = __import__(module_name)
+    ort.register_execution_provider_library(registration, mod.get_library_path())
+    _REGISTERED[registration] = mod
+    return mod
+
+
+def _session_options(ort, opts):
+    so = ort.SessionOptions()
+    if opts.get("intra_op_num_threads"):
+        so.intra_op_num_threads = int(opts["intra_op_num_threads"])
+    level = opts.get("graph_optimization_level")
+    if level:
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    so.log_severity_level = int(opts.get("log_severity_level", 3))
+    return so
+
+
+def load(path, options):
+    """Build a session for ``path`` as ``options`` describe; see OrtRuntime."""
+    import onnxruntime as ort
+
+    ep = options.get("ep") or {"name": "CPUExecutionProvider"}
+    so = _session_options(ort, options.get("session") or {})
+    t0 = time.perf_counter()
+    plugin = ep.get("plugin")
+    bound_device = None
+    if plugin:
+        _register_plugin(ort, plugin["module"], plugin.get("registration", plugin["module"]))
+        want = plugin.get("device_type")
+        devices = [d for d in ort.get_ep_devices() if d.ep_name == ep["name"]]
+        if want:
+            devices = [d for d in devices
+                       if str(d.ep_metadata.get("ov_device", "")).upper() == want.upper()
+                       or d.device.type.name == want.upper()]
+        if not devices:
+            raise RuntimeError("plugin EP %s lists no device%s here"
+                               % (ep["name"], " of type " + want if want else ""))
+        so.add_provider_for_devices(devices[:1], dict(ep.get("options") or {}))
+        bound_device = {"type": devices[0].device.type.name, "vendor": devices[0].device.vendor,
+                        "ep_metadata": dict(devices[0].ep_metadata)}
+        session = ort.InferenceSession(path, sess_options=so)
+    else:
+        providers = [(ep["name"], dict(ep.get("options") or {}))]
+        if ep["name"] != "CPUExecutionProvider":
+            providers.append(("CPUExecutionProvider", {}))
+        session = ort.InferenceSession(path, sess_options=so, providers=providers)
+    if hasattr(session, "disable_fallback"):
+        session.disable_fallback()
+    load_s = time.perf_counter() - t0
+    return OrtRuntime(ort, session, ep["name"], load_s, bound_device)
+
+
+class OrtRuntime:
+    """One session, its signature, and two ways to run: by value, or bound to slots."""
+
+    def __init__(self, ort, session, ep_name, load_s, bound_device):
+        self.ort = ort
+        self.session = session
+        self.inputs = _signature(session.get_inputs())
+        self.outputs = _signature(session.get_outputs())
+        self.info = {
+            "runtime": "onnxruntime",
+            "onnxruntime": ort.__version__,
+            "requested_ep": ep_name,
+            "providers": session.get_providers(),
+            "load_s": load_s,
+            "bound_device": bound_device,
+        }
+        self._binding = None
+        self._bound_key = None
+
+    def run(self, feeds):
+        """Outputs by name, in graph order, for inputs by name."""
+        names = [o["name"] for o in self.outputs]
+        values = self.session.run(names, feeds)
+        return dict(zip(names, values))
+
+    def run_into(self, feeds, out_views):
+        """Run with inputs read in place and fixed-shape outputs written into ``out_views``.
+
+        ``out_views`` maps output name → a writable numpy view of its slot, or None where
+        the shape is data-dependent (then the value comes back as an array to copy).
+        Returns the outputs that were not written in place.
+        """
+        # Slot addresses never move while a region lives, so shapes alone key the binding.
+        key = tuple((n, a.shape) for n, a in feeds.items())
+        if self._binding is None or key != self._bound_key:
+            io = self.session.io_binding()
+            for name, arr in feeds.items():
+                io.bind_input(name, "cpu", 0, arr.dtype, list(arr.shape),
+                              arr.__array_interface__["data"][0])
+            for o in self.outputs:
+                view = out_views.get(o["name"])
+                if view is not None and view.size:
+                    io.bind_output(o["name"], "cpu", 0, view.dtype, list(view.shape),
+                                   view.__array_interface__["data"][0])
+                else:
+                    io.bind_output(o["name"], "cpu")
+            self._binding, self._bound_key = io, key
+        self.session.run_with_iobinding(self._binding)
+        rest = {}
+        values = None
+        for i, o in enumerate(self.outputs):
+            view = out_views.get(o["name"])
+            if view is None or not view.size:
+                if values is None:
+                    values = self._binding.get_outputs()
+                rest[o["name"]] = values[i].numpy()
+        return rest
+
+    def close(self):
+        self._binding = None
+        self.session = None

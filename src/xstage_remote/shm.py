@@ -1,0 +1,451 @@
+"""The shared region between a client and its worker: layout, slot states and the doorbell.
+
+One region per worker, created by the client after ``loaded`` (it knows the stage's declared
+inputs and outputs then), handed over once (a memfd passed over the control socket, or a
+named file under /dev/shm unlinked as soon as both ends hold it), and used for every call
+after. On this path the control socket carries only errors, inline fallbacks and liveness.
+
+Layout (integers little-endian, offsets in bytes)::
+
+      0 +--------------------------------------------------+
+        | magic "XSR1" u32 version | u64 size | u32 n_slots |   identity (client, once)
+     64 +--------------------------------------------------+
+        | req_seq u64 | client_asleep u32                  |   client writes
+    128 +--------------------------------------------------+
+        | resp_seq u64 | status u32 | pad | worker_ns u64  |   worker writes
+        | rss u64 | peak u64 | worker_asleep u32           |
+    256 +--------------------------------------------------+
+        | descriptor[0] .. descriptor[n_slots-1]           |   272 B each:
+        |   u8 dtype code, u8 rank, u16 pad, u32 pad,      |   inputs: client writes
+        |   u64 nbytes, u64 dims[32]                       |   outputs: worker writes
+        +--------------------------------------------------+  aligned to 4096
+        | slot data, each slot aligned to 64 B             |
+   size +--------------------------------------------------+
+
+Who may touch what, by the two sequence numbers (one call in flight at a time)::
+
+    state       condition                 owner of slots+descriptors  next move
+    IDLE        req_seq == resp_seq       client                      client writes inputs,
+                                                                      then req_seq += 1, rings
+    REQUESTED   req_seq == resp_seq + 1   worker                      worker runs, writes
+                                                                      outputs + status, then
+                                                                      resp_seq = req_seq, rings
+
+NOTE (ordering): every publisher writes data and descriptors *before* the sequence number,
+and every reader reads the sequence number *before* the data. x86-64 keeps stores in order
+and loads in order, so a spinning reader that sees the new number sees the data. Weaker
+CPUs do not promise that and Python has no fence: there ``SPIN`` is off and the reader
+blocks on the doorbell, whose send/recv pair orders memory in the kernel.
+
+Wait policy: spin with ``sched_yield`` for ``SPIN_SECONDS`` (a call's answer usually arrives
+within it, and a yield lets the other side run on a busy 2-core machine), then raise one's
+``*_asleep`` flag, drain the doorbell, re-check, and block in ``select``. A poster rings only
+when the peer's flag is up, which saves two system calls (~4 µs) per call while both sides
+are awake. NOTE: flag-then-recheck on one side and publish-then-read-flag on the other is a
+store→load pattern that x86 may reorder, so both sides could miss each other once; the first
+block therefore lasts at most ``FIRST_BLOCK_SECONDS`` before re-checking, which turns that
+rare race into a millisecond, never a hang. Where spinning is off, posters always ring. The
+ring is non-blocking: a full doorbell buffer already holds a pending wake-up.
+"""
+
+import mmap
+import os
+import platform
+import select
+import socket
+import struct
+import time
+
+import numpy as np
+
+from .wire import CODE_DTYPES, DTYPE_CODES, DTYPES, MAX_RANK, ProtocolError, dtype_of_tag
+
+__all__ = [
+    "DATA_ALIGN",
+    "MAX_REGION_BYTES",
+    "SPIN",
+    "SPIN_SECONDS",
+    "STATUS_ERROR",
+    "STATUS_INLINE",
+    "STATUS_OK",
+    "Doorbell",
+    "Region",
+    "plan_layout",
+    "validate_layout",
+]
+
+MAGIC = b"XSR1"
+VERSION = 1
+#: The documented ceiling of one region; stages whose declared I/O exceed it go inline.
+MAX_REGION_BYTES = int(os.environ.get("XSTAGE_MAX_REGION_BYTES", 4 << 30))
+MAX_SLOTS = 1024
+DESC_OFF = 256
+DESC = struct.Struct("<BBHIQ" + "Q" * MAX_RANK)  # 272 bytes
+DATA_ALIGN = 64
+PAGE = 4096
+
+OFF_REQ_SEQ = 64
+OFF_CLIENT_ASLEEP = 72
+OFF_RESP_SEQ = 128
+OFF_STATUS = 136
+OFF_WORKER_NS = 144
+OFF_RSS = 152
+OFF_PEAK = 160
+OFF_WORKER_ASLEEP = 168
+
+STATUS_OK = 0
+STATUS_ERROR = 1
+STATUS_INLINE = 2
+
+#: Spin only where plain stores and loads are ordered (see the NOTE above).
+SPIN = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+#: Long enough to cover a small call's round trip (tens of µs) many times over; short
+#: enough that an idle worker sleeps almost at once. Each yield costs ~0.3-1 µs here.
+SPIN_SECONDS = float(os.environ.get("XSTAGE_SPIN_SECONDS", "0.002"))
+#: Bounds the cost of the flag race described above.
+FIRST_BLOCK_SECONDS = 0.001
+
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_HEAD = struct.Struct("<4sIQI")
+
+
+def _align(n, a):
+    return (n + a - 1) // a * a
+
+
+def plan_layout(inputs, outputs):
+    """Slot table for declared I/O: ``[(name, role, tag, capacity)]`` → (slots, size).
+
+    Every input needs a known capacity (else ``(None, 0)``: the stage runs inline). An
+    output whose capacity is ``None`` (a data-dependent dimension) gets no slot and comes
+    back inline. Returns ``(slots, size)``; ``(None, 0)`` also when the region would exceed
+    ``MAX_REGION_BYTES``.
+    """
+    if not inputs or any(c is None for _, _, c in inputs):
+        return None, 0
+    specs = [(n, "in", t, c) for n, t, c in inputs]
+    specs += [(n, "out", t, c) for n, t, c in outputs if c is not None]
+    data_off = _align(DESC_OFF + len(specs) * DESC.size, PAGE)
+    cursor = data_off
+    slots = []
+    for name, role, tag, cap in specs:
+        slots.append({"name": name, "role": role, "dtype": tag, "capacity": int(cap),
+                      "offset": cursor})
+        cursor = _align(cursor + max(int(cap), 1), DATA_ALIGN)
+    size = _align(cursor, PAGE)
+    if size > MAX_REGION_BYTES:
+        return None, 0
+    return slots, size
+
+
+def validate_layout(size, slots):
+    """Check a slot table received from the peer before mapping anything."""
+    if type(size) is not int or size <= 0 or size > MAX_REGION_BYTES:
+        raise ProtocolError("region size %r is outside (0, %d]" % (size, MAX_REGION_BYTES))
+    if not isinstance(slots, list) or not slots or len(slots) > MAX_SLOTS:
+        raise ProtocolError("region slot table must list 1..%d slots" % MAX_SLOTS)
+    data_off = _align(DESC_OFF + len(slots) * DESC.size, PAGE)
+    seen = set()
+    end = data_off
+    for i, s in enumerate(slots):
+        if not isinstance(s, dict) or set(s) != {"name", "role", "dtype", "capacity", "offset"}:
+            raise ProtocolError("region slot %d must have name, role, dtype, capacity, offset" % i)
+        key = (s["role"], s["name"])
+        if s["role"] not in ("in", "out") or not isinstance(s["name"], str) or key in seen:
+            raise ProtocolError("region slot %d: bad or duplicate role/name %r" % (i, key))
+        seen.add(key)
+        if s["dtype"] not in DTYPES:
+            raise ProtocolError("region slot %r: dtype %r not on the whitelist" % (s["name"], s["dtype"]))
+        cap, off = s["capacity"], s["offset"]
+        if type(cap) is not int or type(off) is not int or cap < 0 or off % DATA_ALIGN:
+            raise ProtocolError("region slot %r: capacity/offset invalid" % (s["name"],))
+        if off < end or off + cap > size:
+            raise ProtocolError("region slot %r at [%d, %d) overlaps or leaves the region"
+                                % (s["name"], off, off + cap))
+        end = off + cap
+    return data_off
+
+
+class Region:
+    """A mapped region with typed access to the control block, descriptors and slots.
+
+    The creator alone unlinks a named region; ``close()`` is idempotent and never runs from
+    ``__del__`` (unmapping under live numpy views raises, so close tolerates it).
+    """
+
+    def __init__(self, mm, size, slots, kind, name=None, creator=False):
+        self.mm = mm
+        self.size = size
+        self.slots = slots
+        self.kind = kind
+        self.name = name
+        self.creator = creator
+        self.index = {(s["role"], s["name"]): i for i, s in enumerate(slots)}
+        self._views = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ creation / attach
+    @classmethod
+    def create(cls, size, slots, kind="auto"):
+        """Make a region: an anonymous memfd where the OS allows, else a named file."""
+        if kind == "auto":
+            kind = "memfd" if hasattr(os, "memfd_create") else "named"
+        if kind == "memfd":
+            fd = os.memfd_create("xstage-region", os.MFD_CLOEXEC)
+            name = None
+        elif kind == "named":
+            name = "/dev/shm/xstage-%d-%s" % (os.getpid(), os.urandom(6).hex())
+            fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        else:
+            raise ValueError("unknown region kind %r" % kind)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            if name:
+                _unlink(name)
+            raise
+        region = cls(mm, size, slots, kind, name, creator=True)
+        region.fd = fd
+        _HEAD.pack_into(mm, 0, MAGIC, VERSION, size, len(slots))
+        return region
+
+    @classmethod
+    def attach(cls, fd_or_name, size, slots):
+        """Map a region the peer made; validates the slot table first, then the identity."""
+        validate_layout(size, slots)
+        if isinstance(fd_or_name, str):
+            if not fd_or_name.startswith("/dev/shm/xstage-") or "/" in fd_or_name[9:]:
+                raise ProtocolError("region name %r is not an xstage region" % (fd_or_name,))
+            fd = os.open(fd_or_name, os.O_RDWR)
+            kind, name = "named", fd_or_name
+        else:
+            fd, kind, name = fd_or_name, "memfd", None
+        try:
+            if os.fstat(fd).st_size < size:
+                raise ProtocolError("region is %d bytes, the table says %d"
+                                    % (os.fstat(fd).st_size, size))
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        if name:
+            _unlink(name)  # both ends hold it now: the name has done its job
+        magic, version, got_size, n = _HEAD.unpack_from(mm, 0)
+        if magic != MAGIC or version != VERSION or got_size != size or n != len(slots):
+            mm.close()
+            raise ProtocolError("region identity %r v%d size %d n %d does not match the table"
+                                % (magic, version, got_size, n))
+        return cls(mm, size, slots, kind, name)
+
+    def handed_over(self):
+        """The creator's half of "unlinked as soon as both ends hold it"."""
+        if self.creator and self.name:
+            _unlink(self.name)
+        fd = getattr(self, "fd", None)
+        if fd is not None:
+            os.close(fd)
+            self.fd = None
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self._views.clear()
+        self.handed_over()
+        try:
+            self.mm.close()
+        except BufferError:  # a numpy view is still alive; the mapping goes with the process
+            pass
+
+    # ------------------------------------------------------------------ control block
+    def req_seq(self):
+        return _U64.unpack_from(self.mm, OFF_REQ_SEQ)[0]
+
+    def resp_seq(self):
+        return _U64.unpack_from(self.mm, OFF_RESP_SEQ)[0]
+
+    def publish_request(self, seq):
+        # NOTE: inputs and descriptors are already written; the number goes last.
+        _U64.pack_into(self.mm, OFF_REQ_SEQ, seq)
+
+    def publish_response(self, seq, status, worker_ns, rss=0, peak=0):
+        # NOTE: outputs and descriptors first, then status and stats, the number last.
+        struct.pack_into("<IIQQQ", self.mm, OFF_STATUS, status, 0, worker_ns, rss, peak)
+        _U64.pack_into(self.mm, OFF_RESP_SEQ, seq)
+
+    def set_flag(self, off, value):
+        _U32.pack_into(self.mm, off, value)
+
+    def flag(self, off):
+        return _U32.unpack_from(self.mm, off)[0]
+
+    def response(self):
+        """(status, worker_ns, rss, peak) of the last published response."""
+        status, _, worker_ns, rss, peak = struct.unpack_from("<IIQQQ", self.mm, OFF_STATUS)
+        return status, worker_ns, rss, peak
+
+    # ------------------------------------------------------------------ descriptors + slots
+    def has(self, role, name):
+        return (role, name) in self.index
+
+    def write(self, role, name, arr):
+        """Copy ``arr`` into its slot and describe it; False if it has no slot or does not fit."""
+        i = self.index.get((role, name))
+        if i is None:
+            return False
+        slot = self.slots[i]
+        nbytes = arr.nbytes
+        if nbytes > slot["capacity"] or arr.ndim > MAX_RANK:
+            return False
+        dims = list(arr.shape) + [0] * (MAX_RANK - arr.ndim)
+        DESC.pack_into(self.mm, DESC_OFF + i * DESC.size, DTYPE_CODES[slot["dtype"]],
+                       arr.ndim, 0, 0, nbytes, *dims)
+        if nbytes:
+            np.copyto(self.view(role, name, arr.dtype, arr.shape), arr, casting="no")
+        return True
+
+    def describe(self, role, name, shape, nbytes):
+        """Write only the descriptor (the data was written in place)."""
+        i = self.index[(role, name)]
+        dims = list(shape) + [0] * (MAX_RANK - len(shape))
+        DESC.pack_into(self.mm, DESC_OFF + i * DESC.size,
+                       DTYPE_CODES[self.slots[i]["dtype"]], len(shape), 0, 0, nbytes, *dims)
+
+    def read_desc(self, role, name):
+        """Validated ``(dtype, shape)`` of a slot's current content, from the peer's descriptor."""
+        i = self.index[(role, name)]
+        slot = self.slots[i]
+        fields = DESC.unpack_from(self.mm, DESC_OFF + i * DESC.size)
+        code, rank, nbytes = fields[0], fields[1], fields[4]
+        tag = CODE_DTYPES.get(code)
+        if tag != slot["dtype"]:
+            raise ProtocolError("slot %r: descriptor dtype code %d, slot holds %s"
+                                % (name, code, slot["dtype"]))
+        if rank > MAX_RANK:
+            raise ProtocolError("slot %r: rank %d exceeds %d" % (name, rank, MAX_RANK))
+        shape = tuple(fields[5:5 + rank])
+        count = 1
+        for d in shape:
+            count *= d
+        if count * DTYPES[tag][1] != nbytes or nbytes > slot["capacity"]:
+            raise ProtocolError("slot %r: nbytes %d does not match shape %s or exceeds capacity %d"
+                                % (name, nbytes, shape, slot["capacity"]))
+        return dtype_of_tag(tag, name), shape
+
+    def view(self, role, name, dtype, shape):
+        """A numpy view of a slot's bytes (valid until the region is closed; cached)."""
+        key = (role, name, dtype, shape)
+        cached = self._views.get(key)
+        if cached is not None:
+            return cached
+        slot = self.slots[self.index[(role, name)]]
+        count = 1
+        for d in shape:
+            count *= d
+        if count * dtype.itemsize > slot["capacity"]:
+            raise ProtocolError("slot %r: %s of %s does not fit %d bytes"
+                                % (name, shape, dtype, slot["capacity"]))
+        if count == 0:
+            return np.empty(shape, dtype=dtype)
+        view = np.frombuffer(self.mm, dtype=dtype, count=count,
+                             offset=slot["offset"]).reshape(shape)
+        if len(self._views) > 64:
+            self._views.clear()
+        self._views[key] = view
+        return view
+
+
+def _unlink(name):
+    try:
+        os.unlink(name)
+    except FileNotFoundError:
+        pass
+
+
+class Doorbell:
+    """One end of a socketpair used only to wake the other side; see the wait policy above.
+
+    With a region, ``own``/``peer`` are the offsets of this side's and the peer's asleep
+    flags; without one (or where spinning is off) every ring is sent.
+    """
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.sock.setblocking(False)
+        self.region = None
+        self.own = self.peer = None
+
+    def bind(self, region, own, peer):
+        self.region, self.own, self.peer = region, own, peer
+
+    def ring(self):
+        if SPIN and self.region is not None and not self.region.flag(self.peer):
+            return  # the peer is spinning and will see the published number
+        try:
+            self.sock.send(b"\0")
+        except (BlockingIOError, InterruptedError):
+            pass  # the buffer is full: a wake-up is already pending
+
+    def _drain(self):
+        """Empty pending rings; True if the other end has closed."""
+        while True:
+            try:
+                data = self.sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                return False
+            if not data:
+                return True
+
+    def wait(self, ready, deadline, watch=(), spin=None):
+        """Wait until ``ready()``; returns "ready", "watch" (a watched fd is readable),
+        "closed" (the other end of the bell is gone) or "timeout". ``deadline`` is a
+        ``time.monotonic()`` value or None."""
+        if ready():
+            return "ready"
+        spin = SPIN_SECONDS if spin is None else spin
+        if SPIN and spin > 0:
+            stop = time.monotonic() + spin
+            yield_ = os.sched_yield if hasattr(os, "sched_yield") else (lambda: None)
+            while True:
+                yield_()
+                if ready():
+                    return "ready"
+                if time.monotonic() > stop:
+                    break
+        region = self.region
+        if region is not None:
+            region.set_flag(self.own, 1)
+        try:
+            return self._block(ready, deadline, watch)
+        finally:
+            if region is not None and not region._closed:
+                region.set_flag(self.own, 0)
+
+    def _block(self, ready, deadline, watch):
+        fds = [self.sock] + list(watch)
+        first = True
+        while True:
+            if self._drain():
+                return "ready" if ready() else "closed"
+            if ready():
+                return "ready"
+            timeout = None
+            if deadline is not None:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    return "timeout"
+            if first and SPIN:
+                timeout = FIRST_BLOCK_SECONDS if timeout is None else min(timeout, FIRST_BLOCK_SECONDS)
+                first = False
+            readable, _, _ = select.select(fds, [], [], timeout)
+            if ready():
+                return "ready"
+            if any(r is not self.sock for r in readable):
+                return "watch"
+
+
+def socketpair():
+    """A Unix stream socketpair (the doorbell and the control channel on one OS)."""
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

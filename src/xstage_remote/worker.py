@@ -1,0 +1,280 @@
+"""The worker: one process, one stage, driven by one client over the wire.
+
+Started by the client with three inherited descriptors (control socket, doorbell, death
+pipe) and a secret in the environment. Its fd 1 and fd 2 are the client's log file, so
+whatever a native runtime prints never reaches the protocol. Python 3.9 syntax.
+
+Lifecycle: hello → (load → loaded) → (attach → attached)? → run* → shutdown → bye.
+A watchdog thread reads the death pipe: when the client dies its write end closes and the
+worker exits within moments, even while the main thread is stuck in a long compile.
+"""
+
+import argparse
+import hashlib
+import hmac
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+from . import PROTOCOL_VERSION, package_hash, wire
+from . import shm as shm_mod
+
+__all__ = ["main"]
+
+FEATURES = ["inline", "shm-memfd", "shm-named", "death-pipe"]
+#: Exit status when the client vanished (death pipe closed or control stream ended).
+EXIT_ORPHANED = 70
+
+
+def auth_token(secret, pid):
+    """Proof that the worker holds the secret the client put in its environment."""
+    return hmac.new(secret.encode("utf-8"), ("xstage-hello:%d" % pid).encode(), hashlib.sha256).hexdigest()
+
+
+def _watchdog(fd):
+    try:
+        while os.read(fd, 1):
+            pass
+    except OSError:
+        pass
+    os._exit(EXIT_ORPHANED)
+
+
+try:
+    import resource
+except ImportError:  # Windows: no resource module
+    resource = None
+
+_STATM = [None]
+
+
+def _memory():
+    """(rss, peak) in bytes, cheap enough for every call (~2 µs on Linux).
+
+    Linux: resident pages from /proc/self/statm through a descriptor kept open, and the peak
+    from getrusage (ru_maxrss, KiB there; the same high-water mark as VmHWM). Elsewhere the
+    peak alone where getrusage has it, zeros otherwise; Windows and macOS readers come with
+    the memory ledger.
+    """
+    rss = peak = 0
+    if resource is not None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak *= 1 if sys.platform == "darwin" else 1024
+    if sys.platform.startswith("linux"):
+        try:
+            if _STATM[0] is None:
+                _STATM[0] = (os.open("/proc/self/statm", os.O_RDONLY), os.sysconf("SC_PAGE_SIZE"))
+            fd, page = _STATM[0]
+            rss = int(os.pread(fd, 256, 0).split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            rss = 0
+    return rss, peak
+
+
+class Worker:
+    def __init__(self, sock, bell):
+        self.sock = sock
+        self.bell = shm_mod.Doorbell(bell) if bell is not None else None
+        self.runtime = None
+        self.region = None
+        self.in_slots = []
+        self.out_views = {}
+
+    # ---------------------------------------------------------------- replies
+    def send(self, header, arrays=None):
+        wire.send_frame(self.sock, header, arrays)
+
+    def send_error(self, rid, exc):
+        self.send({"op": "error", "id": rid, "kind": type(exc).__name__,
+                   "message": str(exc) or type(exc).__name__,
+                   "traceback": traceback.format_exc()})
+
+    # ---------------------------------------------------------------- ops
+    def on_load(self, frame):
+        options = frame.header.get("options") or {}
+        runtime = frame.header["runtime"]
+        if runtime == "ort":
+            from . import ort_runtime
+
+            self.runtime = ort_runtime.load(frame.header["path"], options)
+        else:
+            raise ValueError("unknown runtime %r (this worker has: ort)" % runtime)
+        self.send({"op": "loaded", "id": frame.id, "inputs": self.runtime.inputs,
+                   "outputs": self.runtime.outputs, "info": self.runtime.info})
+
+    def on_attach(self, frame):
+        spec = frame.header["region"]
+        size, slots = spec.get("size"), spec.get("slots")
+        if spec.get("kind") == "memfd":
+            _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+            if len(fds) != 1:
+                raise wire.ProtocolError("attach: expected one descriptor, got %d" % len(fds))
+            target = fds[0]
+        elif spec.get("kind") == "named":
+            target = spec.get("name")
+            if not isinstance(target, str):
+                raise wire.ProtocolError("attach: named region without a name")
+        else:
+            raise wire.ProtocolError("attach: unknown region kind %r" % (spec.get("kind"),))
+        self.region = shm_mod.Region.attach(target, size, slots)
+        self.bell.bind(self.region, shm_mod.OFF_WORKER_ASLEEP, shm_mod.OFF_CLIENT_ASLEEP)
+        self.in_slots = [s for s in slots if s["role"] == "in"]
+        self.out_views = {}
+        known = {o["name"]: o for o in self.runtime.outputs}
+        for s in slots:
+            if s["role"] == "out" and s["name"] not in known:
+                raise wire.ProtocolError("attach: slot for unknown output %r" % s["name"])
+        for name, decl in known.items():
+            shape = decl["shape"]
+            if self.region.has("out", name) and all(isinstance(d, int) for d in shape):
+                self.out_views[name] = self.region.view(
+                    "out", name, wire.dtype_of_tag(decl["dtype"]), tuple(shape))
+            else:
+                self.out_views[name] = None
+        self.send({"op": "attached", "id": frame.id, "info": {"kind": self.region.kind}})
+
+    def check_feeds(self, feeds):
+        declared = {i["name"]: i for i in self.runtime.inputs}
+        if set(feeds) != set(declared):
+            raise ValueError("inputs %s do not match the stage's %s"
+                             % (sorted(feeds), sorted(declared)))
+
+    def on_run(self, frame):
+        if self.runtime is None:
+            raise RuntimeError("run before load")
+        feeds = frame.arrays()
+        self.check_feeds(feeds)
+        t0 = time.perf_counter_ns()
+        outputs = self.runtime.run(feeds)
+        worker_ns = time.perf_counter_ns() - t0
+        rss, peak = _memory()
+        self.send({"op": "result", "id": frame.id,
+                   "timing": {"worker_ns": worker_ns, "rss": rss, "peak": peak}},
+                  outputs)
+
+    def on_shm_call(self, seq):
+        region = self.region
+        try:
+            feeds = {}
+            for s in self.in_slots:
+                dtype, shape = region.read_desc("in", s["name"])
+                feeds[s["name"]] = region.view("in", s["name"], dtype, shape)
+            t0 = time.perf_counter_ns()
+            rest = self.runtime.run_into(feeds, self.out_views)
+            worker_ns = time.perf_counter_ns() - t0
+            inline = {}
+            for name, view in self.out_views.items():
+                if view is not None:
+                    region.describe("out", name, view.shape, view.nbytes)
+            for name, value in rest.items():
+                value = np.ascontiguousarray(value)
+                if not region.write("out", name, value):
+                    inline[name] = value
+            rss, peak = _memory()
+            if inline:
+                # Outputs too large for their slots travel inline, all of them at once.
+                allout = {}
+                for o in self.runtime.outputs:
+                    n = o["name"]
+                    allout[n] = inline[n] if n in inline else (
+                        rest[n] if n in rest else np.array(self.out_views[n]))
+                self.send({"op": "result", "id": seq,
+                           "timing": {"worker_ns": worker_ns, "rss": rss, "peak": peak}}, allout)
+                region.publish_response(seq, shm_mod.STATUS_INLINE, worker_ns, rss, peak)
+            else:
+                region.publish_response(seq, shm_mod.STATUS_OK, worker_ns, rss, peak)
+        except Exception as exc:
+            self.send_error(seq, exc)
+            region.publish_response(seq, shm_mod.STATUS_ERROR, 0)
+        self.bell.ring()
+
+    # ---------------------------------------------------------------- loop
+    def serve(self):
+        handlers = {"load": self.on_load, "attach": self.on_attach, "run": self.on_run}
+        while True:
+            if self.region is not None:
+                region = self.region
+                want = region.resp_seq() + 1
+                state = self.bell.wait(
+                    lambda r=region, w=want: r.req_seq() == w, None, watch=[self.sock])
+                if state == "ready":
+                    self.on_shm_call(want)
+                    continue
+                if state == "closed":
+                    return EXIT_ORPHANED
+            try:
+                frame = wire.recv_frame(self.sock)
+            except wire.PeerClosed:
+                return EXIT_ORPHANED
+            op = frame.op
+            if op == "shutdown":
+                self.send({"op": "bye", "id": frame.id})
+                return 0
+            if op == "ping":
+                rss, peak = _memory()
+                self.send({"op": "pong", "id": frame.id, "info": {"rss": rss, "peak": peak}})
+                continue
+            handler = handlers.get(op)
+            try:
+                if handler is None:
+                    raise wire.ProtocolError("op %s is not a request a worker serves" % op)
+                handler(frame)
+            except Exception as exc:
+                self.send_error(frame.id, exc)
+
+
+def hello(secret):
+    pid = os.getpid()
+    versions = {"python": platform.python_version(), "numpy": np.__version__}
+    try:
+        import onnxruntime
+
+        versions["onnxruntime"] = onnxruntime.__version__
+    except Exception:
+        pass
+    return {"op": "hello", "id": 0, "v": PROTOCOL_VERSION, "features": FEATURES,
+            "package_hash": package_hash(), "auth": auth_token(secret, pid),
+            "worker": {"pid": pid, "executable": sys.executable,
+                       "implementation": platform.python_implementation(),
+                       "platform": sys.platform, "machine": platform.machine(),
+                       "versions": versions}}
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(prog="xstage_remote worker")
+    parser.add_argument("--ctl-fd", type=int)
+    parser.add_argument("--bell-fd", type=int)
+    parser.add_argument("--death-fd", type=int)
+    parser.add_argument("--connect", help="host:port to connect back to (across kernels)")
+    args = parser.parse_args(argv)
+    secret = os.environ.pop("XSTAGE_WORKER_SECRET", "")
+    if not secret:
+        sys.stderr.write("xstage worker: no secret in XSTAGE_WORKER_SECRET; refusing to start\n")
+        return sys.exit(64)
+    if args.death_fd is not None:
+        threading.Thread(target=_watchdog, args=(args.death_fd,), daemon=True,
+                         name="xstage-watchdog").start()
+    if args.connect:
+        host, _, port = args.connect.rpartition(":")
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        bell = None
+    else:
+        sock = socket.socket(fileno=args.ctl_fd)
+        bell = socket.socket(fileno=args.bell_fd) if args.bell_fd is not None else None
+    worker = Worker(sock, bell)
+    worker.send(hello(secret))
+    try:
+        code = worker.serve()
+    except (wire.ProtocolError, OSError) as exc:
+        sys.stderr.write("xstage worker: %s: %s\n" % (type(exc).__name__, exc))
+        code = 65
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
