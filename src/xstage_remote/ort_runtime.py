@@ -51,6 +51,24 @@ def _register_plugin(ort, module_name, registration):
     return mod
 
 
+def _matches(ep_device, select):
+    """Whether an EP device fits the route's selector (type, vendor id, device id, metadata)."""
+    dev = ep_device.device
+    if select.get("device_type") and str(dev.type).rsplit(".", 1)[-1].upper() != \
+            str(select["device_type"]).rsplit(".", 1)[-1].upper():
+        return False
+    if select.get("vendor_id") is not None and dev.vendor_id != select["vendor_id"]:
+        return False
+    if select.get("device_id") is not None and dev.device_id != select["device_id"]:
+        return False
+    for key, value in (select.get("ep_metadata") or {}).items():
+        if key in ("version",):
+            continue
+        if str(ep_device.ep_metadata.get(key)) != str(value):
+            return False
+    return True
+
+
 def _session_options(ort, opts):
     so = ort.SessionOptions()
     if opts.get("intra_op_num_threads"):
@@ -72,16 +90,12 @@ def load(path, options):
     plugin = ep.get("plugin")
     bound_device = None
     if plugin:
-        _register_plugin(ort, plugin["module"], plugin.get("registration", plugin["module"]))
-        want = plugin.get("device_type")
-        devices = [d for d in ort.get_ep_devices() if d.ep_name == ep["name"]]
-        if want:
-            devices = [d for d in devices
-                       if str(d.ep_metadata.get("ov_device", "")).upper() == want.upper()
-                       or d.device.type.name == want.upper()]
+        _register_plugin(ort, plugin["module"], plugin.get("registration") or plugin["module"])
+        select = plugin.get("select") or {}
+        devices = [d for d in ort.get_ep_devices()
+                   if d.ep_name == ep["name"] and _matches(d, select)]
         if not devices:
-            raise RuntimeError("plugin EP %s lists no device%s here"
-                               % (ep["name"], " of type " + want if want else ""))
+            raise RuntimeError("plugin EP %s lists no device matching %s here" % (ep["name"], select))
         so.add_provider_for_devices(devices[:1], dict(ep.get("options") or {}))
         bound_device = {"type": devices[0].device.type.name, "vendor": devices[0].device.vendor,
                         "ep_metadata": dict(devices[0].ep_metadata)}
@@ -144,6 +158,13 @@ class OrtRuntime:
                 else:
                     io.bind_output(o["name"], "cpu")
             self._binding, self._bound_key = io, key
+        else:
+            # After a run the binding holds the value ORT allocated for each unbound output;
+            # a data-dependent one must be unallocated again or the next size is refused.
+            for o in self.outputs:
+                view = out_views.get(o["name"])
+                if view is None or not view.size:
+                    self._binding.bind_output(o["name"], "cpu")
         self.session.run_with_iobinding(self._binding)
         rest = {}
         values = None

@@ -57,6 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module in (devices, env, run):
         module.register(sub)
+    # -v/-q work after the command too (`xstage run -q`), without overriding the global ones.
+    seen: set[int] = set()
+    stack = list(sub.choices.values())
+    while stack:
+        p = stack.pop()
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                       help="more diagnostics")
+        p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                       help="only errors and data")
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend(action.choices.values())
     return parser
 
 

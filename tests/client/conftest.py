@@ -1,0 +1,132 @@
+"""Fixtures for the client tests: built-in graphs on disk and a fault-injecting interpreter."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from xstage import builtin_graphs
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="session")
+def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("graphs")
+    return {
+        "mlp": builtin_graphs.write(builtin_graphs.mlp(), root / "mlp.onnx"),
+        "slice": builtin_graphs.write(builtin_graphs.slice_graph(4096, 1024), root / "slice.onnx"),
+        "identity": builtin_graphs.write(identity_graph(), root / "identity.onnx"),
+        "slow": builtin_graphs.write(slow_graph(), root / "slow.onnx"),
+        "dynamic": builtin_graphs.write(dynamic_graph(), root / "dynamic.onnx"),
+        "symbolic": builtin_graphs.write(symbolic_graph(), root / "symbolic.onnx"),
+    }
+
+
+def dynamic_graph() -> onnx.ModelProto:
+    """Fixed input, one fixed output and one whose size depends on the data (NonZero)."""
+    graph = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Identity", ["x"], ["same"])],
+        "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("nz", TensorProto.INT64, [2, "k"]),
+         helper.make_tensor_value_info("same", TensorProto.FLOAT, [4, 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def symbolic_graph() -> onnx.ModelProto:
+    """An input with a symbolic dimension: no slot can be sized at load."""
+    graph = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["y"])], "symbolic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+#: (name, onnx type, numpy dtype, declared shape) — every shape class the wire promises.
+IDENTITY_IO = [
+    ("b", TensorProto.BOOL, np.bool_, [3, 2]),
+    ("i8", TensorProto.INT8, np.int8, [5]),
+    ("i16", TensorProto.INT16, np.int16, [2, 2]),
+    ("i32", TensorProto.INT32, np.int32, [4, 3]),
+    ("i64", TensorProto.INT64, np.int64, []),
+    ("u8", TensorProto.UINT8, np.uint8, [2, 3, 4]),
+    ("u16", TensorProto.UINT16, np.uint16, [7]),
+    ("u32", TensorProto.UINT32, np.uint32, [1]),
+    ("u64", TensorProto.UINT64, np.uint64, [2, 1]),
+    ("f16", TensorProto.FLOAT16, np.float16, [3, 5]),
+    ("f32", TensorProto.FLOAT, np.float32, [6, 4]),
+    ("f64", TensorProto.DOUBLE, np.float64, [0, 3]),
+]
+
+
+def identity_graph() -> onnx.ModelProto:
+    nodes, ins, outs = [], [], []
+    for name, typ, _, shape in IDENTITY_IO:
+        nodes.append(helper.make_node("Identity", [name], [f"{name}_out"]))
+        ins.append(helper.make_tensor_value_info(name, typ, shape))
+        outs.append(helper.make_tensor_value_info(f"{name}_out", typ, shape))
+    graph = helper.make_graph(nodes, "identity_all", ins, outs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def slow_graph(n: int = 1536, depth: int = 160) -> onnx.ModelProto:
+    """Seconds of MatMul on two cores: a call that is reliably still running when killed."""
+    rng = np.random.default_rng(1)
+    w = onnx.numpy_helper.from_array((rng.standard_normal((n, n)) / n).astype(np.float32), "w")
+    nodes, prev = [], "x"
+    for i in range(depth):
+        nodes.append(helper.make_node("MatMul", [prev, "w"], [f"m{i}"]))
+        prev = f"m{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    graph = helper.make_graph(
+        nodes, "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def identity_inputs(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, _, dtype, shape in IDENTITY_IO:
+        shape = [4 if d == "n" else d for d in shape]
+        if dtype is np.bool_:
+            out[name] = rng.integers(0, 2, size=shape).astype(bool)
+        elif np.issubdtype(dtype, np.integer):
+            info = np.iinfo(dtype)
+            out[name] = rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+        else:
+            out[name] = rng.standard_normal(shape).astype(dtype)
+    return out
+
+
+@pytest.fixture
+def fault_python(tmp_path: Path) -> str:
+    """An executable that stands in for an interpreter and runs fault_worker.py."""
+    script = tmp_path / "fakepy"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "fault_worker.py"}" "$@"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def fault_env(fault: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["XSTAGE_FAULT"] = fault
+    return env
+
+
+@pytest.fixture(autouse=True)
+def _xstage_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Client tests share one state root per session (the staged worker copy is reused)."""
+    if "XSTAGE_HOME" not in os.environ or not os.environ["XSTAGE_HOME"].startswith(
+        str(tmp_path_factory.getbasetemp())
+    ):
+        monkeypatch.setenv("XSTAGE_HOME", str(tmp_path_factory.getbasetemp() / "xstage-home"))

@@ -1,0 +1,183 @@
+"""Workers die, hang and lie; the client notices at once, says why, and leaks nothing."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from tests.client.conftest import fault_env
+from xstage import errors
+from xstage.client import Deadlines, WorkerClient, WorkerState
+
+
+def _children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.status() != "zombie"]
+
+
+def test_sigkill_mid_call_is_reported_within_two_seconds(graphs):
+    """A worker killed during a long call: WorkerDied naming the signal, fast; then dead."""
+    x = np.ones((1536, 1536), np.float32)
+    with WorkerClient(sys.executable) as w:
+        w.load(graphs["slow"])
+        killer = threading.Timer(0.5, os.kill, args=(w.pid, signal.SIGKILL))
+        killer.start()
+        t0 = time.monotonic()
+        with pytest.raises(errors.WorkerDied) as info:
+            w.run({"x": x})
+        elapsed = time.monotonic() - 0.5 - t0
+        assert elapsed < 2.0, elapsed
+        assert info.value.exit_status == -signal.SIGKILL
+        assert "killed by signal 9 (SIGKILL)" in str(info.value)
+        assert w.state is WorkerState.DEAD
+        with pytest.raises(errors.StageClosed, match="died earlier"):
+            w.run({"x": x})
+
+
+def test_sigkill_mid_inline_call_is_reported(graphs):
+    x = np.ones((1536, 1536), np.float32)
+    with WorkerClient(sys.executable, shm_mode="off") as w:
+        w.load(graphs["slow"])
+        threading.Timer(0.5, os.kill, args=(w.pid, signal.SIGKILL)).start()
+        with pytest.raises(errors.WorkerDied, match="SIGKILL"):
+            w.run({"x": x})
+
+
+_CLIENT = textwrap.dedent(
+    """
+    import sys, time
+    from xstage.client import WorkerClient
+    w = WorkerClient(sys.executable)
+    w.start()
+    w.load(sys.argv[1])
+    print(w.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("when", ["idle", "compiling"])
+def test_killed_client_makes_its_worker_exit_within_two_seconds(graphs, when):
+    """The death pipe: SIGKILL the client and its worker is gone in < 2 s, even mid-call."""
+    script = _CLIENT
+    if when == "compiling":  # the worker's main thread is busy when the client dies
+        script = script.replace("print(w.pid, flush=True)", "print(w.pid, flush=True)\n"
+                                "import numpy as np, threading\n"
+                                "threading.Thread(target=w.run, args=({'x': np.ones((1536,1536),"
+                                " 'float32')},), daemon=True).start()")
+    client = subprocess.Popen([sys.executable, "-c", script, str(graphs["slow"])],
+                              stdout=subprocess.PIPE, env=dict(os.environ))
+    try:
+        pid = int(client.stdout.readline())
+        worker = psutil.Process(pid)
+        time.sleep(0.3)
+        client.kill()
+        client.wait()
+        t0 = time.monotonic()
+        gone, alive = psutil.wait_procs([worker], timeout=2.0)
+        assert not alive, f"worker {pid} still alive after {time.monotonic() - t0:.2f}s"
+    finally:
+        client.kill()
+
+
+def test_no_hello_is_a_hello_timeout(fault_python):
+    w = WorkerClient(fault_python, deadlines=Deadlines(spawn=1, hello=1), env=fault_env("no-hello"))
+    with pytest.raises(errors.WorkerTimeout):
+        w.start()
+    assert w.state is WorkerState.DEAD and not _children()
+
+
+def test_garbage_instead_of_hello_is_a_protocol_error(fault_python):
+    w = WorkerClient(fault_python, env=fault_env("garbage"))
+    with pytest.raises(errors.RemoteProtocolError, match="magic"):
+        w.start()
+    assert not _children()
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    ("bad-hash", "package hash differs"),
+    ("bad-auth", "does not prove the session secret"),
+])
+def test_hello_that_does_not_check_out_is_refused(fault_python, fault, message):
+    w = WorkerClient(fault_python, env=fault_env(fault))
+    with pytest.raises(errors.RemoteProtocolError, match=message):
+        w.start()
+    assert not _children()
+
+
+def test_crash_names_exit_status_and_log_tail(fault_python, graphs):
+    w = WorkerClient(fault_python, env=fault_env("crash-after-hello"))
+    w.start()
+    with pytest.raises(errors.WorkerDied) as info:
+        w.load(graphs["mlp"])
+    assert info.value.exit_status == 3
+    assert "exited with status 3" in str(info.value)
+    assert "crashing on purpose" in info.value.log_tail
+    w.close()
+
+
+def test_reply_to_the_wrong_request_is_a_protocol_error(fault_python, graphs):
+    w = WorkerClient(fault_python, env=fault_env("wrong-reply"))
+    w.start()
+    with pytest.raises(errors.RemoteProtocolError, match="expected loaded #1, the worker sent pong #42"):
+        w.load(graphs["mlp"])
+    assert w.state is WorkerState.DEAD and not _children()
+
+
+def test_garbage_descriptor_in_the_region_is_a_protocol_error(fault_python, graphs):
+    w = WorkerClient(fault_python, env=fault_env("garbage-descriptor"))
+    w.start()
+    w.load(graphs["slice"])
+    with pytest.raises(errors.RemoteProtocolError, match="nbytes 8 does not match shape"):
+        w.run({"x": np.ones(4096, np.float32)})
+    assert w.state is WorkerState.DEAD and not _children()
+
+
+@pytest.mark.parametrize("shm_mode", ["auto", "off"])
+def test_hung_call_is_a_call_timeout_and_the_worker_is_killed(fault_python, graphs, shm_mode):
+    w = WorkerClient(fault_python, deadlines=Deadlines(call=1.0), shm_mode=shm_mode,
+                     env=fault_env("hang-on-run"))
+    w.start()
+    w.load(graphs["slice"])
+    pid = w.pid
+    t0 = time.monotonic()
+    with pytest.raises(errors.CallTimeout, match="call deadline of 1 s passed"):
+        w.run({"x": np.ones(4096, np.float32)})
+    assert time.monotonic() - t0 < 3
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    assert w.state is WorkerState.DEAD
+
+
+def test_close_ends_the_whole_process_group(graphs):
+    """A grandchild the worker started is ended with it."""
+    with WorkerClient(sys.executable) as w:
+        pgid = os.getpgid(w.pid)
+        assert pgid == w.pid  # its own session and group
+    assert not _children()
+
+
+def test_hundred_start_kill_cycles_leave_nothing_behind(graphs, monkeypatch):
+    """With the named-region fallback forced: no stray process, no /dev/shm name."""
+    before = set(glob.glob("/dev/shm/xstage-*"))
+    x = np.ones(4096, np.float32)
+    for _i in range(100):
+        w = WorkerClient(sys.executable, shm_mode="named")
+        w.start()
+        w.load(graphs["slice"])
+        assert w._region.kind == "named"
+        w.run({"x": x})
+        os.kill(w.pid, signal.SIGKILL)
+        with pytest.raises(errors.WorkerDied):
+            w.run({"x": x})
+        w.close()
+    assert set(glob.glob("/dev/shm/xstage-*")) - before == set()
+    assert not _children()
