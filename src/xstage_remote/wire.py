@@ -25,6 +25,7 @@ import numpy as np
 __all__ = [
     "DTYPES",
     "MAGIC",
+    "MAX_DIM",
     "MAX_HEADER_BYTES",
     "MAX_NAME_CHARS",
     "MAX_PAYLOAD_BYTES",
@@ -33,10 +34,12 @@ __all__ = [
     "OPS",
     "PREFIX",
     "Frame",
+    "PeerClosed",
     "ProtocolError",
     "decode_tensors",
     "dtype_of_tag",
     "encode_frame",
+    "parse_frame",
     "recv_frame",
     "send_frame",
     "tag_of_dtype",
@@ -57,6 +60,9 @@ MAX_NAME_CHARS = 1024
 MAX_RANK = 32
 #: Per-dimension ceiling: keeps ``prod(shape)`` a sane Python int before it is compared.
 MAX_DIM = 1 << 40
+#: numpy refuses a shape whose non-zero dims times itemsize exceed this, even when another
+#: dim is 0 (an empty tensor): checked here so decoding never meets numpy's ValueError.
+_MAX_SPAN = (1 << 63) - 1
 
 
 class ProtocolError(Exception):
@@ -184,6 +190,13 @@ def _reject_constant(name):
     raise ProtocolError("header contains %s, which is not JSON" % name)
 
 
+def _finite_float(text):
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # a literal like 1e999: Infinity by the back door
+        raise ProtocolError("header number %.40s is not a finite double" % text)
+    return value
+
+
 def validate_header_bytes(raw):
     """Decode header bytes: UTF-8, then JSON object without duplicate keys or NaN."""
     try:
@@ -191,7 +204,8 @@ def validate_header_bytes(raw):
     except UnicodeDecodeError as exc:
         raise ProtocolError("header is not UTF-8 (%s)" % exc.reason) from None
     try:
-        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant,
+                         parse_float=_finite_float)
     except ProtocolError:
         raise
     except RecursionError:
@@ -263,10 +277,14 @@ def validate_tensor_descs(descs, payload_len):
         if len(shape) > MAX_RANK:
             raise ProtocolError("tensor %r: rank %d exceeds %d" % (name, len(shape), MAX_RANK))
         count = 1
+        span = DTYPES[tag][1]
         for dim in shape:
             if type(dim) is not int or dim < 0 or dim > MAX_DIM:
                 raise ProtocolError("tensor %r: dimension %r is not an int in [0, 2^40]" % (name, dim))
             count *= dim
+            span *= dim or 1
+        if span > _MAX_SPAN:
+            raise ProtocolError("tensor %r: shape %r spans more than 2^63 - 1 bytes" % (name, shape))
         nbytes = d.get("nbytes")
         offset = d.get("offset")
         if type(nbytes) is not int or type(offset) is not int:
@@ -366,7 +384,10 @@ def encode_frame(header, arrays=None):
     validate_header(header)
     if "t" in header:
         validate_tensor_descs(header["t"], plen)
-    raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    try:
+        raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:  # NaN/inf, sets, numpy scalars, cycles
+        raise ProtocolError("header cannot be encoded as strict JSON (%s)" % exc) from None
     if len(raw) > MAX_HEADER_BYTES:
         raise ProtocolError("header is %d bytes, over the limit %d" % (len(raw), MAX_HEADER_BYTES))
     return [PREFIX.pack(MAGIC, len(raw), plen), raw] + buffers
@@ -414,7 +435,8 @@ def recv_frame(sock, max_payload=MAX_PAYLOAD_BYTES):
         tensors = validate_tensor_descs(header["t"], plen)
     elif plen:
         raise ProtocolError("op %s carries a %d-byte payload and no tensor list" % (op, plen))
-    payload = bytearray(plen)
+    # np.empty, not bytearray: no zero-fill pass over memory the socket overwrites anyway.
+    payload = np.empty(plen, dtype=np.uint8)
     if plen:
         _recv_exactly(sock, memoryview(payload), True)
     return Frame(header, payload, tensors)

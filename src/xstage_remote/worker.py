@@ -1,12 +1,15 @@
 """The worker: one process, one stage, driven by one client over the wire.
 
-Started by the client with three inherited descriptors (control socket, doorbell, death
-pipe) and a secret in the environment. Its fd 1 and fd 2 are the client's log file, so
-whatever a native runtime prints never reaches the protocol. Python 3.9 syntax.
+Started by the client with the control socket (and, on the same kernel, a doorbell) as
+inherited descriptors, or told to connect back over TCP when it runs on the other side of
+WSL. Its stdin carries the secret as a first line (never argv) and then stays open: that is
+the death pipe. A watchdog thread reads it, and when the client dies and the pipe ends the
+worker exits at once, even while the main thread is stuck in a long compile. WSL interop
+forwards stdin to a Windows process, so the same rule holds across the two systems. Its fd 1
+and fd 2 are the client's log file, so whatever a native runtime prints never reaches the
+protocol. Python 3.9 syntax.
 
 Lifecycle: hello → (load → loaded) → (attach → attached)? → run* → shutdown → bye.
-A watchdog thread reads the death pipe: when the client dies its write end closes and the
-worker exits within moments, even while the main thread is stuck in a long compile.
 """
 
 import argparse
@@ -27,13 +30,13 @@ from . import shm as shm_mod
 
 __all__ = ["main"]
 
-FEATURES = ["inline", "shm-memfd", "shm-named", "death-pipe"]
-#: Exit status when the client vanished (death pipe closed or control stream ended).
+FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin"]
+#: Exit status when the client vanished (stdin ended or the control stream closed).
 EXIT_ORPHANED = 70
 
 
 def auth_token(secret, pid):
-    """Proof that the worker holds the secret the client put in its environment."""
+    """Proof that the worker holds the secret the client wrote to its stdin."""
     return hmac.new(secret.encode("utf-8"), ("xstage-hello:%d" % pid).encode(), hashlib.sha256).hexdigest()
 
 
@@ -111,6 +114,8 @@ class Worker:
     def on_attach(self, frame):
         spec = frame.header["region"]
         size, slots = spec.get("size"), spec.get("slots")
+        if self.bell is None:
+            raise wire.ProtocolError("attach: this worker has no doorbell (connected over TCP)")
         if spec.get("kind") == "memfd":
             _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
             if len(fds) != 1:
@@ -248,21 +253,26 @@ def hello(secret):
 
 def main(argv):
     parser = argparse.ArgumentParser(prog="xstage_remote worker")
-    parser.add_argument("--ctl-fd", type=int)
-    parser.add_argument("--bell-fd", type=int)
-    parser.add_argument("--death-fd", type=int)
+    parser.add_argument("--ctl-fd", type=int, help="inherited control socket (same kernel)")
+    parser.add_argument("--bell-fd", type=int, help="inherited doorbell socket (same kernel)")
     parser.add_argument("--connect", help="host:port to connect back to (across kernels)")
     args = parser.parse_args(argv)
-    secret = os.environ.pop("XSTAGE_WORKER_SECRET", "")
+    stdin = os.fdopen(0, "rb", buffering=0, closefd=False)
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = stdin.read(1)
+        if not chunk:
+            break
+        line += chunk
+    secret = line.strip().decode("ascii", "replace")
     if not secret:
-        sys.stderr.write("xstage worker: no secret in XSTAGE_WORKER_SECRET; refusing to start\n")
-        return sys.exit(64)
-    if args.death_fd is not None:
-        threading.Thread(target=_watchdog, args=(args.death_fd,), daemon=True,
-                         name="xstage-watchdog").start()
+        sys.stderr.write("xstage worker: no secret on stdin; refusing to start\n")
+        sys.exit(64)
+    threading.Thread(target=_watchdog, args=(0,), daemon=True, name="xstage-watchdog").start()
     if args.connect:
         host, _, port = args.connect.rpartition(":")
-        sock = socket.create_connection((host, int(port)))
+        sock = socket.create_connection((host, int(port)), timeout=60)
+        sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         bell = None
     else:

@@ -20,7 +20,13 @@ print("fault worker starting:", fault, flush=True)
 from xstage_remote import wire, worker  # noqa: E402
 
 ctl = socket.socket(fileno=int(fds["--ctl-fd"]))
-secret = os.environ["XSTAGE_WORKER_SECRET"]
+
+
+def secret():
+    """The session secret: the first line of stdin (the real worker reads it itself)."""
+    return sys.stdin.buffer.readline().strip().decode()
+
+
 
 if fault == "no-hello":
     time.sleep(3600)
@@ -28,7 +34,7 @@ elif fault == "garbage":
     ctl.sendall(b"\x89PNG\r\n\x1a\n" + os.urandom(64))
     time.sleep(3600)
 elif fault == "bad-hash":
-    h = worker.hello(secret)
+    h = worker.hello(secret())
     h["package_hash"] = "0" * 64
     wire.send_frame(ctl, h)
     time.sleep(3600)
@@ -36,12 +42,12 @@ elif fault == "bad-auth":
     wire.send_frame(ctl, worker.hello("not-the-secret"))
     time.sleep(3600)
 elif fault == "crash-after-hello":
-    wire.send_frame(ctl, worker.hello(secret))
+    wire.send_frame(ctl, worker.hello(secret()))
     wire.recv_frame(ctl)
     print("fault worker: crashing on purpose", flush=True)
     os._exit(3)
 elif fault == "wrong-reply":
-    wire.send_frame(ctl, worker.hello(secret))
+    wire.send_frame(ctl, worker.hello(secret()))
     frame = wire.recv_frame(ctl)
     wire.send_frame(ctl, {"op": "pong", "id": frame.id + 41})
     time.sleep(3600)

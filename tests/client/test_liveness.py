@@ -67,7 +67,7 @@ _CLIENT = textwrap.dedent(
 
 @pytest.mark.parametrize("when", ["idle", "compiling"])
 def test_killed_client_makes_its_worker_exit_within_two_seconds(graphs, when):
-    """The death pipe: SIGKILL the client and its worker is gone in < 2 s, even mid-call."""
+    """The death pipe (stdin): SIGKILL the client and its worker is gone in < 2 s, even mid-call."""
     script = _CLIENT
     if when == "compiling":  # the worker's main thread is busy when the client dies
         script = script.replace("print(w.pid, flush=True)", "print(w.pid, flush=True)\n"
@@ -181,3 +181,15 @@ def test_hundred_start_kill_cycles_leave_nothing_behind(graphs, monkeypatch):
         w.close()
     assert set(glob.glob("/dev/shm/xstage-*")) - before == set()
     assert not _children()
+
+
+def test_sigkill_over_tcp_is_reported(graphs):
+    """Across the TCP transport too, a dead worker is noticed at once."""
+    x = np.ones((1536, 1536), np.float32)
+    with WorkerClient(sys.executable, transport="tcp") as w:
+        w.load(graphs["slow"])
+        threading.Timer(0.5, os.kill, args=(w.pid, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        with pytest.raises(errors.WorkerDied, match="SIGKILL"):
+            w.run({"x": x})
+        assert time.monotonic() - t0 < 2.5

@@ -178,3 +178,13 @@ def test_missing_interpreter_is_a_clear_error(tmp_path):
         w.start()
     assert "XSTAGE_PYTHON_ORT_CPU" in info.value.remedy
     assert w.state is WorkerState.DEAD
+
+
+def test_tcp_connect_back_transport_runs_inline(graphs):
+    """The transport a Windows worker uses from WSL, exercised on loopback: same numbers."""
+    x = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+    ref = ort.InferenceSession(str(graphs["mlp"])).run(None, {"x": x})[0]
+    with WorkerClient(sys.executable, transport="tcp") as w:
+        w.load(graphs["mlp"])
+        assert w._region is None and w._bell is None
+        np.testing.assert_array_equal(w.run({"x": x})["y"], ref)

@@ -1,16 +1,20 @@
 """Spawn one worker in a route's interpreter, talk to it, notice when it dies, end it.
 
-The only module (with ``routes``) that starts processes. A worker gets three inherited
-descriptors — the control socket, the doorbell and the read end of a death pipe — and a
-secret in its environment (never argv). Its fd 1 and fd 2 go to a log file whose tail is
-attached to every ``WorkerDied``. It runs in a session of its own so ``close()`` can end the
-whole process group, grandchildren included.
+The only module (with ``routes``) that starts processes. On one kernel a worker inherits
+two descriptors, the control socket and the doorbell; across WSL↔Windows it connects back
+over TCP to a port this client listens on (``transport="tcp"``, inline tensors only). In
+both cases its stdin is a pipe whose first line is the secret (never argv) and which then
+stays open as the death pipe: when this process dies, the worker's watchdog reads
+end-of-file and exits. Its fd 1 and fd 2 go to a log file whose tail is attached to every
+``WorkerDied``. It runs in a session of its own so ``close()`` can end the whole process
+group, grandchildren included.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import hmac
 import os
 import secrets
 import signal
@@ -73,6 +77,8 @@ class WorkerClient:
         deadlines: Deadlines | None = None,
         shm_mode: str | None = None,
         env: Mapping[str, str] | None = None,
+        transport: str = "local",
+        connect_host: str = "127.0.0.1",
     ) -> None:
         self.interpreter = interpreter
         self.route = route
@@ -82,6 +88,12 @@ class WorkerClient:
             raise errors.UsageError(
                 f"XSTAGE_SHM={self.shm_mode!r} is not one of auto, memfd, named, off"
             )
+        if transport not in ("local", "tcp"):
+            raise errors.UsageError(f"transport {transport!r} is not one of local, tcp")
+        self.transport = transport
+        self.connect_host = connect_host
+        if transport == "tcp":
+            self.shm_mode = "off"  # tensors travel inline across kernels
         self._env = dict(os.environ if env is None else env)
         self.state = WorkerState.UNSTARTED
         self.hello: dict[str, Any] | None = None
@@ -92,7 +104,7 @@ class WorkerClient:
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
         self._bell: shm.Doorbell | None = None
-        self._death_w: int | None = None
+        self._stdin: Any = None
         self._region: shm.Region | None = None
         self._next_id = 1
         self._seq = 0
@@ -128,39 +140,40 @@ class WorkerClient:
             return self.hello
 
     def _spawn(self) -> None:
-        ctl_parent, ctl_child = shm.socketpair()
-        bell_parent, bell_child = shm.socketpair()
-        death_r, death_w = os.pipe()
         secret = secrets.token_hex(16)
         self._secret = secret
-        env = dict(self._env)
-        env["XSTAGE_WORKER_SECRET"] = secret
         self.log_path = logs_dir() / (
             f"worker-{self.route}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.log"
         )
-        argv = worker_argv(
-            self.interpreter,
-            "worker",
-            "--ctl-fd", str(ctl_child.fileno()),
-            "--bell-fd", str(bell_child.fileno()),
-            "--death-fd", str(death_r),
-        )
+        listener = ctl_child = bell_child = None
+        bell_parent = ctl_parent = None
+        if self.transport == "tcp":
+            listener = socket.create_server((self.connect_host, 0))
+            host, port = listener.getsockname()[:2]
+            args = ["--connect", f"{host}:{port}"]
+            pass_fds: tuple[int, ...] = ()
+        else:
+            ctl_parent, ctl_child = shm.socketpair()
+            bell_parent, bell_child = shm.socketpair()
+            args = ["--ctl-fd", str(ctl_child.fileno()), "--bell-fd", str(bell_child.fileno())]
+            pass_fds = (ctl_child.fileno(), bell_child.fileno())
+        argv = worker_argv(self.interpreter, "worker", *args)
         try:
             with open(self.log_path, "wb") as log:
                 self._proc = subprocess.Popen(
                     argv,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=log,
-                    env=env,
-                    pass_fds=(ctl_child.fileno(), bell_child.fileno(), death_r),
+                    env=self._env,
+                    pass_fds=pass_fds,
                     start_new_session=True,
                     close_fds=True,
                 )
         except OSError as exc:
-            for s in (ctl_parent, bell_parent):
-                s.close()
-            os.close(death_w)
+            for sock in (ctl_parent, bell_parent, listener):
+                if sock is not None:
+                    sock.close()
             raise errors.WorkerError(
                 f"could not start the {self.route} interpreter {self.interpreter}: "
                 f"{exc.strerror or exc}",
@@ -168,12 +181,34 @@ class WorkerClient:
                 f"{self.route.upper().replace('-', '_')} to a working Python",
             ) from exc
         finally:
-            ctl_child.close()
-            bell_child.close()
-            os.close(death_r)
+            for sock in (ctl_child, bell_child):
+                if sock is not None:
+                    sock.close()
+        self._stdin = self._proc.stdin
+        try:
+            self._stdin.write(secret.encode("ascii") + b"\n")
+            self._stdin.flush()
+        except OSError:
+            pass  # it died at once; the hello wait reports how
+        if listener is not None:
+            ctl_parent = self._accept(listener)
         self._ctl = ctl_parent
-        self._bell = shm.Doorbell(bell_parent)
-        self._death_w = death_w
+        self._bell = shm.Doorbell(bell_parent) if bell_parent is not None else None
+
+    def _accept(self, listener: socket.socket) -> socket.socket:
+        """The worker's connect-back; the hello that follows proves it holds the secret."""
+        import select
+
+        try:
+            readable, _, _ = select.select([listener], [], [], self.deadlines.spawn)
+            if not readable:
+                raise errors.SpawnTimeout(self.deadlines.spawn or 0, pid=self.pid,
+                                          log_tail=self.log_tail())
+            conn, _ = listener.accept()
+        finally:
+            listener.close()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
 
     def _await_hello(self) -> dict[str, Any]:
         assert self._ctl is not None and self._proc is not None
@@ -197,8 +232,16 @@ class WorkerClient:
                 f"({h['package_hash'][:12]} != {local_hash()[:12]})",
                 remedy="remove the staged copy under XSTAGE_HOME/cache/remote and retry",
             )
-        if h["auth"] != auth_token(self._secret, self._proc.pid):
+        if frame.id != 0:
+            raise errors.RemoteProtocolError(f"hello carries id {frame.id}, expected 0")
+        worker_pid = h["worker"].get("pid")
+        if not isinstance(worker_pid, int) or not hmac.compare_digest(
+            h["auth"], auth_token(self._secret, worker_pid)
+        ):
             raise errors.RemoteProtocolError("worker hello does not prove the session secret")
+        missing = {"inline"} - set(h["features"])
+        if missing:
+            raise errors.RemoteProtocolError(f"worker lacks required features {sorted(missing)}")
         return h
 
     def close(self) -> None:
@@ -240,10 +283,10 @@ class WorkerClient:
                 closer.close()
         self._ctl = None
         self._bell = None
-        if self._death_w is not None:
+        if self._stdin is not None:
             with contextlib.suppress(OSError):
-                os.close(self._death_w)
-            self._death_w = None
+                self._stdin.close()
+            self._stdin = None
         if self.state is not WorkerState.CLOSING:
             self.state = WorkerState.DEAD
 
@@ -375,7 +418,7 @@ class WorkerClient:
             self.loaded = frame.header
             self._inputs = frame.header["inputs"]
             self._outputs = frame.header["outputs"]
-            if self.shm_mode != "off":
+            if self.shm_mode != "off" and self._bell is not None:
                 self._attach_region()
             return self.loaded
 
