@@ -1,9 +1,131 @@
-"""Placeholder registration for `xstage devices` (filled in by its own module)."""
+"""``xstage devices [--json] [--refresh]``: the device table, then every route.
+
+Thin: ``xstage.devices.devices()`` does the work; this module only renders it.
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from rich.markup import escape
+
+from xstage.cli._output import Output
+from xstage.devices import DeviceReport, devices
+from xstage.routes.resolve import RouteStatus
+
+__all__ = ["format_bytes", "register", "render"]
+
+_EPILOG = """A route that did not resolve is listed with its reason code, reason and remedy;
+routes marked * are unverified (written from documentation, never run by this project).
+Probes are cached under XSTAGE_HOME/cache/probes; --refresh runs them again."""
+
+
+def format_bytes(n: int | None) -> str:
+    """``25275160576`` → ``23.5 GiB`` (binary units, one decimal)."""
+    if not n:
+        return "0"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(n)  # unreachable
+
+
+def _route_label(status: RouteStatus, device_id: str) -> str:
+    mark = "" if status.verified else "*"
+    if status.resolved and device_id in status.devices:
+        return f"{status.name}{mark} ok"
+    code = status.reason_code.value if status.reason_code else "drives other devices"
+    return f"{status.name}{mark} {code}"
+
+
+def _versions(status: RouteStatus) -> str:
+    shown = []
+    for key, value in status.versions.items():
+        if key in ("numpy", "torch_cuda"):
+            continue
+        if key == "onnxruntime_distribution":
+            if value != "onnxruntime":
+                shown.append(f"({value})")
+            continue
+        shown.append(f"{key} {value}")
+    return "\n".join(shown)
+
+
+def render(report: DeviceReport, out: Output) -> None:
+    """The human view: the device table, the route table, then why each missing route is."""
+    device_rows: list[list[Any]] = []
+    for row in report.devices:
+        dev = row.device
+        shared = dev.pool == "host_ram" and dev.kind != "cpu"
+        device_rows.append(
+            [
+                escape(dev.id),
+                dev.kind,
+                escape(dev.name),
+                escape(dev.pool),
+                "0 (shared)" if shared else format_bytes(dev.memory_bytes),
+                "-" if shared else format_bytes(dev.available_bytes),
+                escape("\n".join(_route_label(s, dev.id) for s in row.routes) or "(no route drives it)"),
+            ]
+        )
+    out.table(
+        "Devices (memory 0 = shares the host's RAM, counted once on the cpu row)",
+        ["device", "kind", "name", "pool", "memory", "available", "routes"],
+        device_rows,
+    )
+    route_rows: list[list[Any]] = []
+    for status in report.routes:
+        route_rows.append(
+            [
+                status.name + ("" if status.verified else " *"),
+                status.status,
+                status.reason_code.value if status.reason_code else "-",
+                escape(", ".join(status.devices) or "-"),
+                escape(status.interpreter or "-")
+                + (f"\n({status.interpreter_source})" if status.interpreter else ""),
+                escape(_versions(status)),
+            ]
+        )
+    out.table(
+        "Routes (* = unverified: written from documentation)",
+        ["route", "status", "reason", "devices", "interpreter", "versions"],
+        route_rows,
+    )
+    missing = [s for s in report.routes if not s.resolved]
+    if missing:
+        out.result("Missing routes, why, and what to do:")
+    for status in missing:
+        code = status.reason_code.value if status.reason_code else ""
+        out.result(f"  [bold]{status.name}[/bold] ({code})")
+        for line in status.reason.splitlines():
+            out.result("    " + escape(line))
+        out.result("    remedy: " + escape(status.remedy))
+
+
+def _run(args: argparse.Namespace, out: Output) -> int:
+    report = devices(refresh=args.refresh)
+    if out.json_mode:
+        out.json(report.to_dict())
+    else:
+        render(report, out)
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    pass
+    """Add ``devices`` to the ``xstage`` parser."""
+    parser = sub.add_parser(
+        "devices",
+        help="list devices and every route (resolved, or missing with reason and remedy)",
+        description="List the devices this machine shows, the routes that drive them, and every "
+        "route: resolved, or missing with a reason code, reason and remedy.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+    parser.add_argument(
+        "--refresh", action="store_true", help="probe every interpreter again (ignore the cache)"
+    )
+    parser.set_defaults(func=_run)

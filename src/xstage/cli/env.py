@@ -1,9 +1,147 @@
-"""Placeholder registration for `xstage env` (filled in by its own module)."""
+"""``xstage env create|list|remove``: route environments (``xstage.routes.envs`` does the work)."""
 
 from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
+from xstage.cli._output import Output
+from xstage.errors import UsageError
+from xstage.routes import envs
+from xstage.routes.specs import ROUTE_NAMES, get_spec
+
+__all__ = ["register"]
+
+_CREATE_EPILOG = """examples:
+  xstage env create ort-openvino                 # plugin EP on Intel CPUs, built-in EP elsewhere
+  xstage env create ort-openvino --variant builtin
+  xstage env create ort-cpu --python 3.9 --pin onnxruntime==1.19.2
+  xstage env create ort-vitisai                  # Windows-side: prints PowerShell commands
+
+Windows-side routes (ort-vitisai, ort-dml, ort-qnn) are not built from WSL or Linux: the
+command prints the PowerShell lines to run on Windows instead."""
+
+
+def _route(name: str) -> str:
+    try:
+        get_spec(name)
+    except KeyError as exc:
+        raise UsageError(str(exc.args[0]), remedy=f"routes: {', '.join(ROUTE_NAMES)}") from None
+    return name
+
+
+def _create(args: argparse.Namespace, out: Output) -> int:
+    route = _route(args.route)
+    plan = envs.plan(route, python=args.python, pins=args.pin or (), variant=args.variant)
+    spec = get_spec(route)
+    if len(spec.variants) > 1:
+        out.result(f"{route}: variant {plan.variant} ({escape(plan.variant_reason)})")
+    if plan.action == "reuse":
+        out.result(escape(plan.message))
+        return 0
+    if plan.action == "powershell":
+        out.result(f"{route} lives on the Windows side; run these in PowerShell on Windows:")
+        out.result("")
+        for line in plan.powershell:
+            # Printed raw (no markup) so the commands can be copied exactly.
+            out.out.print(line, markup=False, highlight=False, soft_wrap=True)
+        out.result("")
+        out.result(escape(plan.message))
+        return 0
+    out.result(
+        f"building {route} with Python {plan.python_version} into {escape(str(plan.target))} "
+        f"({escape(' '.join(plan.packages))}); pip's output is shown only if it fails"
+    )
+    info = envs.create(plan, force=args.force, progress=lambda msg: out.log(msg))
+    installed = ", ".join(f"{k} {v}" for k, v in info.manifest.get("installed", {}).items())
+    out.result(f"created {route}: {escape(str(info.python))} ({escape(installed)})")
+    out.result(f"check it: xstage devices  (the {route} row names this interpreter)")
+    return 0
+
+
+def _list(args: argparse.Namespace, out: Output) -> int:
+    found = envs.list_envs()
+    if out.json_mode:
+        out.json({"envs_dir": str(envs.env_dir("x").parent), "envs": [e.to_dict() for e in found]})
+        return 0
+    if not found:
+        out.result(f"no route environments under {escape(str(envs.env_dir('x').parent))}")
+        out.hint("create one: xstage env create ort-openvino")
+        return 0
+    rows = []
+    for info in found:
+        doc = info.to_dict()
+        installed = ", ".join(f"{k} {v}" for k, v in (doc["installed"] or {}).items())
+        rows.append(
+            [
+                info.route,
+                doc["variant"] or "-",
+                doc["python_version"] or "-",
+                escape(installed or "-"),
+                escape(str(info.python)) + ("" if info.ok else "\n(interpreter missing)"),
+                doc["created"] or "-",
+            ]
+        )
+    out.table(
+        "Route environments", ["route", "variant", "python", "packages", "interpreter", "created"], rows
+    )
+    return 0
+
+
+def _remove(args: argparse.Namespace, out: Output) -> int:
+    path = envs.remove(args.route)
+    out.result(f"removed {escape(args.route)} ({escape(str(path))})")
+    return 0
+
+
+def _help(parser: argparse.ArgumentParser) -> object:
+    def show(args: argparse.Namespace, out: Output) -> int:
+        parser.print_help()
+        return 64
+
+    return show
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    pass
+    """Add ``env`` and its ``create``/``list``/``remove`` to the ``xstage`` parser."""
+    parser = sub.add_parser(
+        "env",
+        help="create, list and remove route environments",
+        description="Route environments: one venv per route under XSTAGE_HOME/envs, found by "
+        "`xstage devices` without further configuration.",
+    )
+    parser.set_defaults(func=_help(parser))
+    verbs = parser.add_subparsers(dest="env_command", metavar="VERB")
+
+    create = verbs.add_parser(
+        "create",
+        help="build a route's venv (or print the PowerShell commands for a Windows-side route)",
+        description="Build ROUTE's venv under XSTAGE_HOME/envs/ROUTE, in a temporary folder renamed "
+        "into place when complete.",
+        epilog=_CREATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    create.add_argument("route", metavar="ROUTE", help=f"one of: {', '.join(ROUTE_NAMES)}")
+    create.add_argument(
+        "--python", metavar="X.Y", help="Python version (pyenv, pythonX.Y, py -X.Y) or a path"
+    )
+    create.add_argument(
+        "--pin",
+        action="append",
+        metavar="PKG==V",
+        help="pin a package (repeatable); replaces the route's package of the same name",
+    )
+    create.add_argument(
+        "--variant", help="package set, for routes with several (ort-openvino: plugin, builtin)"
+    )
+    create.add_argument("--force", action="store_true", help="replace an existing environment")
+    create.set_defaults(func=_create)
+
+    listing = verbs.add_parser("list", help="list route environments", description="List route environments.")
+    listing.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+    listing.set_defaults(func=_list)
+
+    remove = verbs.add_parser("remove", help="delete a route environment", description="Delete ROUTE's venv.")
+    remove.add_argument("route", metavar="ROUTE")
+    remove.set_defaults(func=_remove)

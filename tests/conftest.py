@@ -1,0 +1,164 @@
+"""Fixtures shared by the whole suite.
+
+* Every test runs with its own ``XSTAGE_HOME`` and user config file (autouse), and with no
+  ``XSTAGE_PYTHON_*`` variable inherited from the developer's shell.
+* Real second interpreters are built once and kept in a persistent cache,
+  ``XSTAGE_TEST_CACHE`` (default ``<repo>/.test-cache/``), through xstage's own
+  ``env create`` code, so re-runs cost nothing: ``py39_ort119_python`` (CPython 3.9 with
+  onnxruntime 1.19.2 and numpy<2), ``openvino_python`` (the ``ort-openvino`` env, built-in
+  EP variant), ``openvino_plugin_python`` (the plugin EP variant) and ``torch_python``
+  (torch 2.13.0, only where pip can take it from local disk: anything else is a download of
+  several GB, so the fixture skips instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cache_root() -> Path:
+    """The persistent folder for venvs built by the tests."""
+    root = Path(os.environ.get("XSTAGE_TEST_CACHE", REPO / ".test-cache"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def xstage_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh XSTAGE_HOME and an empty user config for each test."""
+    home = tmp_path_factory.mktemp("xstage-home")
+    monkeypatch.setenv("XSTAGE_HOME", str(home))
+    monkeypatch.setenv("XSTAGE_CONFIG", str(home / "no-user-config.toml"))
+    for name in list(os.environ):
+        if name.startswith("XSTAGE_PYTHON_") or name == "XSTAGE_PROBE_TIMEOUT":
+            monkeypatch.delenv(name)
+    return home
+
+
+@contextlib.contextmanager
+def _home(path: Path) -> Iterator[None]:
+    old = os.environ.get("XSTAGE_HOME")
+    os.environ["XSTAGE_HOME"] = str(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("XSTAGE_HOME", None)
+        else:
+            os.environ["XSTAGE_HOME"] = old
+
+
+def _works(python: Path, check: str) -> bool:
+    if not python.is_file():
+        return False
+    done = subprocess.run([str(python), "-c", check], capture_output=True, timeout=300)
+    return done.returncode == 0
+
+
+def build_cached_env(
+    slot: str, route: str, *, check: str, python: str | None = None, pins: tuple[str, ...] = (), variant=None
+) -> Path:
+    """Build ``route``'s env once into the test cache (through ``xstage env create``'s code).
+
+    ``slot`` names the cache folder; the env is reused while ``check`` runs in it.
+    """
+    from xstage.errors import EnvError
+    from xstage.routes import envs
+
+    home = cache_root() / slot
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as lock, _home(home):
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test processes build each env once
+        target = envs.env_dir(route)
+        interpreter = envs.venv_python(target)
+        if _works(interpreter, check):
+            return interpreter
+        try:
+            plan = envs.plan(route, python=python, pins=pins, variant=variant)
+            info = envs.create(plan, force=True)
+        except EnvError as exc:
+            pytest.skip(f"cannot build the {route} test env ({slot}): {exc.message}")
+    if not _works(info.python, check):
+        pytest.fail(f"the {route} env built in {info.path} does not pass {check!r}")
+    return info.python
+
+
+@pytest.fixture(scope="session")
+def py39_ort119_python() -> Path:
+    """CPython 3.9 with onnxruntime 1.19.2 and numpy<2 (no EP-device API, old profiles)."""
+    return build_cached_env(
+        "py39-ort119",
+        "ort-cpu",
+        python="3.9",
+        pins=("onnxruntime==1.19.2",),
+        check="import sys, onnxruntime, numpy; assert sys.version_info[:2] == (3, 9); "
+        "assert onnxruntime.__version__ == '1.19.2'; assert numpy.__version__ < '2'",
+    )
+
+
+@pytest.fixture(scope="session")
+def openvino_python() -> Path:
+    """The ``ort-openvino`` env (built-in EP: onnxruntime-openvino), as env create makes it."""
+    return build_cached_env(
+        "ort-openvino",
+        "ort-openvino",
+        variant="builtin",
+        check="import onnxruntime as o; assert 'OpenVINOExecutionProvider' in o.get_available_providers()",
+    )
+
+
+@pytest.fixture(scope="session")
+def openvino_plugin_python() -> Path:
+    """The ``ort-openvino`` env, plugin variant (onnxruntime + onnxruntime-ep-openvino)."""
+    return build_cached_env(
+        "ort-openvino-plugin",
+        "ort-openvino",
+        variant="plugin",
+        check="import onnxruntime, onnxruntime_ep_openvino",
+    )
+
+
+def _torch_wheel_is_local(pin: str) -> bool:
+    """Whether pip can take ``pin`` from local find-links alone (no multi-GB download)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-deps", "--quiet", pin],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def torch_python() -> Path:
+    """A venv with torch 2.13.0 (CPU build), built only from a wheel on local disk."""
+    pin = "torch==2.13.0"
+    slot = cache_root() / "torch"
+    marker = slot / "envs" / "torch-cpu" / "bin" / "python"
+    if not marker.is_file() and (sys.version_info[:2] != (3, 11) or not _torch_wheel_is_local(pin)):
+        pytest.skip(f"{pin} is not on local disk for this Python; installing it would download GBs")
+    return build_cached_env("torch", "torch-cpu", pins=(pin,), check="import torch")
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path):
+    """Fault injection: an executable "python" that runs ``body`` (a shell script)."""
+
+    def make(body: str, name: str = "python") -> Path:
+        path = tmp_path / "fake-bin" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n" + body + "\n")
+        path.chmod(0o755)
+        return path
+
+    return make
