@@ -7,14 +7,19 @@ bind, or a built-in provider and its options); this module turns that into the w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from xstage import errors
 from xstage.client import Deadlines, WorkerClient
 from xstage.routes import RouteStatus
+from xstage.routes import wsl as wsl_mod
+from xstage.routes.wsl import WslInfo
 
-__all__ = ["load_options", "open_worker"]
+__all__ = ["load_options", "open_worker", "windows_side_options"]
 
 
 def load_options(
@@ -55,6 +60,60 @@ def load_options(
     return {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device}
 
 
+def windows_side_options(
+    *,
+    wsl: WslInfo,
+    wsl_conf: str | None,
+    networking_mode: str,
+    ip_route: str,
+    kill: Callable[[list[str]], object],
+) -> dict[str, Any]:
+    """``WorkerClient`` keywords for a Windows interpreter started from WSL (pure but ``kill``).
+
+    The same launch code as a Linux worker, with the four differences ``routes.wsl`` names:
+    a TCP connect-back instead of inherited sockets, Windows paths for the staged package and
+    every graph, the address a Windows process reaches this VM on, and ``taskkill /T`` on the
+    Windows pid the worker reports, because the process WSL shows is only the interop relay.
+
+    Raises:
+        RouteMissing: this is not WSL with interop (``wsl_interop_unavailable``).
+    """
+    if not (wsl.is_wsl and wsl.interop):
+        raise errors.RouteMissing(
+            "a Windows interpreter can only be started from WSL with interop enabled",
+            reason_code="wsl_interop_unavailable",
+            remedy="enable [interop] in /etc/wsl.conf and restart WSL (wsl --shutdown)",
+        )
+    back = wsl_mod.connect_back(networking_mode=networking_mode, ip_route=ip_route)
+    root = wsl_mod.automount_root(wsl_conf)
+
+    def to_windows(path: str) -> str:
+        return wsl_mod.to_windows_path(os.path.abspath(path), distro=wsl.distro, mount_root=root)
+
+    return {
+        "transport": "tcp",
+        "listen_host": back.bind_host,
+        "connect_host": back.connect_host,
+        "worker_path": to_windows,
+        "end_tree": lambda pid: kill(wsl_mod.kill_tree_argv(pid)),
+    }
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _output(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None) -> WorkerClient:
     """A started worker in the route's interpreter (the caller closes it)."""
     if not status.resolved or not status.interpreter:
@@ -63,6 +122,15 @@ def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None) -> W
             reason_code=status.reason_code.value if status.reason_code else "unknown",
             remedy=status.remedy,
         )
-    client = WorkerClient(status.interpreter, route=status.name, deadlines=deadlines)
+    extra: dict[str, Any] = {}
+    if status.spec.os_side == "windows" and sys.platform != "win32":
+        extra = windows_side_options(
+            wsl=wsl_mod.current(),
+            wsl_conf=_read("/etc/wsl.conf"),
+            networking_mode=wsl_mod.parse_networking_mode(_output(["wslinfo", "--networking-mode"])),
+            ip_route=_output(["ip", "route"]),
+            kill=lambda argv: subprocess.run(argv, capture_output=True, timeout=30),
+        )
+    client = WorkerClient(status.interpreter, route=status.name, deadlines=deadlines, **extra)
     client.start()
     return client

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import xstage_remote
@@ -49,6 +50,13 @@ def staged_root() -> Path:
     return root
 
 
-def worker_argv(interpreter: str, *args: str) -> list[str]:
-    """The argv that starts ``xstage_remote`` under ``interpreter`` with ``args``."""
-    return [interpreter, "-E", "-s", "-c", BOOTSTRAP, str(staged_root()), *args]
+def worker_argv(
+    interpreter: str, *args: str, path_map: Callable[[str], str] | None = None
+) -> list[str]:
+    """The argv that starts ``xstage_remote`` under ``interpreter`` with ``args``.
+
+    ``path_map`` turns the staged folder into the interpreter's view of it (a Windows path
+    for a Windows Python started from WSL).
+    """
+    root = str(staged_root())
+    return [interpreter, "-E", "-s", "-c", BOOTSTRAP, path_map(root) if path_map else root, *args]

@@ -42,7 +42,7 @@ def test_openvino_worker_runs_a_graph_on_the_openvino_ep(openvino_python, graphs
     """The ort-openvino environment: the session really holds the OpenVINO EP."""
     from xstage.routes import resolve
 
-    monkeypatch.setenv("XSTAGE_PYTHON_ORT_OPENVINO", openvino_python)
+    monkeypatch.setenv("XSTAGE_PYTHON_ORT_OPENVINO", str(openvino_python))
     status = resolve("ort-openvino")
     assert status.resolved, status.reason
     x = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)

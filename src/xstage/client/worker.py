@@ -22,7 +22,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +78,27 @@ class WorkerClient:
         shm_mode: str | None = None,
         env: Mapping[str, str] | None = None,
         transport: str = "local",
-        connect_host: str = "127.0.0.1",
+        listen_host: str = "127.0.0.1",
+        connect_host: str | None = None,
+        worker_path: Callable[[str], str] | None = None,
+        end_tree: Callable[[int], None] | None = None,
     ) -> None:
+        """Args:
+            interpreter: the route's Python, as this OS starts it.
+            route: the route's name, for messages and log names.
+            deadlines: per-phase limits (``Deadlines()`` when None).
+            shm_mode: ``auto``, ``memfd``, ``named`` or ``off`` (default ``XSTAGE_SHM``).
+            env: the worker's environment (this process's when None).
+            transport: ``local`` (inherited sockets, shared region) or ``tcp`` (connect-back,
+                inline tensors; what a Windows worker started from WSL uses).
+            listen_host, connect_host: where the client listens for a ``tcp`` worker, and the
+                address the worker dials (``listen_host`` when None).
+            worker_path: maps a path on this side to the worker's view of it (WSL → Windows);
+                applied to the staged package and every graph path. It must raise rather than
+                hand over a path the worker cannot open.
+            end_tree: ends the worker's whole process tree given the pid it reported in hello
+                (a Windows tree is not this OS's process group).
+        """
         self.interpreter = interpreter
         self.route = route
         self.deadlines = deadlines or Deadlines()
@@ -91,7 +110,10 @@ class WorkerClient:
         if transport not in ("local", "tcp"):
             raise errors.UsageError(f"transport {transport!r} is not one of local, tcp")
         self.transport = transport
-        self.connect_host = connect_host
+        self.listen_host = listen_host
+        self.connect_host = connect_host or listen_host
+        self.worker_path = worker_path or (lambda p: p)
+        self.end_tree = end_tree
         if transport == "tcp":
             self.shm_mode = "off"  # tensors travel inline across kernels
         self._env = dict(os.environ if env is None else env)
@@ -148,16 +170,16 @@ class WorkerClient:
         listener = ctl_child = bell_child = None
         bell_parent = ctl_parent = None
         if self.transport == "tcp":
-            listener = socket.create_server((self.connect_host, 0))
-            host, port = listener.getsockname()[:2]
-            args = ["--connect", f"{host}:{port}"]
+            listener = socket.create_server((self.listen_host, 0))
+            port = listener.getsockname()[1]
+            args = ["--connect", f"{self.connect_host}:{port}"]
             pass_fds: tuple[int, ...] = ()
         else:
             ctl_parent, ctl_child = shm.socketpair()
             bell_parent, bell_child = shm.socketpair()
             args = ["--ctl-fd", str(ctl_child.fileno()), "--bell-fd", str(bell_child.fileno())]
             pass_fds = (ctl_child.fileno(), bell_child.fileno())
-        argv = worker_argv(self.interpreter, "worker", *args)
+        argv = worker_argv(self.interpreter, "worker", *args, path_map=self.worker_path)
         try:
             with open(self.log_path, "wb") as log:
                 self._proc = subprocess.Popen(
@@ -263,6 +285,11 @@ class WorkerClient:
     def _abort(self) -> None:
         """Kill the process group, reap, close descriptors and the region."""
         proc = self._proc
+        worker_pid = (self.hello or {}).get("worker", {}).get("pid")
+        if self.end_tree is not None and isinstance(worker_pid, int):
+            with contextlib.suppress(Exception):  # best effort: the tree may be gone already
+                self.end_tree(worker_pid)
+            self.end_tree = None
         if proc is not None:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -412,7 +439,7 @@ class WorkerClient:
              options: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Load a stage; then set up the shared region when the signature allows one."""
         with self._lock:
-            header = {"op": "load", "runtime": runtime, "path": str(path),
+            header = {"op": "load", "runtime": runtime, "path": self.worker_path(str(path)),
                       "options": dict(options or {})}
             frame = self._request(header, "loaded", "load")
             self.loaded = frame.header
