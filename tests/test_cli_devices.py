@@ -13,7 +13,7 @@ from recorded import load_json_fixture
 
 from xstage import hardware as hw
 from xstage.cli.main import main
-from xstage.devices import assemble
+from xstage.device_table import assemble
 from xstage.routes import (
     ROUTE_NAMES,
     HostInfo,

@@ -86,3 +86,16 @@ def test_env_create_py39_pinned_then_devices_then_remove(capsys):
     assert main(["env", "remove", "ort-cpu"]) == 0
     assert "removed ort-cpu" in capsys.readouterr().out
     assert _json(capsys, "env", "list", "--json")["envs"] == []
+
+
+def test_env_create_exist_ok_keeps_an_existing_env(capsys, tmp_path):
+    """`--exist-ok` makes the README's main command re-runnable; without it, a clear error."""
+    import sys
+
+    target = envs.env_dir("ort-cpu")
+    (target / "bin").mkdir(parents=True)
+    (target / "bin" / "python").symlink_to(sys.executable)
+    assert main(["env", "create", "ort-cpu", "--exist-ok"]) == 0
+    assert "ort-cpu exists" in capsys.readouterr().out
+    assert main(["env", "create", "ort-cpu"]) == 1
+    assert "already exists" in capsys.readouterr().err

@@ -183,6 +183,8 @@ class Region:
         self.creator = creator
         self.index = {(s["role"], s["name"]): i for i, s in enumerate(slots)}
         self._views = {}
+        self._packed = {}
+        self._read = {}
         self._closed = False
 
     # ------------------------------------------------------------------ creation / attach
@@ -299,25 +301,39 @@ class Region:
         nbytes = arr.nbytes
         if nbytes > slot["capacity"] or arr.ndim > MAX_RANK:
             return False
-        dims = list(arr.shape) + [0] * (MAX_RANK - arr.ndim)
-        DESC.pack_into(self.mm, DESC_OFF + i * DESC.size, DTYPE_CODES[slot["dtype"]],
-                       arr.ndim, 0, 0, nbytes, *dims)
+        self._put_desc(i, arr.shape, nbytes)
         if nbytes:
             np.copyto(self.view(role, name, arr.dtype, arr.shape), arr, casting="no")
         return True
 
     def describe(self, role, name, shape, nbytes):
         """Write only the descriptor (the data was written in place)."""
-        i = self.index[(role, name)]
-        dims = list(shape) + [0] * (MAX_RANK - len(shape))
-        DESC.pack_into(self.mm, DESC_OFF + i * DESC.size,
-                       DTYPE_CODES[self.slots[i]["dtype"]], len(shape), 0, 0, nbytes, *dims)
+        self._put_desc(self.index[(role, name)], tuple(shape), nbytes)
+
+    def _put_desc(self, i, shape, nbytes):
+        # The packed bytes of a (slot, shape) pair never change: pack once, then one slice
+        # assignment per call (~0.2 µs instead of a 36-field pack).
+        key = (i, shape)
+        raw = self._packed.get(key)
+        if raw is None:
+            dims = list(shape) + [0] * (MAX_RANK - len(shape))
+            raw = DESC.pack(DTYPE_CODES[self.slots[i]["dtype"]], len(shape), 0, 0, nbytes, *dims)
+            if len(self._packed) > 256:
+                self._packed.clear()
+            self._packed[key] = raw
+        off = DESC_OFF + i * DESC.size
+        self.mm[off:off + DESC.size] = raw
 
     def read_desc(self, role, name):
         """Validated ``(dtype, shape)`` of a slot's current content, from the peer's descriptor."""
         i = self.index[(role, name)]
+        off = DESC_OFF + i * DESC.size
+        raw = self.mm[off:off + DESC.size]
+        known = self._read.get(raw)
+        if known is not None and known[0] == i:
+            return known[1], known[2]  # these exact bytes were validated for this slot before
         slot = self.slots[i]
-        fields = DESC.unpack_from(self.mm, DESC_OFF + i * DESC.size)
+        fields = DESC.unpack(raw)
         code, rank, nbytes = fields[0], fields[1], fields[4]
         tag = CODE_DTYPES.get(code)
         if tag != slot["dtype"]:
@@ -332,7 +348,11 @@ class Region:
         if count * DTYPES[tag][1] != nbytes or nbytes > slot["capacity"]:
             raise ProtocolError("slot %r: nbytes %d does not match shape %s or exceeds capacity %d"
                                 % (name, nbytes, shape, slot["capacity"]))
-        return dtype_of_tag(tag, name), shape
+        dtype = dtype_of_tag(tag, name)
+        if len(self._read) > 256:
+            self._read.clear()
+        self._read[raw] = (i, dtype, shape)
+        return dtype, shape
 
     def view(self, role, name, dtype, shape):
         """A numpy view of a slot's bytes (valid until the region is closed; cached)."""

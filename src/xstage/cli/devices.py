@@ -1,6 +1,6 @@
 """``xstage devices [--json] [--refresh]``: the device table, then every route.
 
-Thin: ``xstage.devices.devices()`` does the work; this module only renders it.
+Thin: ``xstage.devices()`` does the work; this module only renders it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 from rich.markup import escape
 
 from xstage.cli._output import Output
-from xstage.devices import DeviceReport, devices
+from xstage.device_table import DeviceReport, devices
 from xstage.routes.resolve import RouteStatus
 
 __all__ = ["format_bytes", "register", "render"]

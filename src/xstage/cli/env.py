@@ -49,6 +49,11 @@ def _create(args: argparse.Namespace, out: Output) -> int:
         out.result("")
         out.result(escape(plan.message))
         return 0
+    if args.exist_ok and not args.force and plan.target.exists():
+        existing = next((e for e in envs.list_envs() if e.route == route), None)
+        if existing is not None and existing.python.exists():
+            out.result(f"{route} exists: {escape(str(existing.python))} (kept; --force rebuilds it)")
+            return 0
     out.result(
         f"building {route} with Python {plan.python_version} into {escape(str(plan.target))} "
         f"({escape(' '.join(plan.packages))}); pip's output is shown only if it fails"
@@ -136,6 +141,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--variant", help="package set, for routes with several (ort-openvino: plugin, builtin)"
     )
     create.add_argument("--force", action="store_true", help="replace an existing environment")
+    create.add_argument("--exist-ok", action="store_true",
+                        help="succeed without rebuilding when the environment already exists")
     create.set_defaults(func=_create)
 
     listing = verbs.add_parser("list", help="list route environments", description="List route environments.")
