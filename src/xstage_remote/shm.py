@@ -407,6 +407,8 @@ class Doorbell:
             self.sock.send(b"\0")
         except (BlockingIOError, InterruptedError):
             pass  # the buffer is full: a wake-up is already pending
+        except OSError:
+            pass  # the peer is gone; the waiter's end-of-file check reports it
 
     def _drain(self):
         """Empty pending rings; True if the other end has closed."""
@@ -415,6 +417,8 @@ class Doorbell:
                 data = self.sock.recv(4096)
             except (BlockingIOError, InterruptedError):
                 return False
+            except OSError:  # reset: the peer died with rings it never read
+                return True
             if not data:
                 return True
 
