@@ -77,7 +77,8 @@ def _memory():
             rss = int(os.pread(fd, 256, 0).split()[1]) * page
         except (OSError, ValueError, IndexError):
             rss = 0
-    return rss, peak
+    # The kernel updates the high-water mark lazily; a peak below the current RSS is stale.
+    return rss, max(peak, rss)
 
 
 class Worker:
