@@ -7,6 +7,11 @@ build allows, so a session that silently rebuilt itself on the CPU cannot pass u
 Placement evidence (profiles, assignment) belongs to the ``external`` path and is added there.
 """
 
+import io
+import os
+import shutil
+import sys
+import tempfile
 import time
 
 __all__ = ["OrtRuntime", "load"]
@@ -73,6 +78,8 @@ def _session_options(ort, opts):
     so = ort.SessionOptions()
     if opts.get("intra_op_num_threads"):
         so.intra_op_num_threads = int(opts["intra_op_num_threads"])
+    if opts.get("inter_op_num_threads"):
+        so.inter_op_num_threads = int(opts["inter_op_num_threads"])
     level = opts.get("graph_optimization_level")
     if level:
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
@@ -80,43 +87,128 @@ def _session_options(ort, opts):
     return so
 
 
+def _version(text):
+    parts = []
+    for piece in str(text).split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+class _Tee(io.TextIOBase):
+    """Copies what onnxruntime's Python layer prints, so its fallback banner is evidence."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.text = []
+
+    def write(self, s):
+        self.text.append(s)
+        return self.inner.write(s)
+
+    def flush(self):
+        self.inner.flush()
+
+
+FALLBACK_MARK = "Falling back to"
+
+
 def load(path, options):
-    """Build a session for ``path`` as ``options`` describe; see OrtRuntime."""
+    """Build a session for ``path`` exactly as ``options`` describe; see OrtRuntime.
+
+    Strict: the requested EP (plus the CPU EP, which onnxruntime needs for what the EP leaves),
+    onnxruntime's Python fallback off where the build has the switch (``enable_fallback=0``),
+    and what its Python layer prints captured, so a silent rebuild on the CPU by an older build
+    is still seen (its "Falling back to [...] and retrying" banner). With ``profile`` the first
+    run is profiled, and with ORT >= 1.24 the per-node EP assignment is recorded.
+    """
     import onnxruntime as ort
 
     ep = options.get("ep") or {"name": "CPUExecutionProvider"}
     so = _session_options(ort, options.get("session") or {})
+    tmpdir = None
+    if options.get("profile"):
+        tmpdir = tempfile.mkdtemp(prefix="xstage-profile-")
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmpdir, "profile")
+    assignment_supported = _version(ort.__version__) >= (1, 24) and hasattr(
+        ort.InferenceSession, "get_provider_graph_assignment_info")
+    if assignment_supported:
+        so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     t0 = time.perf_counter()
     plugin = ep.get("plugin")
     bound_device = None
-    if plugin:
-        _register_plugin(ort, plugin["module"], plugin.get("registration") or plugin["module"])
-        select = plugin.get("select") or {}
-        devices = [d for d in ort.get_ep_devices()
-                   if d.ep_name == ep["name"] and _matches(d, select)]
-        if not devices:
-            raise RuntimeError("plugin EP %s lists no device matching %s here" % (ep["name"], select))
-        so.add_provider_for_devices(devices[:1], dict(ep.get("options") or {}))
-        bound_device = {"type": devices[0].device.type.name, "vendor": devices[0].device.vendor,
-                        "ep_metadata": dict(devices[0].ep_metadata)}
-        session = ort.InferenceSession(path, sess_options=so)
-    else:
-        providers = [(ep["name"], dict(ep.get("options") or {}))]
-        if ep["name"] != "CPUExecutionProvider":
-            providers.append(("CPUExecutionProvider", {}))
-        session = ort.InferenceSession(path, sess_options=so, providers=providers)
+    tee = _Tee(sys.stdout)
+    saved, sys.stdout = sys.stdout, tee
+    try:
+        if plugin:
+            _register_plugin(ort, plugin["module"], plugin.get("registration") or plugin["module"])
+            select = plugin.get("select") or {}
+            devices = [d for d in ort.get_ep_devices()
+                       if d.ep_name == ep["name"] and _matches(d, select)]
+            if not devices:
+                raise RuntimeError("plugin EP %s lists no device matching %s here"
+                                   % (ep["name"], select))
+            so.add_provider_for_devices(devices[:1], dict(ep.get("options") or {}))
+            bound_device = {"type": str(devices[0].device.type).rsplit(".", 1)[-1],
+                            "vendor": devices[0].device.vendor,
+                            "vendor_id": devices[0].device.vendor_id,
+                            "device_id": devices[0].device.device_id,
+                            "ep_metadata": dict(devices[0].ep_metadata)}
+            session = ort.InferenceSession(path, sess_options=so, enable_fallback=0)
+        else:
+            providers = [(ep["name"], dict(ep.get("options") or {}))]
+            if ep["name"] != "CPUExecutionProvider":
+                providers.append(("CPUExecutionProvider", {}))
+            session = ort.InferenceSession(path, sess_options=so, providers=providers,
+                                           enable_fallback=0)
+    finally:
+        sys.stdout = saved
     if hasattr(session, "disable_fallback"):
         session.disable_fallback()
     load_s = time.perf_counter() - t0
-    return OrtRuntime(ort, session, ep["name"], load_s, bound_device)
+    printed = "".join(tee.text)
+    evidence = {
+        "requested_ep": ep["name"],
+        "session_providers": list(session.get_providers()),
+        "available_providers": list(ort.get_available_providers()),
+        "fallback_banner": printed if FALLBACK_MARK in printed else None,
+        "assignment": _assignment(session) if assignment_supported else None,
+        "assignment_supported": assignment_supported,
+        "bound_device": bound_device,
+        "ep_options": dict(ep.get("options") or {}),
+        "onnxruntime": ort.__version__,
+    }
+    return OrtRuntime(ort, session, ep["name"], load_s, bound_device, evidence, tmpdir)
+
+
+def _assignment(session):
+    """The per-node plan as plain data: ``[{"ep", "nodes": [{"name", "op_type", "domain"}]}]``."""
+    try:
+        subgraphs = session.get_provider_graph_assignment_info()
+    except Exception as exc:  # the build has the method but not the recording
+        return {"error": "%s: %s" % (type(exc).__name__, exc)}
+    out = []
+    for sg in subgraphs:
+        out.append({"ep": sg.ep_name,
+                    "nodes": [{"name": n.name, "op_type": n.op_type, "domain": n.domain}
+                              for n in sg.get_nodes()]})
+    return out
 
 
 class OrtRuntime:
     """One session, its signature, and two ways to run: by value, or bound to slots."""
 
-    def __init__(self, ort, session, ep_name, load_s, bound_device):
+    def __init__(self, ort, session, ep_name, load_s, bound_device, evidence, profile_dir):
         self.ort = ort
         self.session = session
+        self.evidence = evidence
+        self._profile_dir = profile_dir
+        self.profile_text = None
         self.inputs = _signature(session.get_inputs())
         self.outputs = _signature(session.get_outputs())
         self.info = {
@@ -134,7 +226,22 @@ class OrtRuntime:
         """Outputs by name, in graph order, for inputs by name."""
         names = [o["name"] for o in self.outputs]
         values = self.session.run(names, feeds)
+        self._after_first_run()
         return dict(zip(names, values))
+
+    def _after_first_run(self):
+        """End profiling after the first (warm-up) run: later runs are not profiled."""
+        if self._profile_dir is None:
+            return
+        try:
+            path = self.session.end_profiling()
+            with open(path, "rb") as f:
+                self.profile_text = f.read()
+        except Exception as exc:
+            self.evidence["profile_error"] = "%s: %s" % (type(exc).__name__, exc)
+        finally:
+            shutil.rmtree(self._profile_dir, ignore_errors=True)
+            self._profile_dir = None
 
     def run_into(self, feeds, out_views):
         """Run with inputs read in place and fixed-shape outputs written into ``out_views``.
@@ -166,6 +273,7 @@ class OrtRuntime:
                 if view is None or not view.size:
                     self._binding.bind_output(o["name"], "cpu")
         self.session.run_with_iobinding(self._binding)
+        self._after_first_run()
         rest = {}
         values = None
         for i, o in enumerate(self.outputs):
@@ -179,3 +287,6 @@ class OrtRuntime:
     def close(self):
         self._binding = None
         self.session = None
+        if self._profile_dir is not None:
+            shutil.rmtree(self._profile_dir, ignore_errors=True)
+            self._profile_dir = None

@@ -156,6 +156,8 @@ OPS = {
     "result": {"t": (_LIST, True), "timing": (_OBJ, False)},
     "ping": {},
     "pong": {"info": (_OBJ, False)},
+    "evidence": {},
+    "evidence_data": {"info": (_OBJ, True), "t": (_LIST, False)},
     "shutdown": {},
     "bye": {},
     "error": {"kind": (_STR, True), "message": (_STR, True), "traceback": (_STR, False)},

@@ -30,7 +30,10 @@ from . import shm as shm_mod
 
 __all__ = ["main"]
 
-FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin"]
+FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin", "evidence"]
+#: The profile's bytes in an ``evidence_data`` frame (a name no ONNX output can take: it is
+#: not a valid identifier, and the client refuses a stage whose outputs use it anyway).
+PROFILE_TENSOR = "xstage:profile"
 #: Exit status when the client vanished (stdin ended or the control stream closed).
 EXIT_ORPHANED = 70
 
@@ -145,6 +148,17 @@ class Worker:
                 self.out_views[name] = None
         self.send({"op": "attached", "id": frame.id, "info": {"kind": self.region.kind}})
 
+    def on_evidence(self, frame):
+        """What the runtime collected for the proof; the profile travels as a uint8 tensor."""
+        if self.runtime is None:
+            raise RuntimeError("evidence before load")
+        arrays = {}
+        text = getattr(self.runtime, "profile_text", None)
+        if text is not None:
+            arrays[PROFILE_TENSOR] = np.frombuffer(text, dtype=np.uint8)
+        self.send({"op": "evidence_data", "id": frame.id,
+                   "info": dict(getattr(self.runtime, "evidence", {}) or {})}, arrays)
+
     def check_feeds(self, feeds):
         declared = {i["name"]: i for i in self.runtime.inputs}
         if set(feeds) != set(declared):
@@ -202,7 +216,8 @@ class Worker:
 
     # ---------------------------------------------------------------- loop
     def serve(self):
-        handlers = {"load": self.on_load, "attach": self.on_attach, "run": self.on_run}
+        handlers = {"load": self.on_load, "attach": self.on_attach, "run": self.on_run,
+                    "evidence": self.on_evidence}
         while True:
             if self.region is not None:
                 region = self.region

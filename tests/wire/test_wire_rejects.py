@@ -29,6 +29,8 @@ VALID = {
     "result": {"op": "result", "id": 3, "t": []},
     "ping": {"op": "ping", "id": 4},
     "pong": {"op": "pong", "id": 4},
+    "evidence": {"op": "evidence", "id": 6},
+    "evidence_data": {"op": "evidence_data", "id": 6, "info": {}, "t": []},
     "shutdown": {"op": "shutdown", "id": 5},
     "bye": {"op": "bye", "id": 5},
     "error": {"op": "error", "id": 3, "kind": "ValueError", "message": "bad input"},

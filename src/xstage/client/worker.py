@@ -33,7 +33,7 @@ from xstage.client.deadlines import Deadlines
 from xstage.home import logs_dir
 from xstage.remote_pkg import local_hash, worker_argv
 from xstage_remote import PROTOCOL_VERSION, shm, wire
-from xstage_remote.worker import auth_token
+from xstage_remote.worker import PROFILE_TENSOR, auth_token
 
 __all__ = ["WorkerClient", "WorkerState"]
 
@@ -534,13 +534,23 @@ class WorkerClient:
                     remedy="symbolic dimensions (names) accept any size; fixed ones must match",
                 )
 
+    def evidence(self) -> tuple[dict[str, Any], bytes | None]:
+        """What the worker's runtime collected for the proof: facts, and the profile's bytes."""
+        with self._lock:
+            frame = self._request({"op": "evidence"}, "evidence_data", "call")
+            arrays = frame.arrays()
+            profile = arrays.get(PROFILE_TENSOR)
+            return dict(frame.header["info"]), (bytes(profile) if profile is not None else None)
+
     def run(self, inputs: Mapping[str, Any], *,
-            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+            out: Mapping[str, np.ndarray] | None = None,
+            phase: str = "call") -> dict[str, np.ndarray]:
         """Run the loaded stage: outputs by name in graph order, C-contiguous, owned.
 
         ``out`` may hold preallocated C-contiguous arrays for some outputs (same dtype and
         shape as the result); those are filled in place and returned, saving an allocation
-        per call on the shared-memory path.
+        per call on the shared-memory path. ``phase`` picks the deadline: ``call``, or
+        ``warmup`` for the first, profiled run.
         """
         with self._lock:
             self._require_ready()
@@ -552,8 +562,8 @@ class WorkerClient:
                 a.nbytes <= region.slots[region.index[("in", n)]]["capacity"]
                 for n, a in feeds.items()
             ):
-                return self._run_shm(region, feeds, out or {})
-            frame = self._request({"op": "run"}, "result", "call", arrays=feeds)
+                return self._run_shm(region, feeds, out or {}, phase)
+            frame = self._request({"op": "run"}, "result", phase, arrays=feeds)
             self.last_timing = dict(frame.header.get("timing", {}))
             return self._collect(frame.arrays(), out or {})
 
@@ -566,23 +576,24 @@ class WorkerClient:
         return result
 
     def _run_shm(self, region: shm.Region, feeds: Mapping[str, np.ndarray],
-                 out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+                 out: Mapping[str, np.ndarray], phase: str = "call") -> dict[str, np.ndarray]:
         assert self._bell is not None and self._ctl is not None
         seq = self._seq + 1
         for name, arr in feeds.items():
             region.write("in", name, arr)
         region.publish_request(seq)
         self._bell.ring()
-        seconds = self.deadlines.call
+        seconds = getattr(self.deadlines, phase)
         deadline = None if seconds is None else time.monotonic() + seconds
         state = self._bell.wait(lambda: region.resp_seq() == seq, deadline, watch=[self._ctl])
         if state == "timeout":
             pid, tail = self.pid, self.log_tail()
             self._abort()
-            raise errors.CallTimeout(seconds or 0, pid=pid, log_tail=tail)
+            timeout_cls = errors.WarmupTimeout if phase == "warmup" else errors.CallTimeout
+            raise timeout_cls(seconds or 0, pid=pid, log_tail=tail)
         if state in ("closed", "watch") and region.resp_seq() != seq:
             # The worker either died or sent a frame ahead of its response (error, inline).
-            frame = self._recv("call", seconds)
+            frame = self._recv(phase, seconds)
             if region.resp_seq() != seq:
                 self._bell.wait(lambda: region.resp_seq() == seq, deadline, spin=0)
             return self._finish_shm(region, seq, frame, out)
