@@ -12,6 +12,7 @@ loud. The CLI maps each class to one line and a hint (``xstage.cli._errors``).
     ├── RecordError                a record is unreadable or fails its schema
     ├── EnvError                   building or removing a route environment failed
     ├── RouteMissing               a route was required and did not resolve
+    ├── Refused                    every candidate was refused (``.refusals`` says why)
     ├── ProtocolError              a frame broke the wire spec (docs/wire.md)
     │   ├── LocalProtocolError     we were about to send a bad frame
     │   └── RemoteProtocolError    the worker sent a bad frame
@@ -32,6 +33,9 @@ failures: ``StageClosed`` (a call after ``close()`` or after the worker died).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 __all__ = [
     "ArtifactError",
     "CallTimeout",
@@ -42,6 +46,7 @@ __all__ = [
     "LocalProtocolError",
     "ProtocolError",
     "RecordError",
+    "Refused",
     "RemoteProtocolError",
     "RouteMissing",
     "ShutdownTimeout",
@@ -92,6 +97,20 @@ class RouteMissing(XstageError):
     def __init__(self, message: str, *, reason_code: str, remedy: str | None = None) -> None:
         super().__init__(message, remedy=remedy)
         self.reason_code = reason_code
+
+
+class Refused(XstageError):
+    """Raised when no candidate passed; ``refusals`` holds each structured refusal.
+
+    Raised only where nothing usable can be returned (``xstage.open_stage``); the CLI turns
+    it into a record and exit status 2.
+    """
+
+    def __init__(self, message: str, *, refusals: Sequence[Any], remedy: str | None = None,
+                 record: dict[str, Any] | None = None) -> None:
+        super().__init__(message, remedy=remedy)
+        self.refusals = list(refusals)
+        self.record = record
 
 
 class ProtocolError(XstageError):

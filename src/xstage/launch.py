@@ -15,6 +15,7 @@ from typing import Any
 
 from xstage import errors
 from xstage.client import Deadlines, WorkerClient
+from xstage.ep_hooks import ep_options_for
 from xstage.routes import RouteStatus
 from xstage.routes import wsl as wsl_mod
 from xstage.routes.wsl import WslInfo
@@ -28,8 +29,14 @@ def load_options(
     device: str | None = None,
     ep_options: Mapping[str, str] | None = None,
     session: Mapping[str, Any] | None = None,
+    fmt: str = "onnx:fp32",
+    profile: bool = False,
 ) -> dict[str, Any]:
-    """The worker's ``load`` options for ``status`` driving ``device`` (default: its first)."""
+    """The worker's ``load`` options for ``status`` driving ``device`` (default: its first).
+
+    The route's hook (``xstage.ep_hooks``) fills what the user left unsaid for this format;
+    its notes travel in ``notes``. ``profile`` makes the first run the profiled warm-up.
+    """
     if not status.resolved:
         raise errors.RouteMissing(
             f"route {status.name} is missing: {status.reason}",
@@ -55,9 +62,10 @@ def load_options(
         }
     else:
         options.update((info.get("device_options") or {}).get(device) or {})
-    options.update(ep_options or {})
-    ep["options"] = {k: str(v) for k, v in options.items()}
-    return {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device}
+    merged, notes = ep_options_for(status.name, fmt, device, options, ep_options)
+    ep["options"] = merged
+    return {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device,
+            "profile": profile, "notes": notes}
 
 
 def windows_side_options(

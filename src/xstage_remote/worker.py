@@ -223,7 +223,8 @@ class Worker:
                 region = self.region
                 want = region.resp_seq() + 1
                 state = self.bell.wait(
-                    lambda r=region, w=want: r.req_seq() == w, None, watch=[self.sock])
+                    lambda r=region, w=want: r.req_seq() == w, None, watch=[self.sock],
+                    spin=shm_mod.WORKER_SPIN_SECONDS)
                 if state == "ready":
                     self.on_shm_call(want)
                     continue

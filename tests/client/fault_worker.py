@@ -12,6 +12,11 @@ import time
 argv = sys.argv[1:]
 root = argv[argv.index("-c") + 2]
 sys.path.insert(0, root)
+if "worker" not in argv:  # probe mode (route resolution): the real thing
+    from xstage_remote.__main__ import main as real_main
+
+    real_main(argv[argv.index("-c") + 3:])
+    sys.exit(0)
 args = argv[argv.index("worker") + 1:]
 fds = dict(zip(args[0::2], args[1::2], strict=False))
 fault = os.environ.get("XSTAGE_FAULT", "")
@@ -51,6 +56,14 @@ elif fault == "wrong-reply":
     frame = wire.recv_frame(ctl)
     wire.send_frame(ctl, {"op": "pong", "id": frame.id + 41})
     time.sleep(3600)
+elif fault == "crash-on-run":
+    def crash(self, *a, **k):
+        print("fault worker: dying in the call", flush=True)
+        os._exit(9)
+
+    worker.Worker.on_run = crash
+    worker.Worker.on_shm_call = crash
+    worker.main(args)
 elif fault in ("hang-on-run", "garbage-descriptor"):
     def hang(self, *a, **k):
         time.sleep(3600)

@@ -32,6 +32,7 @@ from xstage import errors
 from xstage.client.deadlines import Deadlines
 from xstage.home import logs_dir
 from xstage.remote_pkg import local_hash, worker_argv
+from xstage.signature import check_inputs
 from xstage_remote import PROTOCOL_VERSION, shm, wire
 from xstage_remote.worker import PROFILE_TENSOR, auth_token
 
@@ -132,6 +133,7 @@ class WorkerClient:
         self._seq = 0
         self._inputs: list[dict[str, Any]] = []
         self._accepted: set[tuple[Any, ...]] = set()
+        self._expected_s = 0.0  # moving average of the worker's compute time per call
         self._outputs: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -500,39 +502,7 @@ class WorkerClient:
         return feeds
 
     def _validate_feeds(self, inputs: Mapping[str, np.ndarray]) -> None:
-        declared = {d["name"]: d for d in self._inputs}
-        if set(inputs) != set(declared):
-            missing = sorted(set(declared) - set(inputs))
-            extra = sorted(set(inputs) - set(declared))
-            raise errors.InputError(
-                "inputs do not match the stage: "
-                + (f"missing {missing}" if missing else "")
-                + ("; " if missing and extra else "")
-                + (f"unexpected {extra}" if extra else ""),
-                remedy=f"the stage takes {sorted(declared)}",
-            )
-        for name, decl in declared.items():
-            arr = inputs[name]
-            try:
-                tag = wire.tag_of_dtype(arr.dtype)
-            except wire.ProtocolError:
-                tag = str(arr.dtype)
-            if tag != decl["dtype"]:
-                raise errors.InputError(
-                    f"input {name!r} is {tag}, the stage expects {decl['dtype']}",
-                    remedy=f"convert it yourself (arr.astype(np.{decl['dtype']})): "
-                    "xstage never casts silently",
-                )
-            shape = decl["shape"]
-            ok = len(shape) == arr.ndim and all(
-                not isinstance(d, int) or d == n for d, n in zip(shape, arr.shape, strict=True)
-            )
-            if not ok:
-                raise errors.InputError(
-                    f"input {name!r} has shape {tuple(arr.shape)}, the stage expects "
-                    f"{tuple(shape)}",
-                    remedy="symbolic dimensions (names) accept any size; fixed ones must match",
-                )
+        check_inputs(inputs, self._inputs)
 
     def evidence(self) -> tuple[dict[str, Any], bytes | None]:
         """What the worker's runtime collected for the proof: facts, and the profile's bytes."""
@@ -585,7 +555,10 @@ class WorkerClient:
         self._bell.ring()
         seconds = getattr(self.deadlines, phase)
         deadline = None if seconds is None else time.monotonic() + seconds
-        state = self._bell.wait(lambda: region.resp_seq() == seq, deadline, watch=[self._ctl])
+        # Spin only for calls expected to be short (see shm.LONG_CALL_SECONDS).
+        spin = 0.0 if self._expected_s > shm.LONG_CALL_SECONDS else None
+        state = self._bell.wait(lambda: region.resp_seq() == seq, deadline, watch=[self._ctl],
+                                spin=spin)
         if state == "timeout":
             pid, tail = self.pid, self.log_tail()
             self._abort()
@@ -603,6 +576,7 @@ class WorkerClient:
                     out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         status, worker_ns, rss, peak = region.response()
         self._seq = seq
+        self._expected_s = 0.7 * self._expected_s + 0.3 * worker_ns / 1e9
         self.last_timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak}
         if status == shm.STATUS_OK:
             result = {}

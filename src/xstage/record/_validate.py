@@ -16,7 +16,10 @@ the schema can never lean on a keyword that nothing here checks. Semantics follo
 ``jsonschema``'s ``Draft202012Validator`` (booleans are not numbers, ``1.0`` is an integer,
 ``enum``/``const`` compare without ``True == 1``), keywords are applied in the schema's own
 order, and each error carries the instance path, so the first error here is the first error
-there; ``tests/record/test_validator.py`` cross-checks both on valid and broken records.
+there — with one exception: ``jsonschema`` checks the extra keys of a schema-valued
+``additionalProperties`` in ``set`` order (it varies with string hashing), this validator in
+document order. ``tests/record/test_record_validator.py`` cross-checks both on valid and
+broken records.
 """
 
 from __future__ import annotations

@@ -1,0 +1,220 @@
+"""An artifact as the planner sees it: its files and their hash, its format, its signature.
+
+Format and component are inferred from the files themselves — the extension, Q/DQ nodes,
+initializer dtypes, and a manifest beside the graph — and flags override; a flag that
+contradicts what the files say is a usage error rather than a silent choice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xstage import errors
+
+__all__ = ["Artifact", "IOSpec", "inspect_artifact"]
+
+_ONNX_DTYPES = {
+    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+    9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
+}
+_QDQ = {"QuantizeLinear", "DequantizeLinear"}
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """One declared input or output: symbolic dimensions are strings, unknown ones ``?``."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """The files of one stage at one precision, identified by a hash over all of them."""
+
+    path: Path
+    format: str
+    format_source: str
+    component: str | None
+    sha256: str
+    bytes: int
+    files: tuple[dict[str, Any], ...]
+    inputs: tuple[IOSpec, ...]
+    outputs: tuple[IOSpec, ...]
+    node_count: int
+    op_types: tuple[str, ...]
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's ``artifact`` object."""
+        return {
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "bytes": self.bytes,
+            "files": [dict(f) for f in self.files],
+            "format": self.format,
+            "component": self.component,
+            "format_source": self.format_source,
+        }
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _manifest(graph: Path) -> dict[str, Any]:
+    """``<stem>.manifest.json`` or ``manifest.json`` beside the graph, if any."""
+    for candidate in (graph.with_suffix(".manifest.json"), graph.parent / "manifest.json"):
+        if candidate.is_file():
+            try:
+                doc = json.loads(candidate.read_text())
+            except (OSError, ValueError) as exc:
+                raise errors.ArtifactError(
+                    f"manifest {candidate} is not readable JSON: {exc}",
+                    remedy="fix or remove the manifest beside the graph",
+                ) from exc
+            if isinstance(doc, dict):
+                return doc
+    return {}
+
+
+def _dims(type_proto: Any) -> tuple[int | str, ...]:
+    dims: list[int | str] = []
+    for d in type_proto.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            dims.append(d.dim_param)
+        else:
+            dims.append("?")
+    return tuple(dims)
+
+
+def _onnx_format(model: Any) -> str:
+    """a16w8 when activations are quantized to 16 bits, fp16 when weights are, else fp32."""
+    graph = model.graph
+    nodes = list(graph.node)
+    if any(n.op_type in _QDQ for n in nodes):
+        zero_points = {n.input[2] for n in nodes if n.op_type == "QuantizeLinear" and len(n.input) > 2}
+        zp_types = {i.data_type for i in graph.initializer if i.name in zero_points}
+        if zp_types & {4, 5}:  # uint16 / int16 activations
+            return "onnx:a16w8"
+        raise errors.ArtifactError(
+            "the graph is quantized (Q/DQ nodes) but not A16W8 (16-bit activations): "
+            f"activation zero points are {sorted(_ONNX_DTYPES.get(t, str(t)) for t in zp_types)}",
+            remedy="quantize with `xstage quantize --scheme a16w8`, or pass --format explicitly",
+        )
+    float_inits = [i.data_type for i in graph.initializer if i.data_type in (1, 10, 11, 16)]
+    if float_inits and sum(t == 10 for t in float_inits) > len(float_inits) / 2:
+        return "onnx:fp16"
+    return "onnx:fp32"
+
+
+def inspect_artifact(
+    path: str | Path, *, fmt: str | None = None, component: str | None = None
+) -> Artifact:
+    """Read, hash and describe an artifact; flags override inference, conflicts are errors.
+
+    Raises:
+        ArtifactError: the file is missing, unreadable, not a valid graph, or a manifest
+            beside it is broken.
+        UsageError: ``fmt`` or ``component`` contradict what the files or manifest say.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise errors.ArtifactError(f"no graph at {path}", remedy="check the --graph path")
+    suffix = path.suffix.lower()
+    manifest = _manifest(path)
+    if suffix == ".pt2":
+        raise errors.ArtifactError(
+            f"{path} is a torch.export program; the torch routes that run .pt2 stages are not "
+            "built yet", remedy="export the stage to ONNX for now")
+    if suffix not in (".onnx",):
+        raise errors.ArtifactError(
+            f"{path}: unknown artifact type {suffix or '(no extension)'}",
+            remedy="pass an .onnx graph (or a torch.export .pt2 program)")
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError and friends: the file is not a graph
+        raise errors.ArtifactError(
+            f"{path} is not a readable ONNX graph ({type(exc).__name__}: {exc})",
+            remedy="re-export the graph; check that the file is complete",
+        ) from exc
+    if not model.graph.node and not model.graph.output:
+        raise errors.ArtifactError(f"{path} holds no graph", remedy="re-export the graph")
+    files = [path]
+    for init in model.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                sidecar = (path.parent / entry.value).resolve()
+                if path.parent.resolve() not in sidecar.parents:
+                    raise errors.ArtifactError(
+                        f"{path}: external data {entry.value!r} escapes the graph's folder",
+                        remedy="keep external data beside the graph")
+                if not sidecar.is_file():
+                    raise errors.ArtifactError(
+                        f"{path}: external data file {entry.value} is missing",
+                        remedy="copy the sidecar file next to the graph")
+                if sidecar not in files:
+                    files.append(sidecar)
+    entries = [{"path": str(f), "sha256": _sha256(f), "bytes": f.stat().st_size} for f in files]
+    total = hashlib.sha256()
+    for e in entries:
+        total.update(Path(e["path"]).name.encode() + b"\0" + e["sha256"].encode() + b"\0")
+    inferred = _onnx_format(model)
+    source = "inferred"
+    if manifest.get("format"):
+        if manifest["format"] != inferred and not fmt:
+            inferred, source = str(manifest["format"]), "manifest"
+        elif not fmt:
+            source = "manifest"
+    if fmt:
+        if fmt != inferred and source == "manifest" and manifest.get("format") != fmt:
+            raise errors.UsageError(
+                f"--format {fmt} conflicts with the manifest's {manifest['format']}",
+                remedy="drop --format, or fix the manifest")
+        if fmt.split(":")[0] != "onnx":
+            raise errors.UsageError(f"--format {fmt} is not an ONNX format but {path} is ONNX")
+        inferred, source = fmt, "flag"
+    comp = manifest.get("component")
+    if component and comp and component != comp:
+        raise errors.UsageError(
+            f"--component {component} conflicts with the manifest's {comp}",
+            remedy="drop --component, or fix the manifest")
+    graph = model.graph
+    init_names = {i.name for i in graph.initializer}
+    inputs = tuple(
+        IOSpec(i.name, _ONNX_DTYPES.get(i.type.tensor_type.elem_type, "unknown"), _dims(i.type))
+        for i in graph.input if i.name not in init_names)
+    outputs = tuple(
+        IOSpec(o.name, _ONNX_DTYPES.get(o.type.tensor_type.elem_type, "unknown"), _dims(o.type))
+        for o in graph.output)
+    return Artifact(
+        path=path.resolve(),
+        format=inferred,
+        format_source=source,
+        component=component or comp or path.stem,
+        sha256=total.hexdigest() if len(entries) > 1 else entries[0]["sha256"],
+        bytes=sum(e["bytes"] for e in entries),
+        files=tuple(entries),
+        inputs=inputs,
+        outputs=outputs,
+        node_count=len(graph.node),
+        op_types=tuple(sorted({n.op_type for n in graph.node})),
+        manifest=manifest,
+    )

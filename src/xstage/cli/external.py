@@ -1,0 +1,143 @@
+"""``xstage external``: open a stage where the evidence allows, time it, write the record.
+
+Exit codes: 0 placed and passed; 2 refused (every planner or gate decision, including a
+pinned route that is missing); 1 error (corrupt graph, inputs that do not match, a worker
+that died); 64 usage error. Every run but a usage error writes a record under
+``XSTAGE_HOME/records/`` (and to ``--json PATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from xstage import errors
+from xstage.builtin_graphs import builtin_stage
+from xstage.cli._output import Output
+from xstage.inputs import parse_dims, parse_shapes
+from xstage.record import records_path, summary_rows, utc_now, write_record
+from xstage.routes import ROUTE_NAMES
+from xstage.stage import build_record, open_stage
+
+__all__ = ["register"]
+
+EXIT_OK, EXIT_ERROR, EXIT_REFUSED = 0, 1, 2
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "external", help="open a stage on a device, prove where it ran, gate its numbers",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--graph", metavar="PATH",
+                   help="the stage's graph (.onnx); default: the built-in stage")
+    p.add_argument("--format", dest="fmt", metavar="FMT",
+                   help="onnx:fp32|onnx:fp16|onnx:a16w8 (inferred when omitted)")
+    p.add_argument("--component", metavar="NAME", help="the stage's name (inferred)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--device", metavar="ID", help="require this device; never substitute")
+    where.add_argument("--prefer", metavar="ID,ID,...", help="try devices in order, fall through")
+    p.add_argument("--route", choices=ROUTE_NAMES, metavar="NAME", help="pin a route")
+    p.add_argument("--min-placement", type=float, default=0.5, metavar="F",
+                   help="fraction of the graph the target EP must take (default 0.5)")
+    p.add_argument("--inputs", metavar="FILE.npz", help="inputs (no pickle); default: synthesized")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x640x640",
+                   help="fix an input's shape (repeatable)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="fix a symbolic dimension (repeatable)")
+    p.add_argument("--reference", metavar="PATH", help="fp32 graph to check against")
+    p.add_argument("--tolerance", type=float, metavar="F", help="relative L2 tolerance override")
+    p.add_argument("--ep-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an execution provider option (repeatable; wins over the route's hook)")
+    p.add_argument("--threads", type=int, metavar="N", help="intra-op threads (both arms)")
+    p.add_argument("--graph-opt-level", metavar="L",
+                   choices=["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED",
+                            "ORT_ENABLE_ALL"], help="onnxruntime graph optimization level")
+    p.add_argument("--runs", type=int, default=20, metavar="N", help="timed runs (default 20)")
+    p.add_argument("--warmup", type=int, default=3, metavar="K",
+                   help="unprofiled runs after the profiled one (default 3)")
+    p.add_argument("--compare-cpu", action="store_true", help="time the reference arm too")
+    p.add_argument("--save-outputs", metavar="OUT.npz", help="save one run's outputs")
+    p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the record here")
+    p.set_defaults(func=run)
+
+
+def _ep_options(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise errors.UsageError(f"--ep-option {item!r} is not KEY=VALUE",
+                                    remedy="e.g. --ep-option device_type=CPU")
+        out[key] = value
+    return out
+
+
+def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> None:
+    path = write_record(doc, records_path(
+        (doc.get("artifact") or {}).get("component"), args.graph or "builtin"))
+    out.log(f"record: {path}")
+    if args.json_path:
+        write_record(doc, args.json_path)
+    out.err.print(f"record written to {path}", markup=False, highlight=False)
+
+
+def _show(doc: dict[str, Any], out: Output) -> None:
+    out.table("xstage external", ["", ""], [[k, v] for k, v in summary_rows(doc)])
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    argv = ["xstage", *sys.argv[1:]]
+    started = utc_now()
+    if args.runs < 1 or args.warmup < 0:
+        raise errors.UsageError("--runs must be >= 1 and --warmup >= 0")
+    graph = Path(args.graph) if args.graph else builtin_stage()
+    prefer = [p for p in args.prefer.split(",") if p] if args.prefer else None
+    kwargs = dict(
+        device=args.device, prefer=prefer, route=args.route, min_placement=args.min_placement,
+        inputs=args.inputs, reference=args.reference or "auto", tolerance=args.tolerance,
+        ep_options=_ep_options(args.ep_option), threads=args.threads,
+        graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
+        shapes=parse_shapes(args.shape), dims=parse_dims(args.dim),
+    )
+    request = {k: kwargs[k] for k in ("device", "prefer", "route", "min_placement", "tolerance",
+                                      "ep_options", "threads", "graph_opt_level")}
+    request.update(runs=args.runs, warmup=args.warmup, inputs={
+        "source": "npz" if args.inputs else "synthesized", "path": args.inputs})
+    try:
+        stage = open_stage(graph, on_event=out.log, **kwargs)  # type: ignore[arg-type]
+    except errors.Refused as exc:
+        doc = dict(exc.record or {})
+        doc["argv"] = argv
+        doc["request"] = {**doc.get("request", {}), "runs": args.runs, "warmup": args.warmup}
+        _write(doc, args, out)
+        _show(doc, out)
+        out.error(exc.message)
+        if exc.remedy:
+            out.hint(exc.remedy)
+        return EXIT_REFUSED
+    except errors.UsageError:
+        raise
+    except errors.XstageError as exc:
+        doc = build_record(argv=argv, started=started, request=request, status="error",
+                           exit_code=EXIT_ERROR, error=exc)
+        _write(doc, args, out)
+        raise
+    with stage:
+        with Progress(TextColumn("[dim]timing[/dim]"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=out.err, transient=True,
+                      disable=out.verbosity < 0) as bar:
+            task = bar.add_task("runs", total=args.runs)
+            stage.measure(runs=args.runs, warmup=args.warmup, compare_cpu=args.compare_cpu,
+                          progress=lambda n: bar.update(task, completed=n))
+        if args.save_outputs:
+            outputs = stage(stage._feeds)
+            np.savez(args.save_outputs, **outputs)
+        doc = stage.record(argv=argv)
+    _write(doc, args, out)
+    _show(doc, out)
+    return EXIT_OK

@@ -1,0 +1,140 @@
+"""A stage's inputs: read from an ``.npz`` (no pickle), or made from its declared signature.
+
+Synthesized inputs use a fixed seed so two runs (and the reference arm) see the same data:
+floats are standard normal, integers lie in [0, 8) (safe as indices and lengths in most
+graphs), bools are random. A dimension still symbolic after ``--shape``/``--dim`` is an error
+naming the flag — never a guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from xstage import errors
+from xstage.artifact import IOSpec
+
+__all__ = ["SEED", "load_npz", "parse_dims", "parse_shapes", "synthesize"]
+
+SEED = 20260915
+
+
+def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """``NAME=1x3x640x640`` → {NAME: (1, 3, 640, 640)} (split on the last ``=``)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
+            if any(d < 0 for d in shape):
+                raise ValueError
+        except ValueError:
+            raise errors.UsageError(
+                f"--shape {item!r} is not NAME=D1xD2x...", remedy="e.g. --shape images=1x3x640x640"
+            ) from None
+        out[name] = shape
+    return out
+
+
+def parse_dims(items: Sequence[str]) -> dict[str, int]:
+    """``NAME=N`` → {NAME: N} for symbolic dimension names."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.rpartition("=")
+        if not sep or not name or not value.isdigit():
+            raise errors.UsageError(f"--dim {item!r} is not NAME=N", remedy="e.g. --dim batch=1")
+        out[name] = int(value)
+    return out
+
+
+def load_npz(path: str | Path, declared: Sequence[IOSpec]) -> dict[str, np.ndarray]:
+    """Inputs from an ``.npz``; names must be exactly the stage's (checked later for dtypes).
+
+    Raises:
+        UsageError: the file is missing or not a pickle-free npz, or names do not match.
+    """
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise errors.UsageError(
+            f"--inputs {path}: not a readable .npz without pickled objects ({exc})",
+            remedy="save inputs with np.savez(path, name=array, ...) and plain numeric arrays",
+        ) from exc
+    names = [d.name for d in declared]
+    if set(arrays) != set(names):
+        raise errors.InputError(
+            f"--inputs {path} holds {sorted(arrays)}, the stage takes {sorted(names)}",
+            remedy="name each array after the graph input it feeds",
+        )
+    return {n: arrays[n] for n in names}
+
+
+def synthesize(
+    declared: Sequence[IOSpec],
+    *,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    dims: Mapping[str, int] | None = None,
+    seed: int = SEED,
+) -> dict[str, np.ndarray]:
+    """Deterministic inputs for the declared signature.
+
+    Raises:
+        UsageError: a dimension is still unknown, a ``--shape`` names no input or contradicts
+            a fixed dimension, or an input's dtype cannot be synthesized.
+    """
+    shapes = dict(shapes or {})
+    dims = dict(dims or {})
+    known = {d.name for d in declared}
+    for name in shapes:
+        if name not in known:
+            raise errors.UsageError(f"--shape names {name!r}, which is not an input",
+                                    remedy=f"inputs: {', '.join(sorted(known))}")
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for spec in declared:
+        if spec.name in shapes:
+            shape = shapes[spec.name]
+            fixed_ok = len(shape) == len(spec.shape) and all(
+                not isinstance(d, int) or d == s for d, s in zip(spec.shape, shape, strict=True))
+            if not fixed_ok:
+                raise errors.UsageError(
+                    f"--shape {spec.name}={'x'.join(map(str, shape))} contradicts the declared "
+                    f"{tuple(spec.shape)}", remedy="fixed dimensions must keep their values")
+        else:
+            resolved = []
+            for d in spec.shape:
+                if isinstance(d, int):
+                    resolved.append(d)
+                elif d in dims:
+                    resolved.append(dims[d])
+                else:
+                    hint = f"--dim {d}=N" if d != "?" else f"--shape {spec.name}=D1x..."
+                    raise errors.UsageError(
+                        f"input {spec.name!r} has an unknown dimension {d!r} "
+                        f"(declared {tuple(spec.shape)})",
+                        remedy=f"fix it with {hint}, or pass --inputs FILE.npz")
+            shape = tuple(resolved)
+        out[spec.name] = _random(rng, spec, shape)
+    return out
+
+
+def _random(rng: np.random.Generator, spec: IOSpec, shape: tuple[int, ...]) -> np.ndarray:
+    if spec.dtype in ("float32", "float64", "float16"):
+        return rng.standard_normal(shape).astype(spec.dtype)
+    if spec.dtype == "bfloat16":
+        import ml_dtypes
+
+        return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+    if spec.dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if spec.dtype.startswith(("int", "uint")):
+        return rng.integers(0, 8, size=shape).astype(spec.dtype)
+    raise errors.UsageError(
+        f"input {spec.name!r} has dtype {spec.dtype}, which cannot be synthesized",
+        remedy="pass --inputs FILE.npz")

@@ -1,0 +1,717 @@
+"""The numeric gate: a stage's outputs against a reference, per output, to one verdict.
+
+Pure: arrays in, a frozen :class:`Parity` out. No processes, no sessions. It raises only on
+malformed *arguments* (an unknown format or reference kind, a value that is not an array);
+bad news — a wrong dtype, a missing output, NaNs where the reference has none — is a failed
+verdict with a criterion, never an exception. The stage layer turns a failed verdict into the
+refusal ``numeric_gate_failed`` with :attr:`Parity.cause` (DESIGN §5).
+
+Every metric is computed in float64. Per output, the rules, first match decides:
+
+1. **Names.** An output the reference lacks, or a reference output the stage did not return,
+   fails.
+2. **Dtype and shape** must be equal: nothing is cast or broadcast. A mismatch fails. One
+   exception, because it is the comparison itself: a reduced-precision artifact
+   (:data:`WIDENING_FORMATS`) checked against an fp32 reference (any kind but
+   ``same_graph_cpu``) may return another *floating* dtype than the reference (float16 or
+   bfloat16 against float32); both are read as float64, and the floor is the coarser dtype's.
+3. **Empty** outputs (zero elements) pass.
+4. **Integers and bools** compare exactly.
+5. **NaN/Inf** (floats) must match position for position and kind for kind (NaN, +Inf, -Inf).
+   A difference fails with cause ``nonfinite``. Matched nonfinite values are left out of
+   every float metric. An output that is nonfinite everywhere, at the same places, passes.
+6. **All-zero reference** (every finite value 0): relative metrics are undefined, so the
+   absolute criterion alone decides: ``max_abs <= floor``.
+7. **Floats** pass iff ``(rel_l2 <= t_rel or max_abs <= max(t_abs·rms(ref), floor))`` and
+   ``cosine >= c`` where the cosine is defined (neither vector zero).
+
+``floor`` is :func:`abs_floor`: :data:`ABS_FLOOR_EPS` ulps of 1.0 in the output's dtype
+(4·eps = 4.8e-7 for float32). It exists because rule 7's absolute branch is scaled by
+``rms(ref)``, which is 0 for an all-zero reference and ~1e-6 for a sparse sigmoid map —
+exactly where relative metrics are ill-conditioned. Bounded activations computed as
+``1/2 ± p(x)`` (onnxruntime's MLAS logistic) resolve outputs near zero only in steps of
+``ulp(1/2)/2 = eps/4``, and a last-bit change in their input (a fused bias add) moves an
+output by a few such steps: measured here (tests/parity/test_parity_traps.py), two
+onnxruntime optimization levels of a Conv→Sigmoid map with outputs of 1.2e-7..1.0e-5 differ at
+68 of 1024 positions by at most 1.19e-7 (4 steps, = 1·eps), a relative L2 of 1.3e-2. The
+floor admits that with 4x headroom. The price, stated: an output whose whole scale is below
+the floor passes on magnitude and is checked only by its cosine (direction).
+
+A failing verdict's ``cause`` is ``nonfinite`` when any output failed rule 5, otherwise
+``tolerance`` (rules 1, 2, 4, 6, 7: the closed set of DESIGN §5 has no other cause).
+
+.. versionadded:: 0.1
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = [
+    "ABS_FLOOR_EPS",
+    "DEFAULT_TOLERANCES",
+    "FORMATS",
+    "REFERENCE_KINDS",
+    "Cause",
+    "OutputMetrics",
+    "Parity",
+    "Rule",
+    "Tolerance",
+    "Verdict",
+    "WIDENING_FORMATS",
+    "abs_floor",
+    "compare",
+    "default_tolerance",
+]
+
+#: Artifact formats (DESIGN §1), the first half of a default tolerance's key.
+FORMATS = ("onnx:fp32", "onnx:fp16", "onnx:a16w8", "pt:fp32", "pt:fp16")
+
+#: What the reference is, the second half of the key: ``same_graph_cpu`` the same graph on
+#: onnxruntime's CPU EP; ``fp32_source`` the fp32 source of an fp16/A16W8 artifact;
+#: ``torch_cpu`` the torch program on the CPU; ``user`` a ``--reference`` file.
+REFERENCE_KINDS = ("same_graph_cpu", "fp32_source", "torch_cpu", "user")
+
+#: Reduced-precision formats whose outputs may be a narrower float than an fp32 reference's
+#: (rule 2's exception): an fp16 graph with fp16 outputs checked against its fp32 source.
+WIDENING_FORMATS = ("onnx:fp16", "onnx:a16w8", "pt:fp16")
+
+#: The absolute floor of rule 7, in ulps of 1.0 (machine epsilons) of the output's dtype.
+#: Measured: two onnxruntime optimization levels of a sparse sigmoid map differ by 1·eps.
+ABS_FLOOR_EPS = 4
+
+#: A verdict of the gate.
+Verdict = Literal["passed", "failed"]
+#: Why a verdict failed (the ``cause`` of ``numeric_gate_failed``, DESIGN §5).
+Cause = Literal["tolerance", "nonfinite"]
+#: Which rule decided one output (see the module docstring).
+Rule = Literal[
+    "rel_l2", "max_abs", "cosine", "exact", "empty", "all_zero_reference", "all_nonfinite",
+    "nonfinite", "dtype", "shape", "missing", "unexpected",
+]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The three thresholds of rule 7.
+
+    Attributes:
+        rel_l2: ``t_rel``: the largest ``‖y−r‖/‖r‖`` that passes.
+        abs_rms: ``t_abs``: the absolute branch passes when every element is within
+            ``t_abs·rms(ref)`` (or the dtype's floor, if larger) of the reference.
+        min_cosine: ``c``: the smallest cosine similarity that passes, where it is defined.
+
+    Raises:
+        ValueError: a threshold is not finite, ``rel_l2`` or ``abs_rms`` is negative, or
+            ``min_cosine`` is outside [-1, 1].
+    """
+
+    rel_l2: float
+    abs_rms: float
+    min_cosine: float
+
+    def __post_init__(self) -> None:
+        """Validate the thresholds (see Raises) and store them as floats."""
+        for name in ("rel_l2", "abs_rms", "min_cosine"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"tolerance {name} must be a finite number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if self.rel_l2 < 0 or self.abs_rms < 0:
+            raise ValueError(
+                f"tolerance rel_l2 and abs_rms must be >= 0, got {self.rel_l2!r} and {self.abs_rms!r}")
+        if not -1.0 <= self.min_cosine <= 1.0:
+            raise ValueError(f"tolerance min_cosine must be in [-1, 1], got {self.min_cosine!r}")
+
+    def to_dict(self) -> dict[str, float]:
+        """The thresholds as a plain JSON object."""
+        return {"rel_l2": self.rel_l2, "abs_rms": self.abs_rms, "min_cosine": self.min_cosine}
+
+
+# --- Default tolerances -------------------------------------------------------------------
+# "Measured here" = this repository's machine (AMD EPYC, avx512_bf16, no AMX), onnxruntime
+# 1.32 CPU EP as the reference and onnxruntime-openvino 1.24.1 (OpenVINO CPU) as the device,
+# on xstage.builtin_graphs.mlp (MatMul+Add+Relu blocks, Tanh); tests/parity reproduce the
+# 4x256 numbers (test_parity_traps.py, test_parity_defaults_measured.py; `pytest -s` prints
+# them); the 1-layer and 8x512 numbers came from the same code at those sizes. "The seed" =
+# ../shared/seed/external-stage-backends.md (measured on a laptop).
+# For every tier, abs_rms is ~5-10x rel_l2: an evenly spread error (reordered reductions)
+# passes it while an error concentrated on a few elements fails both branches.
+
+# fp32 arithmetic on both sides, in a different order. Summation order and fused kernels give
+# 1e-7..1e-5: measured here, OpenVINO CPU f32 vs the CPU EP 7.2e-08 (MLP 4x256) and 5.8e-07
+# (8x512); in the seed, the 890M under DirectML vs torch CPU 9.10e-06 for a 27-block vision
+# tower. rel_l2 1e-4 leaves 11x over the deepest of those, and stays below every
+# reduced-precision mode an fp32 artifact can be silently computed in: TF32 matmuls on CUDA
+# (5.65e-04 in the seed, RTX 5090; unit roundoff 2^-11), fp16 compute (4.9e-04 measured here,
+# the MLP in fp16 vs its fp32 source; OpenVINO's GPU plugin infers in f16 by default, per
+# its precision-control docs) and bf16 (2.5e-03..4.4e-03 measured here, 1 to 8 layers, with
+# INFERENCE_PRECISION_HINT=bf16; 12% on a detector in issue 3). A route that runs fp32 graphs
+# in TF32 on purpose passes `--tolerance 1e-3`.
+# abs_rms 1e-3: the f32 reorderings above stay below 4e-6·rms(ref) on every element; fp16
+# compute reaches 2.4e-3 and bf16 1.9e-2..2.6e-2, so this branch admits neither.
+# min_cosine 0.999: a direction check, not a precision check (1 − cos ≈ rel_l2²/2, so rel_l2
+# up to ~4% passes it): it catches what the floor admits near zero — a sign flip, a
+# permutation at 1e-8 scale. The sparse sigmoid map measured here has cosine 0.99992 (two
+# optimization levels) and 0.99956 (a numpy float32 reordering).
+_FP32 = Tolerance(rel_l2=1e-4, abs_rms=1e-3, min_cosine=0.999)
+
+# fp16 artifacts: weights and activations rounded to fp16 (unit roundoff 2^-11 = 4.9e-4 per
+# rounding). Measured here: the MLP with fp16 weights and I/O on the CPU EP vs its fp32
+# source, rel_l2 4.8e-04..4.9e-04 and max_abs 2.4e-03..2.5e-03·rms(ref) at 4x256 and 8x512.
+# Deep graphs (fp16 LayerNorm/Softmax, dozens of blocks) take many more rounding steps than
+# this MLP, ~1e-3 being common: 5e-3 leaves 10x over the measurement, abs_rms 2.5e-2
+# likewise. The same tier serves `same_graph_cpu`:
+# the CPU EP runs most fp16 ops through inserted Casts in fp32 while a GPU/NPU accumulates in
+# fp16, so the two differ by fp16 rounding of the activations — the same order as above.
+_FP16 = Tolerance(rel_l2=5e-3, abs_rms=2.5e-2, min_cosine=0.999)
+
+# The same A16W8 (16-bit activations, 8-bit weights, QDQ) graph on two backends: same math,
+# but one backend fuses DQ→op→Q into integer kernels with its own requantization rounding
+# while the other simulates it in float, so single quantization steps differ. Measured here:
+# the MLP quantized by onnxruntime.quantization (QUInt16/QInt8, per tensor) at ORT_ENABLE_ALL
+# (fused) vs ORT_DISABLE_ALL (simulated) on the CPU EP, rel_l2 9.0e-03..9.2e-03, max_abs
+# 4.6e-02..6.0e-02·rms (depending on the calibration data), cosine 0.99996; the seed's NPU
+# A16W8 probe graph vs the CPU: 3.03e-05. rel_l2 3e-2 and abs_rms 0.15 leave 2.5-3x over the
+# fused-vs-simulated gap.
+_A16W8_SAME = Tolerance(rel_l2=3e-2, abs_rms=0.15, min_cosine=0.999)
+
+# An A16W8 artifact against fp32 (its source, the torch program, or a user file, which is
+# what a --reference for a quantized artifact normally holds): the quantization error
+# itself, ~1e-2. Per-tensor int8 weights round in steps of ~range/255, ~1% of a weight's rms
+# per layer. Measured here: the MLP quantized as above vs its fp32 source, rel_l2 2.2e-02
+# (4x256) and 2.1e-02 (8x512), max_abs 0.10..0.12·rms, cosine 0.99976. rel_l2 0.1 and abs_rms
+# 0.5 leave 4.5x for deeper graphs; min_cosine 0.99 (rel_l2 ≳ 14% of orthogonal error) marks a
+# broken quantization rather than rounding.
+_A16W8_VS_FP32 = Tolerance(rel_l2=0.1, abs_rms=0.5, min_cosine=0.99)
+
+_TIERS: dict[str, dict[str, Tolerance]] = {
+    # fp32 vs fp32, whichever fp32 reference: only the order of operations differs.
+    "onnx:fp32": {kind: _FP32 for kind in REFERENCE_KINDS},
+    "pt:fp32": {kind: _FP32 for kind in REFERENCE_KINDS},
+    # fp16 vs its fp32 source, or vs the same fp16 program on the CPU (see _FP16).
+    "onnx:fp16": {kind: _FP16 for kind in REFERENCE_KINDS},
+    "pt:fp16": {kind: _FP16 for kind in REFERENCE_KINDS},
+    "onnx:a16w8": {
+        "same_graph_cpu": _A16W8_SAME,
+        "fp32_source": _A16W8_VS_FP32,
+        "torch_cpu": _A16W8_VS_FP32,
+        "user": _A16W8_VS_FP32,
+    },
+}
+
+#: Every default, keyed by ``(format, reference_kind)``; read-only.
+DEFAULT_TOLERANCES: Mapping[tuple[str, str], Tolerance] = MappingProxyType(
+    {(fmt, kind): tol for fmt, row in _TIERS.items() for kind, tol in row.items()}
+)
+
+
+def _check_key(fmt: str, reference_kind: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown artifact format {fmt!r}; valid formats: {', '.join(FORMATS)}")
+    if reference_kind not in REFERENCE_KINDS:
+        raise ValueError(
+            f"unknown reference kind {reference_kind!r}; valid kinds: {', '.join(REFERENCE_KINDS)}")
+
+
+def default_tolerance(fmt: str, reference_kind: str) -> Tolerance:
+    """The default tolerance for an artifact format checked against a kind of reference.
+
+    Args:
+        fmt: the artifact's format, one of :data:`FORMATS`.
+        reference_kind: what the reference is, one of :data:`REFERENCE_KINDS`.
+
+    Returns:
+        The :class:`Tolerance`; each default is justified beside its definition.
+
+    Raises:
+        ValueError: ``fmt`` is not a known format (the message lists them).
+        ValueError: ``reference_kind`` is not a known kind (the message lists them).
+    """
+    _check_key(fmt, reference_kind)
+    return DEFAULT_TOLERANCES[(fmt, reference_kind)]
+
+
+# --- dtypes ----------------------------------------------------------------------------------
+
+
+def _ml_dtypes() -> Any | None:
+    """The ml_dtypes module (bfloat16, float8, int4 for numpy), untyped; None if absent."""
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+        return None
+    module: Any = ml_dtypes
+    return module
+
+
+def _float_info(dtype: np.dtype[Any]) -> Any | None:
+    """``finfo`` for numpy floats and ml_dtypes floats (bfloat16, float8_*), else None."""
+    if dtype.kind == "f":
+        return np.finfo(dtype)
+    extra = _ml_dtypes() if dtype.kind == "V" else None
+    if extra is None:
+        return None
+    try:
+        return extra.finfo(dtype)
+    except ValueError:
+        return None
+
+
+def _is_integer(dtype: np.dtype[Any]) -> bool:
+    if dtype.kind in "biu":
+        return True
+    extra = _ml_dtypes() if dtype.kind == "V" else None  # ml_dtypes int4/uint4 and friends
+    if extra is None:
+        return False
+    try:
+        extra.iinfo(dtype)
+    except ValueError:
+        return False
+    return True
+
+
+def abs_floor(dtype: np.dtype | type | str) -> float:
+    """The absolute floor of rules 6 and 7: :data:`ABS_FLOOR_EPS` · eps of a float dtype.
+
+    4.8e-7 for float32, 3.9e-3 for float16, 3.1e-2 for bfloat16, 8.9e-16 for float64.
+
+    Args:
+        dtype: a floating dtype (numpy's, or ml_dtypes' bfloat16 / float8 types).
+
+    Returns:
+        The floor, in the dtype's own units.
+
+    Raises:
+        ValueError: ``dtype`` is not a floating dtype.
+    """
+    info = _float_info(np.dtype(dtype))
+    if info is None:
+        raise ValueError(f"abs_floor needs a floating dtype, got {np.dtype(dtype)}")
+    return ABS_FLOOR_EPS * float(info.eps)
+
+
+# --- results ---------------------------------------------------------------------------------
+
+
+def _json_float(value: float | None) -> float | str | None:
+    if value is None or math.isfinite(value):
+        return value
+    return repr(value)  # 'inf' / 'nan': strict JSON has no literal for them
+
+
+@dataclass(frozen=True)
+class OutputMetrics:
+    """One output's metrics (float64) and the rule that decided it.
+
+    Attributes:
+        name: the output's name.
+        dtype: the stage's dtype for it (None when the stage did not return it).
+        shape: the stage's shape for it (None when the stage did not return it).
+        reference_dtype: the reference's dtype (None when the reference lacks it).
+        reference_shape: the reference's shape (None when the reference lacks it).
+        size: elements compared (0 when names, dtypes or shapes did not match).
+        rel_l2: ``‖y−r‖/‖r‖`` over positions finite in both; None when ``‖r‖ = 0`` or not
+            computed (integers, mismatches).
+        cosine: ``y·r/(‖y‖‖r‖)``; None when either vector is zero or not computed.
+        max_abs: ``max|y−r|`` over positions finite in both (for integers, exact below 2^53).
+        rms_ref: ``rms(r)`` over the reference's finite values.
+        abs_bound: the bound ``max_abs`` was held to (``max(t_abs·rms(ref), floor)``, or the
+            floor alone for an all-zero reference); None where rule 7 did not apply.
+        nan_count: NaNs in the output.
+        inf_count: infinities in the output.
+        ref_nan_count: NaNs in the reference.
+        ref_inf_count: infinities in the reference.
+        mismatched_nonfinite: positions where NaN/+Inf/-Inf differ between the two.
+        passed: whether this output passed.
+        rule: the rule that decided (``rel_l2``, ``max_abs``, ``cosine``, ``exact``,
+            ``empty``, ``all_zero_reference``, ``all_nonfinite``, ``nonfinite``, ``dtype``,
+            ``shape``, ``missing``, ``unexpected``).
+        criterion: exactly what decided, with the numbers, e.g.
+            ``rel_l2 4.4e-03 > 1.0e-04 and max_abs 2.1e-02 > 1.0e-03·rms(ref)=4.3e-04``.
+    """
+
+    name: str
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    reference_dtype: str | None
+    reference_shape: tuple[int, ...] | None
+    size: int
+    rel_l2: float | None
+    cosine: float | None
+    max_abs: float | None
+    rms_ref: float | None
+    abs_bound: float | None
+    nan_count: int
+    inf_count: int
+    ref_nan_count: int
+    ref_inf_count: int
+    mismatched_nonfinite: int
+    passed: bool
+    rule: Rule
+    criterion: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The metrics as a plain JSON object (shapes as lists; ±inf/nan floats as strings)."""
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": None if self.shape is None else list(self.shape),
+            "reference_dtype": self.reference_dtype,
+            "reference_shape": None if self.reference_shape is None else list(self.reference_shape),
+            "size": self.size,
+            "rel_l2": _json_float(self.rel_l2),
+            "cosine": _json_float(self.cosine),
+            "max_abs": _json_float(self.max_abs),
+            "rms_ref": _json_float(self.rms_ref),
+            "abs_bound": _json_float(self.abs_bound),
+            "nan_count": self.nan_count,
+            "inf_count": self.inf_count,
+            "ref_nan_count": self.ref_nan_count,
+            "ref_inf_count": self.ref_inf_count,
+            "mismatched_nonfinite": self.mismatched_nonfinite,
+            "passed": self.passed,
+            "rule": self.rule,
+            "criterion": self.criterion,
+        }
+
+
+@dataclass(frozen=True)
+class Parity:
+    """The numeric gate's result for one stage.
+
+    Attributes:
+        verdict: ``passed`` or ``failed``.
+        cause: None when passed; ``nonfinite`` when an output's NaN/Inf positions differ from
+            the reference's, else ``tolerance`` (DESIGN §5, ``numeric_gate_failed``).
+        fmt: the artifact format the tolerance was chosen for.
+        reference_kind: what the reference was.
+        tolerance: the thresholds used.
+        tolerance_key: ``"<format>/<reference_kind>"``, the default's key.
+        tolerance_source: ``default``; ``override`` (a float replaced the default's
+            ``rel_l2``, as ``--tolerance F`` does); or ``explicit`` (a whole
+            :class:`Tolerance` was given).
+        outputs: per-output metrics, the stage's outputs in graph order, then any reference
+            output the stage did not return.
+        summary: one line for humans.
+    """
+
+    verdict: Verdict
+    cause: Cause | None
+    fmt: str
+    reference_kind: str
+    tolerance: Tolerance
+    tolerance_key: str
+    tolerance_source: Literal["default", "override", "explicit"]
+    outputs: tuple[OutputMetrics, ...]
+    summary: str
+
+    @property
+    def passed(self) -> bool:
+        """Whether the verdict is ``passed``."""
+        return self.verdict == "passed"
+
+    @property
+    def tolerance_is_default(self) -> bool:
+        """Whether :attr:`tolerance` is the default for :attr:`tolerance_key`, unmodified."""
+        return self.tolerance_source == "default"
+
+    @property
+    def failed_outputs(self) -> tuple[OutputMetrics, ...]:
+        """The outputs that failed, in :attr:`outputs` order."""
+        return tuple(m for m in self.outputs if not m.passed)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as plain JSON (what the record's ``parity`` field holds)."""
+        return {
+            "verdict": self.verdict,
+            "cause": self.cause,
+            "format": self.fmt,
+            "reference_kind": self.reference_kind,
+            "tolerance": self.tolerance.to_dict(),
+            "tolerance_key": self.tolerance_key,
+            "tolerance_source": self.tolerance_source,
+            "tolerance_default": self.tolerance_is_default,
+            "abs_floor_eps": ABS_FLOOR_EPS,
+            "summary": self.summary,
+            "outputs": [m.to_dict() for m in self.outputs],
+        }
+
+
+# --- the comparison --------------------------------------------------------------------------
+
+
+def _e(x: float) -> str:
+    return f"{x:.1e}"
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "-" if shape is None else "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _metrics(name: str, y: np.ndarray | None, r: np.ndarray | None, **fields: Any) -> OutputMetrics:
+    base: dict[str, Any] = {
+        "name": name,
+        "dtype": None if y is None else str(y.dtype),
+        "shape": None if y is None else tuple(int(d) for d in y.shape),
+        "reference_dtype": None if r is None else str(r.dtype),
+        "reference_shape": None if r is None else tuple(int(d) for d in r.shape),
+        "size": 0,
+        "rel_l2": None, "cosine": None, "max_abs": None, "rms_ref": None, "abs_bound": None,
+        "nan_count": 0, "inf_count": 0, "ref_nan_count": 0, "ref_inf_count": 0,
+        "mismatched_nonfinite": 0,
+    }
+    base.update(fields)
+    return OutputMetrics(**base)
+
+
+def _nonfinite_code(a: np.ndarray) -> np.ndarray:
+    """0 finite, 1 NaN, 2 +Inf, 3 -Inf (rule 5 matches kind for kind)."""
+    code = np.zeros(a.shape, np.int8)
+    code[np.isnan(a)] = 1
+    code[np.isposinf(a)] = 2
+    code[np.isneginf(a)] = 3
+    return code
+
+
+def _compare_integers(name: str, y: np.ndarray, r: np.ndarray) -> OutputMetrics:
+    # Rule 4: exact. max_abs is informational, in float64 (exact below 2^53).
+    differ = int(np.count_nonzero(y != r))
+    max_abs = float(np.max(np.abs(y.astype(np.float64) - r.astype(np.float64)))) if y.size else 0.0
+    if differ == 0:
+        return _metrics(name, y, r, size=int(y.size), max_abs=max_abs, passed=True, rule="exact",
+                        criterion=f"exact ({y.dtype})")
+    return _metrics(name, y, r, size=int(y.size), max_abs=max_abs, passed=False, rule="exact",
+                    criterion=f"{y.dtype} differs at {differ} of {y.size} positions (max_abs {max_abs:g})")
+
+
+def _compare_floats(name: str, y: np.ndarray, r: np.ndarray, tol: Tolerance) -> OutputMetrics:
+    # Rule 2's exception lets y and r be different floats: the coarser one sets the floor.
+    coarse = y.dtype if abs_floor(y.dtype) >= abs_floor(r.dtype) else r.dtype
+    y64 = np.asarray(y, dtype=np.float64).ravel()
+    r64 = np.asarray(r, dtype=np.float64).ravel()
+    cy, cr = _nonfinite_code(y64), _nonfinite_code(r64)
+    counts = {
+        "size": int(y64.size),
+        "nan_count": int(np.count_nonzero(cy == 1)),
+        "inf_count": int(np.count_nonzero(cy >= 2)),
+        "ref_nan_count": int(np.count_nonzero(cr == 1)),
+        "ref_inf_count": int(np.count_nonzero(cr >= 2)),
+        "mismatched_nonfinite": int(np.count_nonzero(cy != cr)),
+    }
+    finite = (cy == 0) & (cr == 0)
+    yf, rf = y64[finite], r64[finite]
+    floor = abs_floor(coarse)
+    floor_text = f"floor {ABS_FLOOR_EPS}·eps({coarse})={_e(floor)}"
+
+    # The float metrics over positions finite in both, scaled by the largest magnitude so that
+    # squares of large float64 values cannot overflow.
+    rel_l2: float | None = None
+    cosine: float | None = None
+    max_abs: float | None = None
+    rms_ref: float | None = None
+    n = yf.size
+    if n:
+        max_abs = rms_ref = 0.0
+        scale = float(max(np.max(np.abs(yf)), np.max(np.abs(rf))))
+        if scale > 0:
+            ys, rs = yf / scale, rf / scale
+            norm_r, norm_y = float(np.linalg.norm(rs)), float(np.linalg.norm(ys))
+            max_abs = scale * float(np.max(np.abs(ys - rs)))
+            rms_ref = scale * norm_r / math.sqrt(n)
+            if norm_r > 0:
+                rel_l2 = float(np.linalg.norm(ys - rs)) / norm_r
+                if norm_y > 0:
+                    cosine = max(-1.0, min(1.0, float(np.dot(ys, rs)) / (norm_y * norm_r)))
+    metrics = dict(counts, rel_l2=rel_l2, cosine=cosine, max_abs=max_abs, rms_ref=rms_ref)
+
+    # Rule 5: nonfinite values must sit at the same positions, kind for kind.
+    if counts["mismatched_nonfinite"]:
+        return _metrics(name, y, r, **metrics, passed=False, rule="nonfinite",
+                        criterion=f"nonfinite positions differ at {counts['mismatched_nonfinite']} "
+                        f"of {y64.size}")
+    if n == 0:
+        return _metrics(name, y, r, **metrics, passed=True, rule="all_nonfinite",
+                        criterion=f"all {y64.size} values nonfinite, at the same positions")
+
+    max_abs, rms_ref = max_abs or 0.0, rms_ref or 0.0  # n > 0: both were computed
+    # Rule 6: an all-zero reference: the absolute criterion alone, against the floor.
+    if rms_ref == 0.0:
+        ok = max_abs <= floor
+        return _metrics(name, y, r, **metrics, abs_bound=floor, passed=ok, rule="all_zero_reference",
+                        criterion=f"all-zero reference: max_abs {_e(max_abs)} {'<=' if ok else '>'} "
+                        f"{floor_text}")
+
+    # Rule 7: (rel_l2 <= t_rel or max_abs <= max(t_abs·rms, floor)) and cosine >= c.
+    scaled = tol.abs_rms * rms_ref
+    bound = max(scaled, floor)
+    bound_text = floor_text if floor > scaled else f"{tol.abs_rms:.1e}·rms(ref)={_e(scaled)}"
+    rel = math.inf if rel_l2 is None else rel_l2  # rms_ref > 0 implies ‖r‖ > 0: never inf
+    rel_ok, abs_ok = rel <= tol.rel_l2, max_abs <= bound
+    rule: Rule = "max_abs" if abs_ok and not rel_ok else "rel_l2"
+    if rel_ok:
+        text = f"rel_l2 {_e(rel)} <= {_e(tol.rel_l2)}"
+    elif abs_ok:
+        text = f"rel_l2 {_e(rel)} > {_e(tol.rel_l2)} but max_abs {_e(max_abs)} <= {bound_text}"
+    else:
+        text = f"rel_l2 {_e(rel)} > {_e(tol.rel_l2)} and max_abs {_e(max_abs)} > {bound_text}"
+    if cosine is None:  # the output is all zero where the reference is not
+        cos_ok, cos_text = True, "cosine undefined (zero output)"
+    else:
+        cos_ok = cosine >= tol.min_cosine
+        cos_text = f"cosine {cosine:.6f} {'>=' if cos_ok else '<'} {tol.min_cosine:g}"
+    passed = (rel_ok or abs_ok) and cos_ok
+    if (rel_ok or abs_ok) and not cos_ok:
+        criterion, rule = f"{cos_text} ({text})", "cosine"
+    else:
+        criterion = f"{text}, {cos_text}"
+    return _metrics(name, y, r, **metrics, abs_bound=bound, passed=passed, rule=rule, criterion=criterion)
+
+
+def _compare_one(
+    name: str, y: np.ndarray | None, r: np.ndarray | None, tol: Tolerance, widen: bool
+) -> OutputMetrics:
+    # Rule 1: names (compare() passes at least one of the two).
+    if r is None:
+        if y is None:
+            raise ValueError(f"output {name!r} is in neither outputs nor reference")
+        return _metrics(name, y, r, passed=False, rule="unexpected",
+                        criterion=f"unexpected: the outputs have it ({y.dtype} {_shape(y.shape)}), "
+                        "the reference does not")
+    if y is None:
+        return _metrics(name, y, r, passed=False, rule="missing",
+                        criterion=f"missing: the reference has it ({r.dtype} {_shape(r.shape)}), "
+                        "the outputs do not")
+    # Rule 2: dtype and shape, never cast or broadcast.
+    problems: list[tuple[Rule, str]] = []
+    floats = _float_info(y.dtype) is not None and _float_info(r.dtype) is not None
+    if y.dtype != r.dtype and not (widen and floats):
+        problems.append(("dtype", f"dtype {y.dtype} != reference {r.dtype}"))
+    if y.shape != r.shape:
+        problems.append(("shape", f"shape {_shape(y.shape)} != reference {_shape(r.shape)}"))
+    if problems:
+        return _metrics(name, y, r, passed=False, rule=problems[0][0],
+                        criterion="; ".join(text for _, text in problems))
+    # Rule 3: empty.
+    if y.size == 0:
+        return _metrics(name, y, r, passed=True, rule="empty", criterion="empty")
+    if _is_integer(y.dtype):
+        return _compare_integers(name, y, r)
+    metrics = _compare_floats(name, y, r, tol)
+    if y.dtype != r.dtype:  # rule 2's exception, said where the numbers are
+        metrics = replace(metrics, criterion=f"{metrics.criterion} [{y.dtype} output, {r.dtype} reference]")
+    return metrics
+
+
+def _checked_arrays(arrays: Any, what: str) -> dict[str, np.ndarray]:
+    if not isinstance(arrays, Mapping):
+        raise TypeError(f"{what} must be a mapping of name to numpy array, got {type(arrays).__name__}")
+    checked = {}
+    for name, value in arrays.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: names must be strings, got {name!r}")
+        if not isinstance(value, (np.ndarray, np.generic)):
+            raise TypeError(f"{what}[{name!r}] is a {type(value).__name__}, not a numpy array")
+        value = np.asarray(value)
+        if not value.dtype.isnative:  # a big-endian .npz is the same numbers, not another dtype
+            value = value.astype(value.dtype.newbyteorder("="))
+        if _float_info(value.dtype) is None and not _is_integer(value.dtype):
+            raise ValueError(
+                f"{what}[{name!r}] has dtype {value.dtype}; the gate compares bool, integer and "
+                "floating (float16/32/64, bfloat16) arrays")
+        checked[name] = value
+    return checked
+
+
+def _resolve_tolerance(
+    tolerance: Tolerance | float | None, fmt: str, reference_kind: str
+) -> tuple[Tolerance, Literal["default", "override", "explicit"]]:
+    default = DEFAULT_TOLERANCES[(fmt, reference_kind)]
+    if tolerance is None:
+        return default, "default"
+    if isinstance(tolerance, Tolerance):
+        return tolerance, "explicit"
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real):
+        raise TypeError(f"tolerance must be a Tolerance, a number or None, got {type(tolerance).__name__}")
+    if not math.isfinite(tolerance) or tolerance < 0:
+        raise ValueError(f"tolerance (rel_l2 override) must be a finite number >= 0, got {tolerance!r}")
+    return replace(default, rel_l2=float(tolerance)), "override"
+
+
+def _summary(outputs: tuple[OutputMetrics, ...], key: str, source: str, cause: str | None) -> str:
+    failed = [m for m in outputs if not m.passed]
+    noun = "output" if len(outputs) == 1 else "outputs"
+    if not failed:
+        rels = [m for m in outputs if m.rel_l2 is not None]
+        worst = max(rels, key=lambda m: m.rel_l2 or 0.0) if rels else None
+        tail = f"; worst rel_l2 {_e(worst.rel_l2 or 0.0)} ({worst.name})" if worst else ""
+        return f"passed: {len(outputs)} {noun} within the {key} tolerance ({source}){tail}"
+    # The output that set the cause is the one named.
+    first = next((m for m in failed if m.rule == "nonfinite"), failed[0])
+    return (f"failed ({cause}): {len(failed)} of {len(outputs)} {noun} outside the {key} tolerance "
+            f"({source}); {first.name}: {first.criterion}")
+
+
+def compare(
+    outputs: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    *,
+    fmt: str,
+    reference_kind: str,
+    tolerance: Tolerance | float | None = None,
+) -> Parity:
+    """Compare a stage's outputs with a reference, output by output (rules 1–7, module doc).
+
+    The arrays are not modified.
+
+    Args:
+        outputs: the stage's outputs by name, in graph order.
+        reference: the reference's outputs by name.
+        fmt: the artifact format, one of :data:`FORMATS`.
+        reference_kind: what the reference is, one of :data:`REFERENCE_KINDS`.
+        tolerance: None for the default of ``(fmt, reference_kind)``; a number to replace
+            only the default's ``rel_l2`` (what ``--tolerance F`` gives); or a whole
+            :class:`Tolerance`.
+
+    Returns:
+        The :class:`Parity`: ``passed``, or ``failed`` with a cause and, per output, the
+        criterion that decided.
+
+    Raises:
+        ValueError: ``fmt`` is not a known format (the message lists them).
+        ValueError: ``reference_kind`` is not a known kind (the message lists them).
+        ValueError: a numeric ``tolerance`` is negative or not finite.
+        ValueError: an array's dtype is not bool, integer or floating.
+        ValueError: both ``outputs`` and ``reference`` are empty (nothing to compare).
+        TypeError: ``outputs`` or ``reference`` is not a mapping, a name is not a string, or
+            a value is not a numpy array.
+        TypeError: ``tolerance`` is not a :class:`Tolerance`, a number or None.
+    """
+    _check_key(fmt, reference_kind)
+    tol, source = _resolve_tolerance(tolerance, fmt, reference_kind)
+    ys = _checked_arrays(outputs, "outputs")
+    rs = _checked_arrays(reference, "reference")
+    if not ys and not rs:
+        raise ValueError("nothing to compare: outputs and reference are both empty")
+    names = list(ys) + [name for name in rs if name not in ys]
+    widen = fmt in WIDENING_FORMATS and reference_kind != "same_graph_cpu"  # rule 2's exception
+    results = tuple(_compare_one(name, ys.get(name), rs.get(name), tol, widen) for name in names)
+    key = f"{fmt}/{reference_kind}"
+    if all(m.passed for m in results):
+        verdict: Verdict = "passed"
+        cause: Cause | None = None
+    else:
+        verdict = "failed"
+        cause = "nonfinite" if any(m.rule == "nonfinite" for m in results) else "tolerance"
+    return Parity(
+        verdict=verdict, cause=cause, fmt=fmt, reference_kind=reference_kind, tolerance=tol,
+        tolerance_key=key, tolerance_source=source, outputs=results,
+        summary=_summary(results, key, source, cause),
+    )

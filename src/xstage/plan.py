@@ -1,0 +1,204 @@
+"""The planner: device table + routes + artifact format → ordered candidates and refusals.
+
+Pure over the device report: it starts nothing. Every route of a considered device that runs
+the artifact's format becomes a candidate; one that cannot be used stays in the plan as a
+refusal with code, cause, message and remedy, so the record shows every road not taken.
+
+``--device`` requires that device and never substitutes; ``--prefer`` tries devices in order
+and falls through; ``--route`` pins a route. With none of them, devices are tried in the
+default preference (npu, integrated GPU, discrete GPU, cpu) and routes within a device in the
+fixed route order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from xstage import errors
+from xstage.device_table import DeviceReport, DeviceRow
+from xstage.refusal import Refusal, RefusalCode
+from xstage.routes import DEVICE_PREFERENCE, ROUTE_NAMES, RouteStatus, get_spec
+
+__all__ = ["Candidate", "Plan", "make_plan", "match_device"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One (device, route) the stage may be opened on, in the order to try."""
+
+    device: str
+    route: RouteStatus
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "route": self.route.name}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to try, in order, and what was ruled out before trying (with why)."""
+
+    candidates: tuple[Candidate, ...]
+    refusals: tuple[Refusal, ...]
+    mode: str  # "device", "prefer", "route" or "default"
+    fall_through: bool
+    considered: tuple[str, ...] = field(default_factory=tuple)
+
+
+def match_device(report: DeviceReport, wanted: str) -> list[DeviceRow]:
+    """Rows for an id: exact, or a prefix (``gpu_discrete:nvidia`` matches ``...:nvidia:0``,
+    ``npu`` matches any NPU)."""
+    rows = list(report.devices)
+    exact = [r for r in rows if r.device.id == wanted]
+    if exact:
+        return exact
+    return [r for r in rows if r.device.id.startswith(wanted + ":") or r.device.kind == wanted]
+
+
+def _routes_for(row: DeviceRow, fmt: str, only: str | None) -> tuple[list[Candidate], list[Refusal]]:
+    device = row.device.id
+    cands: list[Candidate] = []
+    refusals: list[Refusal] = []
+    ordered = sorted(row.routes, key=lambda r: ROUTE_NAMES.index(r.name))
+    for status in ordered:
+        if only and status.name != only:
+            continue
+        if fmt not in status.spec.formats:
+            continue
+        if status.resolved and device in status.devices:
+            cands.append(Candidate(device, status))
+        else:
+            refusals.append(Refusal(
+                code=RefusalCode.DEVICE_UNREACHABLE, cause="route_missing", device=device,
+                route=status.name,
+                message=f"{device} could be driven by {status.name}, which is missing here: "
+                f"{status.reason or 'it does not drive this device'}",
+                remedy=status.remedy or f"xstage devices --refresh (see the {status.name} row)",
+                evidence={"reason_code": status.reason_code.value if status.reason_code else None,
+                          "interpreter": status.interpreter},
+            ))
+    return cands, refusals
+
+
+def _no_format(device: str, fmt: str, row: DeviceRow | None) -> Refusal:
+    runs = sorted({f for r in (row.routes if row else ()) for f in r.spec.formats})
+    return Refusal(
+        code=RefusalCode.NO_EXPORTED_GRAPH, cause="format_not_run_here", device=device, route=None,
+        message=f"no route of {device} runs {fmt} artifacts"
+        + (f" (its routes run: {', '.join(runs)})" if runs else ""),
+        remedy="export the stage in a format this device runs (e.g. onnx:a16w8 for NPUs)",
+        evidence={"format": fmt, "formats_here": runs},
+    )
+
+
+def _plan_device(report: DeviceReport, wanted: str, fmt: str, only: str | None
+                 ) -> tuple[list[Candidate], list[Refusal]]:
+    rows = match_device(report, wanted)
+    if not rows:
+        have = ", ".join(r.device.id for r in report.devices) or "nothing"
+        return [], [Refusal(
+            code=RefusalCode.DEVICE_UNREACHABLE, cause="no_route", device=wanted, route=None,
+            message=f"this machine shows no device {wanted} (it has: {have})",
+            remedy="pick a device `xstage devices` lists, or run on a machine that has it",
+            evidence={"devices": [r.device.id for r in report.devices]},
+        )]
+    cands: list[Candidate] = []
+    refusals: list[Refusal] = []
+    for row in rows:
+        if not any(fmt in r.spec.formats for r in row.routes if not only or r.name == only):
+            refusals.append(_no_format(row.device.id, fmt, row))
+            continue
+        c, r = _routes_for(row, fmt, only)
+        cands += c
+        refusals += r
+        if not c and not r:
+            refusals.append(Refusal(
+                code=RefusalCode.DEVICE_UNREACHABLE, cause="no_route", device=row.device.id,
+                route=only, message=f"no route drives {row.device.id} from here",
+                remedy="xstage devices shows which routes exist for it", evidence={}))
+    return cands, refusals
+
+
+def make_plan(
+    report: DeviceReport,
+    fmt: str,
+    *,
+    device: str | None = None,
+    prefer: Sequence[str] | None = None,
+    route: str | None = None,
+) -> Plan:
+    """Candidates and refusals for an artifact of format ``fmt``.
+
+    Raises:
+        UsageError: conflicting selectors, an unknown route, or a pinned route that cannot
+            drive the asked device.
+    """
+    if device and prefer:
+        raise errors.UsageError("--device and --prefer are mutually exclusive",
+                                remedy="--device requires one device; --prefer lists several")
+    if route is not None:
+        if route not in ROUTE_NAMES:
+            raise errors.UsageError(f"unknown route {route!r}", remedy=f"routes: {', '.join(ROUTE_NAMES)}")
+        spec = get_spec(route)
+        if fmt not in spec.formats:
+            refusal = Refusal(
+                code=RefusalCode.NO_EXPORTED_GRAPH, cause="format_not_run_here",
+                device=device or spec.device_class,
+                route=route, message=f"route {route} does not run {fmt} artifacts "
+                f"(it runs: {', '.join(spec.formats)})",
+                remedy="export the stage in one of those formats, or pick another route",
+                evidence={"format": fmt})
+            return Plan((), (refusal,), "route", False)
+        status = report.route(route)
+        asked = device
+        if device is None:  # name the device it would have driven, for the record
+            device = next((r.device.id for r in report.devices
+                           if spec.can_drive(r.device.kind, r.device.vendor)), spec.device_class)
+        if asked is not None:
+            kind = device.split(":")[0]
+            vendor = device.split(":")[1] if ":" in device else None
+            if not spec.can_drive(kind, vendor) and not (
+                    status.resolved and any(d == device or d.startswith(device + ":")
+                                            for d in status.devices)):
+                raise errors.UsageError(
+                    f"route {route} cannot drive {device}",
+                    remedy=f"it drives: {', '.join(f'{k}:{v}' if v else k for k, v in spec.drives)}")
+        if not status.resolved:
+            refusal = Refusal(
+                code=RefusalCode.DEVICE_UNREACHABLE, cause="route_missing", device=device,
+                route=route, message=f"route {route} is missing: {status.reason}",
+                remedy=status.remedy,
+                evidence={"reason_code": status.reason_code.value if status.reason_code else None,
+                          "interpreter": status.interpreter})
+            return Plan((), (refusal,), "route", False)
+        targets = [d for d in status.devices
+                   if asked is None or d == asked or d.startswith(asked + ":")]
+        if not targets:
+            refusal = Refusal(
+                code=RefusalCode.DEVICE_UNREACHABLE, cause="no_route", device=device, route=route,
+                message=f"route {route} resolved but drives {', '.join(status.devices) or 'nothing'} "
+                f"here, not {device}", remedy="xstage devices shows what each route drives",
+                evidence={"devices": list(status.devices)})
+            return Plan((), (refusal,), "route", False)
+        return Plan(tuple(Candidate(targets[0], status) for _ in (0,)), (), "route", False)
+    if device is not None:
+        cands, refusals = _plan_device(report, device, fmt, None)
+        return Plan(tuple(cands), tuple(refusals), "device", True, (device,))
+    if prefer:
+        all_c: list[Candidate] = []
+        all_r: list[Refusal] = []
+        for wanted in prefer:
+            c, r = _plan_device(report, wanted, fmt, None)
+            all_c += [x for x in c if x not in all_c]
+            all_r += r
+        return Plan(tuple(all_c), tuple(all_r), "prefer", True, tuple(prefer))
+    order = sorted(report.devices, key=lambda r: (DEVICE_PREFERENCE.index(r.device.kind)
+                                                  if r.device.kind in DEVICE_PREFERENCE else 99))
+    all_c, all_r = [], []
+    for row in order:
+        c, r = _plan_device(report, row.device.id, fmt, None)
+        all_c += c
+        all_r += r
+    return Plan(tuple(all_c), tuple(all_r), "default", True,
+                tuple(r.device.id for r in order))

@@ -1,0 +1,400 @@
+"""``prove`` on evidence recorded from real onnxruntime runs (tests/fixtures/profiles).
+
+The fixtures are what a worker collects: the profile file's text, the plan (onnxruntime
+>= 1.24), the session's providers and the fallback banner; ``capture.py`` beside them
+regenerates them. Which run made which file is in its ``meta.json`` and the folder's README.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xstage.evidence import CAUSES, VERDICTS, PlacementProof, prove
+
+PROFILES = Path(__file__).resolve().parent.parent / "fixtures" / "profiles"
+OV = "OpenVINOExecutionProvider"
+CPU = "CPUExecutionProvider"
+WEBGPU = "WebGpuExecutionProvider"
+
+
+def evidence(name: str) -> dict[str, Any]:
+    """``prove``'s keyword arguments as the worker would pass them for one recorded run."""
+    meta = json.loads((PROFILES / f"{name}.meta.json").read_text())
+    plan = PROFILES / f"{name}.assignment.json"
+    return {
+        "target_ep": meta["requested_ep"],
+        "profile_text": (PROFILES / f"{name}.profile.json").read_text(),
+        "assignment": json.loads(plan.read_text()) if plan.is_file() else None,
+        "session_providers": meta["session_providers"],
+        "available_providers": meta["available_providers"],
+        "fallback_banner": meta["fallback_banner"],
+        "graph_nodes": meta["graph"]["nodes"],
+        "ort_version": meta["ort_version"],
+    }
+
+
+def proof(name: str, **overrides: Any) -> PlacementProof:
+    return prove(**{**evidence(name), **overrides})
+
+
+ALL = sorted(p.name.removesuffix(".meta.json") for p in PROFILES.glob("*.meta.json"))
+
+
+# ----------------------------------------------------------------------- OpenVINO (built-in EP, 1.24.1)
+
+
+def test_a_graph_openvino_takes_whole_is_placed_with_node_fraction_one():
+    p = proof("ov124_whole", min_placement=1.0)
+    assert (p.verdict, p.cause, p.basis) == ("placed", None, "plan")
+    assert (p.node_fraction, p.nodes_on_target, p.nodes_total) == (1.0, 2, 2)
+    assert p.fraction == 1.0 and p.passed
+    # One fused subgraph kernel, named after the subgraph, counted as a target kernel.
+    assert p.kernels_by_provider == {OV: 1} and p.time_fraction == 1.0
+    assert p.cpu_nodes == {} and p.off_target_nodes == {}
+
+
+def test_the_det_graph_splits_with_exactly_det_on_the_cpu():
+    split = proof("ov124_det", min_placement=0.999)
+    assert (split.verdict, split.cause, split.basis) == ("declined", "declined", "plan")
+    assert (split.nodes_on_target, split.nodes_total, split.node_fraction) == (3, 4, 0.75)
+    assert split.cpu_nodes == {"Det": ("det",)}  # node by node: nothing else left the target
+    assert split.off_target_nodes == {CPU: {"Det": ("det",)}}
+    assert split.kernels_by_provider == {CPU: 1, OV: 1}
+    assert "verdict: declined (0.75 < min_placement 0.999)" in split.notes
+
+    relaxed = proof("ov124_det", min_placement=0.5)
+    assert (relaxed.verdict, relaxed.cause, relaxed.fraction) == ("placed", None, 0.75)
+    assert relaxed.cpu_nodes == {"Det": ("det",)}
+
+
+def test_a_graph_openvino_takes_none_of_is_declined_not_unmeasured():
+    p = proof("ov124_none", min_placement=0.0)
+    assert OV in p.session_providers  # listed by the session, and it holds zero nodes
+    assert (p.verdict, p.cause, p.basis, p.fraction) == ("declined", "declined", "plan", 0.0)
+    assert p.cpu_nodes == {"Det": ("det",)} and p.time_fraction == 0.0
+
+
+def test_openvino_takes_an_if_whole_and_the_plan_counts_the_if_where_it_runs():
+    p = proof("ov124_if")
+    assert (p.nodes_on_target, p.nodes_total) == (2, 3)  # Greater and If on OpenVINO; ReduceSum on CPU
+    assert p.cpu_nodes == {"ReduceSum": ("sum",)} and p.graph_node_count == 5
+    assert any("listed without its branches" in note for note in p.notes)
+
+
+# ----------------------------------------------------------------------- swaps
+
+
+@pytest.mark.parametrize(
+    "name", ["ort132_swap_cuda", "ov124_npu_absent", "ov124_fallback", "webgpu130_no_adapter"]
+)
+def test_a_swapped_provider_measured_on_the_cpu_is_declined_with_cause_provider_swapped(name):
+    p = proof(name)
+    assert p.target_ep not in p.session_providers
+    assert (p.verdict, p.cause, p.swapped, p.fraction) == ("declined", "provider_swapped", True, 0.0)
+
+
+def test_not_in_the_build_is_named():
+    p = proof("ort132_swap_cuda")
+    assert any("CUDAExecutionProvider is not in this onnxruntime build" in note for note in p.notes)
+
+
+@pytest.mark.parametrize("name", ["ov124_fallback", "webgpu130_no_adapter"])
+def test_the_fallback_banner_is_a_swap_by_itself(name):
+    # Even with the session's providers not collected, the banner alone is enough.
+    p = proof(name, session_providers=None)
+    assert p.fallback_banner and p.swapped and p.cause == "provider_swapped"
+    assert any("Falling back to ['CPUExecutionProvider'] and retrying." in note for note in p.notes)
+
+
+def test_a_swap_with_no_evidence_is_unmeasured_never_declined():
+    p = proof("ov124_npu_absent", profile_text=None, assignment=None)
+    assert (p.verdict, p.cause, p.basis, p.fraction) == ("unmeasured", "provider_swapped", None, None)
+
+
+def test_a_swap_contradicted_by_the_evidence_is_unmeasured():
+    # The session says OpenVINO is gone, yet the plan puts every node on it: nothing to trust.
+    p = proof("ov124_whole", session_providers=[CPU])
+    assert (p.verdict, p.cause) == ("unmeasured", "provider_swapped")
+    assert any("contradictory" in note for note in p.notes)
+
+
+def test_requested_ep_absent_from_session_providers_is_a_swap():
+    p = proof("ov124_whole", requested_ep="VitisAIExecutionProvider", min_placement=0.0)
+    assert p.requested_ep == "VitisAIExecutionProvider" and p.cause == "provider_swapped"
+    assert p.verdict == "unmeasured"  # the evidence shows OpenVINO did run: contradictory, not declined
+
+
+# ----------------------------------------------------------------------- no evidence
+
+
+def test_no_profile_and_no_plan_is_unmeasured():
+    p = proof("ov124_whole", profile_text=None, assignment=None, min_placement=0.0)
+    assert (p.verdict, p.cause, p.basis, p.fraction) == ("unmeasured", "unmeasured", None, None)
+    assert not p.passed and p.profile_format is None
+    assert "profile: no profile was collected" in p.notes
+
+
+@pytest.mark.parametrize("cut", [0.1, 0.5, 0.9])
+def test_a_truncated_profile_without_a_plan_is_unmeasured_with_a_note(cut):
+    whole = evidence("ort119_cpu_mlp")["profile_text"]
+    p = proof("ort119_cpu_mlp", profile_text=whole[: int(len(whole) * cut)])
+    assert (p.verdict, p.cause) == ("unmeasured", "unmeasured")
+    assert "profile: not used as evidence (incomplete)" in p.notes
+
+
+@pytest.mark.parametrize("garbage", ["", "\x00garbage\x01", "{", "[\n]", '{"traceEvents": 3}', "[1, 2, 3]"])
+def test_a_garbage_profile_without_a_plan_is_unmeasured_with_a_note(garbage):
+    p = proof("ort119_cpu_mlp", profile_text=garbage, min_placement=0.0)
+    assert (p.verdict, p.cause) == ("unmeasured", "unmeasured")
+    assert any(note.startswith("profile: ") for note in p.notes)
+
+
+def test_every_prefix_of_a_recorded_profile_is_judged_without_an_exception():
+    whole = evidence("ort130_cpu_quoted")["profile_text"]
+    for end in range(len(whole) + 1):
+        p = proof("ort130_cpu_quoted", profile_text=whole[:end], assignment=None)
+        assert p.verdict in VERDICTS
+        if p.verdict == "placed":  # only a whole profile is evidence
+            assert whole[:end].rstrip().endswith("]")
+
+
+def test_an_empty_plan_is_not_evidence():
+    p = proof("ov124_whole", profile_text=None, assignment=[])
+    assert (p.verdict, p.cause) == ("unmeasured", "unmeasured")
+    assert "plan: empty (no node recorded)" in p.notes
+
+
+# ----------------------------------------------------------------------- execution evidence
+
+
+def test_the_119_profile_is_judged_on_execution():
+    assert evidence("ort119_cpu_mlp")["assignment"] is None  # 1.19 has no assignment API
+    p = proof("ort119_cpu_mlp")
+    assert (p.verdict, p.basis, p.profile_format) == ("placed", "execution", "json")
+    assert p.node_fraction is None and p.time_fraction == 1.0 and p.kernels_total == 3
+
+
+@pytest.mark.parametrize("name", ["ort119_cpu_quoted", "ort130_cpu_quoted"])
+def test_the_quoted_name_profiles_are_judged(name):
+    p = proof(name, assignment=None)
+    assert (p.verdict, p.basis, p.profile_format) == ("placed", "execution", "lines")
+    assert p.kernels_by_provider == {CPU: 2}
+
+
+def test_the_cpu_route_is_placed_when_the_nodes_are_on_the_cpu():
+    p = proof("ort132_cpu_mlp", min_placement=1.0)
+    assert (p.verdict, p.basis, p.node_fraction) == ("placed", "plan", 1.0)
+    assert p.cpu_nodes == {}  # nothing was left behind: the CPU is the target
+    assert any("5 nodes as partitioned, 7 in the ONNX graph" in note for note in p.notes)
+
+
+def test_unnamed_nodes_are_labelled_op_type_and_index():
+    p = proof("ort132_cpu_mlp", target_ep=OV, session_providers=[OV, CPU], requested_ep=OV)
+    assert p.cpu_nodes == {
+        "Relu": ("Relu#0", "Relu#1"), "Tanh": ("Tanh#0",),
+        "Gemm": ("/MatMulAddFusion", "/MatMulAddFusion_token_0"),
+    }
+
+
+def test_memcpy_kernels_are_copies_not_compute():
+    # WebGPU on an H200: Det stays on the CPU and two MemcpyFromHost kernels run on the WebGPU EP.
+    raw = json.loads(evidence("webgpu130_det")["profile_text"])
+    memcpy = [e for e in raw if e["cat"] == "Node" and e["args"].get("op_name", "").startswith("Memcpy")]
+    assert len(memcpy) == 2 and {e["args"]["provider"] for e in memcpy} == {WEBGPU}
+    p = proof("webgpu130_det")
+    assert (p.copies, p.copy_time_us) == (2, sum(e["dur"] for e in memcpy))
+    assert p.kernels_by_provider == {CPU: 1, WEBGPU: 3}  # Gemm, Relu, Add: not the copies
+    compute = [e for e in raw if e["cat"] == "Node" and e not in memcpy]
+    assert p.kernel_time_total_us == sum(e["dur"] for e in compute)
+    assert p.cpu_nodes == {"Det": ("det",)}
+
+
+def test_a_plan_missing_the_eps_that_ran_is_not_used():
+    # onnxruntime 1.30 lists only the CPU's node in the WebGPU plan: read alone it would say 0.
+    assert [sg["ep"] for sg in evidence("webgpu130_det")["assignment"]] == [CPU]
+    p = proof("webgpu130_det", min_placement=0.9)
+    assert (p.verdict, p.basis) == ("placed", "execution")
+    assert p.node_fraction is None and (p.nodes_on_target, p.nodes_total) == (0, 1)
+    assert p.fraction == p.time_fraction and p.kernel_fraction == 0.75
+    assert any(note.startswith(f"plan: not used: it lists no node on {WEBGPU}") for note in p.notes)
+
+
+def test_an_unreadable_kernel_line_is_not_overlooked():
+    # Without the rule, the lost CPU kernel would leave the CPU with less than it ran.
+    broken = evidence("ort130_cpu_quoted")["profile_text"].replace('"quoted"', '"quo\nted"')
+    p = proof("ort130_cpu_quoted", profile_text=broken, assignment=None)
+    assert (p.verdict, p.cause) == ("unmeasured", "unmeasured")
+
+
+def test_memcpy_nodes_of_a_plan_are_copies_not_nodes():
+    plan = evidence("ov124_det")["assignment"]
+    plan[0]["nodes"].append({"name": "Memcpy", "op_type": "MemcpyFromHost", "domain": ""})
+    plan[1]["nodes"].append({"name": "", "op_type": "MemcpyToHost", "domain": ""})
+    p = proof("ov124_det", assignment=plan)
+    assert (p.plan_copies, p.nodes_on_target, p.nodes_total) == (2, 3, 4)
+    assert p.cpu_nodes == {"Det": ("det",)}
+
+
+def test_a_profile_of_several_runs_says_so():
+    text = evidence("ov124_det")["profile_text"].rstrip().removesuffix("]")
+    events = json.loads(evidence("ov124_det")["profile_text"])
+    doubled = text.rstrip() + ",\n" + ",\n".join(json.dumps(e) for e in events) + "\n]\n"
+    p = proof("ov124_det", profile_text=doubled, assignment=None)
+    assert p.runs == 2 and p.kernels_total == 4
+    assert "execution: the profile holds 2 model runs; counts add up over them" in p.notes
+
+
+def test_an_empty_plan_falls_back_to_execution():
+    p = proof("webgpu130_mlp", min_placement=1.0)
+    assert evidence("webgpu130_mlp")["assignment"] == []
+    assert (p.verdict, p.basis, p.kernels_by_provider) == ("placed", "execution", {WEBGPU: 5})
+
+
+@pytest.mark.parametrize("name", ["ort132_cpu_if", "ort119_cpu_if"])
+def test_control_flow_time_is_left_out(name):
+    raw = [e for e in json.loads(evidence(name)["profile_text"])
+           if e["cat"] == "Node" and e["name"].endswith("_kernel_time")]
+    branch = [e for e in raw if e["args"]["op_name"] == "If"]
+    assert len(branch) == 1 and branch[0]["dur"] > 0
+    p = proof(name, assignment=None)
+    assert (p.control_flow_kernels, p.control_flow_time_us) == (1, branch[0]["dur"])
+    assert p.kernels_total == 3  # ReduceSum, Greater, then_relu: the If is not a kernel of its own
+    assert p.kernel_time_total_us == sum(e["dur"] for e in raw) - branch[0]["dur"]
+
+
+def test_the_if_counts_as_a_node_of_the_plan_where_it_runs():
+    p = proof("ort132_cpu_if")
+    assert (p.nodes_total, p.graph_node_count) == (5, 5)  # the If and its branches' nodes
+
+
+def test_all_zero_durations_use_the_kernel_fraction():
+    raw = json.loads(evidence("ov124_det")["profile_text"])
+    for event in raw:
+        event["dur"] = 0
+    p = proof("ov124_det", profile_text=json.dumps(raw), assignment=None)
+    assert (p.basis, p.time_fraction, p.fraction) == ("execution", None, 0.5)
+
+
+def test_a_target_cpu_with_a_banner_is_only_noted():
+    p = proof("ort132_cpu_mlp", fallback_banner="Falling back to ['CPUExecutionProvider'] and retrying.")
+    assert (p.verdict, p.swapped, p.fallback_banner) == ("placed", False, True)
+
+
+# ----------------------------------------------------------------------- every fixture, closed sets
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 1.0])
+def test_every_recorded_run_gives_a_closed_verdict_and_plain_json(name, threshold):
+    p = proof(name, min_placement=threshold)
+    assert p.verdict in VERDICTS and (p.cause is None) == (p.verdict == "placed")
+    assert p.cause is None or p.cause in CAUSES
+    assert p.verdict != "placed" or (p.fraction is not None and p.fraction > 0 and p.fraction >= threshold)
+    assert json.loads(json.dumps(p.to_dict())) == p.to_dict()
+
+
+def test_the_proof_is_frozen():
+    p = proof("ov124_whole")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.verdict = "declined"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        p.kernels_by_provider["x"] = 1  # type: ignore[index]
+
+
+def test_a_proof_outside_the_closed_sets_cannot_be_built():
+    good = proof("ov124_whole")
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        dataclasses.replace(good, verdict="maybe")
+    with pytest.raises(ValueError, match="a placed proof cannot have cause 'declined'"):
+        dataclasses.replace(good, cause="declined")
+
+
+# ----------------------------------------------------------------------- malformed arguments
+
+
+@pytest.mark.parametrize("bad", [-0.01, 1.01, float("nan"), float("inf"), True, "0.5", None])
+def test_rejects_min_placement_outside_0_1(bad):
+    with pytest.raises(ValueError, match="min_placement must be a number in \\[0, 1\\]"):
+        prove(target_ep=OV, min_placement=bad)
+
+
+def test_rejects_an_empty_target():
+    with pytest.raises(ValueError, match="target_ep must be a non-empty string"):
+        prove(target_ep="")
+
+
+@pytest.mark.parametrize(("assignment", "error", "message"), [
+    ("CPU", TypeError, "assignment must be a list of subgraphs, not str"),
+    ([{"nodes": []}], ValueError, r"assignment\[0\] must be a mapping with a string 'ep'"),
+    ([{"ep": CPU, "nodes": "x"}], ValueError, r"assignment\[0\].nodes must be a list of nodes"),
+    ([{"ep": CPU, "nodes": [{"name": "a"}]}], ValueError, r"assignment\[0\].nodes\[0\] must be a mapping"),
+    ([{"ep": CPU, "nodes": [{"name": 3, "op_type": "Relu"}]}], ValueError,
+     r"nodes\[0\].name must be a string"),
+])
+def test_rejects_an_assignment_not_of_the_workers_shape(assignment, error, message):
+    with pytest.raises(error, match=message):
+        prove(target_ep=CPU, assignment=assignment)
+
+
+def test_rejects_provider_lists_that_are_not_lists_of_strings():
+    with pytest.raises(TypeError, match="session_providers must be a list of strings or None"):
+        prove(target_ep=CPU, session_providers="CPUExecutionProvider")
+    with pytest.raises(TypeError, match="graph_nodes must be a list of mappings or None"):
+        prove(target_ep=CPU, graph_nodes=["MatMul"])
+
+
+# ----------------------------------------------------------------------- golden
+
+
+def test_golden_to_dict_of_the_det_split():
+    """The record's view of one proof, verbatim (re-capturing ov124_det changes its durations)."""
+    assert proof("ov124_det", min_placement=0.999).to_dict() == {
+        "target_ep": OV,
+        "requested_ep": OV,
+        "session_providers": [OV, CPU],
+        "available_providers": [OV, CPU],
+        "ort_version": "1.24.1",
+        "verdict": "declined",
+        "cause": "declined",
+        "basis": "plan",
+        "fraction": 0.75,
+        "min_placement": 0.999,
+        "swapped": False,
+        "fallback_banner": False,
+        "node_fraction": 0.75,
+        "nodes_on_target": 3,
+        "nodes_total": 4,
+        "plan_copies": 0,
+        "graph_node_count": 5,
+        "time_fraction": 1995 / 2038,
+        "kernel_fraction": 0.5,
+        "kernels_on_target": 1,
+        "kernels_total": 2,
+        "kernel_time_on_target_us": 1995,
+        "kernel_time_total_us": 2038,
+        "kernels_by_provider": {CPU: 1, OV: 1},
+        "kernel_time_by_provider_us": {CPU: 43, OV: 1995},
+        "control_flow_kernels": 0,
+        "control_flow_time_us": 0,
+        "copies": 0,
+        "copy_time_us": 0,
+        "runs": 1,
+        "profile_format": "json",
+        "cpu_nodes": {"Det": ["det"]},
+        "off_target_nodes": {CPU: {"Det": ["det"]}},
+        "notes": [
+            "plan: 4 nodes (3 on OpenVINOExecutionProvider, 1 on CPUExecutionProvider)",
+            "execution: 2 compute kernels, 2038 us (1 on CPUExecutionProvider, "
+            "1 on OpenVINOExecutionProvider)",
+            "basis: plan, node fraction 3/4 = 0.75",
+            "plan: 4 nodes as partitioned, 5 in the ONNX graph (onnxruntime fuses some before it "
+            "partitions, e.g. MatMul+Add into Gemm, and a control-flow node an EP compiles is listed "
+            "without its branches)",
+            "verdict: declined (0.75 < min_placement 0.999)",
+        ],
+    }

@@ -1,0 +1,182 @@
+"""``xstage external`` end to end: real workers, real sessions, real profiles."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+
+from xstage.record import read_record
+
+
+def _refusal(record):
+    (last, *_) = reversed(record["outcome"]["refusals"])
+    return last
+
+
+def test_builtin_stage_on_ort_cpu_is_placed_gated_and_timed(external):
+    """The README's main job: exit 0, a placed proof, a passed gate, timings, a valid record."""
+    r = external()
+    assert r.code == 0, r.stderr
+    rec = r.record
+    assert rec["outcome"]["status"] == "placed" and rec["plan"]["chosen"]["route"] == "ort-cpu"
+    assert rec["proof"]["verdict"] == "placed" and rec["proof"]["fraction"] == 1.0
+    assert rec["parity"]["verdict"] == "passed"
+    assert rec["timings"]["runs"] == 3 and rec["timings"]["compute"]["p50_ms"] > 0
+    assert rec["memory"]["peak_bytes"] > 0
+    assert "Traceback" not in r.stderr
+
+
+def test_openvino_takes_the_mlp_whole(external, graphs, openvino_python):
+    r = external("--graph", str(graphs["mlp"]), "--route", "ort-openvino",
+                 env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
+    assert r.code == 0, r.stderr
+    proof = r.record["proof"]
+    assert proof["verdict"] == "placed" and proof["basis"] == "plan"
+    assert proof["node_fraction"] == 1.0 and proof["target_ep"] == "OpenVINOExecutionProvider"
+    assert any("INFERENCE_PRECISION_HINT=f32" in n for n in r.record["worker"]["notes"])
+
+
+def test_det_graph_splits_and_is_refused_at_0999_with_the_node_named(external, graphs,
+                                                                     openvino_python):
+    env = {"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)}
+    r = external("--graph", str(graphs["det"]), "--route", "ort-openvino",
+                 "--min-placement", "0.999", env=env)
+    assert r.code == 2, r.stderr
+    refusal = _refusal(r.record)
+    assert refusal["code"] == "execution_provider_declined_graph" and refusal["cause"] == "declined"
+    assert refusal["evidence"]["cpu_nodes"] == {"Det": ["det"]}
+    assert "Det" in r.stderr and "Traceback" not in r.stderr
+    ok = external("--graph", str(graphs["det"]), "--route", "ort-openvino",
+                  "--min-placement", "0.5", env=env)
+    assert ok.code == 0, ok.stderr
+    assert ok.record["proof"]["cpu_nodes"] == {"Det": ["det"]} and ok.record["proof"]["fraction"] < 1
+
+
+def test_graph_openvino_takes_none_of_is_declined(external, graphs, openvino_python):
+    r = external("--graph", str(graphs["det_only"]), "--route", "ort-openvino",
+                 env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
+    assert r.code == 2
+    refusal = _refusal(r.record)
+    assert (refusal["code"], refusal["cause"]) == ("execution_provider_declined_graph", "declined")
+
+
+def test_a_device_the_ep_cannot_open_is_provider_swapped(external, graphs, openvino_python):
+    """device_type=NPU on a machine without one: onnxruntime builds the session without the
+    EP and says nothing; the proof names the swap."""
+    r = external("--graph", str(graphs["mlp"]), "--route", "ort-openvino",
+                 "--ep-option", "device_type=NPU",
+                 env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
+    assert r.code == 2, r.stderr
+    refusal = _refusal(r.record)
+    assert (refusal["code"], refusal["cause"]) == ("execution_provider_declined_graph",
+                                                   "provider_swapped")
+
+
+def test_openvino_told_to_compute_in_bf16_fails_the_gate_naming_the_criterion(
+        external, graphs, openvino_python):
+    """The AMX trap, forced: every node placed, numbers 4e-3 off; the gate refuses."""
+    hint = json.dumps({"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}})
+    r = external("--graph", str(graphs["mlp"]), "--route", "ort-openvino",
+                 "--ep-option", f"load_config={hint}",
+                 env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
+    assert r.code == 2, r.stderr
+    refusal = _refusal(r.record)
+    assert (refusal["code"], refusal["cause"]) == ("numeric_gate_failed", "tolerance")
+    assert refusal["evidence"]["proof"]["verdict"] == "placed"
+    criterion = refusal["evidence"]["parity"]["outputs"][0]["criterion"]
+    assert "rel_l2" in criterion and ">" in criterion
+
+
+def test_pinned_route_that_is_missing_is_refused_with_exit_2(external, tmp_path):
+    r = external("--route", "ort-openvino",
+                 env={"XSTAGE_PYTHON_ORT_OPENVINO": str(tmp_path / "no-python")})
+    assert r.code == 2
+    refusal = _refusal(r.record)
+    assert (refusal["code"], refusal["cause"]) == ("device_unreachable_from_this_process",
+                                                   "route_missing")
+    assert "no-python" in refusal["message"] and "Traceback" not in r.stderr
+
+
+def test_corrupt_graph_is_an_error_with_exit_1(external, graphs):
+    r = external("--graph", str(graphs["corrupt"]))
+    assert r.code == 1
+    assert "not a readable ONNX graph" in r.stderr and "Traceback" not in r.stderr
+    assert r.record["outcome"]["status"] == "error"
+
+
+def test_inputs_that_do_not_match_are_an_error_with_exit_1(external, graphs, tmp_path):
+    npz = tmp_path / "bad.npz"
+    np.savez(npz, x=np.ones((8, 256), np.float64))
+    r = external("--graph", str(graphs["mlp"]), "--inputs", str(npz))
+    assert r.code == 1, r.stderr
+    assert "float64" in r.stderr and "float32" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unknown_dimension_names_the_flag(external, graphs):
+    r = external("--graph", str(graphs["symbolic"]))
+    assert r.code == 64 and "--dim batch=N" in r.stderr
+    ok = external("--graph", str(graphs["symbolic"]), "--dim", "batch=3")
+    assert ok.code == 0, ok.stderr
+    assert ok.record["request"]["inputs"]["tensors"]["x"]["shape"] == [3, 8]
+
+
+def test_device_and_prefer_together_are_a_usage_error(external):
+    r = external("--device", "cpu", "--prefer", "cpu")
+    assert r.code == 64
+
+
+def test_route_that_cannot_drive_the_device_is_a_usage_error(external):
+    r = external("--route", "ort-cpu", "--device", "npu:amd")
+    assert r.code == 64 and "cannot drive" in r.stderr
+
+
+def test_a_device_this_machine_lacks_is_refused_never_substituted(external):
+    r = external("--device", "npu:intel")
+    assert r.code == 2
+    refusal = _refusal(r.record)
+    assert refusal["code"] == "device_unreachable_from_this_process"
+
+
+def test_worker_that_dies_during_warmup_is_exit_1_and_leaves_no_process(external, tmp_path):
+    """A worker killed in its profiled warm-up: one line naming the death, exit 1."""
+    import os
+    import stat
+    from pathlib import Path
+
+    fault = Path(__file__).parent.parent / "client" / "fault_worker.py"
+    fake = tmp_path / "fakepy"
+    fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fault}" "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    r = external("--route", "ort-cpu", env={"XSTAGE_PYTHON_ORT_CPU": str(fake),
+                                            "XSTAGE_FAULT": "crash-on-run"})
+    assert r.code == 1, r.stderr
+    assert "worker" in r.stderr and "exited with status 9" in r.stderr
+    assert "Traceback" not in r.stderr
+    after = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert after - before == set()
+    del os
+
+
+def test_report_validates_and_prints_the_record_again(external, tmp_path):
+    r = external()
+    assert r.code == 0
+    path = tmp_path / "copy.json"
+    path.write_text(json.dumps(r.record))
+    out = subprocess.run([sys.executable, "-m", "xstage", "report", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "placed" in out.stdout and "ort-cpu" in out.stdout
+
+
+def test_every_record_made_here_validates(external, graphs, tmp_path):
+    """Placed, error and refused records all pass the shipped schema on reading."""
+    for i, args in enumerate(((), ("--graph", str(graphs["corrupt"])), ("--device", "npu:intel"))):
+        r = external(*args)
+        path = tmp_path / f"r{i}.json"
+        path.write_text(json.dumps(r.record))
+        assert read_record(path)["outcome"]["exit_code"] == r.code
