@@ -84,6 +84,8 @@ def _session_options(ort, opts):
     if level:
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     so.log_severity_level = int(opts.get("log_severity_level", 3))
+    for key, value in (opts.get("config") or {}).items():
+        so.add_session_config_entry(str(key), str(value))
     return so
 
 
