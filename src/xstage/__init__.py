@@ -1,8 +1,9 @@
 """xstage: run one model stage on a device the host engine cannot drive, and prove where it ran.
 
-The public surface is small on purpose: ``devices()`` for the table of devices and routes,
-``WorkerClient`` and ``Deadlines`` for one worker, ``resolve``/``resolve_all`` for routes, and
-the error tree in ``xstage.errors``.
+The public surface is small on purpose: ``open_stage()`` → ``Stage`` (placed, proven, gated),
+``devices()`` and ``plan()`` for the device table and the planner, ``Refused`` with its
+``Refusal`` values, ``WorkerClient`` and ``Deadlines`` for one worker, ``resolve``/``resolve_all``
+for routes, and the error tree in ``xstage.errors``.
 """
 
 from __future__ import annotations
@@ -10,20 +11,30 @@ from __future__ import annotations
 from xstage._version import __version__
 from xstage.client import Deadlines, WorkerClient, WorkerState
 from xstage.device_table import DeviceReport, devices
-from xstage.errors import XstageError
+from xstage.errors import Refused, XstageError
+from xstage.planner import Plan, plan
+from xstage.refusal import Refusal, RefusalCode
 from xstage.routes import ReasonCode, RouteSpec, RouteStatus, resolve, resolve_all
+from xstage.stage import Stage, open_stage
 
 __all__ = [
     "Deadlines",
     "DeviceReport",
+    "Plan",
     "ReasonCode",
+    "Refusal",
+    "RefusalCode",
+    "Refused",
     "RouteSpec",
     "RouteStatus",
+    "Stage",
     "WorkerClient",
     "WorkerState",
     "XstageError",
     "__version__",
     "devices",
+    "open_stage",
+    "plan",
     "resolve",
     "resolve_all",
 ]

@@ -25,7 +25,7 @@ from xstage.device_table import DeviceReport
 from xstage.device_table import devices as device_report
 from xstage.inputs import SEED, load_npz, synthesize
 from xstage.launch import load_options, open_worker
-from xstage.plan import Candidate, Plan, make_plan
+from xstage.planner import Candidate, Plan, make_plan
 from xstage.record import SCHEMA_VERSION, host_block, utc_now
 from xstage.refusal import Refusal, RefusalCode
 from xstage.signature import check_inputs

@@ -21,7 +21,7 @@ from xstage.device_table import DeviceReport, DeviceRow
 from xstage.refusal import Refusal, RefusalCode
 from xstage.routes import DEVICE_PREFERENCE, ROUTE_NAMES, RouteStatus, get_spec
 
-__all__ = ["Candidate", "Plan", "make_plan", "match_device"]
+__all__ = ["Candidate", "Plan", "make_plan", "match_device", "plan"]
 
 
 @dataclass(frozen=True)
@@ -202,3 +202,23 @@ def make_plan(
         all_r += r
     return Plan(tuple(all_c), tuple(all_r), "default", True,
                 tuple(r.device.id for r in order))
+
+
+def plan(
+    artifact: str | Any,
+    *,
+    device: str | None = None,
+    prefer: Sequence[str] | None = None,
+    route: str | None = None,
+    fmt: str | None = None,
+    report: DeviceReport | None = None,
+) -> Plan:
+    """The plan for an artifact on this machine: what ``open_stage`` would try, in order.
+
+    Starts nothing but the route probes ``xstage.devices()`` runs (cached).
+    """
+    from xstage.artifact import inspect_artifact
+    from xstage.device_table import devices
+
+    art = inspect_artifact(artifact, fmt=fmt)
+    return make_plan(report or devices(), art.format, device=device, prefer=prefer, route=route)
