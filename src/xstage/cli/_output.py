@@ -33,7 +33,8 @@ class Output:
     def table(self, title: str, columns: list[str], rows: list[list[Any]]) -> None:
         if self.json_mode or self.verbosity < 0:
             return
-        table = Table(title=title, title_justify="left", show_lines=False)
+        table = Table(title=title, title_justify="left", show_lines=False,
+                      show_header=any(columns))
         for col in columns:
             table.add_column(col, overflow="fold")
         for row in rows:

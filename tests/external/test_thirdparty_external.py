@@ -1,0 +1,218 @@
+"""``xstage external`` on real third-party graphs (pinned registry wheels), on ort-cpu and ort-openvino.
+
+The graphs come from ``xstage.testing.thirdparty`` and are fetched once into
+``<test cache>/thirdparty/`` (the pattern of ``tests/test_thirdparty.py``, repeated here because
+that module is not importable from this package); the tests skip only when the package index
+cannot be reached at all. Each run is the real command in a subprocess (``--runs 3``), checked
+through the record it writes: exit 0, a ``placed`` proof with its basis and fraction, the split
+(``cpu_nodes``), a passed gate with the criterion that decided each output, and timings.
+
+Every placed run adds a row to a table printed when the module ends (visible with ``-s``):
+graph, route, exit, verdict, basis, fraction, nodes on target/total, left on CPU, the deciding
+rule per output, compute p50 and round-trip p50.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+import pytest
+
+from xstage.testing.thirdparty import GRAPHS, FetchError, fetch, write_inputs
+
+REPO = Path(__file__).resolve().parent.parent.parent
+ROUTES = ("ort-cpu", "ort-openvino")
+TARGET_EP = {"ort-cpu": "CPUExecutionProvider", "ort-openvino": "OpenVINOExecutionProvider"}
+
+# The cls graph declares its batch as dim_value -1 (Paddle's "dynamic"): xstage.artifact reads
+# it as a fixed dimension of -1, so neither --shape nor an .npz can satisfy it (exit 64 / 1).
+_CLS_BUG = pytest.mark.xfail(
+    strict=True,
+    reason="xstage.artifact._dims keeps dim_value -1 as a fixed dimension: "
+    "'--shape x=1x3x48x192 contradicts the declared (-1, 3, '?', '?')' (exit 64)")
+
+#: (graph, how its inputs are given): the CLI flags of the table, or an .npz for silero-vad-op18
+#: (its sr must be a real sample rate: 16000 for 512-sample chunks; a synthesized int64 in
+#: [0, 8) takes the 8 kHz branch — it runs, but is not the path a caller takes).
+CASES = [
+    pytest.param("ppocr-det-v4", ("--shape", "x=1x3x640x640"), id="ppocr-det-v4"),
+    pytest.param("ppocr-rec-v4", ("--shape", "x=1x3x48x320"), id="ppocr-rec-v4"),
+    pytest.param("ppocr-cls-v2", ("--shape", "x=1x3x48x192"), id="ppocr-cls-v2", marks=_CLS_BUG),
+    pytest.param("silero-vad-op18", ("--inputs", "NPZ"), id="silero-vad-op18"),
+]
+
+_TABLE: list[dict[str, Any]] = []
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("XSTAGE_TEST_CACHE", REPO / ".test-cache")) / "thirdparty"
+
+
+@pytest.fixture(scope="session")
+def thirdparty() -> dict[str, Path]:
+    """Every graph of the table, fetched once (skips only if the registry is unreachable)."""
+    out = {}
+    for name in sorted(GRAPHS):
+        try:
+            out[name] = fetch(name, _cache())
+        except FetchError as exc:
+            if exc.registry_unreachable:
+                pytest.skip(f"the package index is unreachable, cannot fetch {name}: {exc.message}")
+            raise
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def table():
+    """Print the measured table when the module ends (``-s`` shows it)."""
+    yield _TABLE
+    if not _TABLE:
+        return
+    head = ["graph", "route", "exit", "verdict", "basis", "fraction", "nodes", "left on CPU",
+            "deciding rule per output", "compute p50", "round trip p50"]
+    rows = [head] + [[str(r[k]) for k in head] for r in _TABLE]
+    print("\n\n| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for row in rows[1:]:
+        print("| " + " | ".join(row) + " |")
+
+
+def _env(route: str, openvino_python: Path | None) -> dict[str, str]:
+    return {"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)} if route == "ort-openvino" else {}
+
+
+def _args(name: str, flags: tuple[str, ...], paths: dict[str, Path], tmp_path: Path) -> list[str]:
+    args = ["--graph", str(paths[name])]
+    for flag in flags:
+        args.append(str(write_inputs(name, tmp_path / f"{name}.npz")) if flag == "NPZ" else flag)
+    return args
+
+
+def _row(name: str, route: str, code: int, rec: dict[str, Any]) -> dict[str, Any]:
+    proof, parity, timings = rec["proof"], rec["parity"], rec["timings"]
+    left = proof["cpu_nodes"] or {}
+    return {
+        "graph": name, "route": route, "exit": code, "verdict": proof["verdict"],
+        "basis": proof["basis"], "fraction": f"{proof['fraction']:.3f}",
+        "nodes": f"{proof['nodes_on_target']}/{proof['nodes_total']}",
+        "left on CPU": ", ".join(f"{op}×{len(n)}" for op, n in sorted(left.items())) or "nothing",
+        "deciding rule per output": "; ".join(f"{o['name']}: {o['rule']}" for o in parity["outputs"]),
+        "compute p50": f"{timings['compute']['p50_ms']:.3f} ms",
+        "round trip p50": f"{timings['round_trip']['p50_ms']:.3f} ms",
+    }
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize(("name", "flags"), CASES)
+def test_third_party_graph_is_placed_gated_and_timed(external, thirdparty, openvino_python, tmp_path,
+                                                     name, flags, route):
+    graph = GRAPHS[name]
+    r = external(*_args(name, flags, thirdparty, tmp_path), "--route", route,
+                 env=_env(route, openvino_python))
+    assert r.code == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    rec = r.record
+    assert rec["outcome"]["status"] == "placed"
+    assert rec["plan"]["chosen"] == {"device": "cpu", "route": route}
+    assert rec["artifact"]["sha256"] == graph.sha256 and rec["artifact"]["format"] == "onnx:fp32"
+
+    # The proof: placed, from the per-node plan, and the split as the table measured it.
+    proof = rec["proof"]
+    assert proof["verdict"] == "placed" and proof["cause"] is None
+    assert proof["target_ep"] == TARGET_EP[route]
+    assert proof["basis"] == "plan" and proof["fraction"] == proof["node_fraction"] == 1.0
+    expected_nodes = graph.cpu_nodes if route == "ort-cpu" else sum(graph.openvino_nodes.values())
+    assert proof["nodes_on_target"] == proof["nodes_total"] == expected_nodes
+    assert proof["cpu_nodes"] == {}  # recorded, and empty: nothing left on the CPU
+    assert proof["kernels_on_target"] and proof["time_fraction"] == 1.0
+    if route == "ort-openvino":
+        assert proof["kernels_by_provider"] == dict(graph.openvino_kernels)
+        assert any("INFERENCE_PRECISION_HINT=f32" in n for n in rec["worker"]["notes"])
+    version = rec["worker"]["hello"]["worker"]["versions"]["onnxruntime"]
+    assert version.startswith("1.24") if route == "ort-openvino" else version == ort.__version__
+
+    # The gate: passed, every output of the graph compared, each with the rule that decided.
+    parity = rec["parity"]
+    assert parity["verdict"] == "passed" and parity["reference_kind"] == "same_graph_cpu"
+    assert [o["name"] for o in parity["outputs"]] == list(graph.outputs)
+    assert all(o["passed"] and o["criterion"] for o in parity["outputs"])
+    rules = {o["name"]: o["rule"] for o in parity["outputs"]}
+    if route == "ort-cpu":  # the same build and options as the reference: bit for bit
+        assert all(o["max_abs"] == 0.0 for o in parity["outputs"]), parity["outputs"]
+    if (name, route) == ("ppocr-det-v4", "ort-openvino"):
+        # A sparse sigmoid map: near zero almost everywhere, so the relative L2 is
+        # ill-conditioned (measured ~3e-3 > 1e-4) and the absolute criterion decides.
+        (det,) = parity["outputs"]
+        assert rules == {"sigmoid_0.tmp_0": "max_abs"}
+        assert det["rel_l2"] > parity["tolerance"]["rel_l2"] and "but max_abs" in det["criterion"]
+
+    # Timings: three runs after the warm-ups, compute inside round trip.
+    t = rec["timings"]
+    assert t["runs"] == 3 and t["compute"]["p50_ms"] > 0
+    assert t["round_trip"]["p50_ms"] >= t["compute"]["p50_ms"] and t["transport"]["p50_ms"] >= 0
+    assert rec["memory"]["peak_bytes"] > 0
+    _TABLE.append(_row(name, route, r.code, rec))
+
+
+def test_silero_vad_op18_with_synthesized_inputs_takes_the_8k_branch_and_still_passes(
+        external, thirdparty):
+    """The table's own flags alone: sr is synthesized in [0, 8) (not a sample rate); the op18
+    export runs it anyway, and the record says what sr was fed."""
+    r = external("--graph", str(thirdparty["silero-vad-op18"]), *GRAPHS["silero-vad-op18"].cli_args,
+                 "--route", "ort-cpu")
+    assert r.code == 0, r.stderr[-3000:]
+    tensors = r.record["request"]["inputs"]["tensors"]
+    assert r.record["request"]["inputs"]["source"] == "synthesized"
+    assert tensors["sr"] == {"dtype": "int64", "shape": []}
+    assert r.record["parity"]["verdict"] == "passed"
+
+
+def test_canonical_silero_vad_runs_on_ort_cpu_with_a_real_sample_rate(external, thirdparty, tmp_path):
+    npz = write_inputs("silero-vad", tmp_path / "silero-vad.npz")
+    r = external("--graph", str(thirdparty["silero-vad"]), "--inputs", str(npz), "--route", "ort-cpu")
+    assert r.code == 0, r.stderr[-3000:]
+    proof = r.record["proof"]
+    assert proof["verdict"] == "placed" and proof["basis"] == "plan" and proof["fraction"] == 1.0
+    assert proof["nodes_total"] == GRAPHS["silero-vad"].cpu_nodes
+    assert r.record["parity"]["verdict"] == "passed"
+    _TABLE.append(_row("silero-vad", "ort-cpu", r.code, r.record))
+
+
+def _silero_on_openvino(external, thirdparty, openvino_python, tmp_path):
+    npz = write_inputs("silero-vad", tmp_path / "silero-vad.npz")
+    return external("--graph", str(thirdparty["silero-vad"]), "--inputs", str(npz),
+                    "--route", "ort-openvino", env=_env("ort-openvino", openvino_python))
+
+
+def test_canonical_silero_vad_fails_to_load_on_ort_openvino_as_an_error(
+        external, thirdparty, openvino_python, tmp_path):
+    """OpenVINO's CPU plugin refuses the If subgraph's dynamic-rank Parameter at compile time:
+    not a refusal (nothing was placed or measured), an ArtifactError naming the route, exit 1."""
+    r = _silero_on_openvino(external, thirdparty, openvino_python, tmp_path)
+    assert r.code == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    first = next(line for line in r.stderr.splitlines() if line.startswith("error: "))
+    assert first.startswith("error: ort-openvino could not load or run silero_vad.onnx: ")
+    assert "Parameter operation with dynamic rank" in r.stderr
+    assert "hint: check the graph loads in that route's onnxruntime (1.24" in r.stderr
+    outcome = r.record["outcome"]
+    assert outcome["status"] == "error" and outcome["exit_code"] == 1 and outcome["refusals"] == []
+    assert outcome["error"]["type"] == "ArtifactError"
+    _TABLE.append({"graph": "silero-vad", "route": "ort-openvino", "exit": r.code,
+                   "verdict": "- (ArtifactError: load failed)", "basis": "-", "fraction": "-",
+                   "nodes": "-", "left on CPU": "-", "deciding rule per output": "-",
+                   "compute p50": "-", "round trip p50": "-"})
+
+
+@pytest.mark.xfail(strict=True, reason="the worker's exception text is passed through whole: "
+                   "onnxruntime's multi-line message (C++ signatures, 5 trailing blank lines) makes "
+                   "the error several lines, where issue 3 asks for a one-line cause")
+def test_canonical_silero_vad_error_on_ort_openvino_is_one_line(
+        external, thirdparty, openvino_python, tmp_path):
+    r = _silero_on_openvino(external, thirdparty, openvino_python, tmp_path)
+    lines = [line for line in r.stderr.splitlines()
+             if line.strip() and not line.startswith(("record written", "hint: "))]
+    assert len(lines) == 1, lines
