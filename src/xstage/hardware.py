@@ -448,22 +448,23 @@ def merge_nvidia(rows: list[Device], gpus: Iterable[NvidiaGpu]) -> list[Device]:
     return out
 
 
-def run_nvidia_smi(timeout: float = 10.0) -> str | None:
-    """nvidia-smi's answer to the ``NVIDIA_SMI_FIELDS`` query, or None (absent or failing)."""
-    exe = shutil.which("nvidia-smi")
+def _tool_output(name: str, args: list[str], timeout: float) -> str | None:
+    """What a machine tool prints on success, or None (absent, failing, or too slow)."""
+    exe = shutil.which(name)
     if exe is None:
         return None
     try:
-        done = subprocess.run(
-            [exe, "--query-gpu=" + ",".join(NVIDIA_SMI_FIELDS), "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
+        done = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
+
+
+def run_nvidia_smi(timeout: float = 10.0) -> str | None:
+    """nvidia-smi's answer to the ``NVIDIA_SMI_FIELDS`` query, or None (absent or failing)."""
+    return _tool_output("nvidia-smi", ["--query-gpu=" + ",".join(NVIDIA_SMI_FIELDS),
+                                       "--format=csv,noheader,nounits"], timeout)
 
 
 # ---------------------------------------------------------------------------- /dev nodes
@@ -626,20 +627,8 @@ def windows_devices(adapters: Iterable[WindowsAdapter]) -> list[Device]:
 
 def run_windows_query(timeout: float = 20.0) -> str | None:
     """What ``WINDOWS_QUERY`` prints through ``powershell.exe``, or None (no interop)."""
-    exe = shutil.which("powershell.exe")
-    if exe is None:
-        return None
-    try:
-        done = subprocess.run(
-            [exe, "-NoProfile", "-NonInteractive", "-Command", WINDOWS_QUERY],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
+    return _tool_output("powershell.exe", ["-NoProfile", "-NonInteractive", "-Command",
+                                           WINDOWS_QUERY], timeout)
 
 
 def _windows_cached(proc: Path, refresh: bool) -> str | None:
