@@ -94,8 +94,8 @@ def _manifest(graph: Path) -> dict[str, Any]:
 def _dims(type_proto: Any) -> tuple[int | str, ...]:
     dims: list[int | str] = []
     for d in type_proto.tensor_type.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            dims.append(int(d.dim_value))  # exporters write -1 for "dynamic" (Paddle): unknown
         elif d.HasField("dim_param") and d.dim_param:
             dims.append(d.dim_param)
         else:

@@ -24,7 +24,7 @@ def _openvino(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[
     """OpenVINO computes fp32 graphs in bf16 on CPUs with AMX (and where bf16 is native)
     unless told otherwise — 12% relative L2 error on a detector with every node placed. For an
     fp32 artifact, ask for f32 inference unless the user chose a precision themselves."""
-    device_type = opts.get("device_type") or "CPU"
+    device_type = user.get("device_type") or opts.get("device_type") or "CPU"  # the one that runs
     if fmt.endswith(":fp32") and "load_config" not in user and "precision" not in user:
         target = device_type.split(".")[0].split(":")[0]
         opts["load_config"] = json.dumps({target: {"INFERENCE_PRECISION_HINT": "f32"}})
@@ -46,7 +46,8 @@ def _vitisai(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[s
 def _dml(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, str]) -> list[str]:
     """DirectML picks an adapter by index, and index 0 is often the discrete card on a
     laptop: the device's adapter index comes from the probe (``device_options``)."""
-    return [] if "device_id" in opts else ["no adapter index known: DirectML will use adapter 0"]
+    known = "device_id" in opts or "device_id" in user
+    return [] if known else ["no adapter index known: DirectML will use adapter 0"]
 
 
 def _cuda(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, str]) -> list[str]:

@@ -106,6 +106,13 @@ def _plan_device(report: DeviceReport, wanted: str, fmt: str, only: str | None
     cands: list[Candidate] = []
     refusals: list[Refusal] = []
     for row in rows:
+        if not row.routes:  # no route can drive it at all: not a format problem
+            refusals.append(Refusal(
+                code=RefusalCode.DEVICE_UNREACHABLE, cause="no_route", device=row.device.id,
+                route=None, message=f"no route drives {row.device.id} ({row.device.name})",
+                remedy="xstage devices lists the routes; none is written for this device",
+                evidence={}))
+            continue
         if not any(fmt in r.spec.formats for r in row.routes if not only or r.name == only):
             refusals.append(_no_format(row.device.id, fmt, row))
             continue
@@ -158,7 +165,9 @@ def make_plan(
         if asked is not None:
             kind = device.split(":")[0]
             vendor = device.split(":")[1] if ":" in device else None
-            if not spec.can_drive(kind, vendor) and not (
+            # a bare class ("npu") asks for any vendor: fine if the route drives one of them
+            drives = spec.can_drive(kind, vendor) or (vendor is None and kind in spec.device_classes)
+            if not drives and not (
                     status.resolved and any(d == device or d.startswith(device + ":")
                                             for d in status.devices)):
                 raise errors.UsageError(
@@ -174,6 +183,9 @@ def make_plan(
             return Plan((), (refusal,), "route", False)
         targets = [d for d in status.devices
                    if asked is None or d == asked or d.startswith(asked + ":")]
+        # A pinned route with no device goes to its most preferred device (npu first).
+        targets.sort(key=lambda d: DEVICE_PREFERENCE.index(d.split(":")[0])
+                     if d.split(":")[0] in DEVICE_PREFERENCE else len(DEVICE_PREFERENCE))
         if not targets:
             refusal = Refusal(
                 code=RefusalCode.DEVICE_UNREACHABLE, cause="no_route", device=device, route=route,

@@ -9,6 +9,7 @@ selector) the next one is tried. Inputs are checked before any worker starts.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +41,7 @@ class _Reference:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
+        so.log_severity_level = 3  # onnxruntime's warnings are not the user's business here
         if session_opts.get("intra_op_num_threads"):
             so.intra_op_num_threads = int(session_opts["intra_op_num_threads"])
         if session_opts.get("graph_optimization_level"):
@@ -321,11 +323,14 @@ def open_stage(
             outputs = client.run(feeds, phase="warmup")
             info, profile = client.evidence()
         except errors.WorkerRaised as exc:
+            log = client.log_path
             client.close()
             raise errors.ArtifactError(
-                f"{cand.route.name} could not load or run {art.path.name}: {exc.message}",
+                f"{cand.route.name} could not load or run {art.path.name}: "
+                f"{_first_line(exc.message)}",
                 remedy="check the graph loads in that route's onnxruntime "
-                f"({client.hello and client.hello['worker']['versions'].get('onnxruntime')})",
+                f"({client.hello and client.hello['worker']['versions'].get('onnxruntime')}); "
+                f"the full message is in the worker log {log}",
             ) from exc
         except BaseException:
             client.close()
@@ -379,6 +384,19 @@ def open_stage(
     raise errors.Refused(
         _refused_message(refusals, art), refusals=refusals, record=record,
         remedy=refusals[-1].remedy if refusals else "xstage devices shows what this machine has")
+
+
+def _first_line(text: str, limit: int = 240) -> str:
+    """A runtime's multi-line message cut to the line that names the cause.
+
+    onnxruntime and OpenVINO stack their context (source paths, C++ signatures, "Exception
+    from src/…") above the cause, which comes last ("CPU plug-in doesn't support …").
+    """
+    lines = [re.sub(r"\s+", " ", ln).strip() for ln in text.splitlines() if ln.strip()]
+    noise = re.compile(r"^(Exception from |Check '.*' failed at )|\.(cc|cpp|h):\d+|::")
+    useful = [ln for ln in lines if not noise.search(ln)]
+    line = useful[-1] if useful else (lines[0] if lines else text.strip())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _declined_message(proof: evidence.PlacementProof, cand: Candidate) -> str:
