@@ -1,7 +1,9 @@
 """Transport cost of one worker call, side by side with its floor and the usual alternatives.
 
 Each payload is moved by every arm in interleaved rounds (so machine noise lands on all arms
-alike), and medians are compared as ratios:
+alike), and medians are compared as ratios. Two phases in one run: the shared-memory arms
+with their floor, then the socket and pickle arms with theirs (their megabytes of traffic
+would otherwise flush the caches the first phase lives in, which measures the neighbours):
 
 * ``floor``     — in-process ``np.copyto`` of the same input and output bytes into
                   preallocated buffers: the cost of touching the bytes once each way.
@@ -151,19 +153,25 @@ def _floor_arm(x: np.ndarray, n_out: int) -> Arm:
 
 
 # --------------------------------------------------------------------------- run
-def measure(rounds: int, calls: int, tmp: Path) -> list[dict]:
+ARMS = ("xstage", "xstage-out", "inline", "tcp", "mp-pickle")
+
+
+def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS) -> list[dict]:
     results = []
     for label, n_in, n_out in PAYLOADS:
         graph = builtin_graphs.write(builtin_graphs.slice_graph(n_in, n_out), tmp / f"s{n_in}.onnx")
         x = np.random.default_rng(0).standard_normal(n_in).astype(np.float32)
-        arms = [
-            _floor_arm(x, n_out),
-            _xstage_arm("xstage", graph, x, n_out, shm_mode="auto", use_out=False),
-            _xstage_arm("xstage-out", graph, x, n_out, shm_mode="auto", use_out=True),
-            _xstage_arm("inline", graph, x, n_out, shm_mode="off", use_out=False),
-            _tcp_arm(x, n_out),
-            _mp_arm(x, n_out),
-        ]
+        makers = {
+            "xstage": lambda g=graph, x=x, n=n_out: _xstage_arm("xstage", g, x, n, shm_mode="auto",
+                                                              use_out=False),
+            "xstage-out": lambda g=graph, x=x, n=n_out: _xstage_arm("xstage-out", g, x, n,
+                                                                  shm_mode="auto", use_out=True),
+            "inline": lambda g=graph, x=x, n=n_out: _xstage_arm("inline", g, x, n, shm_mode="off",
+                                                              use_out=False),
+            "tcp": lambda x=x, n=n_out: _tcp_arm(x, n),
+            "mp-pickle": lambda x=x, n=n_out: _mp_arm(x, n),
+        }
+        arms = [_floor_arm(x, n_out)] + [makers[name]() for name in only]
         try:
             per_round = max(1, calls // rounds) if n_in > 1000 else max(1, 4 * calls // rounds)
             for arm in arms:  # warm-up: first touches, allocator, caches
@@ -196,9 +204,15 @@ def measure(rounds: int, calls: int, tmp: Path) -> list[dict]:
                 "ratio_vs_memcpy": med_over / floor if floor else None,
                 "samples": len(arm.rt),
             }
-        row["ratio_vs_memcpy"] = row["arms"]["xstage"]["ratio_vs_memcpy"]
+        first = "xstage" if "xstage" in row["arms"] else next(iter(row["arms"]))
+        row["ratio_vs_memcpy"] = row["arms"][first]["ratio_vs_memcpy"]
         results.append(row)
     return results
+
+
+#: Arms that move megabytes through sockets or pickle flush the caches the shared-memory arms
+#: live in, so they are interleaved with their own floor in a second phase of the same run.
+PHASES = (("xstage", "xstage-out"), ("inline", "tcp", "mp-pickle"))
 
 
 def main() -> None:
@@ -206,10 +220,24 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--calls", type=int, default=400, help="calls per arm and payload")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated arms besides the floor (default: {','.join(ARMS)})")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
-        results = measure(args.rounds, args.calls, Path(tmp))
+        wanted = [a for a in args.arms.split(",") if a]
+        results = []
+        for phase in PHASES:
+            arms = tuple(a for a in phase if a in wanted)
+            if not arms:
+                continue
+            rows = measure(args.rounds, args.calls, Path(tmp), arms)
+            if not results:
+                results = rows
+            else:
+                for row, more in zip(results, rows, strict=True):
+                    row["arms"].update(more["arms"])
+                    row.setdefault("floor_us_by_phase", [row["floor_us"]]).append(more["floor_us"])
     doc = {"benchmark": "transport", "python": sys.version.split()[0], "cpus": os.cpu_count(),
            "results": results}
     if args.json:

@@ -139,7 +139,7 @@ def load(path, options):
         so.profile_file_prefix = os.path.join(tmpdir, "profile")
     assignment_supported = _version(ort.__version__) >= (1, 24) and hasattr(
         ort.InferenceSession, "get_provider_graph_assignment_info")
-    if assignment_supported:
+    if assignment_supported and options.get("profile"):
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     t0 = time.perf_counter()
     plugin = ep.get("plugin")
