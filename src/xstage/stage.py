@@ -322,6 +322,7 @@ def open_stage(
             client.load(art.path, options=options)
             outputs = client.run(feeds, phase="warmup")
             info, profile = client.evidence()
+            client.fit_region({**feeds, **outputs})  # symbolic dims: slots sized from real ones
         except errors.WorkerRaised as exc:
             log = client.log_path
             client.close()

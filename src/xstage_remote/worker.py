@@ -131,7 +131,12 @@ class Worker:
                 raise wire.ProtocolError("attach: named region without a name")
         else:
             raise wire.ProtocolError("attach: unknown region kind %r" % (spec.get("kind"),))
-        self.region = shm_mod.Region.attach(target, size, slots)
+        region = shm_mod.Region.attach(target, size, slots)
+        if self.region is not None:  # a resized region replaces the old one
+            self.region.close()
+            if hasattr(self.runtime, "unbind"):
+                self.runtime.unbind()
+        self.region = region
         self.bell.bind(self.region, shm_mod.OFF_WORKER_ASLEEP, shm_mod.OFF_CLIENT_ASLEEP)
         self.in_slots = [s for s in slots if s["role"] == "in"]
         self.out_views = {}

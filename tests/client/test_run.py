@@ -188,3 +188,25 @@ def test_tcp_connect_back_transport_runs_inline(graphs):
         w.load(graphs["mlp"])
         assert w._region is None and w._bell is None
         np.testing.assert_array_equal(w.run({"x": x})["y"], ref)
+
+
+def test_fit_region_gives_symbolic_stages_a_shared_path(graphs):
+    """No slot can be sized at load for a symbolic input; fit_region sizes them from real
+    tensors, later calls of that size use the region, and a larger call still goes inline."""
+    x = np.arange(10, dtype=np.float32).reshape(5, 2)
+    with WorkerClient(sys.executable) as w:
+        w.load(graphs["symbolic"])
+        assert w._region is None
+        first = w.run({"x": x})
+        assert w.fit_region({"x": x, **first}) is True
+        assert w._region.has("in", "x") and w._region.has("out", "y")
+        assert w.fit_region({"x": x}) is True  # already fits: no new region
+        region = w._region
+        np.testing.assert_array_equal(w.run({"x": x})["y"], -x)
+        assert w._region is region
+        big = np.ones((50, 2), np.float32)
+        np.testing.assert_array_equal(w.run({"x": big})["y"], -big)  # inline, still right
+        w.fit_region({"x": big})
+        assert w._region is not region
+        np.testing.assert_array_equal(w.run({"x": big})["y"], -big)
+        np.testing.assert_array_equal(w.run({"x": x})["y"], -x)

@@ -185,23 +185,9 @@ def test_random_damage_is_judged_the_same(data):
         else:
             parent[path[-1]] = copy.deepcopy(data.draw(_VALUES))
     theirs, ours = _errors(doc)
+    # The same errors; their order is compared on the targeted mutations above, not here:
+    # across random damage jsonschema's order also depends on set iteration (hash seeds).
     assert sorted(ours) == sorted(theirs)
-    if _order_is_defined(doc):
-        assert ours == theirs
-
-
-def _order_is_defined(doc: Any) -> bool:
-    """False where jsonschema's order depends on string hashing.
-
-    It checks the extra keys of a schema-valued ``additionalProperties`` (``request.ep_options``)
-    in the order of a ``set``; this validator takes them in document order.
-    """
-    request = doc.get("request") if isinstance(doc, dict) else None
-    options = request.get("ep_options") if isinstance(request, dict) else None
-    return not (isinstance(options, dict) and len(options) > 1)
-
-
-# -- the subset is the subset ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("schema", [

@@ -133,6 +133,7 @@ class WorkerClient:
         self._seq = 0
         self._inputs: list[dict[str, Any]] = []
         self._accepted: set[tuple[Any, ...]] = set()
+        self._observed: dict[str, int] = {}  # bytes seen per tensor name (fit_region)
         self._expected_s = 0.0  # moving average of the worker's compute time per call
         self._outputs: list[dict[str, Any]] = []
 
@@ -462,10 +463,48 @@ class WorkerClient:
             n *= d
         return n
 
+    def fit_region(self, arrays: Mapping[str, np.ndarray]) -> bool:
+        """Size the shared region for these concrete tensors (inputs and/or outputs).
+
+        A stage with symbolic dimensions gets no region at load (no slot can be sized from
+        the declaration); once a caller knows its real shapes — the inputs it will send, the
+        outputs the warm-up returned — the slots are sized from them, and later calls of that
+        size take the shared path. Larger calls still go inline. Returns whether a region is
+        attached afterwards.
+        """
+        with self._lock:
+            self._require_ready()
+            if self.shm_mode == "off" or self._bell is None:
+                return False
+            for name, arr in arrays.items():
+                self._observed[name] = int(np.asarray(arr).nbytes)
+            if self._region is not None and self._region_fits(self._region):
+                return True
+            self._attach_region()
+            return self._region is not None
+
+    def _region_fits(self, region: shm.Region) -> bool:
+        for role, decls in (("in", self._inputs), ("out", self._outputs)):
+            for d in decls:
+                need = self._observed.get(d["name"], self._capacity(d))
+                if need is None:
+                    continue
+                i = region.index.get((role, d["name"]))
+                if i is None or region.slots[i]["capacity"] < need:
+                    return False
+        return True
+
     def _attach_region(self) -> None:
+        def cap(d: Mapping[str, Any]) -> int | None:
+            declared = self._capacity(d)
+            seen = self._observed.get(d["name"])
+            if declared is None:
+                return seen
+            return max(declared, seen or 0)
+
         slots, size = shm.plan_layout(
-            [(d["name"], d["dtype"], self._capacity(d)) for d in self._inputs],
-            [(d["name"], d["dtype"], self._capacity(d)) for d in self._outputs],
+            [(d["name"], d["dtype"], cap(d)) for d in self._inputs],
+            [(d["name"], d["dtype"], cap(d)) for d in self._outputs],
         )
         if slots is None:
             return
@@ -482,8 +521,13 @@ class WorkerClient:
                 assert self._ctl is not None
                 socket.send_fds(self._ctl, [b"\0"], [region.fd])
             self._expect(self._recv("load", self.deadlines.load), "attached", rid)
+        except BaseException:
+            region.close()
+            raise
         finally:
             region.handed_over()
+        if self._region is not None:
+            self._region.close()  # the worker let go of it when it attached the new one
         self._region = region
         assert self._bell is not None
         self._bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
