@@ -23,6 +23,14 @@ from xstage.routes.wsl import WslInfo
 __all__ = ["load_options", "open_worker", "windows_side_options"]
 
 
+def _missing(status: RouteStatus) -> errors.RouteMissing:
+    return errors.RouteMissing(
+        f"route {status.name} is missing: {status.reason}",
+        reason_code=status.reason_code.value if status.reason_code else "unknown",
+        remedy=status.remedy,
+    )
+
+
 def load_options(
     status: RouteStatus,
     *,
@@ -38,11 +46,7 @@ def load_options(
     its notes travel in ``notes``. ``profile`` makes the first run the profiled warm-up.
     """
     if not status.resolved:
-        raise errors.RouteMissing(
-            f"route {status.name} is missing: {status.reason}",
-            reason_code=status.reason_code.value if status.reason_code else "unknown",
-            remedy=status.remedy,
-        )
+        raise _missing(status)
     if status.spec.runtime != "onnxruntime":
         raise errors.UsageError(f"route {status.name} runs {status.spec.runtime}, not ONNX graphs")
     device = device or (status.devices[0] if status.devices else None)
@@ -125,11 +129,7 @@ def _output(argv: list[str]) -> str:
 def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None) -> WorkerClient:
     """A started worker in the route's interpreter (the caller closes it)."""
     if not status.resolved or not status.interpreter:
-        raise errors.RouteMissing(
-            f"route {status.name} is missing: {status.reason}",
-            reason_code=status.reason_code.value if status.reason_code else "unknown",
-            remedy=status.remedy,
-        )
+        raise _missing(status)
     extra: dict[str, Any] = {}
     if status.spec.os_side == "windows" and sys.platform != "win32":
         extra = windows_side_options(
