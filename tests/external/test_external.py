@@ -180,3 +180,20 @@ def test_every_record_made_here_validates(external, graphs, tmp_path):
         path = tmp_path / f"r{i}.json"
         path.write_text(json.dumps(r.record))
         assert read_record(path)["outcome"]["exit_code"] == r.code
+
+
+def test_compare_cpu_and_save_outputs(external, graphs, tmp_path):
+    """--compare-cpu times the reference arm and reports a speedup; --save-outputs writes an
+    npz (no pickle) with the stage's outputs by name."""
+    out = tmp_path / "out.npz"
+    r = external("--graph", str(graphs["mlp"]), "--compare-cpu", "--save-outputs", str(out))
+    assert r.code == 0, r.stderr
+    t = r.record["timings"]
+    assert t["reference"]["p50_ms"] > 0 and t["speedup_vs_reference"] > 0
+    with np.load(out, allow_pickle=False) as saved:
+        assert list(saved.files) == ["y"] and saved["y"].shape == (8, 256)
+
+
+def test_ep_option_that_is_not_key_value_is_a_usage_error(external):
+    r = external("--ep-option", "device_type")
+    assert r.code == 64 and "KEY=VALUE" in r.stderr
