@@ -282,6 +282,15 @@ def _gpu_kind(fn: PciFunction, vendor: str, cpu: CpuInfo) -> str:
     return "gpu_discrete"
 
 
+
+def _host_ram_device(kind: str, vendor: str, name: str, sources: tuple[str, ...],
+                     address: str | None, details: dict[str, Any]) -> Device:
+    """An integrated GPU or NPU: it shares the host's RAM, so it reports 0 and pool host_ram
+    (the host row counts that memory once)."""
+    return Device(id=f"{kind}:{vendor}", kind=kind, vendor=vendor, name=name, pool="host_ram",
+                  memory_bytes=0, available_bytes=0, sources=sources, pci_address=address,
+                  details=details)
+
 def classify_pci(functions: Iterable[PciFunction], *, cpu: CpuInfo) -> list[Device]:
     """GPU and NPU rows from PCI functions (pure).
 
@@ -306,40 +315,15 @@ def classify_pci(functions: Iterable[PciFunction], *, cpu: CpuInfo) -> list[Devi
             details["driver"] = fn.driver
         top = fn.class_code >> 16
         if top == 0x12:  # Rule 4
-            rows.append(
-                Device(
-                    id=f"npu:{vendor}",
-                    kind="npu",
-                    vendor=vendor,
-                    name=f"{vendor.upper() if vendor in ('amd',) else vendor.capitalize()} NPU "
-                    f"(PCI {fn.vendor_id:04x}:{fn.device_id:04x})",
-                    pool="host_ram",
-                    memory_bytes=0,
-                    available_bytes=0,
-                    sources=base,
-                    pci_address=address,
-                    details=details,
-                )
-            )
+            name = (f"{vendor.upper() if vendor in ('amd',) else vendor.capitalize()} NPU "
+                    f"(PCI {fn.vendor_id:04x}:{fn.device_id:04x})")
+            rows.append(_host_ram_device("npu", vendor, name, base, address, details))
             continue
         kind = _gpu_kind(fn, vendor, cpu)
         label = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}.get(vendor, vendor)
         name = f"{label} GPU (PCI {fn.vendor_id:04x}:{fn.device_id:04x})"
         if kind == "gpu_integrated":
-            rows.append(
-                Device(
-                    id=f"gpu_integrated:{vendor}",
-                    kind=kind,
-                    vendor=vendor,
-                    name=name,
-                    pool="host_ram",
-                    memory_bytes=0,
-                    available_bytes=0,
-                    sources=base,
-                    pci_address=address,
-                    details=details,
-                )
-            )
+            rows.append(_host_ram_device(kind, vendor, name, base, address, details))
             continue
         index = discrete_index.get(vendor, 0)
         discrete_index[vendor] = index + 1
