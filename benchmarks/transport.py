@@ -15,6 +15,10 @@ would otherwise flush the caches the first phase lives in, which measures the ne
 * ``tcp``       — a TCP-loopback stream to an echo process carrying the same bytes.
 * ``mp-pickle`` — ``multiprocessing`` with pickled numpy arrays to a child process.
 
+For the shared-memory arms the overhead is split into the caller's two copies (``copies``,
+as the client measures them) and the rest: the copies alone show how far the floor — a copy
+whose lines one core owns — is from a copy into lines the worker's core touched last.
+
 Run: ``python benchmarks/transport.py [--json] [--rounds N]``. Not a test: nothing asserts.
 """
 
@@ -73,10 +77,12 @@ def _mp_child(conn, n_out: int) -> None:  # type: ignore[no-untyped-def]
 
 # --------------------------------------------------------------------------- arms
 class Arm:
-    def __init__(self, name: str, call: Callable[[], int], close: Callable[[], None]) -> None:
-        self.name, self.call, self.close = name, call, close
+    def __init__(self, name: str, call: Callable[[], int], close: Callable[[], None],
+                 timing: Callable[[], dict] | None = None) -> None:
+        self.name, self.call, self.close, self.timing = name, call, close, timing
         self.rt: list[int] = []
         self.worker: list[int] = []
+        self.copies: list[int] = []  # the caller's copy-in + copy-out, shared path only
 
 
 def _xstage_arm(name: str, graph: Path, x: np.ndarray, n_out: int, *, shm_mode: str,
@@ -91,7 +97,7 @@ def _xstage_arm(name: str, graph: Path, x: np.ndarray, n_out: int, *, shm_mode: 
         client.run(feeds, out=out)
         return client.last_timing.get("worker_ns", 0)
 
-    return Arm(name, call, client.close)
+    return Arm(name, call, client.close, lambda: client.last_timing)
 
 
 def _tcp_arm(x: np.ndarray, n_out: int) -> Arm:
@@ -184,6 +190,9 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS) ->
                         w = arm.call()
                         arm.rt.append(time.perf_counter_ns() - t0)
                         arm.worker.append(w)
+                        t = arm.timing() if arm.timing else {}
+                        if "copy_out_ns" in t:
+                            arm.copies.append(t["copy_in_ns"] + t["copy_out_ns"])
                     # A worker spins SPIN_SECONDS after its last call; let it fall asleep so
                     # the next arm is not measured against a core someone else is burning.
                     time.sleep(3 * shm.SPIN_SECONDS)
@@ -204,6 +213,14 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS) ->
                 "ratio_vs_memcpy": med_over / floor if floor else None,
                 "samples": len(arm.rt),
             }
+            if arm.copies:
+                # The overhead split: the caller's two copies (one each way, across cores:
+                # the worker touched those lines last) and everything else (validation,
+                # descriptors, both wake-ups, the worker's bookkeeping).
+                copies = statistics.median(arm.copies)
+                row["arms"][arm.name].update(copies_us=copies / 1e3,
+                                             copies_vs_memcpy=copies / floor if floor else None,
+                                             rest_us=(med_over - copies) / 1e3)
         first = "xstage" if "xstage" in row["arms"] else next(iter(row["arms"]))
         row["ratio_vs_memcpy"] = row["arms"][first]["ratio_vs_memcpy"]
         results.append(row)
@@ -244,13 +261,17 @@ def main() -> None:
         print(json.dumps(doc, indent=2))
         return
     print(f"{'payload':<18}{'arm':<12}{'round trip':>12}{'worker':>10}{'overhead':>10}"
-          f"{'half RTT':>10}{'× floor':>9}")
+          f"{'half RTT':>10}{'× floor':>9}{'copies':>10}{'× floor':>9}{'rest':>9}")
     for row in results:
         print(f"{row['payload']:<18}{'floor':<12}{row['floor_us']:>10.1f}µs")
         for name, a in row["arms"].items():
-            print(f"{'':<18}{name:<12}{a['round_trip_us']:>10.1f}µs{a['worker_us']:>8.1f}µs"
-                  f"{a['overhead_us']:>8.1f}µs{a['half_round_trip_us']:>8.1f}µs"
-                  f"{a['ratio_vs_memcpy']:>9.2f}")
+            line = (f"{'':<18}{name:<12}{a['round_trip_us']:>10.1f}µs{a['worker_us']:>8.1f}µs"
+                    f"{a['overhead_us']:>8.1f}µs{a['half_round_trip_us']:>8.1f}µs"
+                    f"{a['ratio_vs_memcpy']:>9.2f}")
+            if "copies_us" in a:
+                line += (f"{a['copies_us']:>8.1f}µs{a['copies_vs_memcpy']:>9.2f}"
+                         f"{a['rest_us']:>7.1f}µs")
+            print(line)
 
 
 if __name__ == "__main__":
