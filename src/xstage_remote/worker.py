@@ -25,7 +25,7 @@ import traceback
 
 import numpy as np
 
-from . import PROTOCOL_VERSION, package_hash, wire
+from . import PROTOCOL_VERSION, memory, package_hash, wire
 from . import shm as shm_mod
 
 __all__ = ["main"]
@@ -50,38 +50,6 @@ def _watchdog(fd):
     except OSError:
         pass
     os._exit(EXIT_ORPHANED)
-
-
-try:
-    import resource
-except ImportError:  # Windows: no resource module
-    resource = None
-
-_STATM = [None]
-
-
-def _memory():
-    """(rss, peak) in bytes, cheap enough for every call (~2 µs on Linux).
-
-    Linux: resident pages from /proc/self/statm through a descriptor kept open, and the peak
-    from getrusage (ru_maxrss, KiB there; the same high-water mark as VmHWM). Elsewhere the
-    peak alone where getrusage has it, zeros otherwise; Windows and macOS readers come with
-    the memory ledger.
-    """
-    rss = peak = 0
-    if resource is not None:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak *= 1 if sys.platform == "darwin" else 1024
-    if sys.platform.startswith("linux"):
-        try:
-            if _STATM[0] is None:
-                _STATM[0] = (os.open("/proc/self/statm", os.O_RDONLY), os.sysconf("SC_PAGE_SIZE"))
-            fd, page = _STATM[0]
-            rss = int(os.pread(fd, 256, 0).split()[1]) * page
-        except (OSError, ValueError, IndexError):
-            rss = 0
-    # The kernel updates the high-water mark lazily; a peak below the current RSS is stale.
-    return rss, max(peak, rss)
 
 
 class Worker:
@@ -161,8 +129,9 @@ class Worker:
         text = getattr(self.runtime, "profile_text", None)
         if text is not None:
             arrays[PROFILE_TENSOR] = np.frombuffer(text, dtype=np.uint8)
-        self.send({"op": "evidence_data", "id": frame.id,
-                   "info": dict(getattr(self.runtime, "evidence", {}) or {})}, arrays)
+        info = dict(getattr(self.runtime, "evidence", {}) or {})
+        info["memory"] = memory.detail()
+        self.send({"op": "evidence_data", "id": frame.id, "info": info}, arrays)
 
     def check_feeds(self, feeds):
         declared = {i["name"]: i for i in self.runtime.inputs}
@@ -178,7 +147,7 @@ class Worker:
         t0 = time.perf_counter_ns()
         outputs = self.runtime.run(feeds)
         worker_ns = time.perf_counter_ns() - t0
-        rss, peak = _memory()
+        rss, peak = memory.read()
         self.send({"op": "result", "id": frame.id,
                    "timing": {"worker_ns": worker_ns, "rss": rss, "peak": peak}},
                   outputs)
@@ -201,7 +170,7 @@ class Worker:
                 value = np.ascontiguousarray(value)
                 if not region.write("out", name, value):
                     inline[name] = value
-            rss, peak = _memory()
+            rss, peak = memory.read()
             if inline:
                 # Outputs too large for their slots travel inline, all of them at once.
                 allout = {}
@@ -244,8 +213,7 @@ class Worker:
                 self.send({"op": "bye", "id": frame.id})
                 return 0
             if op == "ping":
-                rss, peak = _memory()
-                self.send({"op": "pong", "id": frame.id, "info": {"rss": rss, "peak": peak}})
+                self.send({"op": "pong", "id": frame.id, "info": memory.detail()})
                 continue
             handler = handlers.get(op)
             try:
