@@ -12,7 +12,7 @@ import xstage.errors
 def test_top_level_all_is_pinned_and_sorted():
     assert xstage.__all__ == sorted(xstage.__all__)
     assert set(xstage.__all__) == {
-        "Deadlines", "DeviceReport", "Plan", "ReasonCode", "Refusal", "RefusalCode", "Refused",
+        "Deadlines", "DeviceReport", "Ledger", "Plan", "ReasonCode", "Refusal", "RefusalCode", "Refused",
         "RouteSpec", "RouteStatus", "Stage", "WorkerClient", "WorkerState", "XstageError",
         "__version__", "devices", "open_stage", "plan", "resolve", "resolve_all",
     }

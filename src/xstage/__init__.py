@@ -1,7 +1,8 @@
 """xstage: run one model stage on a device the host engine cannot drive, and prove where it ran.
 
 The public surface is small on purpose: ``open_stage()`` → ``Stage`` (placed, proven, gated),
-``devices()`` and ``plan()`` for the device table and the planner, ``Refused`` with its
+``devices()`` and ``plan()`` for the device table and the planner, ``Ledger`` for the memory
+pools stages are budgeted against, ``Refused`` with its
 ``Refusal`` values, ``WorkerClient`` and ``Deadlines`` for one worker, ``resolve``/``resolve_all``
 for routes, and the error tree in ``xstage.errors``.
 """
@@ -12,6 +13,7 @@ from xstage._version import __version__
 from xstage.client import Deadlines, WorkerClient, WorkerState
 from xstage.device_table import DeviceReport, devices
 from xstage.errors import Refused, XstageError
+from xstage.ledger_state import Ledger
 from xstage.planner import Plan, plan
 from xstage.refusal import Refusal, RefusalCode
 from xstage.routes import ReasonCode, RouteSpec, RouteStatus, resolve, resolve_all
@@ -20,6 +22,7 @@ from xstage.stage import Stage, open_stage
 __all__ = [
     "Deadlines",
     "DeviceReport",
+    "Ledger",
     "Plan",
     "ReasonCode",
     "Refusal",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from xstage import hardware as hw
+from xstage import ledger
 from xstage._version import __version__
 from xstage.routes.resolve import HostInfo, RouteStatus, resolve_all
 from xstage.routes.specs import DEVICE_PREFERENCE, ROUTE_NAMES
@@ -62,6 +63,20 @@ class DeviceReport:
         """The row of ``device_id``, or None."""
         return next((row for row in self.devices if row.device.id == device_id), None)
 
+    def pools(self) -> list[dict[str, Any]]:
+        """Each memory pool with its capacity now and the devices that draw on it: the host's
+        available RAM for ``host_ram`` (CPU, integrated GPU and NPU rows), each discrete GPU's
+        own memory. (Reservations live in the process that holds a ledger: see ``external``.)"""
+        host = next((r.device for r in self.devices if r.device.kind == "cpu"), None)
+        found = ledger.pools_from_devices(
+            [r.device for r in self.devices],
+            host_available=host.available_bytes if host and host.available_bytes else None,
+            host_source="available RAM now" if host and host.available_bytes
+            else "available RAM could not be read")
+        return [{**pool.to_dict(),
+                 "devices": [r.device.id for r in self.devices if r.device.pool == name]}
+                for name, pool in found.items()]
+
     def route(self, name: str) -> RouteStatus:
         """The status of route ``name``.
 
@@ -90,6 +105,7 @@ class DeviceReport:
             },
             "preference": list(DEVICE_PREFERENCE),
             "devices": [row.to_dict() for row in self.devices],
+            "pools": self.pools(),
             "routes": [status.to_dict() for status in self.routes],
         }
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from xstage import errors, evidence, parity
+from xstage import errors, evidence, footprint, parity
+from xstage import ledger as ledger_mod
 from xstage._version import __version__
 from xstage.artifact import Artifact, inspect_artifact
 from xstage.client import Deadlines, WorkerClient
@@ -26,6 +27,7 @@ from xstage.device_table import DeviceReport
 from xstage.device_table import devices as device_report
 from xstage.inputs import SEED, load_npz, synthesize
 from xstage.launch import load_options, open_worker
+from xstage.ledger_state import Holding, Ledger
 from xstage.planner import Candidate, Plan, make_plan
 from xstage.record import SCHEMA_VERSION, host_block, utc_now
 from xstage.refusal import Refusal, RefusalCode
@@ -93,6 +95,7 @@ def build_record(
     parity_doc: Mapping[str, Any] | None = None,
     timings: Mapping[str, Any] | None = None,
     memory: Mapping[str, Any] | None = None,
+    ledger: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The versioned record every ``external`` run writes, placed, refused or failed."""
     candidates = []
@@ -135,6 +138,7 @@ def build_record(
         "parity": dict(parity_doc) if parity_doc else None,
         "timings": dict(timings) if timings else None,
         "memory": dict(memory) if memory else None,
+        "ledger": dict(ledger) if ledger else None,
     }
 
 
@@ -149,7 +153,8 @@ class Stage:
                  plan: Plan, tried: list[tuple[Candidate, str, Refusal | None]],
                  proof: evidence.PlacementProof, parity_result: parity.Parity,
                  reference: _Reference, feeds: Mapping[str, np.ndarray],
-                 request: Mapping[str, Any], started: str, notes: Sequence[str]) -> None:
+                 request: Mapping[str, Any], started: str, notes: Sequence[str],
+                 ledger: Ledger, holding: Holding, ledger_doc: dict[str, Any]) -> None:
         self._client = client
         self.candidate = candidate
         self.artifact = artifact
@@ -164,6 +169,14 @@ class Stage:
         self._request = dict(request)
         self._started = started
         self._lock = threading.Lock()
+        self._ledger = ledger
+        self._holding: Holding | None = holding
+        #: What the ledger holds for this stage while it is open.
+        self.budget: ledger_mod.Budget = holding.budget
+        self._ledger_doc = ledger_doc
+        #: Things that went wrong after admission and did not stop the stage (a call whose
+        #: peak passed the budget); they go into the record.
+        self.warnings: list[str] = []
 
     @property
     def device(self) -> str:
@@ -175,7 +188,22 @@ class Stage:
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Outputs by name in graph order; a dtype or shape mismatch raises ``InputError``."""
-        return self._client.run(inputs)
+        return self._run(inputs)
+
+    def _run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        try:
+            out = self._client.run(inputs)
+        except (errors.WorkerDied, errors.StageClosed):
+            self._ledger.release(self._holding)  # its memory went with its worker
+            self._holding = None
+            raise
+        peak = self._client.last_timing.get("peak")
+        limit = self._ledger_doc["budget_bytes"]
+        if peak and peak > limit and not self.warnings:
+            self.warnings.append(
+                f"a call's peak {ledger_mod.format_bytes(peak)} passed the budget of "
+                f"{ledger_mod.format_bytes(limit)} (the stage was not stopped)")
+        return out
 
     def __enter__(self) -> Stage:
         return self
@@ -185,6 +213,8 @@ class Stage:
 
     def close(self) -> None:
         self._client.close()
+        self._ledger.release(self._holding)
+        self._holding = None
 
     def measure(self, *, runs: int = 20, warmup: int = 3, compare_cpu: bool = False,
                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -192,11 +222,11 @@ class Stage:
         if runs < 1 or warmup < 0:
             raise errors.UsageError("--runs must be >= 1 and --warmup >= 0")
         for _ in range(warmup):
-            self._client.run(self._feeds)
+            self._run(self._feeds)
         compute, round_trip = [], []
         for i in range(runs):
             t0 = time.perf_counter()
-            self._client.run(self._feeds)
+            self._run(self._feeds)
             round_trip.append(time.perf_counter() - t0)
             compute.append(self._client.last_timing.get("worker_ns", 0) / 1e9)
             if progress:
@@ -218,6 +248,7 @@ class Stage:
                     "notes": self.notes},
             proof=self.proof.to_dict(), parity_doc=self.parity.to_dict(), timings=self.timings,
             memory={"rss_bytes": timing.get("rss"), "peak_bytes": timing.get("peak")},
+            ledger={**self._ledger_doc, "warnings": list(self.warnings)},
         )
 
 
@@ -260,6 +291,7 @@ def open_stage(
     deadlines: Deadlines | None = None,
     report: DeviceReport | None = None,
     on_event: Callable[[str], None] | None = None,
+    ledger: Ledger | None = None,
 ) -> Stage:
     """Open ``artifact`` where the plan and the evidence allow; see the module docstring.
 
@@ -313,19 +345,50 @@ def open_stage(
     tried: list[tuple[Candidate, str, Refusal | None]] = []
     refusals: list[Refusal] = list(plan.refusals)
     nodes = _graph_nodes(art.path)
+    book = ledger if ledger is not None else Ledger.default()
+    rows = [row.device for row in report.devices]
+    shapes = {name: tuple(arr.shape) for name, arr in feeds.items()}
+    last_ledger: dict[str, Any] | None = None
     for cand in plan.candidates:
         say(f"trying {cand.route.name} on {cand.device}")
+        row = report.device(cand.device)
+        pool = row.device.pool if row else ledger_mod.HOST_POOL
+        kind = row.device.kind if row else "cpu"
+        budget = ledger_mod.make_budget(
+            footprint.reservations(art, cand.route.name, pool, shapes), pool=pool)
+        holding, fit = book.reserve(budget, f"{art.path.name} on {cand.device} ({cand.route.name})",
+                                    rows)
+        spots = ledger_mod.blind_spots(kind, pool)
+        if holding is None:  # before any worker starts
+            last_ledger = ledger_mod.record_block(budget, fit, None, spots=spots)
+            refusal = Refusal(
+                code=RefusalCode.BUDGET_EXCEEDS_DEVICE, cause=fit.cause or "over_budget",
+                device=cand.device, route=cand.route.name,
+                message=f"{cand.route.name} on {cand.device}: {fit.message()}",
+                remedy=fit.remedy(), evidence={"ledger": last_ledger})
+            refusals.append(refusal)
+            tried.append((cand, "refused", refusal))
+            say(f"refused: {refusal.message}")
+            if not plan.fall_through:
+                break
+            continue
         options = load_options(cand.route, device=cand.device, ep_options=ep_options,
                                session=session_opts, fmt=art.format, profile=True)
-        client = open_worker(cand.route, deadlines=deadlines)
+        try:
+            client = open_worker(cand.route, deadlines=deadlines)
+        except BaseException:
+            book.release(holding)
+            raise
         try:
             client.load(art.path, options=options)
             outputs = client.run(feeds, phase="warmup")
+            warm = dict(client.last_timing)
             info, profile = client.evidence()
             client.fit_region({**feeds, **outputs})  # symbolic dims: slots sized from real ones
         except errors.WorkerRaised as exc:
             log = client.log_path
             client.close()
+            book.release(holding)
             raise errors.ArtifactError(
                 f"{cand.route.name} could not load or run {art.path.name}: "
                 f"{_first_line(exc.message)}",
@@ -335,6 +398,7 @@ def open_stage(
             ) from exc
         except BaseException:
             client.close()
+            book.release(holding)
             raise
         proof = evidence.prove(
             target_ep=options["ep"]["name"], requested_ep=info.get("requested_ep"),
@@ -344,6 +408,8 @@ def open_stage(
             assignment=info.get("assignment") if isinstance(info.get("assignment"), list) else None,
             fallback_banner=info.get("fallback_banner"), graph_nodes=nodes,
             min_placement=min_placement, ort_version=info.get("onnxruntime"))
+        refusal = None
+        gate = None
         if proof.verdict != "placed":
             refusal = Refusal(
                 code=RefusalCode.EP_DECLINED, cause=proof.cause or "unmeasured",
@@ -351,40 +417,72 @@ def open_stage(
                 message=_declined_message(proof, cand),
                 remedy=_declined_remedy(proof),
                 evidence=proof.to_dict())
+        else:
+            gate = parity.compare(outputs, ref_out, fmt=art.format, reference_kind=ref_kind,
+                                  tolerance=tolerance)
+            if gate.verdict != "passed":
+                refusal = Refusal(
+                    code=RefusalCode.NUMERIC_GATE_FAILED, cause=gate.cause or "tolerance",
+                    device=cand.device, route=cand.route.name,
+                    message=f"{cand.route.name} on {cand.device} ran the stage and disagreed "
+                    f"with the {ref_kind.replace('_', ' ')} reference: {gate.summary}",
+                    remedy="look at the decided criterion; for OpenVINO check the precision "
+                    "hint; --tolerance F relaxes the relative criterion when the difference "
+                    "is expected",
+                    evidence={"parity": gate.to_dict(), "proof": proof.to_dict()})
+        if refusal is None:
+            memory = info.get("memory") if isinstance(info.get("memory"), dict) else {}
+            peak = _measured_peak(pool, warm, memory, info)
+            measured = ledger_mod.check_measured(budget.budget_bytes, peak)
+            last_ledger = ledger_mod.record_block(budget, fit, measured, memory=memory, spots=spots)
+            if measured.cause:
+                refusal = Refusal(
+                    code=RefusalCode.BUDGET_EXCEEDS_DEVICE, cause=measured.cause,
+                    device=cand.device, route=cand.route.name,
+                    message=f"{cand.route.name} on {cand.device}: {measured.message()}",
+                    remedy=_budget_remedy(measured),
+                    evidence={"ledger": last_ledger})
+        if refusal is not None:
             refusals.append(refusal)
             tried.append((cand, "refused", refusal))
             client.close()
+            book.release(holding)
             say(f"refused: {refusal.message}")
             if not plan.fall_through:
                 break
             continue
-        gate = parity.compare(outputs, ref_out, fmt=art.format, reference_kind=ref_kind,
-                              tolerance=tolerance)
-        if gate.verdict != "passed":
-            refusal = Refusal(
-                code=RefusalCode.NUMERIC_GATE_FAILED, cause=gate.cause or "tolerance",
-                device=cand.device, route=cand.route.name,
-                message=f"{cand.route.name} on {cand.device} ran the stage and disagreed with the "
-                f"{ref_kind.replace('_', ' ')} reference: {gate.summary}",
-                remedy="look at the decided criterion; for OpenVINO check the precision hint; "
-                "--tolerance F relaxes the relative criterion when the difference is expected",
-                evidence={"parity": gate.to_dict(), "proof": proof.to_dict()})
-            refusals.append(refusal)
-            tried.append((cand, "refused", refusal))
-            client.close()
-            say(f"refused: {refusal.message}")
-            if not plan.fall_through:
-                break
-            continue
+        assert gate is not None and last_ledger is not None
         tried.append((cand, "chosen", None))
         return Stage(client=client, candidate=cand, artifact=art, plan=plan, tried=tried,
                      proof=proof, parity_result=gate, reference=ref, feeds=feeds,
-                     request=request, started=started, notes=options.get("notes", []))
+                     request=request, started=started, notes=options.get("notes", []),
+                     ledger=book, holding=holding, ledger_doc=last_ledger)
     record = build_record(argv=(), started=started, request=request, status="refused",
-                          exit_code=2, refusals=refusals, artifact=art, plan=plan, tried=tried)
+                          exit_code=2, refusals=refusals, artifact=art, plan=plan, tried=tried,
+                          ledger=last_ledger)
     raise errors.Refused(
         _refused_message(refusals, art), refusals=refusals, record=record,
         remedy=refusals[-1].remedy if refusals else "xstage devices shows what this machine has")
+
+
+def _measured_peak(pool: str, warm: Mapping[str, Any], memory: Mapping[str, Any],
+                   info: Mapping[str, Any]) -> int | None:
+    """The worker's peak for the budget's pool: its own high-water mark for host RAM (after
+    the warm-up, which covers the load), the device's peak where the runtime reports one."""
+    if pool != ledger_mod.HOST_POOL:
+        device = info.get("device_memory")
+        value = device.get("peak") if isinstance(device, dict) else None
+        return int(value) if isinstance(value, int) and value > 0 else None
+    values = [v for v in (warm.get("peak"), memory.get("peak")) if isinstance(v, int) and v > 0]
+    return max(values) if values else None
+
+
+def _budget_remedy(measured: ledger_mod.Measured) -> str:
+    if measured.cause == "peak_unreported":
+        return ("this route's worker does not report the memory of its pool; nothing can confirm "
+                "the budget (see docs/memory.md for what each route reports)")
+    return ("the stage holds more than its estimate: report the record (the reservations show "
+            "what was expected), or run it with a smaller input")
 
 
 def _first_line(text: str, limit: int = 240) -> str:

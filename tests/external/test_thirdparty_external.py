@@ -66,8 +66,8 @@ def table():
     if not _TABLE:
         return
     head = ["graph", "route", "exit", "verdict", "basis", "fraction", "nodes", "left on CPU",
-            "deciding rule per output", "compute p50", "round trip p50"]
-    rows = [head] + [[str(r[k]) for k in head] for r in _TABLE]
+            "deciding rule per output", "compute p50", "round trip p50", "budget/measured"]
+    rows = [head] + [[str(r.get(k, "-")) for k in head] for r in _TABLE]
     print("\n\n| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for row in rows[1:]:
@@ -150,7 +150,15 @@ def test_third_party_graph_is_placed_gated_and_timed(external, thirdparty, openv
     assert t["runs"] == 3 and t["compute"]["p50_ms"] > 0
     assert t["round_trip"]["p50_ms"] >= t["compute"]["p50_ms"] and t["transport"]["p50_ms"] >= 0
     assert rec["memory"]["peak_bytes"] > 0
-    _TABLE.append(_row(name, route, r.code, rec))
+
+    # The ledger: the budget made before the worker started holds its measured peak, and
+    # not by a careless margin.
+    book = rec["ledger"]
+    assert book["verdict"] == "within_budget" and book["cause"] is None
+    assert book["pool"]["name"] == "host_ram"
+    assert 1.0 <= book["budget_over_measured"] <= 3.0, book
+    _TABLE.append({**_row(name, route, r.code, rec),
+                   "budget/measured": f"{book['budget_over_measured']:.2f}"})
 
 
 def test_silero_vad_op18_with_synthesized_inputs_takes_the_8k_branch_and_still_passes(

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from xstage import ledger
 from xstage.cli._output import Output
 from xstage.device_table import DeviceReport, devices
 from xstage.routes.resolve import RouteStatus
@@ -22,15 +23,8 @@ Probes are cached under XSTAGE_HOME/cache/probes; --refresh runs them again."""
 
 
 def format_bytes(n: int | None) -> str:
-    """``25275160576`` → ``23.5 GiB`` (binary units, one decimal)."""
-    if not n:
-        return "0"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return str(n)  # unreachable
+    """``25275160576`` → ``23.5 GiB`` (binary units, one decimal); 0 or None → ``0``."""
+    return ledger.format_bytes(n) if n else "0"
 
 
 def _route_label(status: RouteStatus, device_id: str) -> str:
@@ -75,6 +69,13 @@ def render(report: DeviceReport, out: Output) -> None:
         "Devices (memory 0 = shares the host's RAM, counted once on the cpu row)",
         ["device", "kind", "name", "pool", "memory", "available", "routes"],
         device_rows,
+    )
+    out.table(
+        "Memory pools (a stage is budgeted against its device's pool; see xstage external)",
+        ["pool", "capacity", "source", "devices"],
+        [[escape(p["name"]),
+          format_bytes(p["capacity_bytes"]) if p["capacity_bytes"] is not None else "unknown",
+          escape(p["source"]), escape(", ".join(p["devices"]))] for p in report.pools()],
     )
     route_rows: list[list[Any]] = []
     for status in report.routes:

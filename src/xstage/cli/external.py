@@ -21,7 +21,10 @@ from xstage import errors
 from xstage.builtin_graphs import builtin_stage
 from xstage.cli._output import Output
 from xstage.inputs import parse_dims, parse_shapes
+from xstage.ledger import parse_pool_arg
+from xstage.ledger_state import Ledger
 from xstage.record import records_path, utc_now, write_record
+from xstage.record.summary import ledger_rows
 from xstage.routes import ROUTE_NAMES
 from xstage.stage import build_record, open_stage
 
@@ -63,6 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="unprofiled runs after the profiled one (default 3)")
     p.add_argument("--compare-cpu", action="store_true", help="time the reference arm too")
     p.add_argument("--save-outputs", metavar="OUT.npz", help="save one run's outputs")
+    p.add_argument("--pool", action="append", default=[], metavar="NAME=SIZE",
+                   help="plan for a pool of this size, e.g. host_ram=4GiB or "
+                   "vram:gpu_discrete:nvidia:0=8GB (GiB and GB both accepted)")
     p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the record here")
     p.set_defaults(func=run)
 
@@ -134,13 +140,11 @@ def _summary(doc: dict[str, Any]) -> list[tuple[str, str]]:
         if t.get("speedup_vs_reference"):
             rows.append(("vs CPU", f"reference {_ms(t['reference'])} → "
                                    f"{t['speedup_vs_reference']:.2f}× speedup"))
-    mem = doc.get("memory")
-    if mem and mem.get("peak_bytes"):
-        rows.append(("memory", f"worker rss {mem['rss_bytes'] / 2**20:.1f} MiB, "
-                               f"peak {mem['peak_bytes'] / 2**20:.1f} MiB"))
+    rows.extend(ledger_rows(doc.get("ledger")))
     for r in outcome.get("refusals") or []:
         where = " on ".join(x for x in (r.get("route"), r.get("device")) if x)
-        rows.append(("refused", f"{r['code']} ({r['cause']}) {where}: {r['message']}"))
+        text = r["message"] if r["message"].startswith(where) else f"{where}: {r['message']}"
+        rows.append(("refused", f"{r['code']} ({r['cause']}) {text}"))
         rows.append(("remedy", r["remedy"]))
     return rows
 
@@ -162,6 +166,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         ep_options=_ep_options(args.ep_option), threads=args.threads,
         graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
         shapes=parse_shapes(args.shape), dims=parse_dims(args.dim),
+        ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None,
     )
     request = {k: kwargs[k] for k in ("device", "prefer", "route", "min_placement", "tolerance",
                                       "ep_options", "threads", "graph_opt_level")}

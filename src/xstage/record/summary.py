@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["summary", "summary_rows"]
+from xstage.ledger import format_bytes
+
+__all__ = ["ledger_rows", "summary", "summary_rows"]
 
 _MAX_ITEMS = 12
 
@@ -32,12 +34,7 @@ def _fmt(value: Any) -> str:
 def _bytes(n: Any) -> str:
     if not isinstance(n, int) or isinstance(n, bool):
         return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover
+    return format_bytes(n)
 
 
 def _is_scalar_list(value: Any) -> bool:
@@ -161,10 +158,34 @@ def summary_rows(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
     memory = doc.get("memory")
     if memory:
         rows.append(("memory", f"rss {_bytes(memory['rss_bytes'])}, peak {_bytes(memory['peak_bytes'])}"))
+    rows.extend(ledger_rows(doc.get("ledger")))
     rows.append(("when", f"{doc['started']} → {doc['finished']}"))
     host = doc["host"]
     rows.append(("host", f"{host['hostname']} ({host['platform']}, Python {host['python']})"))
     rows.append(("xstage", f"{doc['xstage_version']}, record schema {doc['schema_version']}"))
+    return rows
+
+
+def ledger_rows(ledger: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """The ledger's lines: budget against pool, measured peak, reservations, blind spots."""
+    if not ledger:
+        return []
+    pool = ledger["pool"]
+    held = f", {_bytes(ledger['held_bytes'])} held by open stages" if ledger["held_bytes"] else ""
+    rows = [("budget", f"{_bytes(ledger['budget_bytes'])} in {pool['name']} "
+                       f"({ledger['phase']} phase) of {_bytes(pool['capacity_bytes'])} "
+                       f"({pool['source']}){held}")]
+    if ledger.get("measured_peak_bytes"):
+        extra = ", ".join(f"{k} {_bytes(ledger[k + '_bytes'])}" for k in ("uss", "pss")
+                          if ledger.get(k + "_bytes"))
+        rows.append(("measured", f"worker peak {_bytes(ledger['measured_peak_bytes'])}"
+                                 f"{f' ({extra})' if extra else ''}: budget/measured "
+                                 f"{ledger['budget_over_measured']:.2f}"))
+    verdict = ledger["verdict"] + (f" ({ledger['cause']})" if ledger.get("cause") else "")
+    rows.append(("ledger", verdict + " · " + " · ".join(
+        f"{r['purpose']} {_bytes(r['bytes'])} {r['evidence']}" for r in ledger["reservations"])))
+    rows.extend(("blind spot", spot) for spot in ledger.get("blind_spots") or [])
+    rows.extend(("warning", w) for w in ledger.get("warnings") or [])
     return rows
 
 

@@ -1,0 +1,110 @@
+"""The process-wide ``Ledger``: the open stages' reservations against pools read once.
+
+State lives here and only here; every number and verdict comes from the pure ``ledger``
+module. A ledger reads each pool's capacity once (the host's available RAM when the ledger is
+made; a discrete GPU's memory from the device report the first time that pool is asked for),
+so the stages it holds are never counted twice — once in "used RAM", once as reservations.
+
+A reservation is taken *before* its worker starts (two threads opening stages at once cannot
+both squeeze into the same room) and released when the stage closes, its worker dies, or
+opening it fails.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from xstage import ledger
+from xstage.ledger import HOST_POOL, Budget, Fit, Pool
+
+__all__ = ["Holding", "Ledger"]
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One open stage's budget, as the ledger holds it."""
+
+    token: int
+    label: str
+    budget: Budget
+
+
+def _host_available() -> tuple[int | None, str]:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available), "available RAM when the ledger was made"
+    except Exception as exc:  # noqa: BLE001 - unreadable means unknown, never a silent pass
+        return None, f"available RAM could not be read: {exc}"
+
+
+class Ledger:
+    """Pools, read once, and the budgets of the stages open against them. Thread-safe.
+
+    ``capacity`` sets pools by hand (``{"host_ram": "4GiB"}``): to plan for a smaller
+    machine, or to give a pool whose capacity cannot be read a number.
+    """
+
+    _default: ClassVar[Ledger | None] = None
+    _default_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, capacity: Mapping[str, int | str] | None = None) -> None:
+        self._overrides = {name: ledger.parse_size(v) for name, v in (capacity or {}).items()}
+        available, source = _host_available()
+        self._pools: dict[str, Pool] = {HOST_POOL: Pool(HOST_POOL, available, source)}
+        for name, size in self._overrides.items():
+            self._pools[name] = Pool(name, size, "set by the user")
+        self._held: dict[int, tuple[str, Holding]] = {}
+        self._tokens = itertools.count(1)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def default(cls) -> Ledger:
+        """The process-wide ledger ``open_stage`` uses when given none."""
+        with cls._default_lock:
+            if cls._default is None:
+                cls._default = cls()
+            return cls._default
+
+    def pool(self, name: str, devices: Sequence[Any] = ()) -> Pool:
+        """Pool ``name``; a discrete GPU's is read from ``devices`` (device rows) once."""
+        with self._lock:
+            if name not in self._pools:
+                found = ledger.pools_from_devices(devices, host_available=None, host_source="")
+                self._pools[name] = found.get(name) or Pool(name, None, "no device row names it")
+            return self._pools[name]
+
+    def pools(self) -> list[Pool]:
+        with self._lock:
+            return list(self._pools.values())
+
+    def held_bytes(self, pool: str) -> int:
+        with self._lock:
+            return sum(h.budget.budget_bytes for p, h in self._held.values() if p == pool)
+
+    def holdings(self, pool: str | None = None) -> list[Holding]:
+        with self._lock:
+            return [h for p, h in self._held.values() if pool is None or p == pool]
+
+    def reserve(self, budget: Budget, label: str, devices: Sequence[Any] = ()
+                ) -> tuple[Holding | None, Fit]:
+        """Hold ``budget`` if it fits; else nothing is held and the ``Fit`` says why."""
+        pool = self.pool(budget.pool, devices)
+        with self._lock:
+            held = sum(h.budget.budget_bytes for p, h in self._held.values() if p == budget.pool)
+            fit = ledger.check_fit(pool, held, budget)
+            if not fit.fits:
+                return None, fit
+            holding = Holding(next(self._tokens), label, budget)
+            self._held[holding.token] = (budget.pool, holding)
+            return holding, fit
+
+    def release(self, holding: Holding | None) -> None:
+        """Give a holding back (idempotent)."""
+        if holding is not None:
+            with self._lock:
+                self._held.pop(holding.token, None)

@@ -1,0 +1,98 @@
+"""Reservations a stage gets before it loads: read, estimated, and said how."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from xstage import builtin_graphs, footprint, ledger
+from xstage.artifact import inspect_artifact
+
+MiB = 1 << 20
+
+
+def _write(tmp_path, nodes, inputs, outputs, inits=(), name="g.onnx"):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return builtin_graphs.write(model, tmp_path / name)
+
+
+def test_liveness_frees_each_intermediate_after_its_last_use(tmp_path):
+    # x -> a -> b -> c -> y, each [1000] float32 (4000 B): at most two alive at once.
+    names = ["x", "a", "b", "c", "y"]
+    nodes = [helper.make_node("Relu", [i], [o]) for i, o in zip(names, names[1:], strict=False)]
+    path = _write(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1000])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1000])])
+    act = footprint.estimate_activations(path, {"x": (1000,)})
+    assert act.live_peak_bytes == 8000 and act.sized == 4 and act.unsized == 0
+    assert act.io_bytes == 8000
+
+
+def test_symbolic_inputs_are_sized_at_the_real_shapes(tmp_path):
+    nodes = [helper.make_node("Neg", ["x"], ["y"])]
+    path = _write(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])])
+    assert footprint.estimate_activations(path, {"x": (1000, 8)}).live_peak_bytes == 32000
+
+
+def test_data_dependent_sizes_are_counted_as_unsized(tmp_path):
+    nodes = [helper.make_node("ConstantOfShape", ["n"], ["big"]),
+             helper.make_node("ReduceSum", ["big"], ["y"], keepdims=0)]
+    path = _write(tmp_path, nodes, [helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    act = footprint.estimate_activations(path, {"n": (1,)})
+    assert act.unsized >= 1 and act.live_peak_bytes < 100
+
+
+def test_a_graph_shape_inference_cannot_read_gives_no_estimate_and_says_why(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a graph")
+    act = footprint.estimate_activations(bad, {})
+    assert act.live_peak_bytes == 0 and act.note and "shape inference failed" in act.note
+
+
+def test_reservations_carry_their_evidence(tmp_path):
+    path = builtin_graphs.write(builtin_graphs.mlp(width=256, depth=4, batch=8), tmp_path / "m.onnx")
+    art = inspect_artifact(path)
+    res = footprint.reservations(art, "ort-cpu", "host_ram", {"x": (8, 256)})
+    by = {r.purpose: r for r in res}
+    assert list(by) == ["runtime", "weights", "weight copies", "parsed model", "activations",
+                        "call tensors"]
+    assert by["weights"].evidence == "D" and by["weights"].bytes == art.bytes
+    assert by["runtime"].bytes == footprint.ROUTE_COSTS["ort-cpu"].base_bytes
+    assert "measured" in by["runtime"].basis
+    assert by["parsed model"].lifetime == "load"
+    assert {by[p].lifetime for p in ("activations", "call tensors")} == {"request"}
+    assert all(r.evidence == "E" for p, r in by.items() if p != "weights")
+    assert all(r.pool == "host_ram" for r in res)
+    budget = ledger.make_budget(res, pool="host_ram")
+    assert budget.budget_bytes > footprint.ROUTE_COSTS["ort-cpu"].base_bytes
+
+
+def test_unverified_routes_say_their_constants_are_not_measured():
+    for name, cost in footprint.ROUTE_COSTS.items():
+        assert cost.measured == ("not measured" not in cost.basis), name
+    assert footprint.ROUTE_COSTS["ort-cpu"].measured and footprint.ROUTE_COSTS["ort-openvino"].measured
+    assert not footprint.ROUTE_COSTS["ort-cuda"].measured
+
+
+def test_an_unknown_route_still_gets_a_budget(tmp_path):
+    path = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "m.onnx")
+    res = footprint.reservations(inspect_artifact(path), "ort-future", "host_ram", {"x": (8, 256)})
+    assert res[0].purpose == "runtime" and "unknown route" in res[0].basis
+
+
+@pytest.mark.parametrize("weights", [np.zeros((64, 64), np.float32)])
+def test_weight_copies_follow_the_route_factor(tmp_path, weights):
+    path = _write(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"])],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+                  [numpy_helper.from_array(weights, "w")])
+    art = inspect_artifact(path)
+    cpu = {r.purpose: r.bytes for r in footprint.reservations(art, "ort-cpu", "host_ram", {})}
+    ov = {r.purpose: r.bytes for r in footprint.reservations(art, "ort-openvino", "host_ram", {})}
+    for got, route in ((cpu, "ort-cpu"), (ov, "ort-openvino")):
+        factor = footprint.ROUTE_COSTS[route].weights_factor
+        assert got["weight copies"] == int(art.bytes * (factor - 1.0))
+    assert ov["weight copies"] > 2 * cpu["weight copies"]
