@@ -93,6 +93,9 @@ def test_devices_json_stable_fields(capsys):
         for key in ("id", "pool", "memory_bytes", "available_bytes", "routes"):
             assert key in device
     assert [r["name"] for r in doc["routes"]] == list(ROUTE_NAMES)  # every route, never dropped
+    host = next(p for p in doc["pools"] if p["name"] == "host_ram")  # the pools stages draw on
+    assert host["capacity_bytes"] == cpu["available_bytes"] and "cpu" in host["devices"]
+    assert all(set(p) == {"name", "capacity_bytes", "source", "devices"} for p in doc["pools"])
     for route in doc["routes"]:
         for key in (
             "name",

@@ -217,3 +217,17 @@ def test_user_capacity_wins_over_what_was_read():
     book = Ledger(capacity={"vram:gpu_discrete:amd:0": "8GB"})
     pool = book.pool("vram:gpu_discrete:amd:0", [])
     assert pool.capacity_bytes == 8 * 10**9 and pool.source == "set by the user"
+
+
+def test_summary_rows_show_budget_measurement_and_reservations():
+    from tests.record import record_docs
+    from xstage.record.summary import ledger_rows, summary
+
+    rows = dict(ledger_rows(record_docs.placed()["ledger"]))
+    assert rows["budget"].startswith("312.5 MiB in host_ram (steady phase) of 22.4 GiB")
+    assert "budget/measured 1.48" in rows["measured"] and "uss 199.3 MiB" in rows["measured"]
+    assert rows["ledger"].startswith("within_budget · runtime 120.0 MiB E · weights 4.5 MiB D")
+    refused = dict(ledger_rows(record_docs.over_budget()["ledger"]))
+    assert "measured" not in refused and refused["ledger"].startswith("refused (over_budget)")
+    assert any(line.startswith("budget: ") for line in summary(record_docs.over_budget()))
+    assert ledger_rows(None) == [] and ledger_rows(record_docs.schema_1_0().get("ledger")) == []

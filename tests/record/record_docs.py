@@ -45,7 +45,7 @@ _NO_ROUTE = {
 }
 
 _PLACED: dict[str, Any] = {
-    "schema_version": "1.0",
+    "schema_version": "1.1",
     "kind": "xstage.external",
     "xstage_version": "0.1.0",
     "argv": ["xstage", "external", "--graph", "det.onnx", "--prefer", "npu:amd,cpu"],
@@ -103,6 +103,36 @@ _PLACED: dict[str, Any] = {
         "round_trip_ms": {"p50": 42.0, "p90": 43.9, "p99": 45.7, "min": 40.8, "max": 45.8, "mean": 42.6},
     },
     "memory": {"rss_bytes": 312_000_000, "peak_bytes": 401_000_000},
+    "ledger": {
+        "pool": {"name": "host_ram", "capacity_bytes": 24_000_000_000,
+                 "source": "available RAM when the ledger was made"},
+        "held_bytes": 0,
+        "reservations": [
+            {"purpose": "runtime", "bytes": 125_829_120, "pool": "host_ram", "lifetime": "session",
+             "evidence": "E", "basis": "ort-openvino: measured ..."},
+            {"purpose": "weights", "bytes": 4_745_517, "pool": "host_ram", "lifetime": "session",
+             "evidence": "D", "basis": "the artifact on disk: det.onnx 4.5 MiB"},
+            {"purpose": "parsed model", "bytes": 4_745_517, "pool": "host_ram", "lifetime": "load",
+             "evidence": "E", "basis": "the runtime holds the parsed graph while it builds the session"},
+            {"purpose": "activations", "bytes": 132_120_576, "pool": "host_ram", "lifetime": "request",
+             "evidence": "E", "basis": "liveness peak 42.0 MiB ..., x3"},
+            {"purpose": "margin", "bytes": 65_000_000, "pool": "host_ram", "lifetime": "session",
+             "evidence": "E", "basis": "25% of the larger phase"},
+        ],
+        "load_bytes": 200_320_154,
+        "steady_bytes": 327_695_213,
+        "budget_bytes": 327_695_213,
+        "phase": "steady",
+        "measured_peak_bytes": 221_000_000,
+        "measured_rss_bytes": 221_000_000,
+        "uss_bytes": 209_000_000,
+        "pss_bytes": 214_000_000,
+        "budget_over_measured": 1.48,
+        "verdict": "within_budget",
+        "cause": None,
+        "blind_spots": [],
+        "warnings": [],
+    },
 }
 
 
@@ -134,6 +164,39 @@ def refused() -> dict[str, Any]:
     return json.loads(json.dumps(doc))
 
 
+def over_budget() -> dict[str, Any]:
+    """``--pool host_ram=64MiB``: refused before any worker started (schema 1.1)."""
+    doc = placed()
+    refusal = {
+        "code": "budget_exceeds_device", "cause": "over_budget", "device": "cpu",
+        "route": "ort-openvino",
+        "message": "ort-openvino on cpu: a budget of 312.5 MiB does not fit pool host_ram: "
+                   "64.0 MiB (set by the user), 64.0 MiB free",
+        "remedy": "close stages this process holds ...",
+        "evidence": {},
+    }
+    doc["outcome"] = {"status": "refused", "exit_code": 2, "refusals": [refusal], "error": None}
+    doc["plan"]["chosen"] = None
+    doc["plan"]["candidates"][1] = {"device": "cpu", "route": "ort-openvino", "status": "refused",
+                                    "refusal": refusal}
+    for key in ("worker", "proof", "parity", "timings", "memory"):
+        doc[key] = None
+    book = doc["ledger"]
+    book["pool"] = {"name": "host_ram", "capacity_bytes": 64 << 20, "source": "set by the user"}
+    book.update(measured_peak_bytes=None, measured_rss_bytes=None, uss_bytes=None, pss_bytes=None,
+                budget_over_measured=None, verdict="refused", cause="over_budget")
+    refusal["evidence"] = {"ledger": json.loads(json.dumps(book))}
+    return json.loads(json.dumps(doc))
+
+
+def schema_1_0() -> dict[str, Any]:
+    """A record as xstage wrote it before the ledger (schema 1.0): still read."""
+    doc = placed()
+    del doc["ledger"]
+    doc["schema_version"] = "1.0"
+    return doc
+
+
 def error() -> dict[str, Any]:
     """A corrupt graph: exit 1, nothing planned, nothing ran."""
     doc = placed()
@@ -144,9 +207,10 @@ def error() -> dict[str, Any]:
         "error": {"type": "ArtifactError", "message": "det.onnx is not an ONNX model: truncated protobuf",
                   "remedy": "export the graph again"},
     }
-    for key in ("artifact", "plan", "worker", "proof", "parity", "timings", "memory"):
+    for key in ("artifact", "plan", "worker", "proof", "parity", "timings", "memory", "ledger"):
         doc[key] = None
     return doc
 
 
-ALL = {"placed": placed, "refused": refused, "error": error}
+ALL = {"placed": placed, "refused": refused, "error": error, "over_budget": over_budget,
+       "schema_1_0": schema_1_0}

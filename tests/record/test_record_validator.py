@@ -181,7 +181,10 @@ def test_random_damage_is_judged_the_same(data):
         if action == "delete" and isinstance(parent, dict):
             del parent[path[-1]]
         elif action == "add" and isinstance(parent, dict):
-            parent[data.draw(st.sampled_from(["zz", "verdict", "code", "Odd key"]))] = data.draw(_VALUES)
+            # A copy: st.just() hands out one object, and a later mutation of it would leak
+            # into the next example (hypothesis then sees the data generation change).
+            parent[data.draw(st.sampled_from(["zz", "verdict", "code", "Odd key"]))] = copy.deepcopy(
+                data.draw(_VALUES))
         else:
             parent[path[-1]] = copy.deepcopy(data.draw(_VALUES))
     theirs, ours = _errors(doc)
