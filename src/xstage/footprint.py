@@ -25,8 +25,8 @@ import numpy as np
 from xstage.artifact import Artifact
 from xstage.ledger import Reservation, format_bytes
 
-__all__ = ["ACTIVATION_FACTOR", "ROUTE_COSTS", "Activations", "RouteCost", "estimate_activations",
-           "reservations"]
+__all__ = ["ACTIVATION_FACTOR", "PT_ACTIVATION_BYTES", "ROUTE_COSTS", "Activations", "RouteCost",
+           "estimate_activations", "reservations"]
 
 MiB = 1 << 20
 
@@ -91,6 +91,10 @@ ROUTE_COSTS: dict[str, RouteCost] = {
 #: onnxruntime's memory pattern adds one planned block for all intermediates); on
 #: ort-openvino the same graph settles ~77 MiB above.
 ACTIVATION_FACTOR = 3.0
+#: A ``.pt2`` program's activations before anything about it is measured: a constant
+#: on top of its manifest's I/O. Not calibrated yet (no torch route runs
+#: here); the measured check after the warm-up is what holds it to account.
+PT_ACTIVATION_BYTES = 64 * MiB
 #: The call's inputs and outputs are held twice: in the shared region's slots (or the frame
 #: on the inline path) and in the runtime's own buffers.
 IO_FACTOR = 2
@@ -205,9 +209,11 @@ def reservations(artifact: Artifact, route: str, pool: str,
         out.append(Reservation("activations", int(act.live_peak_bytes * ACTIVATION_FACTOR),
                                pool, "request", "E", basis))
         io_bytes = act.io_bytes
-    else:
-        out.append(Reservation("activations", 0, pool, "request", "E",
-                               f"no estimate for {artifact.format} yet"))
+    else:  # a torch program: no graph to walk before it is loaded
+        out.append(Reservation("activations", PT_ACTIVATION_BYTES, pool, "request", "E",
+                               f"{artifact.format}: a constant ({format_bytes(PT_ACTIVATION_BYTES)}) "
+                               "until the torch routes calibrate one; the I/O comes from the "
+                               "manifest's spec"))
         io_bytes = 0
     if not io_bytes:
         io_bytes = _declared_io(artifact, shapes)

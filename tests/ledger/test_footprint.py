@@ -96,3 +96,20 @@ def test_weight_copies_follow_the_route_factor(tmp_path, weights):
         factor = footprint.ROUTE_COSTS[route].weights_factor
         assert got["weight copies"] == int(art.bytes * (factor - 1.0))
     assert ov["weight copies"] > 2 * cpu["weight copies"]
+
+
+def test_a_torch_program_gets_its_manifest_io_and_a_constant(tmp_path):
+    from xstage.artifact import Artifact, IOSpec
+
+    art = Artifact(path=tmp_path / "tower.pt2", format="pt:fp32", format_source="manifest",
+                   component="vision_tower", sha256="0" * 64, bytes=10 * MiB,
+                   files=({"path": str(tmp_path / "tower.pt2"), "sha256": "0" * 64,
+                           "bytes": 10 * MiB},),
+                   inputs=(IOSpec("patches", "float32", (1024, 1536)),),
+                   outputs=(IOSpec("embeds", "float32", (256, 2048)),),
+                   node_count=0, op_types=(), manifest={})
+    by = {r.purpose: r for r in footprint.reservations(art, "torch-cpu", "host_ram", {})}
+    assert by["activations"].bytes == footprint.PT_ACTIVATION_BYTES
+    assert "constant" in by["activations"].basis
+    assert by["call tensors"].bytes == 2 * (1024 * 1536 + 256 * 2048) * 4
+    assert by["runtime"].bytes == footprint.ROUTE_COSTS["torch-cpu"].base_bytes
