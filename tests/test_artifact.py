@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnx
 import pytest
@@ -98,14 +96,27 @@ def test_corrupt_and_missing_graphs_are_artifact_errors(tmp_path):
         inspect_artifact(tmp_path / "none.onnx")
 
 
+def _write_manifest(path, **over):
+    from xstage.manifest import write_manifest
+
+    kwargs = dict(component="vision_tower", fmt="onnx:fp32", files=[path],
+                  source={"kind": "config", "config": "tiny"}, exporter={"xstage": "test"},
+                  inputs=[{"name": "x", "dtype": "float32", "shape": [8, 256]}],
+                  outputs=[{"name": "y", "dtype": "float32", "shape": [8, 256]}], opset=17)
+    kwargs.update(over)
+    return write_manifest(path, **kwargs)
+
+
 def test_manifest_names_format_and_component_and_flags_override_or_conflict(tmp_path):
     path = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "tower.onnx")
-    (tmp_path / "tower.manifest.json").write_text(json.dumps({"component": "vision_tower"}))
+    where = _write_manifest(path)
+    assert where.name == "tower.manifest.json"
     art = inspect_artifact(path)
     assert art.component == "vision_tower" and art.format == "onnx:fp32"
+    assert art.format_source == "manifest"
     assert inspect_artifact(path, fmt="onnx:fp16").format_source == "flag"
     with pytest.raises(errors.UsageError, match="conflicts with the manifest"):
         inspect_artifact(path, component="code2wav")
-    (tmp_path / "tower.manifest.json").write_text("{not json")
+    where.write_text("{not json")
     with pytest.raises(errors.ArtifactError, match="manifest"):
         inspect_artifact(path)

@@ -8,12 +8,12 @@ contradicts what the files say is a usage error rather than a silent choice.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xstage import errors
+from xstage.manifest import check_files, manifest_path, read_manifest
 
 __all__ = ["Artifact", "IOSpec", "inspect_artifact"]
 
@@ -75,20 +75,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _manifest(graph: Path) -> dict[str, Any]:
-    """``<stem>.manifest.json`` or ``manifest.json`` beside the graph, if any."""
-    for candidate in (graph.with_suffix(".manifest.json"), graph.parent / "manifest.json"):
-        if candidate.is_file():
-            try:
-                doc = json.loads(candidate.read_text())
-            except (OSError, ValueError) as exc:
-                raise errors.ArtifactError(
-                    f"manifest {candidate} is not readable JSON: {exc}",
-                    remedy="fix or remove the manifest beside the graph",
-                ) from exc
-            if isinstance(doc, dict):
-                return doc
-    return {}
+def _manifest(graph: Path) -> tuple[dict[str, Any], Path | None]:
+    """``<stem>.manifest.json`` beside the graph, validated (see ``xstage.manifest``), if any."""
+    where = manifest_path(graph)
+    if not where.is_file():
+        return {}, None
+    return read_manifest(where), where
 
 
 def _dims(type_proto: Any) -> tuple[int | str, ...]:
@@ -137,7 +129,7 @@ def inspect_artifact(
     if not path.is_file():
         raise errors.ArtifactError(f"no graph at {path}", remedy="check the --graph path")
     suffix = path.suffix.lower()
-    manifest = _manifest(path)
+    manifest, manifest_file = _manifest(path)
     if suffix == ".pt2":
         raise errors.ArtifactError(
             f"{path} is a torch.export program; the torch routes that run .pt2 stages are not "
@@ -173,6 +165,13 @@ def inspect_artifact(
                 if sidecar not in files:
                     files.append(sidecar)
     entries = [{"path": str(f), "sha256": _sha256(f), "bytes": f.stat().st_size} for f in files]
+    if manifest_file is not None:
+        listed = {(manifest_file.parent / e["path"]).resolve() for e in manifest["files"]}
+        if path.resolve() not in listed:
+            raise errors.ArtifactError(f"manifest {manifest_file} does not list {path.name}",
+                                       remedy="re-export the artifact, or remove the stale manifest")
+        check_files(manifest, manifest_file,
+                    hashed={str(Path(e["path"]).resolve()): e["sha256"] for e in entries})
     total = hashlib.sha256()
     for e in entries:
         total.update(Path(e["path"]).name.encode() + b"\0" + e["sha256"].encode() + b"\0")

@@ -1,0 +1,202 @@
+"""The artifact manifest: ``<graph>.manifest.json`` beside every export. Validated first.
+
+A manifest says what an artifact is (component, format, opset), where it came from
+(checkpoint and its hash, or a config), who made it (exporter versions), what it takes and
+gives (I/O spec), what was done to it (the sanitize report) and how close it is to its
+source (parity, and the fp32 source of an fp16 or A16W8 artifact). ``xstage external`` reads
+it; explicit flags win.
+
+Like safetensors' header, a manifest is checked before anything in it is used: the top level
+is a closed set of keys with fixed types, every path is relative and stays inside the
+manifest's folder (a path that escapes is refused, never followed), and every file it lists
+must exist with the size and sha256 it says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from xstage import errors
+
+__all__ = ["MANIFEST_KIND", "MANIFEST_VERSION", "check_files", "file_entry", "manifest_path",
+           "read_manifest", "validate_manifest", "write_manifest"]
+
+MANIFEST_KIND = "xstage.artifact"
+MANIFEST_VERSION = 1
+
+#: key → (allowed JSON types, required)
+_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "kind": ((str,), True),
+    "manifest_version": ((int,), True),
+    "component": ((str,), True),
+    "format": ((str,), True),
+    "opset": ((int, type(None)), False),
+    "files": ((list,), True),
+    "source": ((dict,), True),
+    "exporter": ((dict,), True),
+    "inputs": ((list,), True),
+    "outputs": ((list,), True),
+    "sanitize": ((dict, type(None)), False),
+    "parity": ((dict, type(None)), False),
+    "fp32_source": ((str, type(None)), False),
+    "calibration": ((dict, type(None)), False),
+    "created": ((str,), False),
+}
+_FORMAT = re.compile(r"^(onnx:(fp32|fp16|a16w8)|pt:(fp32|fp16))$")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+def manifest_path(graph: str | os.PathLike[str]) -> Path:
+    """Where the manifest of ``graph`` lives: ``tower.onnx`` → ``tower.manifest.json``."""
+    return Path(graph).with_suffix(".manifest.json")
+
+
+def _inside(folder: Path, rel: str, what: str, where: Path) -> Path:
+    pure = PurePosixPath(rel)
+    if not rel or pure.is_absolute() or "\\" in rel or ".." in pure.parts or re.match(r"^[A-Za-z]:", rel):
+        raise errors.ArtifactError(f"manifest {where}: {what} {rel!r} escapes its folder",
+                                   remedy="paths in a manifest are plain names beside it")
+    path = (folder / rel).resolve()
+    if folder.resolve() not in path.parents:
+        raise errors.ArtifactError(f"manifest {where}: {what} {rel!r} escapes its folder",
+                                   remedy="paths in a manifest are plain names beside it")
+    return path
+
+
+def validate_manifest(doc: Any, where: Path) -> dict[str, Any]:
+    """Check structure and paths (not hashes: see ``check_files``); return the document.
+
+    Raises:
+        ArtifactError: naming the first problem and the manifest's path.
+    """
+    def bad(msg: str) -> errors.ArtifactError:
+        return errors.ArtifactError(f"manifest {where}: {msg}",
+                                    remedy="re-export the artifact, or remove the broken manifest")
+
+    if not isinstance(doc, dict):
+        raise bad("is not a JSON object")
+    unknown = sorted(set(doc) - set(_FIELDS))
+    if unknown:
+        raise bad(f"unknown keys {unknown}")
+    for key, (types, required) in _FIELDS.items():
+        if key not in doc:
+            if required:
+                raise bad(f"lacks {key!r}")
+            continue
+        value = doc[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise bad(f"{key!r} has the wrong type ({type(value).__name__})")
+    if doc["kind"] != MANIFEST_KIND:
+        raise bad(f"kind is {doc['kind']!r}, not {MANIFEST_KIND!r}")
+    if doc["manifest_version"] != MANIFEST_VERSION:
+        raise bad(f"manifest_version {doc['manifest_version']} (this xstage reads {MANIFEST_VERSION})")
+    if not _FORMAT.match(doc["format"]):
+        raise bad(f"format {doc['format']!r} is not one of onnx:fp32|fp16|a16w8, pt:fp32|fp16")
+    folder = where.parent
+    if not doc["files"]:
+        raise bad("lists no files")
+    seen = set()
+    for entry in doc["files"]:
+        if not isinstance(entry, dict) or set(entry) != {"path", "sha256", "bytes"}:
+            raise bad("each file must be {path, sha256, bytes}")
+        if not isinstance(entry["path"], str) or not isinstance(entry["sha256"], str) \
+                or not _SHA.match(entry["sha256"]):
+            raise bad(f"file entry {entry!r} has a bad path or sha256")
+        if isinstance(entry["bytes"], bool) or not isinstance(entry["bytes"], int) or entry["bytes"] < 0:
+            raise bad(f"file {entry['path']!r} has a bad byte count")
+        _inside(folder, entry["path"], "file", where)
+        if entry["path"] in seen:
+            raise bad(f"file {entry['path']!r} is listed twice")
+        seen.add(entry["path"])
+    if doc.get("fp32_source") is not None:
+        _inside(folder, doc["fp32_source"], "fp32_source", where)
+    for key in ("inputs", "outputs"):
+        for spec in doc[key]:
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
+                    or not isinstance(spec.get("dtype"), str) or not isinstance(spec.get("shape"), list):
+                raise bad(f"each of {key} must be {{name, dtype, shape}}")
+    return doc
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """Read and validate one manifest file."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise errors.ArtifactError(f"manifest {path} is not readable JSON: {exc}",
+                                   remedy="fix or remove the manifest beside the graph") from exc
+    return validate_manifest(doc, path)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_entry(path: Path, folder: Path) -> dict[str, Any]:
+    return {"path": path.relative_to(folder).as_posix(), "sha256": _sha256(path),
+            "bytes": path.stat().st_size}
+
+
+def check_files(doc: Mapping[str, Any], where: Path,
+                hashed: Mapping[str, str] | None = None) -> None:
+    """Every listed file exists with its size and sha256 (``hashed``: name → sha256 already
+    computed by the caller, to hash each file once).
+
+    Raises:
+        ArtifactError: naming the file and what differs.
+    """
+    folder = where.parent
+    for entry in doc["files"]:
+        path = _inside(folder, entry["path"], "file", where)
+        if not path.is_file():
+            raise errors.ArtifactError(f"manifest {where}: lists {entry['path']}, which is missing",
+                                       remedy="copy every file of the export together")
+        digest = (hashed or {}).get(str(path)) or _sha256(path)
+        if digest != entry["sha256"] or path.stat().st_size != entry["bytes"]:
+            raise errors.ArtifactError(
+                f"manifest {where}: {entry['path']} does not match (sha256 {digest[:12]}…, "
+                f"manifest says {entry['sha256'][:12]}…)",
+                remedy="the file changed after export: re-export, or remove the stale manifest")
+
+
+def write_manifest(graph: Path, *, component: str, fmt: str, files: Sequence[Path],
+                   source: Mapping[str, Any], exporter: Mapping[str, Any],
+                   inputs: Sequence[Mapping[str, Any]], outputs: Sequence[Mapping[str, Any]],
+                   opset: int | None = None, sanitize: Mapping[str, Any] | None = None,
+                   parity: Mapping[str, Any] | None = None, fp32_source: str | None = None,
+                   calibration: Mapping[str, Any] | None = None) -> Path:
+    """Hash ``files`` (all beside ``graph``), validate, and write the manifest atomically."""
+    from xstage.record import utc_now
+
+    folder = graph.parent
+    doc: dict[str, Any] = {
+        "kind": MANIFEST_KIND, "manifest_version": MANIFEST_VERSION, "component": component,
+        "format": fmt, "opset": opset, "files": [file_entry(Path(f), folder) for f in files],
+        "source": dict(source), "exporter": dict(exporter), "inputs": [dict(i) for i in inputs],
+        "outputs": [dict(o) for o in outputs], "sanitize": dict(sanitize) if sanitize else None,
+        "parity": dict(parity) if parity else None, "fp32_source": fp32_source,
+        "calibration": dict(calibration) if calibration else None, "created": utc_now(),
+    }
+    where = manifest_path(graph)
+    validate_manifest(doc, where)
+    fd, tmp = tempfile.mkstemp(prefix=f".{where.name}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, where)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return where

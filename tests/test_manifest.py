@@ -1,0 +1,105 @@
+"""Manifests are validated before anything in them is used: keys, types, paths, hashes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from xstage import builtin_graphs, errors
+from xstage.artifact import inspect_artifact
+from xstage.manifest import read_manifest, validate_manifest, write_manifest
+
+
+def _export(tmp_path, **over):
+    path = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "tower.onnx")
+    kwargs = dict(component="vision_tower", fmt="onnx:fp32", files=[path],
+                  source={"kind": "config", "config": "tiny"}, exporter={"xstage": "test"},
+                  inputs=[{"name": "x", "dtype": "float32", "shape": [8, 256]}],
+                  outputs=[{"name": "y", "dtype": "float32", "shape": [8, 256]}], opset=17)
+    kwargs.update(over)
+    return path, write_manifest(path, **kwargs)
+
+
+def test_written_manifest_reads_back_and_lists_hashed_files(tmp_path):
+    path, where = _export(tmp_path)
+    doc = read_manifest(where)
+    (entry,) = doc["files"]
+    art = inspect_artifact(path)
+    assert entry == {"path": "tower.onnx", "sha256": art.files[0]["sha256"], "bytes": art.bytes}
+    assert doc["kind"] == "xstage.artifact" and doc["manifest_version"] == 1
+
+
+def _mutated(tmp_path, change):
+    path, where = _export(tmp_path)
+    doc = json.loads(where.read_text())
+    change(doc)
+    where.write_text(json.dumps(doc))
+    return path, where
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d.update(extra=1), "unknown keys"),
+    (lambda d: d.pop("component"), "lacks 'component'"),
+    (lambda d: d.update(format="onnx:int4"), "format 'onnx:int4'"),
+    (lambda d: d.update(opset="21"), "'opset' has the wrong type"),
+    (lambda d: d.update(manifest_version=2), "manifest_version 2"),
+    (lambda d: d.update(kind="other"), "kind is 'other'"),
+    (lambda d: d.update(files=[]), "lists no files"),
+    (lambda d: d["files"][0].update(sha256="xyz"), "bad path or sha256"),
+    (lambda d: d["files"].append(dict(d["files"][0])), "listed twice"),
+    (lambda d: d["files"][0].update(path="../outside.onnx"), "escapes its folder"),
+    (lambda d: d["files"][0].update(path="/etc/passwd"), "escapes its folder"),
+    (lambda d: d["files"][0].update(path="C:/x.onnx"), "escapes its folder"),
+    (lambda d: d.update(fp32_source="../../fp32.onnx"), "fp32_source '../../fp32.onnx' escapes"),
+    (lambda d: d.update(inputs=[{"name": "x"}]), "inputs must be"),
+])
+def test_rejects_bad_manifests_before_using_them(tmp_path, change, message):
+    path, _ = _mutated(tmp_path, change)
+    with pytest.raises(errors.ArtifactError, match=message):
+        inspect_artifact(path)
+
+
+def test_rejects_a_file_that_changed_after_export(tmp_path):
+    path, where = _export(tmp_path)
+    builtin_graphs.write(builtin_graphs.mlp(seed=5), path)  # re-exported over it, manifest stale
+    with pytest.raises(errors.ArtifactError, match="does not match"):
+        inspect_artifact(path)
+
+
+def test_rejects_a_manifest_that_does_not_list_its_graph(tmp_path):
+    path, where = _export(tmp_path)
+    other = builtin_graphs.write(builtin_graphs.mlp(seed=3), tmp_path / "other.onnx")
+    doc = json.loads(where.read_text())
+    doc["files"] = [{"path": "other.onnx", "sha256": inspect_artifact(other).sha256,
+                     "bytes": other.stat().st_size}]
+    where.write_text(json.dumps(doc))
+    with pytest.raises(errors.ArtifactError, match="does not list tower.onnx"):
+        inspect_artifact(path)
+
+
+def test_rejects_a_listed_file_that_is_missing(tmp_path):
+    path, where = _export(tmp_path)
+    doc = json.loads(where.read_text())
+    doc["files"].append({"path": "tower.onnx.data", "sha256": "0" * 64, "bytes": 1})
+    where.write_text(json.dumps(doc))
+    with pytest.raises(errors.ArtifactError, match="tower.onnx.data, which is missing"):
+        inspect_artifact(path)
+
+
+def test_validate_names_the_manifest(tmp_path):
+    with pytest.raises(errors.ArtifactError, match="m.json: is not a JSON object"):
+        validate_manifest([], tmp_path / "m.json")
+
+
+def test_fp32_source_from_the_manifest_is_the_reference(tmp_path):
+    """An fp16 artifact is gated against its fp32 source, named by the manifest."""
+    from xstage.stage import open_stage
+
+    fp32 = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "tower-fp32.onnx")
+    path = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "tower.onnx")
+    write_manifest(path, component="vision_tower", fmt="onnx:fp16", files=[path],
+                   source={"kind": "config"}, exporter={}, inputs=[], outputs=[],
+                   fp32_source=fp32.name)
+    with open_stage(path, route="ort-cpu") as st:
+        assert st.parity.to_dict()["reference_kind"] == "fp32_source"
