@@ -1,0 +1,55 @@
+"""``xstage quantize IN.onnx OUT.onnx --scheme a16w8 (--calibration DIR | --calibration-synthetic N)``.
+
+onnxruntime's own static QDQ quantization: activations QUInt16, weights QInt8 (opset >= 21;
+an older graph is converted first). DIR holds one .npz per sample keyed by the input names.
+The output goes beside its fp32 source, with a manifest naming that source (so `xstage
+external` gates the quantized graph against it), the calibration set (count, digest,
+source) and the error against fp32 on onnxruntime's CPU EP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.markup import escape
+
+from xstage.cli._output import Output
+from xstage.inputs import parse_dims, parse_shapes
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quantize", help="A16W8 static quantization (onnxruntime's, QDQ)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("src", metavar="IN.onnx")
+    p.add_argument("dst", metavar="OUT.onnx")
+    p.add_argument("--scheme", choices=["a16w8"], required=True)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--calibration", metavar="DIR", help="one .npz per sample")
+    src.add_argument("--calibration-synthetic", type=int, metavar="N",
+                     help="N synthesized samples (a stand-in, not real data)")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x640x640")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N")
+    p.add_argument("--json", dest="json_path", metavar="REPORT.json", help="write the report here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    from xstage.export.quantize import quantize_a16w8
+
+    report = quantize_a16w8(args.src, args.dst, calibration=args.calibration,
+                            synthetic=args.calibration_synthetic, shapes=parse_shapes(args.shape),
+                            dims=parse_dims(args.dim))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(report, indent=2) + "\n")
+    calib = report["calibration"]
+    if report["converted_from_opset"]:
+        out.result(f"converted opset {report['converted_from_opset']} → 21 first")
+    out.result(f"calibrated on {calib['count']} {calib['source']['kind']} samples "
+               f"(sha256 {calib['sha256'][:12]})")
+    out.result(f"vs fp32 on onnxruntime's CPU EP: {escape(report['parity']['summary'])}")
+    out.result(f"wrote {escape(report['output'])} and {escape(report['manifest'])}")
+    return 0
