@@ -91,3 +91,36 @@ def builtin_stage() -> Path:
     if not path.exists():
         write(mlp(width=512, depth=6, batch=64, seed=7), path)
     return path
+
+
+#: Artifacts shipped as package data, made by ``xstage export`` (their manifests say how;
+#: ``tests/export`` re-exports them and checks they still match). KB-sized, so the main job
+#: needs neither torch nor transformers.
+SHIPPED = {
+    "vision-tower-tiny": "the Qwen3.5 vision tower, tiny config (3 blocks, 32 wide), one "
+                         "64x64 image: patches [16, 1536] -> embeds [4, 48]",
+    "code2wav-tiny": "Qwen3-Omni code2wav, tiny config (2 layers, 4 quantizers), 50 frames: "
+                     "codes [1, 4, 50] -> wav [1, 1, 394]",
+}
+
+
+def builtin_artifact(name: str) -> Path:
+    """The shipped artifact ``name`` (its manifest sits beside it).
+
+    Raises:
+        UsageError: an unknown name (the message lists the known ones).
+    """
+    from importlib import resources
+
+    from xstage import errors
+
+    if name == "mlp-512x6-b64":
+        return builtin_stage()
+    if name not in SHIPPED:
+        raise errors.UsageError(
+            f"--builtin {name!r} is not one of: mlp-512x6-b64, {', '.join(SHIPPED)}")
+    path = Path(str(resources.files("xstage") / "builtins" / f"{name}.onnx"))
+    if not path.is_file():
+        raise errors.ArtifactError(f"the built-in {name} is missing from this installation ({path})",
+                                   remedy="reinstall xstage")
+    return path

@@ -195,6 +195,7 @@ def write_manifest(graph: Path, *, component: str, fmt: str, files: Sequence[Pat
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=2)
             f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a manifest is for everyone to read
         os.replace(tmp, where)
     finally:
         if os.path.exists(tmp):

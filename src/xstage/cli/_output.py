@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["Output"]
@@ -46,10 +47,11 @@ class Output:
             self.err.print(f"[yellow]warning:[/yellow] {text}")
 
     def error(self, text: str) -> None:
-        self.err.print(f"[red]error:[/red] {text}", markup=True)
+        # Messages are data: "[export]" in a remedy must print as written, not as markup.
+        self.err.print(f"[red]error:[/red] {escape(text)}", markup=True)
 
     def hint(self, text: str) -> None:
-        self.err.print(f"[dim]hint:[/dim] {text}")
+        self.err.print(f"[dim]hint:[/dim] {escape(text)}")
 
     def log(self, text: str) -> None:
         if self.verbosity > 0:

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xstage import errors
-from xstage.builtin_graphs import builtin_stage
+from xstage.builtin_graphs import builtin_artifact, builtin_stage
 from xstage.cli._output import Output
 from xstage.inputs import parse_dims, parse_shapes
 from xstage.ledger import parse_pool_arg
@@ -37,8 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "external", help="open a stage on a device, prove where it ran, gate its numbers",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--graph", metavar="PATH",
-                   help="the stage's graph (.onnx); default: the built-in stage")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--graph", metavar="PATH",
+                       help="the stage's graph (.onnx); default: the built-in MLP stage")
+    which.add_argument("--builtin", metavar="NAME",
+                       help="a shipped artifact: vision-tower-tiny, code2wav-tiny, mlp-512x6-b64")
     p.add_argument("--format", dest="fmt", metavar="FMT",
                    help="onnx:fp32|onnx:fp16|onnx:a16w8 (inferred when omitted)")
     p.add_argument("--component", metavar="NAME", help="the stage's name (inferred)")
@@ -158,7 +161,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     started = utc_now()
     if args.runs < 1 or args.warmup < 0:
         raise errors.UsageError("--runs must be >= 1 and --warmup >= 0")
-    graph = Path(args.graph) if args.graph else builtin_stage()
+    graph = (Path(args.graph) if args.graph
+             else builtin_artifact(args.builtin) if args.builtin else builtin_stage())
     prefer = [p for p in args.prefer.split(",") if p] if args.prefer else None
     kwargs = dict(
         device=args.device, prefer=prefer, route=args.route, min_placement=args.min_placement,

@@ -42,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from xstage.cli import devices, env, external, quantize, report, run, sanitize
+    from xstage.cli import devices, env, export, external, quantize, report, run, sanitize
 
     parser = _Parser(
         prog="xstage",
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics")
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors and data")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (devices, env, external, report, run, sanitize, quantize):
+    for module in (devices, env, external, report, run, sanitize, quantize, export):
         module.register(sub)
     # -v/-q work after the command too (`xstage run -q`), without overriding the global ones.
     seen: set[int] = set()

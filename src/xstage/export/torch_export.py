@@ -127,6 +127,22 @@ class _quiet:
         self._stack.close()
 
 
+def _ort_vs_torch(module: Any, example: tuple[Any, ...], path: Path,
+                  input_names: Sequence[str]) -> float:
+    """The exported graph on onnxruntime's CPU EP against the module in torch."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    got = session.run(None, {n: t.detach().numpy() for n, t in zip(input_names, example, strict=True)})
+    with torch.no_grad():
+        ref = [t.detach().float().numpy() for t in _flat(module(*example))]
+    return max(float(np.abs(a.astype(np.float64) - b).max()) for a, b in zip(got, ref, strict=True))
+
+
 def artifact_paths(out: Path, fmt: str) -> Path:
     """``out`` with the right extension for ``fmt``."""
     return out.with_suffix(".pt2" if fmt.startswith("pt:") else ".onnx")
@@ -135,7 +151,8 @@ def artifact_paths(out: Path, fmt: str) -> Path:
 def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: str, opset: int,
                     input_names: Sequence[str], output_names: Sequence[str],
                     component: str, source: dict[str, Any], fp32_source: str | None,
-                    io_spec: tuple[list[dict[str, Any]], list[dict[str, Any]]]) -> dict[str, Any]:
+                    io_spec: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+                    wrapper_check: dict[str, Any]) -> dict[str, Any]:
     """Write ``module`` as ``fmt`` at ``path`` (ONNX: exported, then sanitized in place of the
     raw export; .pt2: saved and reloaded to check it) and its manifest; return the report."""
     import torch
@@ -173,11 +190,15 @@ def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: s
             for leftover in (raw, raw.with_name(raw.name + ".data")):
                 leftover.unlink(missing_ok=True)
         files = [path.parent / f["path"] for f in sanitize_report["files"]]
+        report["onnxruntime_vs_torch_max_abs"] = _ort_vs_torch(module, example, path, input_names)
     report["export_s"] = round(time.perf_counter() - t0, 3)
     report["bytes"] = sum(f.stat().st_size for f in files)
     report["manifest"] = str(write_manifest(
         path, component=component, fmt=fmt, files=files, source=source, exporter=versions(),
         inputs=io_spec[0], outputs=io_spec[1], opset=None if fmt.startswith("pt:") else opset,
-        sanitize=sanitize_report, fp32_source=fp32_source))
+        sanitize=sanitize_report, fp32_source=fp32_source,
+        parity={"wrapper_vs_model": wrapper_check,
+                **({"onnxruntime_cpu_vs_torch_max_abs": report["onnxruntime_vs_torch_max_abs"]}
+                   if "onnxruntime_vs_torch_max_abs" in report else {})}))
     report["sanitize"] = sanitize_report and sanitize_report["counts"]
     return report

@@ -271,7 +271,7 @@ def export_vision_tower(out: str | Path, *, family: str = "qwen3_5", config: str
     report = export_artifact(tower, (patches,), path, fmt=fmt, opset=opset,
                              input_names=["patches"], output_names=names,
                              component="vision_tower", source=source, fp32_source=fp32_source,
-                             io_spec=io)
+                             io_spec=io, wrapper_check=check)
     report.update(family=family, image_size=list(image_size), images=images, wrapper=check,
                   grid_thw=grid.tolist(), transformers=transformers.__version__)
     return report

@@ -1,0 +1,98 @@
+"""``xstage export vision-tower|code2wav``: artifacts device runtimes accept, with a manifest.
+
+Needs the export extra (torch, transformers >= 5.24): ``pip install -e '.[export]'``. Each
+export checks that its wrapper reproduces the model's own forward bitwise, sanitizes ONNX
+(every site in the manifest), and writes ``<out>.manifest.json``. An fp16 ONNX export also
+writes its fp32 source beside it (``<out>-fp32.onnx``), so ``xstage external`` gates it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from xstage import errors
+from xstage.cli._output import Output
+
+__all__ = ["register"]
+
+_FORMATS = ("onnx:fp32", "onnx:fp16", "pt:fp32", "pt:fp16")
+
+
+def _size(text: str) -> tuple[int, int]:
+    h, _, w = text.lower().partition("x")
+    try:
+        return int(h), int(w or h)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not N or HxW") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export a model component (needs the export extra)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_subparsers(dest="component", metavar="COMPONENT", required=True,
+                            parser_class=type(p))
+    vt = what.add_parser("vision-tower", help="the Qwen3.5 / Qwen3-VL vision tower at one size")
+    vt.add_argument("--family", choices=["qwen3_5", "qwen3_vl"], default="qwen3_5")
+    src = vt.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", metavar="tiny|FILE.json", help="random weights (seeded, perturbed)")
+    src.add_argument("--checkpoint", metavar="DIR", help="config.json + safetensors shards")
+    vt.add_argument("--image-size", type=_size, default=(64, 64), metavar="N|HxW",
+                    help="multiple of 32 (patch 16 x merge 2); default 64")
+    vt.add_argument("--images", type=int, default=1, metavar="N", help="images of that size")
+    c2w = what.add_parser("code2wav", help="Qwen3-Omni's code2wav at a fixed number of frames")
+    c2w.add_argument("--config", default="tiny", metavar="tiny|FILE.json")
+    c2w.add_argument("--frames", type=int, default=325, metavar="T",
+                     help="codec frames (default 325, the model's own chunk)")
+    for q in (vt, c2w):
+        q.add_argument("--format", dest="fmt", choices=_FORMATS, default="onnx:fp32")
+        q.add_argument("--opset", type=int, default=21)
+        q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--out", required=True, metavar="PATH",
+                       help="artifact path (the extension follows --format)")
+        q.add_argument("--json", dest="json_path", metavar="REPORT.json")
+        q.set_defaults(func=run)
+
+
+def _export(args: argparse.Namespace, fmt: str, out: Path, fp32_source: str | None) -> dict[str, Any]:
+    if args.component == "vision-tower":
+        from xstage.export.vision_tower import export_vision_tower
+
+        return export_vision_tower(out, family=args.family, config=args.config,
+                                   checkpoint=args.checkpoint, image_size=args.image_size,
+                                   images=args.images, fmt=fmt, opset=args.opset, seed=args.seed,
+                                   fp32_source=fp32_source)
+    from xstage.export.code2wav import export_code2wav
+
+    return export_code2wav(out, config=args.config, frames=args.frames, fmt=fmt, opset=args.opset,
+                           seed=args.seed, fp32_source=fp32_source)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    target = Path(args.out)
+    reports = []
+    fp32_source = None
+    if args.fmt == "onnx:fp16":
+        source = target.with_name(target.with_suffix("").name + "-fp32")
+        reports.append(_export(args, "onnx:fp32", source, None))
+        fp32_source = Path(reports[-1]["path"]).name
+    reports.append(_export(args, args.fmt, target, fp32_source))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(reports, indent=2) + "\n")
+    for r in reports:
+        wrapper = r["wrapper"]
+        if not wrapper["bitwise_equal"]:  # pragma: no cover - bitwise_check raises first
+            raise errors.XstageError("wrapper mismatch")
+        extra = ""
+        if r.get("sanitize"):
+            extra = "; sanitize " + ", ".join(f"{k} {v['applied']} applied/{v['skipped']} skipped"
+                                              for k, v in r["sanitize"].items())
+        out.result(f"{escape(r['path'])} ({r['format']}, {r['bytes'] / 1024:.0f} KiB, "
+                   f"{r['export_s']:.1f} s): wrapper bitwise equal to the model's forward "
+                   f"({wrapper['outputs']} output(s)){escape(extra)}")
+        out.result(f"  manifest {escape(r['manifest'])}")
+    return 0
