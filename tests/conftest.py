@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -162,3 +163,39 @@ def fake_python(tmp_path: Path):
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def export_python() -> Path:
+    """A venv with torch 2.13.0 (CPU, from local disk), transformers and this xstage with its
+    ``export`` extra: the exporters run there, as a user's export environment would.
+
+    Rebuilt when ``pyproject.toml`` changes; skipped where torch 2.13.0 is not on local disk
+    for this Python (installing it would download GBs).
+    """
+    import hashlib
+
+    pin = "torch==2.13.0"
+    root = cache_root() / "export"
+    python = root / "venv" / "bin" / "python"
+    stamp = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    marker = root / f"built-{stamp}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.is_file() and _works(python, "import torch, transformers, xstage.export.torch_export"):
+            return python
+        if sys.version_info[:2] != (3, 11) or not _torch_wheel_is_local(pin):
+            pytest.skip(f"{pin} is not on local disk for this Python; installing it would download GBs")
+        shutil.rmtree(root / "venv", ignore_errors=True)
+        for old in root.glob("built-*"):
+            old.unlink()
+        subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=300)
+        for args in ([pin], ["-e", f"{REPO}[export]"]):
+            done = subprocess.run([str(python), "-m", "pip", "install", "-q", *args],
+                                  capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0:
+                pytest.skip(f"cannot build the export test env: pip install {' '.join(args)} "
+                            f"failed: {done.stderr[-500:]}")
+        marker.write_text("ok\n")
+    return python

@@ -251,7 +251,7 @@ def test_schema_ships_as_package_data():
     assert sorted(p.name for p in files.iterdir() if p.name.endswith(".json")) == ["record-v1.json"]
     assert load_schema()["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-    assert 'xstage = ["record/schema/*.json"]' in pyproject
+    assert 'xstage = ["record/schema/*.json", "builtins/*.onnx", "builtins/*.manifest.json"]' in pyproject
 
 
 def test_written_record_is_readable_by_others(tmp_path: Path):
