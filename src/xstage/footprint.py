@@ -195,8 +195,13 @@ def reservations(artifact: Artifact, route: str, pool: str,
         out.append(Reservation("weight copies", copies, pool, "session", "E",
                                f"{route} keeps {cost.weights_factor:.1f}x the artifact resident "
                                "(see runtime)"))
-    out.append(Reservation("parsed model", artifact.bytes, pool, "load", "E",
-                           "the runtime holds the parsed graph while it builds the session"))
+    graph_bytes = int(artifact.files[0]["bytes"]) if artifact.files else artifact.bytes
+    sidecars = artifact.bytes - graph_bytes
+    out.append(Reservation(
+        "parsed model", graph_bytes, pool, "load", "E",
+        "the runtime holds the parsed graph file while it builds the session"
+        + (f" (its {format_bytes(sidecars)} of external data is read straight into the "
+           "weights, not into the parsed graph)" if sidecars else "")))
     if artifact.format.startswith("onnx"):
         act = estimate_activations(artifact.path, shapes)
         if act.note:

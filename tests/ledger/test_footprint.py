@@ -113,3 +113,22 @@ def test_a_torch_program_gets_its_manifest_io_and_a_constant(tmp_path):
     assert "constant" in by["activations"].basis
     assert by["call tensors"].bytes == 2 * (1024 * 1536 + 256 * 2048) * 4
     assert by["runtime"].bytes == footprint.ROUTE_COSTS["torch-cpu"].base_bytes
+
+
+def test_external_data_is_not_counted_in_the_parsed_model(tmp_path):
+    import onnx
+
+    w = numpy_helper.from_array(np.ones((256, 256), np.float32), "w")
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])], [w]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save_model(model, str(tmp_path / "g.onnx"), save_as_external_data=True,
+                    location="g.onnx.data", size_threshold=0)
+    art = inspect_artifact(tmp_path / "g.onnx")
+    by = {r.purpose: r for r in footprint.reservations(art, "ort-cpu", "host_ram", {})}
+    graph_file = (tmp_path / "g.onnx").stat().st_size
+    assert by["weights"].bytes == art.bytes > 256 * 256 * 4  # graph + sidecar, read from disk
+    assert by["parsed model"].bytes == graph_file < 4096
+    assert "external data" in by["parsed model"].basis
