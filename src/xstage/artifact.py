@@ -83,6 +83,51 @@ def _manifest(graph: Path) -> tuple[dict[str, Any], Path | None]:
     return read_manifest(where), where
 
 
+def _is_torchscript(path: Path) -> bool:
+    """A TorchScript archive: code and constants, and no torch.export ``archive_format``."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+    if any(n.endswith("/archive_format") for n in names):
+        return False
+    return any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
+
+
+def _torch_program(path: Path, manifest: dict[str, Any], manifest_file: Path | None,
+                   fmt: str | None, component: str | None) -> Artifact:
+    """A ``.pt2``: its identity from the files, its format and I/O from its manifest (the
+    client has no torch to read the program with; the worker reports the signature again)."""
+    if manifest_file is None:
+        raise errors.ArtifactError(
+            f"{path} has no manifest beside it ({manifest_path(path).name}): a torch program's "
+            "format and inputs are read from it", remedy="export it with xstage export, which "
+            "writes the manifest")
+    entry = {"path": str(path), "sha256": _sha256(path), "bytes": path.stat().st_size}
+    check_files(manifest, manifest_file, hashed={str(path.resolve()): entry["sha256"]})
+    if not str(manifest["format"]).startswith("pt:"):
+        raise errors.ArtifactError(f"manifest {manifest_file} says {manifest['format']} for a .pt2",
+                                   remedy="re-export the artifact")
+    if fmt and fmt != manifest["format"]:
+        raise errors.UsageError(f"--format {fmt} conflicts with the manifest's {manifest['format']}",
+                                remedy="drop --format, or fix the manifest")
+    if component and component != manifest["component"]:
+        raise errors.UsageError(f"--component {component} conflicts with the manifest's "
+                                f"{manifest['component']}", remedy="drop --component")
+
+    def spec(d: dict[str, Any]) -> IOSpec:
+        return IOSpec(d["name"], d["dtype"], tuple(d["shape"]))
+
+    return Artifact(path=path.resolve(), format=manifest["format"], format_source="manifest",
+                    component=manifest["component"], sha256=entry["sha256"], bytes=entry["bytes"],
+                    files=(entry,), inputs=tuple(spec(d) for d in manifest["inputs"]),
+                    outputs=tuple(spec(d) for d in manifest["outputs"]), node_count=0,
+                    op_types=(), manifest=manifest)
+
+
 def _dims(type_proto: Any) -> tuple[int | str, ...]:
     dims: list[int | str] = []
     for d in type_proto.tensor_type.shape.dim:
@@ -130,10 +175,12 @@ def inspect_artifact(
         raise errors.ArtifactError(f"no graph at {path}", remedy="check the --graph path")
     suffix = path.suffix.lower()
     manifest, manifest_file = _manifest(path)
-    if suffix == ".pt2":
+    if suffix in (".pt", ".pth", ".pt2", ".ts") and _is_torchscript(path):
         raise errors.ArtifactError(
-            f"{path} is a torch.export program; the torch routes that run .pt2 stages are not "
-            "built yet", remedy="export the stage to ONNX for now")
+            f"{path} is a TorchScript file, not a torch.export program",
+            remedy="export the stage with torch.export (xstage export ... --format pt:fp32)")
+    if suffix == ".pt2":
+        return _torch_program(path, manifest, manifest_file, fmt, component)
     if suffix not in (".onnx",):
         raise errors.ArtifactError(
             f"{path}: unknown artifact type {suffix or '(no extension)'}",

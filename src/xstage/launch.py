@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from xstage import errors
@@ -39,6 +39,7 @@ def load_options(
     session: Mapping[str, Any] | None = None,
     fmt: str = "onnx:fp32",
     profile: bool = False,
+    output_names: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The worker's ``load`` options for ``status`` driving ``device`` (default: its first).
 
@@ -47,6 +48,8 @@ def load_options(
     """
     if not status.resolved:
         raise _missing(status)
+    if status.spec.runtime == "torch":
+        return _torch_options(status, device=device, profile=profile, output_names=output_names)
     if status.spec.runtime != "onnxruntime":
         raise errors.UsageError(f"route {status.name} runs {status.spec.runtime}, not ONNX graphs")
     device = device or (status.devices[0] if status.devices else None)
@@ -70,6 +73,23 @@ def load_options(
     ep["options"] = merged
     return {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device,
             "profile": profile, "notes": notes}
+
+
+def _torch_options(status: RouteStatus, *, device: str | None, profile: bool,
+                   output_names: Sequence[str]) -> dict[str, Any]:
+    """A torch route's options: the torch device for the xstage device id, and the names the
+    program's outputs take (from the manifest; a .pt2 names none of its own)."""
+    device = device or (status.devices[0] if status.devices else "cpu")
+    kind = status.spec.torch_device or "cpu"
+    if kind == "cpu":
+        torch_device = "cpu"
+    else:
+        last = device.rsplit(":", 1)[-1]
+        index = int(last) if last.isdigit() else 0
+        torch_device = f"{kind}:{index}"
+    return {"runtime": "torch", "device": torch_device, "xstage_device": device,
+            "route": status.name, "profile": profile, "output_names": list(output_names),
+            "notes": []}
 
 
 def windows_side_options(

@@ -25,11 +25,13 @@ from xstage.artifact import Artifact, inspect_artifact
 from xstage.client import Deadlines, WorkerClient
 from xstage.device_table import DeviceReport
 from xstage.device_table import devices as device_report
+from xstage.evidence_torch import prove_torch
 from xstage.inputs import SEED, load_npz, synthesize
 from xstage.launch import load_options, open_worker
 from xstage.ledger_state import Holding, Ledger
 from xstage.planner import Candidate, Plan, make_plan
 from xstage.record import SCHEMA_VERSION, host_block, utc_now
+from xstage.reference_torch import TorchReference
 from xstage.refusal import Refusal, RefusalCode
 from xstage.signature import check_inputs
 from xstage.timings import summarize
@@ -245,7 +247,8 @@ class Stage:
             exit_code=0, artifact=self.artifact, plan=self.plan, tried=self._tried,
             worker={"route": self.route, "interpreter": self._client.interpreter,
                     "hello": hello, "log": str(self._client.log_path) if self._client.log_path else None,
-                    "notes": self.notes},
+                    "notes": self.notes,
+                    "runtime": dict((self._client.loaded or {}).get("info") or {})},
             proof=self.proof.to_dict(), parity_doc=self.parity.to_dict(), timings=self.timings,
             memory={"rss_bytes": timing.get("rss"), "peak_bytes": timing.get("peak")},
             ledger={**self._ledger_doc, "warnings": list(self.warnings)},
@@ -338,13 +341,21 @@ def open_stage(
                    "tensors": {n: {"dtype": str(a.dtype), "shape": list(a.shape)}
                                for n, a in feeds.items()}}}
     check_inputs(feeds, art.inputs)
-    ref = _Reference(ref_path, ref_kind, session_opts)
-    ref_out = ref.outputs(feeds)  # bad inputs fail here, before any worker starts
+    is_torch = art.format.startswith("pt:")
     report = report or device_report()
+    ref: Any
+    ref_out: dict[str, np.ndarray] | None
+    if is_torch:  # the fp32 program on torch-cpu, in a worker, once a candidate has run
+        ref = TorchReference(report, ref_path, "torch_cpu" if ref_kind == "same_graph_cpu"
+                             else ref_kind, [o.name for o in art.outputs])
+        ref_kind, ref_out = ref.kind, None
+    else:
+        ref = _Reference(ref_path, ref_kind, session_opts)
+        ref_out = ref.outputs(feeds)  # bad inputs fail here, before any worker starts
     plan = make_plan(report, art.format, device=device, prefer=prefer, route=route)
     tried: list[tuple[Candidate, str, Refusal | None]] = []
     refusals: list[Refusal] = list(plan.refusals)
-    nodes = _graph_nodes(art.path)
+    nodes = [] if is_torch else _graph_nodes(art.path)
     book = ledger if ledger is not None else Ledger.default()
     rows = [row.device for row in report.devices]
     shapes = {name: tuple(arr.shape) for name, arr in feeds.items()}
@@ -373,14 +384,15 @@ def open_stage(
                 break
             continue
         options = load_options(cand.route, device=cand.device, ep_options=ep_options,
-                               session=session_opts, fmt=art.format, profile=True)
+                               session=session_opts, fmt=art.format, profile=True,
+                               output_names=[o.name for o in art.outputs])
         try:
             client = open_worker(cand.route, deadlines=deadlines)
         except BaseException:
             book.release(holding)
             raise
         try:
-            client.load(art.path, options=options)
+            client.load(art.path, runtime=options.get("runtime", "ort"), options=options)
             outputs = client.run(feeds, phase="warmup")
             warm = dict(client.last_timing)
             info, profile = client.evidence()
@@ -400,14 +412,12 @@ def open_stage(
             client.close()
             book.release(holding)
             raise
-        proof = evidence.prove(
-            target_ep=options["ep"]["name"], requested_ep=info.get("requested_ep"),
-            session_providers=info.get("session_providers") or [],
-            available_providers=info.get("available_providers") or [],
-            profile_text=profile.decode("utf-8", "replace") if profile else None,
-            assignment=info.get("assignment") if isinstance(info.get("assignment"), list) else None,
-            fallback_banner=info.get("fallback_banner"), graph_nodes=nodes,
-            min_placement=min_placement, ort_version=info.get("onnxruntime"))
+        if is_torch:
+            proof = prove_torch(ops=info.get("ops"), output_devices=info.get("output_devices"),
+                                target_device=options["device"], min_placement=min_placement,
+                                torch_version=info.get("torch"), kernels=info.get("kernels"))
+        else:
+            proof = _prove_onnx(options, info, profile, nodes, min_placement)
         refusal = None
         gate = None
         if proof.verdict != "placed":
@@ -418,6 +428,13 @@ def open_stage(
                 remedy=_declined_remedy(proof),
                 evidence=proof.to_dict())
         else:
+            if ref_out is None:
+                try:
+                    ref_out = ref.outputs(feeds)
+                except BaseException:
+                    client.close()
+                    book.release(holding)
+                    raise
             gate = parity.compare(outputs, ref_out, fmt=art.format, reference_kind=ref_kind,
                                   tolerance=tolerance)
             if gate.verdict != "passed":
@@ -463,6 +480,18 @@ def open_stage(
     raise errors.Refused(
         _refused_message(refusals, art), refusals=refusals, record=record,
         remedy=refusals[-1].remedy if refusals else "xstage devices shows what this machine has")
+
+
+def _prove_onnx(options: Mapping[str, Any], info: Mapping[str, Any], profile: bytes | None,
+                nodes: list[dict[str, str]], min_placement: float) -> evidence.PlacementProof:
+    return evidence.prove(
+        target_ep=options["ep"]["name"], requested_ep=info.get("requested_ep"),
+        session_providers=info.get("session_providers") or [],
+        available_providers=info.get("available_providers") or [],
+        profile_text=profile.decode("utf-8", "replace") if profile else None,
+        assignment=info.get("assignment") if isinstance(info.get("assignment"), list) else None,
+        fallback_banner=info.get("fallback_banner"), graph_nodes=nodes,
+        min_placement=min_placement, ort_version=info.get("onnxruntime"))
 
 
 def _measured_peak(pool: str, warm: Mapping[str, Any], memory: Mapping[str, Any],

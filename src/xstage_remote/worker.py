@@ -78,8 +78,12 @@ class Worker:
             from . import ort_runtime
 
             self.runtime = ort_runtime.load(frame.header["path"], options)
+        elif runtime == "torch":
+            from . import torch_runtime
+
+            self.runtime = torch_runtime.load(frame.header["path"], options)
         else:
-            raise ValueError("unknown runtime %r (this worker has: ort)" % runtime)
+            raise ValueError("unknown runtime %r (this worker has: ort, torch)" % runtime)
         self.send({"op": "loaded", "id": frame.id, "inputs": self.runtime.inputs,
                    "outputs": self.runtime.outputs, "info": self.runtime.info})
 

@@ -114,14 +114,21 @@ def _summary(doc: dict[str, Any]) -> list[tuple[str, str]]:
     chosen = plan.get("chosen")
     if chosen and worker:
         v = (worker.get("hello") or {}).get("worker", {}).get("versions", {})
+        runtime = worker.get("runtime") or {}
+        engine = (f"torch {runtime['torch']} on {runtime.get('device')}" if runtime.get("torch")
+                  else f"onnxruntime {v.get('onnxruntime')}")
         rows.append(("placed on", f"{chosen['device']} via {chosen['route']} "
-                                  f"(python {v.get('python')}, onnxruntime {v.get('onnxruntime')})"))
+                                  f"(python {v.get('python')}, {engine})"))
         for note in worker.get("notes") or []:
             rows.append(("route hook", note))
     proof = doc.get("proof")
     if proof:
         basis = proof.get("basis")
-        if basis == "plan":
+        if str(proof.get("target_ep", "")).startswith("torch:"):
+            how = (f"{proof['nodes_on_target']}/{proof['nodes_total']} ops on "
+                   f"{proof['target_ep']} (op log of the warm-up), {proof.get('copies') or 0} "
+                   "host/device copies")
+        elif basis == "plan":
             how = f"{proof['nodes_on_target']}/{proof['nodes_total']} nodes on {proof['target_ep']} (plan)"
         else:
             how = f"{(proof.get('time_fraction') or 0):.1%} of kernel time on {proof['target_ep']}"

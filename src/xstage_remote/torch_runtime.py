@@ -1,0 +1,215 @@
+"""The torch runtime: one ``torch.export`` program (``.pt2``) on one torch device, with per-op
+placement evidence from its first run. Python 3.9 syntax; needs only torch and numpy.
+
+Loading: ``torch.export.load``; a program is moved to its device with
+``torch.export.passes.move_to_device_pass`` where the torch has it (>= 2.5; plain
+``.module().to()`` leaves device arguments baked into nodes), and otherwise must have been
+exported on its target device. No ``.eval()`` on the loaded module (older builds reject it).
+Inputs are taken by name in the program's own signature order; outputs are named by the
+client (the manifest) or ``output_<i>``. A TorchScript file is refused with the remedy.
+
+Evidence: the first (warm-up) run goes through a ``TorchDispatchMode`` that logs every op
+with the devices of its tensor inputs and outputs. That works on old torch and on
+DirectML, whose profiler sees no device activity. Ops are aggregated by (op, input devices,
+output devices) so a large program's log stays small; the client judges it
+(``xstage.evidence.prove_torch``). On CUDA the profiler's device kernels are counted too.
+"""
+
+import time
+import zipfile
+
+import numpy as np
+
+__all__ = ["load"]
+
+
+def _version(text):
+    out = []
+    for piece in str(text).split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def _is_torchscript(path):
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+    has_pt2 = any(n.endswith("/archive_format") for n in names)
+    return not has_pt2 and any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
+
+
+def _dtype_tag(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+class _OpLog(object):
+    """A TorchDispatchMode that counts ops by (name, input devices, output devices)."""
+
+    def __init__(self, torch):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counts = {}
+        self.counts = counts
+
+        def devices(obj, out):
+            if isinstance(obj, torch.Tensor):
+                out.append(str(obj.device))
+            elif isinstance(obj, (list, tuple)):
+                for o in obj:
+                    devices(o, out)
+            elif isinstance(obj, dict):
+                for o in obj.values():
+                    devices(o, out)
+            return out
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                result = func(*args, **(kwargs or {}))
+                ins = tuple(sorted(set(devices((args, kwargs or {}), []))))
+                outs = tuple(sorted(set(devices(result, []))))
+                key = (str(func.overloadpacket.__name__), ins, outs)
+                counts[key] = counts.get(key, 0) + 1
+                return result
+
+        self.mode = Mode()
+
+    def records(self):
+        return [{"op": k[0], "in": list(k[1]), "out": list(k[2]), "count": n}
+                for k, n in sorted(self.counts.items())]
+
+
+def load(path, options):
+    """Load ``path`` for ``options["device"]`` (``cpu``, ``cuda:0``, ``privateuseone:0``…)."""
+    import torch
+
+    device_name = options.get("device") or "cpu"
+    if _is_torchscript(path):
+        raise ValueError("%s is a TorchScript file, not a torch.export program: export the "
+                         "stage with torch.export (xstage export ... --format pt:fp32)" % path)
+    t0 = time.perf_counter()
+    program = torch.export.load(path)
+    device = _device(torch, device_name, options)
+    moved = "not needed"
+    if device.type != "cpu":
+        try:
+            from torch.export.passes import move_to_device_pass
+        except ImportError:
+            move_to_device_pass = None
+        if move_to_device_pass is not None:
+            program = move_to_device_pass(program, device)
+            moved = "move_to_device_pass"
+        else:
+            where = {str(t.device) for t in program.state_dict.values()}
+            if where != {str(device)}:
+                raise RuntimeError(
+                    "torch %s has no torch.export.passes.move_to_device_pass (it came in 2.5) "
+                    "and the program's weights are on %s: export the program on %s"
+                    % (torch.__version__, sorted(where), device))
+            moved = "exported on the device"
+    module = program.module()
+    return TorchRuntime(torch, program, module, device, time.perf_counter() - t0, moved,
+                        options.get("output_names"), bool(options.get("profile")))
+
+
+def _device(torch, name, options):
+    if name.startswith("privateuseone") or options.get("directml"):
+        import torch_directml
+
+        index = int(name.split(":")[1]) if ":" in name else 0
+        return torch_directml.device(index)
+    return torch.device(name)
+
+
+def _spec(value, name):
+    return {"name": name, "dtype": _dtype_tag(value.dtype), "shape": [int(d) for d in value.shape]}
+
+
+class TorchRuntime(object):
+    def __init__(self, torch, program, module, device, load_s, moved, output_names, profile):
+        self.torch = torch
+        self.module = module
+        self.device = device
+        self._profile = profile
+        sig = program.graph_signature
+        placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+        self._input_names = list(sig.user_inputs)
+        self.inputs = [_spec(placeholders[n].meta["val"], n) for n in self._input_names]
+        out_node = [n for n in program.graph.nodes if n.op == "output"][0]
+        values = out_node.args[0]
+        user = [values[i] for i in range(len(values))][-len(sig.user_outputs):] \
+            if sig.user_outputs else []
+        names = list(output_names or []) or ["output_%d" % i for i in range(len(user))]
+        if len(names) != len(user):
+            raise ValueError("the program has %d outputs, the client named %d"
+                             % (len(user), len(names)))
+        self.outputs = [_spec(v.meta["val"], n) for v, n in zip(user, names)]
+        self.info = {"runtime": "torch", "torch": torch.__version__, "device": str(device),
+                     "load_s": load_s, "moved": moved}
+        self.evidence = {"runtime": "torch", "torch": torch.__version__, "device": str(device),
+                         "target_device_type": device.type, "moved": moved,
+                         "cuda": getattr(torch.version, "cuda", None)}
+        self.profile_text = None
+
+    def run(self, feeds):
+        torch = self.torch
+        args = [torch.from_numpy(np.ascontiguousarray(feeds[n])).to(self.device)
+                for n in self._input_names]
+        with torch.no_grad():
+            if self._profile:
+                self._profile = False
+                result = self._profiled(args)
+            else:
+                result = self.module(*args)
+        values = result if isinstance(result, (list, tuple)) else [result]
+        out = {}
+        for spec, value in zip(self.outputs, values):
+            out[spec["name"]] = value.detach().to("cpu").numpy()
+        return out
+
+    def run_into(self, feeds, out_views):
+        """The shared-region path: outputs copied into their slots where they fit."""
+        rest = {}
+        for name, value in self.run(feeds).items():
+            view = out_views.get(name)
+            if view is not None and view.size and view.shape == value.shape \
+                    and view.dtype == value.dtype:
+                np.copyto(view, value)
+            else:
+                rest[name] = value
+        return rest
+
+    def _profiled(self, args):
+        torch = self.torch
+        log = _OpLog(torch)
+        kernels = None
+        if self.device.type == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                with log.mode:
+                    result = self.module(*args)
+                torch.cuda.synchronize()
+            kernels = {"device_kernels": 0, "device_time_us": 0.0}
+            for event in prof.key_averages():
+                t = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+                if t and getattr(event, "device_type", None) is not None \
+                        and "CUDA" in str(event.device_type):
+                    kernels["device_kernels"] += int(event.count)
+                    kernels["device_time_us"] += float(t)
+            self.evidence["device_memory"] = {
+                "peak": int(torch.cuda.max_memory_allocated(self.device)),
+                "free_total": [int(x) for x in torch.cuda.mem_get_info(self.device)]}
+        else:
+            with log.mode:
+                result = self.module(*args)
+        values = result if isinstance(result, (list, tuple)) else [result]
+        self.evidence["ops"] = log.records()
+        self.evidence["output_devices"] = [str(v.device) for v in values]
+        self.evidence["kernels"] = kernels
+        return result
+
+    def close(self):
+        self.module = None

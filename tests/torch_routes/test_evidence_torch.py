@@ -1,0 +1,53 @@
+"""Judging a torch warm-up's op log (pure): views neutral, copies apart, CPU work caught."""
+
+from __future__ import annotations
+
+from xstage.evidence_torch import prove_torch
+
+
+def _op(op, ins, outs, n=1):
+    return {"op": op, "in": ins, "out": outs, "count": n}
+
+
+GPU = ["cuda:0"]
+CPU = ["cpu"]
+
+
+def test_all_on_the_device_is_placed_views_and_copies_apart():
+    ops = [_op("mm", GPU, GPU, 10), _op("view", GPU, GPU, 30), _op("_to_copy", CPU, GPU, 2),
+           _op("_assert_tensor_metadata", GPU, [], 5), _op("add", GPU, GPU, 4)]
+    proof = prove_torch(ops=ops, output_devices=["cuda:0"], target_device="cuda:0",
+                        min_placement=0.999)
+    assert proof.verdict == "placed" and proof.fraction == 1.0
+    assert (proof.nodes_on_target, proof.nodes_total, proof.copies) == (14, 14, 2)
+    assert proof.target_ep == "torch:cuda" and proof.basis == "execution"
+    assert proof.cpu_nodes == {}
+
+
+def test_a_round_trip_through_the_cpu_is_a_split_named_by_op():
+    ops = [_op("mm", GPU, GPU, 9), _op("_to_copy", GPU, CPU), _op("sin", CPU, CPU),
+           _op("_to_copy", CPU, GPU)]
+    proof = prove_torch(ops=ops, output_devices=["cuda:0"], target_device="cuda",
+                        min_placement=0.999)
+    assert proof.verdict == "declined" and proof.cause == "declined"
+    assert proof.fraction == 0.9 and proof.copies == 2
+    assert proof.cpu_nodes == {"sin": ("sin×1 on cpu",)}
+    assert prove_torch(ops=ops, output_devices=["cuda:0"], target_device="cuda",
+                       min_placement=0.5).verdict == "placed"
+
+
+def test_outputs_off_the_device_decline_whatever_the_fraction():
+    proof = prove_torch(ops=[_op("mm", GPU, GPU)], output_devices=["cpu"], target_device="cuda",
+                        min_placement=0.5)
+    assert proof.verdict == "declined" and any("outputs came back" in n for n in proof.notes)
+
+
+def test_no_log_is_unmeasured_never_placed():
+    proof = prove_torch(ops=[], output_devices=None, target_device="cpu")
+    assert proof.verdict == "unmeasured" and proof.cause == "unmeasured"
+
+
+def test_cpu_target_counts_cpu_ops_as_on_target():
+    proof = prove_torch(ops=[_op("mm", CPU, CPU, 3)], output_devices=["cpu"], target_device="cpu",
+                        min_placement=0.999)
+    assert proof.verdict == "placed" and proof.target_ep == "torch:cpu"
