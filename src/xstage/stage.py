@@ -156,8 +156,10 @@ class Stage:
                  proof: evidence.PlacementProof, parity_result: parity.Parity,
                  reference: _Reference, feeds: Mapping[str, np.ndarray],
                  request: Mapping[str, Any], started: str, notes: Sequence[str],
-                 ledger: Ledger, holding: Holding, ledger_doc: dict[str, Any]) -> None:
+                 ledger: Ledger, holding: Holding, ledger_doc: dict[str, Any],
+                 evidence_digest: str | None = None) -> None:
         self._client = client
+        self._evidence_digest = evidence_digest
         self.candidate = candidate
         self.artifact = artifact
         self.plan = plan
@@ -248,7 +250,8 @@ class Stage:
             worker={"route": self.route, "interpreter": self._client.interpreter,
                     "hello": hello, "log": str(self._client.log_path) if self._client.log_path else None,
                     "notes": self.notes,
-                    "runtime": dict((self._client.loaded or {}).get("info") or {})},
+                    "runtime": dict((self._client.loaded or {}).get("info") or {}),
+                    "evidence_sha256": self._evidence_digest},
             proof=self.proof.to_dict(), parity_doc=self.parity.to_dict(), timings=self.timings,
             memory={"rss_bytes": timing.get("rss"), "peak_bytes": timing.get("peak")},
             ledger={**self._ledger_doc, "warnings": list(self.warnings)},
@@ -473,13 +476,24 @@ def open_stage(
         return Stage(client=client, candidate=cand, artifact=art, plan=plan, tried=tried,
                      proof=proof, parity_result=gate, reference=ref, feeds=feeds,
                      request=request, started=started, notes=options.get("notes", []),
-                     ledger=book, holding=holding, ledger_doc=last_ledger)
+                     ledger=book, holding=holding, ledger_doc=last_ledger,
+                     evidence_digest=_digest(info, profile))
     record = build_record(argv=(), started=started, request=request, status="refused",
                           exit_code=2, refusals=refusals, artifact=art, plan=plan, tried=tried,
                           ledger=last_ledger)
     raise errors.Refused(
         _refused_message(refusals, art), refusals=refusals, record=record,
         remedy=refusals[-1].remedy if refusals else "xstage devices shows what this machine has")
+
+
+def _digest(info: Mapping[str, Any], profile: bytes | None) -> str:
+    """sha256 of the evidence the proof rests on (the worker's info and its profile)."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode())
+    h.update(b"\0" + (profile or b""))
+    return h.hexdigest()
 
 
 def _prove_onnx(options: Mapping[str, Any], info: Mapping[str, Any], profile: bytes | None,

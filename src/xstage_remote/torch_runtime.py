@@ -93,7 +93,15 @@ def load(path, options):
     program = torch.export.load(path)
     device = _device(torch, device_name, options)
     moved = "not needed"
-    if device.type != "cpu":
+    weights = {str(t.device) for t in program.state_dict.values()} | \
+        {str(t.device) for t in getattr(program, "constants", {}).values() if hasattr(t, "device")}
+    if device.type != "cpu" and weights and all(w == str(device) or
+                                                 (w == device.type and (device.index or 0) == 0)
+                                                 for w in weights):
+        # Exported on this device already: moving would also rewrite the program's own
+        # explicit .to(...) calls, hiding exactly the detours the evidence must see.
+        moved = "exported on the device"
+    elif device.type != "cpu":
         try:
             from torch.export.passes import move_to_device_pass
         except ImportError:
@@ -123,6 +131,25 @@ def _device(torch, name, options):
     return torch.device(name)
 
 
+def _gpu_identity(torch, device):
+    """Which GPU ran it: name and capability from torch, the driver from nvidia-smi."""
+    import subprocess
+
+    props = torch.cuda.get_device_properties(device)
+    out = {"gpu": props.name, "capability": "%d.%d" % (props.major, props.minor),
+           "gpu_memory_bytes": int(props.total_memory), "driver": None}
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=index,driver_version",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        for line in done.stdout.splitlines():
+            index, _, driver = line.partition(",")
+            if index.strip() == str(device.index or 0):
+                out["driver"] = driver.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 def _spec(value, name):
     return {"name": name, "dtype": _dtype_tag(value.dtype), "shape": [int(d) for d in value.shape]}
 
@@ -147,7 +174,9 @@ class TorchRuntime(object):
                              % (len(user), len(names)))
         self.outputs = [_spec(v.meta["val"], n) for v, n in zip(user, names)]
         self.info = {"runtime": "torch", "torch": torch.__version__, "device": str(device),
-                     "load_s": load_s, "moved": moved}
+                     "load_s": load_s, "moved": moved, "cuda": getattr(torch.version, "cuda", None)}
+        if device.type == "cuda":
+            self.info.update(_gpu_identity(torch, device))
         self.evidence = {"runtime": "torch", "torch": torch.__version__, "device": str(device),
                          "target_device_type": device.type, "moved": moved,
                          "cuda": getattr(torch.version, "cuda", None)}
