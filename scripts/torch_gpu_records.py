@@ -20,9 +20,12 @@ ART = OUT / "artifacts"
 REC = OUT / "records"
 
 
+ENV = None
+
+
 def sh(*args, check=False):
     print("$", " ".join(args), flush=True)
-    done = subprocess.run(args, capture_output=True, text=True)
+    done = subprocess.run(args, capture_output=True, text=True, env=ENV)
     print(done.stdout[-3000:], done.stderr[-3000:], "exit", done.returncode, flush=True)
     if check and done.returncode:
         sys.exit(done.returncode)
@@ -61,16 +64,35 @@ def main():
     import torch
     import transformers
 
+    wheel = os.environ.get("XS_TRANSFORMERS_WHEEL")
+    env = dict(os.environ)
+    if wheel:  # the host's transformers is too old for the exporters: a carried one
+        import zipfile
+
+        target = OUT / "tf"
+        zipfile.ZipFile(wheel).extractall(target)
+        env["PYTHONPATH"] = f"{target}:{env.get('PYTHONPATH', '')}"
+    global ENV
+    ENV = env
+
     ART.mkdir(parents=True, exist_ok=True)
     REC.mkdir(parents=True, exist_ok=True)
     print(json.dumps({"python": sys.version.split()[0], "torch": torch.__version__,
                       "cuda": torch.version.cuda, "transformers": transformers.__version__,
                       "gpu": torch.cuda.get_device_name(0)}), flush=True)
     x = [sys.executable, "-m", "xstage"]
-    sh(*x, "devices", "--json")
+    done = subprocess.run([*x, "devices", "--json"], capture_output=True, text=True, env=ENV)
+    (REC / "devices.json").write_text(done.stdout)
     (ART / "mid.json").write_text(json.dumps({"depth": 4, "deepstack_visual_indexes": [1, 3]}))
     sh(*x, "export", "vision-tower", "--family", "qwen3_vl", "--config", "tiny", "--format",
        "pt:fp32", "--out", str(ART / "tower-tiny"))
+    carried = os.environ.get("XS_CARRIED_PT2")  # the same tower saved by another torch
+    if carried:
+        (ART / "carried").mkdir(exist_ok=True)
+        for f in Path(carried).iterdir():
+            (ART / "carried" / f.name).write_bytes(f.read_bytes())
+        sh(*x, "external", "--graph", str(ART / "carried" / "tower-tiny.pt2"), "--route", "torch-cuda",
+           "--runs", "5", "--json", str(REC / "tower-tiny-carried.torch-cuda.json"))
     sh(*x, "export", "vision-tower", "--family", "qwen3_vl", "--config", str(ART / "mid.json"),
        "--image-size", "448", "--format", "pt:fp32", "--out", str(ART / "tower-mid"))
     detour(ART / "detour.pt2")
@@ -85,6 +107,8 @@ def main():
        "--json", str(REC / "detour.torch-cuda.json"))
     sh(*x, "external", "--graph", graph, "--route", "torch-cuda", "--min-placement", "0.999",
        "--runs", "5", "--json", str(REC / "detour.torch-cuda.min-placement-0.999.json"))
+    for f in ART.glob("**/*.pt2"):  # megabytes to hundreds: the records are what comes back
+        f.unlink()
 
 
 if __name__ == "__main__":

@@ -78,9 +78,16 @@ ROUTE_COSTS: dict[str, RouteCost] = {
         320 * MiB, 1.2,
         "measured: a torch 2.13 (CPU) worker holding the 1 MB tiny tower as .pt2 peaks at "
         "339 MiB after its warm-up (importing torch alone takes 218 MiB)", True),
+    "torch-cpu+cuda-build": RouteCost(
+        680 * MiB, 1.2,
+        "measured: a CUDA build of torch loads its CUDA libraries even on the CPU route; a "
+        "torch 2.11+cu130 worker holding the tiny tower on the CPU peaked at 653 MiB (H200 host)",
+        True),
     "torch-cuda": RouteCost(
-        512 * MiB, 1.2, _UNMEASURED + "a CUDA context before any weight (device memory)",
-        False),
+        768 * MiB, 1.2,
+        "measured: on an H200 (torch 2.11+cu130), a worker holding the 1 MB tiny tower uses "
+        "732 MiB of device memory by nvidia-smi (the CUDA context and the caching "
+        "allocator's reserve; torch's own max_memory_allocated sees a few MiB of it)", True),
     "torch-dml": RouteCost(
         256 * MiB, 2.0, _UNMEASURED + "a DirectML device and its heaps", False),
 }
@@ -179,9 +186,16 @@ def estimate_activations(path: Path, shapes: Mapping[str, tuple[int, ...]]) -> A
 
 
 def reservations(artifact: Artifact, route: str, pool: str,
-                 shapes: Mapping[str, tuple[int, ...]]) -> list[Reservation]:
-    """The stage's reservations in ``pool`` when ``route`` runs it at input ``shapes``."""
-    cost = ROUTE_COSTS.get(route) or RouteCost(
+                 shapes: Mapping[str, tuple[int, ...]],
+                 versions: Mapping[str, str] | None = None) -> list[Reservation]:
+    """The stage's reservations in ``pool`` when ``route`` runs it at input ``shapes``;
+    ``versions`` (the route's probe) tells a CUDA build of torch from a CPU one."""
+    torch_build = str((versions or {}).get("torch", ""))
+    if route == "torch-cpu" and ("+cu" in torch_build or "+rocm" in torch_build):
+        route_key = "torch-cpu+cuda-build"
+    else:
+        route_key = route
+    cost = ROUTE_COSTS.get(route_key) or RouteCost(
         ROUTE_COSTS["ort-cpu"].base_bytes, 2.0, _UNMEASURED + "an unknown route", False)
     files = ", ".join(f"{Path(f['path']).name} {format_bytes(f['bytes'])}" for f in artifact.files)
     out = [

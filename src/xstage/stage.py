@@ -369,7 +369,8 @@ def open_stage(
         pool = row.device.pool if row else ledger_mod.HOST_POOL
         kind = row.device.kind if row else "cpu"
         budget = ledger_mod.make_budget(
-            footprint.reservations(art, cand.route.name, pool, shapes), pool=pool)
+            footprint.reservations(art, cand.route.name, pool, shapes,
+                                   versions=cand.route.versions), pool=pool)
         holding, fit = book.reserve(budget, f"{art.path.name} on {cand.device} ({cand.route.name})",
                                     rows)
         spots = ledger_mod.blind_spots(kind, pool)
@@ -404,13 +405,18 @@ def open_stage(
             log = client.log_path
             client.close()
             book.release(holding)
+            if is_torch:
+                saved_by = (art.manifest.get("exporter") or {}).get("torch", "an unknown torch")
+                remedy = (f"the program was saved by torch {saved_by}; export it with the torch "
+                          f"this route runs (see docs/torch.md for what loads where); the full "
+                          f"message is in the worker log {log}")
+            else:
+                remedy = ("check the graph loads in that route's onnxruntime "
+                          f"({client.hello and client.hello['worker']['versions'].get('onnxruntime')}); "
+                          f"the full message is in the worker log {log}")
             raise errors.ArtifactError(
                 f"{cand.route.name} could not load or run {art.path.name}: "
-                f"{_first_line(exc.message)}",
-                remedy="check the graph loads in that route's onnxruntime "
-                f"({client.hello and client.hello['worker']['versions'].get('onnxruntime')}); "
-                f"the full message is in the worker log {log}",
-            ) from exc
+                f"{_first_line(exc.message)}", remedy=remedy) from exc
         except BaseException:
             client.close()
             book.release(holding)
@@ -423,13 +429,16 @@ def open_stage(
             proof = _prove_onnx(options, info, profile, nodes, min_placement)
         refusal = None
         gate = None
+        # Who ran it, with the digest of what the proof rests on: in every refusal from here.
+        ran = {"hello": client.hello, "runtime": dict((client.loaded or {}).get("info") or {}),
+               "evidence_sha256": _digest(info, profile)}
         if proof.verdict != "placed":
             refusal = Refusal(
                 code=RefusalCode.EP_DECLINED, cause=proof.cause or "unmeasured",
                 device=cand.device, route=cand.route.name,
                 message=_declined_message(proof, cand),
                 remedy=_declined_remedy(proof),
-                evidence=proof.to_dict())
+                evidence={**proof.to_dict(), "worker": ran})
         else:
             if ref_out is None:
                 try:
@@ -449,7 +458,7 @@ def open_stage(
                     remedy="look at the decided criterion; for OpenVINO check the precision "
                     "hint; --tolerance F relaxes the relative criterion when the difference "
                     "is expected",
-                    evidence={"parity": gate.to_dict(), "proof": proof.to_dict()})
+                    evidence={"parity": gate.to_dict(), "proof": proof.to_dict(), "worker": ran})
         if refusal is None:
             memory = info.get("memory") if isinstance(info.get("memory"), dict) else {}
             peak = _measured_peak(pool, warm, memory, info)
@@ -461,7 +470,7 @@ def open_stage(
                     device=cand.device, route=cand.route.name,
                     message=f"{cand.route.name} on {cand.device}: {measured.message()}",
                     remedy=_budget_remedy(measured),
-                    evidence={"ledger": last_ledger})
+                    evidence={"ledger": last_ledger, "worker": ran})
         if refusal is not None:
             refusals.append(refusal)
             tried.append((cand, "refused", refusal))
@@ -477,7 +486,7 @@ def open_stage(
                      proof=proof, parity_result=gate, reference=ref, feeds=feeds,
                      request=request, started=started, notes=options.get("notes", []),
                      ledger=book, holding=holding, ledger_doc=last_ledger,
-                     evidence_digest=_digest(info, profile))
+                     evidence_digest=ran["evidence_sha256"])
     record = build_record(argv=(), started=started, request=request, status="refused",
                           exit_code=2, refusals=refusals, artifact=art, plan=plan, tried=tried,
                           ledger=last_ledger)

@@ -20,7 +20,7 @@ import zipfile
 
 import numpy as np
 
-__all__ = ["load"]
+__all__ = ["load", "pick_adapter"]
 
 
 def _version(text):
@@ -55,8 +55,12 @@ class _OpLog(object):
         self.counts = counts
 
         def devices(obj, out):
+            # A 0-d CPU tensor is a scalar a device kernel takes by value (PyTorch allows it
+            # next to CUDA tensors; attention returns its RNG seed and offset that way): it
+            # says nothing about where the op computed.
             if isinstance(obj, torch.Tensor):
-                out.append(str(obj.device))
+                if not (obj.dim() == 0 and obj.device.type == "cpu"):
+                    out.append(str(obj.device))
             elif isinstance(obj, (list, tuple)):
                 for o in obj:
                     devices(o, out)
@@ -90,18 +94,26 @@ def load(path, options):
         raise ValueError("%s is a TorchScript file, not a torch.export program: export the "
                          "stage with torch.export (xstage export ... --format pt:fp32)" % path)
     t0 = time.perf_counter()
-    program = torch.export.load(path)
+    try:
+        program = torch.export.load(path)
+    except Exception as exc:
+        raise RuntimeError("torch %s could not load %s (a .pt2 saved by another torch version "
+                           "may not load: see docs/torch.md): %s: %s"
+                           % (torch.__version__, path, type(exc).__name__, exc)) from exc
     device = _device(torch, device_name, options)
+    if options.get("fp32_strict") and device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     moved = "not needed"
     weights = {str(t.device) for t in program.state_dict.values()} | \
         {str(t.device) for t in getattr(program, "constants", {}).values() if hasattr(t, "device")}
-    if device.type != "cpu" and weights and all(w == str(device) or
-                                                 (w == device.type and (device.index or 0) == 0)
-                                                 for w in weights):
+    on_target = all(w == str(device) or w.split(":")[0] == device.type == "cpu"
+                    or (w == device.type and (device.index or 0) == 0) for w in weights)
+    if weights and on_target:
         # Exported on this device already: moving would also rewrite the program's own
         # explicit .to(...) calls, hiding exactly the detours the evidence must see.
-        moved = "exported on the device"
-    elif device.type != "cpu":
+        moved = "exported on the device" if device.type != "cpu" else "not needed"
+    elif weights:
         try:
             from torch.export.passes import move_to_device_pass
         except ImportError:
@@ -122,12 +134,26 @@ def load(path, options):
                         options.get("output_names"), bool(options.get("profile")))
 
 
+def pick_adapter(names, wanted):
+    """The DirectML adapter index whose name matches ``wanted`` (case and spacing aside).
+
+    Never index 0 by default: on a laptop adapter 0 is often the discrete GPU, while the
+    stage asked for the integrated one. No match, or two, is an error naming them all.
+    """
+    norm = " ".join(str(wanted or "").lower().split())
+    hits = [i for i, n in enumerate(names) if norm and norm in " ".join(str(n).lower().split())]
+    if len(hits) != 1:
+        raise RuntimeError("DirectML adapter %r: %s among %s" % (
+            wanted, "no match" if not hits else "%d matches" % len(hits), list(names)))
+    return hits[0]
+
+
 def _device(torch, name, options):
     if name.startswith("privateuseone") or options.get("directml"):
         import torch_directml
 
-        index = int(name.split(":")[1]) if ":" in name else 0
-        return torch_directml.device(index)
+        names = [torch_directml.device_name(i) for i in range(torch_directml.device_count())]
+        return torch_directml.device(pick_adapter(names, options.get("adapter_name")))
     return torch.device(name)
 
 
@@ -147,6 +173,32 @@ def _gpu_identity(torch, device):
                 out["driver"] = driver.strip()
     except (OSError, subprocess.SubprocessError):
         pass
+    return out
+
+
+def _device_memory(torch, device):
+    """What this process holds on the GPU. ``max_memory_allocated`` is only torch's tensors;
+    the CUDA context and the caching allocator's reserve are not in it, so the ledger's
+    figure is the process's own use as nvidia-smi reports it, where it can."""
+    import os
+    import subprocess
+
+    out = {"peak_allocated": int(torch.cuda.max_memory_allocated(device)),
+           "reserved": int(torch.cuda.memory_reserved(device)),
+           "free_total": [int(x) for x in torch.cuda.mem_get_info(device)],
+           "process_used": None}
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                              timeout=20)
+        for line in done.stdout.splitlines():
+            pid, _, used = line.partition(",")
+            if pid.strip() == str(os.getpid()):
+                out["process_used"] = int(float(used.strip())) * (1 << 20)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    out["peak"] = out["process_used"] or out["reserved"] or out["peak_allocated"]
+    out["source"] = "nvidia-smi compute-apps" if out["process_used"] else "torch reserved"
     return out
 
 
@@ -174,7 +226,10 @@ class TorchRuntime(object):
                              % (len(user), len(names)))
         self.outputs = [_spec(v.meta["val"], n) for v, n in zip(user, names)]
         self.info = {"runtime": "torch", "torch": torch.__version__, "device": str(device),
-                     "load_s": load_s, "moved": moved, "cuda": getattr(torch.version, "cuda", None)}
+                     "load_s": load_s, "moved": moved, "cuda": getattr(torch.version, "cuda", None),
+                     "tf32": (bool(torch.backends.cuda.matmul.allow_tf32),
+                              bool(torch.backends.cudnn.allow_tf32))
+                     if device.type == "cuda" else None}
         if device.type == "cuda":
             self.info.update(_gpu_identity(torch, device))
         self.evidence = {"runtime": "torch", "torch": torch.__version__, "device": str(device),
@@ -228,9 +283,7 @@ class TorchRuntime(object):
                         and "CUDA" in str(event.device_type):
                     kernels["device_kernels"] += int(event.count)
                     kernels["device_time_us"] += float(t)
-            self.evidence["device_memory"] = {
-                "peak": int(torch.cuda.max_memory_allocated(self.device)),
-                "free_total": [int(x) for x in torch.cuda.mem_get_info(self.device)]}
+            self.evidence["device_memory"] = _device_memory(torch, self.device)
         else:
             with log.mode:
                 result = self.module(*args)

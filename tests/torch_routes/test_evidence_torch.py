@@ -51,3 +51,18 @@ def test_cpu_target_counts_cpu_ops_as_on_target():
     proof = prove_torch(ops=[_op("mm", CPU, CPU, 3)], output_devices=["cpu"], target_device="cpu",
                         min_placement=0.999)
     assert proof.verdict == "placed" and proof.target_ep == "torch:cpu"
+
+
+def test_directml_adapter_is_chosen_by_name_never_index_0():
+    import pytest
+
+    from xstage_remote.torch_runtime import pick_adapter
+
+    names = ["NVIDIA GeForce RTX 4060 Laptop GPU", "AMD Radeon(TM) 890M Graphics"]
+    assert pick_adapter(names, "AMD Radeon(TM) 890M  graphics") == 1
+    with pytest.raises(RuntimeError, match="no match"):
+        pick_adapter(names, "Intel Arc")
+    with pytest.raises(RuntimeError, match="no match"):
+        pick_adapter(names, None)  # no name: never a silent adapter 0
+    with pytest.raises(RuntimeError, match="2 matches"):
+        pick_adapter(["AMD Radeon", "AMD Radeon"], "AMD Radeon")
