@@ -122,7 +122,6 @@ def test_devices_json_stable_fields(capsys):
         "ort-tensorrt",
         "ort-qnn",
         "ort-coreml",
-        "torch-cuda",
         "torch-dml",
     }
 

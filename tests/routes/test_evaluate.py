@@ -190,4 +190,4 @@ def test_to_dict_has_the_stable_fields():
     doc = _judge("torch-cuda", H200).to_dict()
     for key in ("name", "status", "reason_code", "reason", "remedy", "interpreter", "versions", "verified"):
         assert key in doc
-    assert doc["status"] == "resolved" and doc["reason_code"] is None and doc["verified"] is False
+    assert doc["status"] == "resolved" and doc["reason_code"] is None and doc["verified"] is True
