@@ -202,3 +202,15 @@ def test_export_without_torch_is_a_usage_error_naming_the_extra():
     if done.returncode == 0:  # pragma: no cover - this interpreter has torch after all
         pytest.skip("torch is importable here")
     assert done.returncode == 64 and "[export]" in done.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--config", "tiny", "--image-size", "48"], "not a multiple of 32"),
+    (["--config", "/nonexistent/cfg.json"], "--config /nonexistent/cfg.json"),
+    (["--config", "tiny", "--images", "0"], "--images must be >= 1"),
+])
+def test_bad_export_options_are_usage_errors(export_python, tmp_path, args, message):
+    done = _export(export_python, "vision-tower", *args, "--out", str(tmp_path / "t"), check=False)
+    assert done.returncode == 64, done.stderr[-1000:]
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
