@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from xstage import errors
-from xstage.manifest import check_files, manifest_path, read_manifest
+from xstage.manifest import check_files, manifest_path, read_manifest, sha256_file
+from xstage_remote.torch_runtime import is_torchscript
 
 __all__ = ["Artifact", "IOSpec", "inspect_artifact"]
 
@@ -22,7 +23,6 @@ _ONNX_DTYPES = {
     9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
 }
 _QDQ = {"QuantizeLinear", "DequantizeLinear"}
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -67,34 +67,12 @@ class Artifact:
         }
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _manifest(graph: Path) -> tuple[dict[str, Any], Path | None]:
     """``<stem>.manifest.json`` beside the graph, validated (see ``xstage.manifest``), if any."""
     where = manifest_path(graph)
     if not where.is_file():
         return {}, None
     return read_manifest(where), where
-
-
-def _is_torchscript(path: Path) -> bool:
-    """A TorchScript archive: code and constants, and no torch.export ``archive_format``."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return False
-    if any(n.endswith("/archive_format") for n in names):
-        return False
-    return any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
 
 
 def _torch_program(path: Path, manifest: dict[str, Any], manifest_file: Path | None,
@@ -106,7 +84,7 @@ def _torch_program(path: Path, manifest: dict[str, Any], manifest_file: Path | N
             f"{path} has no manifest beside it ({manifest_path(path).name}): a torch program's "
             "format and inputs are read from it", remedy="export it with xstage export, which "
             "writes the manifest")
-    entry = {"path": str(path), "sha256": _sha256(path), "bytes": path.stat().st_size}
+    entry = {"path": str(path), "sha256": sha256_file(path), "bytes": path.stat().st_size}
     check_files(manifest, manifest_file, hashed={str(path.resolve()): entry["sha256"]})
     if not str(manifest["format"]).startswith("pt:"):
         raise errors.ArtifactError(f"manifest {manifest_file} says {manifest['format']} for a .pt2",
@@ -175,7 +153,7 @@ def inspect_artifact(
         raise errors.ArtifactError(f"no graph at {path}", remedy="check the --graph path")
     suffix = path.suffix.lower()
     manifest, manifest_file = _manifest(path)
-    if suffix in (".pt", ".pth", ".pt2", ".ts") and _is_torchscript(path):
+    if suffix in (".pt", ".pth", ".pt2", ".ts") and is_torchscript(path):
         raise errors.ArtifactError(
             f"{path} is a TorchScript file, not a torch.export program",
             remedy="export the stage with torch.export (xstage export ... --format pt:fp32)")
@@ -211,7 +189,7 @@ def inspect_artifact(
                         remedy="copy the sidecar file next to the graph")
                 if sidecar not in files:
                     files.append(sidecar)
-    entries = [{"path": str(f), "sha256": _sha256(f), "bytes": f.stat().st_size} for f in files]
+    entries = [{"path": str(f), "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in files]
     if manifest_file is not None:
         listed = {(manifest_file.parent / e["path"]).resolve() for e in manifest["files"]}
         if path.resolve() not in listed:

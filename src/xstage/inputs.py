@@ -8,15 +8,17 @@ naming the flag — never a guess.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from xstage import errors
 from xstage.artifact import IOSpec
 
-__all__ = ["SEED", "load_npz", "parse_dims", "parse_shapes", "synthesize"]
+__all__ = ["SEED", "load_npz", "parse_dims", "parse_shapes", "resolve_feeds", "synthesize"]
 
 SEED = 20260915
 
@@ -138,3 +140,16 @@ def _random(rng: np.random.Generator, spec: IOSpec, shape: tuple[int, ...]) -> n
     raise errors.UsageError(
         f"input {spec.name!r} has dtype {spec.dtype}, which cannot be synthesized",
         remedy="pass --inputs FILE.npz")
+
+
+def resolve_feeds(declared: Sequence[IOSpec],
+                  inputs: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
+                  shapes: Mapping[str, tuple[int, ...]] | None = None,
+                  dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """The inputs a caller gave: arrays as they are, an ``.npz`` loaded, or ``None``
+    synthesized at ``shapes``/``dims`` (the same rules everywhere inputs are taken)."""
+    if inputs is None:
+        return synthesize(declared, shapes=shapes, dims=dims)
+    if isinstance(inputs, str | os.PathLike):
+        return load_npz(inputs, declared)
+    return {k: np.asarray(v) for k, v in inputs.items()}

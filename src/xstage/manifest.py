@@ -26,7 +26,7 @@ from typing import Any
 from xstage import errors
 
 __all__ = ["MANIFEST_KIND", "MANIFEST_VERSION", "check_files", "file_entry", "manifest_path",
-           "read_manifest", "validate_manifest", "write_manifest"]
+           "read_manifest", "sha256_file", "validate_manifest", "write_manifest"]
 
 MANIFEST_KIND = "xstage.artifact"
 MANIFEST_VERSION = 1
@@ -135,7 +135,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return validate_manifest(doc, path)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
@@ -144,7 +145,7 @@ def _sha256(path: Path) -> str:
 
 
 def file_entry(path: Path, folder: Path) -> dict[str, Any]:
-    return {"path": path.relative_to(folder).as_posix(), "sha256": _sha256(path),
+    return {"path": path.relative_to(folder).as_posix(), "sha256": sha256_file(path),
             "bytes": path.stat().st_size}
 
 
@@ -162,7 +163,7 @@ def check_files(doc: Mapping[str, Any], where: Path,
         if not path.is_file():
             raise errors.ArtifactError(f"manifest {where}: lists {entry['path']}, which is missing",
                                        remedy="copy every file of the export together")
-        digest = (hashed or {}).get(str(path)) or _sha256(path)
+        digest = (hashed or {}).get(str(path)) or sha256_file(path)
         if digest != entry["sha256"] or path.stat().st_size != entry["bytes"]:
             raise errors.ArtifactError(
                 f"manifest {where}: {entry['path']} does not match (sha256 {digest[:12]}…, "

@@ -26,7 +26,7 @@ from xstage.client import Deadlines, WorkerClient
 from xstage.device_table import DeviceReport
 from xstage.device_table import devices as device_report
 from xstage.evidence_torch import prove_torch
-from xstage.inputs import SEED, load_npz, synthesize
+from xstage.inputs import SEED, resolve_feeds
 from xstage.launch import load_options, open_worker
 from xstage.ledger_state import Holding, Ledger
 from xstage.planner import Candidate, Plan, make_plan
@@ -318,12 +318,7 @@ def open_stage(
         session_opts["intra_op_num_threads"] = threads
     if graph_opt_level:
         session_opts["graph_optimization_level"] = graph_opt_level
-    if inputs is None:
-        feeds = synthesize(art.inputs, shapes=shapes, dims=dims)
-    elif isinstance(inputs, str | os.PathLike):
-        feeds = load_npz(inputs, art.inputs)
-    else:
-        feeds = {k: np.asarray(v) for k, v in inputs.items()}
+    feeds = resolve_feeds(art.inputs, inputs, shapes=shapes, dims=dims)
     if reference == "auto":
         source = art.manifest.get("fp32_source")
         if source and art.format != "onnx:fp32":

@@ -20,18 +20,11 @@ import zipfile
 
 import numpy as np
 
-__all__ = ["load", "pick_adapter"]
+__all__ = ["is_torchscript", "load", "pick_adapter"]
 
 
-def _version(text):
-    out = []
-    for piece in str(text).split("+")[0].split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        out.append(int(digits or 0))
-    return tuple(out)
-
-
-def _is_torchscript(path):
+def is_torchscript(path):
+    """A TorchScript archive: code and constants, and no torch.export ``archive_format``."""
     try:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
@@ -90,7 +83,7 @@ def load(path, options):
     import torch
 
     device_name = options.get("device") or "cpu"
-    if _is_torchscript(path):
+    if is_torchscript(path):
         raise ValueError("%s is a TorchScript file, not a torch.export program: export the "
                          "stage with torch.export (xstage export ... --format pt:fp32)" % path)
     t0 = time.perf_counter()
@@ -121,14 +114,11 @@ def load(path, options):
         if move_to_device_pass is not None:
             program = move_to_device_pass(program, device)
             moved = "move_to_device_pass"
-        else:
-            where = {str(t.device) for t in program.state_dict.values()}
-            if where != {str(device)}:
-                raise RuntimeError(
-                    "torch %s has no torch.export.passes.move_to_device_pass (it came in 2.5) "
-                    "and the program's weights are on %s: export the program on %s"
-                    % (torch.__version__, sorted(where), device))
-            moved = "exported on the device"
+        else:  # the weights are elsewhere (else the first branch was taken): no way to move
+            raise RuntimeError(
+                "torch %s has no torch.export.passes.move_to_device_pass (it came in 2.5) "
+                "and the program's weights are on %s: export the program on %s"
+                % (torch.__version__, sorted(weights), device))
     module = program.module()
     return TorchRuntime(torch, program, module, device, time.perf_counter() - t0, moved,
                         options.get("output_names"), bool(options.get("profile")))

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from xstage import errors
 from xstage.builtin_graphs import builtin_artifact, builtin_stage
+from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
 from xstage.inputs import parse_dims, parse_shapes
 from xstage.ledger import parse_pool_arg
@@ -51,11 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--route", choices=ROUTE_NAMES, metavar="NAME", help="pin a route")
     p.add_argument("--min-placement", type=float, default=0.5, metavar="F",
                    help="fraction of the graph the target EP must take (default 0.5)")
-    p.add_argument("--inputs", metavar="FILE.npz", help="inputs (no pickle); default: synthesized")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x640x640",
-                   help="fix an input's shape (repeatable)")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
-                   help="fix a symbolic dimension (repeatable)")
+    add_input_flags(p, npz_help="inputs (no pickle); default: synthesized")
     p.add_argument("--reference", metavar="PATH", help="fp32 graph to check against")
     p.add_argument("--tolerance", type=float, metavar="F", help="relative L2 tolerance override")
     p.add_argument("--ep-option", action="append", default=[], metavar="KEY=VALUE",

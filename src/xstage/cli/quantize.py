@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
 from xstage.inputs import parse_dims, parse_shapes
 
@@ -31,8 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--calibration", metavar="DIR", help="one .npz per sample")
     src.add_argument("--calibration-synthetic", type=int, metavar="N",
                      help="N synthesized samples (a stand-in, not real data)")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x640x640")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N")
+    add_input_flags(p, npz_help=None)  # samples come from --calibration instead
     p.add_argument("--json", dest="json_path", metavar="REPORT.json", help="write the report here")
     p.set_defaults(func=run)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
 from xstage.export import sanitize_onnx
 from xstage.inputs import parse_dims, parse_shapes
@@ -28,11 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("src", metavar="IN.onnx")
     p.add_argument("dst", metavar="OUT.onnx")
     p.add_argument("--json", dest="json_path", metavar="REPORT.json", help="write the report here")
-    p.add_argument("--inputs", metavar="FILE.npz", help="inputs for the equality check")
-    p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x640x640",
-                   help="fix an input's shape for the synthesized check inputs")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
-                   help="fix a symbolic dimension for the synthesized check inputs")
+    add_input_flags(p, npz_help="inputs for the equality check; default: synthesized")
     p.set_defaults(func=run)
 
 

@@ -107,6 +107,7 @@ def quantize_a16w8(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
 
     from xstage import parity
     from xstage.artifact import inspect_artifact
+    from xstage.export.sanitize import run_on_cpu
     from xstage.manifest import write_manifest
 
     src, dst = Path(src), Path(dst)
@@ -150,14 +151,8 @@ def quantize_a16w8(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         quantize_static(str(staged_in), str(staged), _Reader(samples),
                         quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt16,
                         weight_type=QuantType.QInt8)
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        ref = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
-        got = ort.InferenceSession(str(staged), so, providers=["CPUExecutionProvider"])
-        names = [o.name for o in ref.get_outputs()]
         check = samples[-1]
-        gate = parity.compare(dict(zip(names, got.run(names, check), strict=True)),
-                              dict(zip(names, ref.run(names, check), strict=True)),
+        gate = parity.compare(run_on_cpu(staged, check), run_on_cpu(src, check),
                               fmt="onnx:a16w8", reference_kind="fp32_source")
         os.replace(staged, dst)
     finally:

@@ -26,7 +26,7 @@ from xstage.export.passes import (
     SitePass,
 )
 
-__all__ = ["REPORT_KIND", "sanitize_onnx"]
+__all__ = ["REPORT_KIND", "run_on_cpu", "sanitize_onnx"]
 
 REPORT_KIND = "xstage.sanitize"
 
@@ -44,7 +44,8 @@ def _has_external_data(model: Any) -> bool:
     return False
 
 
-def _run(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_on_cpu(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Outputs by name of ``path`` on onnxruntime's CPU EP (the exporters' own checks)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -77,7 +78,6 @@ def sanitize_onnx(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     import onnx_ir.passes.common  # noqa: F401 - ShapeInferencePass
 
     from xstage.artifact import inspect_artifact
-    from xstage.inputs import load_npz, synthesize
 
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
@@ -112,7 +112,7 @@ def sanitize_onnx(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         except Exception as exc:  # noqa: BLE001 - the checker's own error types vary by version
             raise errors.ArtifactError(f"the sanitized graph fails onnx.checker: {exc}",
                                        remedy="report it with the input graph") from exc
-        parity = _check_parity(src, staged, art, inputs, shapes, dims, load_npz, synthesize)
+        parity = _check_parity(src, staged, art, inputs, shapes, dims)
         if parity["status"] == "differs":
             raise errors.XstageError(
                 f"the sanitized graph computes something else: {parity['detail']}",
@@ -133,26 +133,23 @@ def sanitize_onnx(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             "parity": parity, "outputs": outputs_before}
 
 
-def _check_parity(src: Path, staged: Path, art: Any, inputs: Any, shapes: Any, dims: Any,
-                  load_npz: Any, synthesize: Any) -> dict[str, Any]:
+def _check_parity(src: Path, staged: Path, art: Any, inputs: Any, shapes: Any,
+                  dims: Any) -> dict[str, Any]:
+    from xstage.inputs import resolve_feeds
+
     try:
-        if inputs is None:
-            feeds = synthesize(art.inputs, shapes=shapes, dims=dims)
-        elif isinstance(inputs, str | os.PathLike):
-            feeds = load_npz(inputs, art.inputs)
-        else:
-            feeds = {k: np.asarray(v) for k, v in inputs.items()}
+        feeds = resolve_feeds(art.inputs, inputs, shapes=shapes, dims=dims)
     except errors.UsageError as exc:
         if "unknown dimension" in exc.message:
             return {"status": "unchecked", "detail": "unchecked: pass --inputs or --shape "
                     f"({exc.message})"}
         raise
     try:
-        before = _run(src, feeds)
+        before = run_on_cpu(src, feeds)
     except Exception as exc:  # noqa: BLE001 - onnxruntime's errors are not one class
         why = str(exc).strip().splitlines()[-1][:300]
         try:
-            _run(staged, feeds)
+            run_on_cpu(staged, feeds)
         except Exception:  # noqa: BLE001
             raise errors.InputError(
                 f"the graph does not run on onnxruntime's CPU EP with these inputs: {why}",
@@ -160,7 +157,7 @@ def _check_parity(src: Path, staged: Path, art: Any, inputs: Any, shapes: Any, d
         return {"status": "unchecked", "detail": "unchecked: the input graph does not run on "
                 f"onnxruntime's CPU EP ({why}); the sanitized one does"}
     try:
-        after = _run(staged, feeds)
+        after = run_on_cpu(staged, feeds)
     except Exception as exc:  # noqa: BLE001
         return {"status": "differs", "detail": f"the sanitized graph fails where the input runs: "
                 f"{str(exc).strip().splitlines()[-1][:300]}"}

@@ -131,13 +131,12 @@ def _ort_vs_torch(module: Any, example: tuple[Any, ...], path: Path,
                   input_names: Sequence[str]) -> float:
     """The exported graph on onnxruntime's CPU EP against the module in torch."""
     import numpy as np
-    import onnxruntime as ort
     import torch
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    got = session.run(None, {n: t.detach().numpy() for n, t in zip(input_names, example, strict=True)})
+    from xstage.export.sanitize import run_on_cpu
+
+    feeds = {n: t.detach().numpy() for n, t in zip(input_names, example, strict=True)}
+    got = list(run_on_cpu(path, feeds).values())
     with torch.no_grad():
         ref = [t.detach().float().numpy() for t in _flat(module(*example))]
     return max(float(np.abs(a.astype(np.float64) - b).max()) for a, b in zip(got, ref, strict=True))

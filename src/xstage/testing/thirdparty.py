@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from xstage.errors import XstageError
+from xstage.manifest import sha256_file
 
 __all__ = ["GRAPHS", "FetchError", "InputSpec", "ThirdPartyGraph", "fetch", "inputs", "write_inputs"]
 
@@ -239,14 +240,6 @@ GRAPHS: dict[str, ThirdPartyGraph] = {g.name: g for g in (
 )}
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 _UNREACHABLE = re.compile(
     r"NewConnectionError|Max retries exceeded|Temporary failure in name resolution|Name or service not known"
     r"|Network is unreachable|ConnectTimeout|ReadTimeout|Connection refused|ProxyError|No route to host",
@@ -293,7 +286,7 @@ def fetch(name: str, cache_dir: str | os.PathLike[str]) -> Path:
     graph = GRAPHS[name]
     cache = Path(cache_dir)
     target = cache / graph.name / graph.filename
-    if target.is_file() and _sha256(target) == graph.sha256:
+    if target.is_file() and sha256_file(target) == graph.sha256:
         return target
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="xstage-thirdparty-", dir=cache) as tmp:
