@@ -11,9 +11,9 @@ import time
 import pytest
 from recorded import load_json_fixture
 
-from xstage import hardware as hw
 from xstage.cli.main import main
 from xstage.device_table import assemble
+from xstage.host import hardware as hw
 from xstage.routes import (
     ROUTE_NAMES,
     HostInfo,

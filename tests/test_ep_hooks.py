@@ -1,4 +1,4 @@
-"""Golden tests of the per-route EP option hooks (``xstage.ep_hooks.ep_options_for``).
+"""Golden tests of the per-route EP option hooks (``xstage.routes.hooks.ep_options_for``).
 
 ``ort-cpu`` and ``ort-openvino`` ran on this project's machines (``VERIFIED``); the other hooks
 are option builders written from their EPs' documentation, and their tests say so: the expected
@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from xstage.ep_hooks import VERIFIED, ep_options_for
 from xstage.routes import ROUTE_NAMES, get_spec
+from xstage.routes.hooks import VERIFIED, ep_options_for
 
 ONNX_ROUTES = [n for n in ROUTE_NAMES if n.startswith("ort-")]
 F32_CPU = json.dumps({"CPU": {"INFERENCE_PRECISION_HINT": "f32"}})

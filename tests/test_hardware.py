@@ -8,7 +8,7 @@ import psutil
 import pytest
 from recorded import load_fixture, materialize_sysfs
 
-from xstage import hardware as hw
+from xstage.host import hardware as hw
 
 
 def _proc(tmp_path: Path, cpuinfo: str, version: str = "Linux version 6.1.0 (gcc) #1 SMP") -> Path:

@@ -12,8 +12,8 @@ import pytest
 from recorded import load_json_fixture
 
 from xstage import errors
-from xstage import hardware as hw
 from xstage.device_table import DeviceReport, assemble
+from xstage.host import hardware as hw
 from xstage.planner import make_plan
 from xstage.refusal import RefusalCode
 from xstage.routes import (

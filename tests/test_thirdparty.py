@@ -19,9 +19,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
-from xstage.testing import thirdparty
-from xstage.testing.thirdparty import GRAPHS, FetchError, fetch, inputs, write_inputs
+import thirdparty
+from thirdparty import GRAPHS, FetchError, fetch, inputs, write_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = sorted(GRAPHS)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from recorded import load_fixture
 
-from xstage.routes import wsl
-from xstage.routes.wsl import WindowsPathError
+from xstage.host import wsl
+from xstage.host.wsl import WindowsPathError
 
 WSL2 = load_fixture("wsl", "proc-version-wsl2.txt")
 WSL1 = load_fixture("wsl", "proc-version-wsl1.txt")

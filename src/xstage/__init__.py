@@ -13,11 +13,11 @@ from xstage._version import __version__
 from xstage.client import Deadlines, WorkerClient, WorkerState
 from xstage.device_table import DeviceReport, devices
 from xstage.errors import Refused, XstageError
-from xstage.ledger_state import Ledger
 from xstage.planner import Plan, plan
 from xstage.refusal import Refusal, RefusalCode
 from xstage.routes import ReasonCode, RouteSpec, RouteStatus, resolve, resolve_all
 from xstage.stage import Stage, open_stage
+from xstage.stage.ledger import Ledger
 
 __all__ = [
     "Deadlines",

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from xstage import hardware as hw
 from xstage import ledger
 from xstage._version import __version__
+from xstage.host import hardware as hw
 from xstage.routes.resolve import HostInfo, RouteStatus, resolve_all
 from xstage.routes.specs import DEVICE_PREFERENCE, ROUTE_NAMES
 

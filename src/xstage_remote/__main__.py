@@ -1,6 +1,6 @@
 """Entry point inside a route's interpreter: ``worker`` (serve one stage) or ``probe``.
 
-The client starts this through ``xstage.remote_pkg.worker_argv``; nothing else should.
+The client starts this through ``xstage.client.staging.worker_argv``; nothing else should.
 """
 
 import sys

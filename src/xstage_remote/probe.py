@@ -14,7 +14,7 @@ Rules this module keeps:
   written to the duplicate, once, at the end.
 * torch is imported only with ``--torch``: importing it costs seconds.
 
-Usage (through ``xstage.remote_pkg.worker_argv(python, "probe", ...)``)::
+Usage (through ``xstage.client.staging.worker_argv(python, "probe", ...)``)::
 
     probe [--torch] [--plugin MODULE]...
 """

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from xstage.client import WorkerClient
-from xstage.remote_pkg import staged_root
+from xstage.client.staging import staged_root
 
 
 def test_python39_worker_says_hello_with_its_versions_and_computes(py39_ort119_python, graphs):
@@ -47,7 +47,7 @@ def test_openvino_worker_runs_a_graph_on_the_openvino_ep(openvino_python, graphs
     assert status.resolved, status.reason
     x = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
     ref = ort.InferenceSession(str(graphs["mlp"])).run(None, {"x": x})[0]
-    from xstage.launch import load_options
+    from xstage.routes.launch import load_options
 
     with WorkerClient(openvino_python, route="ort-openvino") as w:
         loaded = w.load(graphs["mlp"], options=load_options(status))

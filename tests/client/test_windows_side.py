@@ -16,8 +16,8 @@ import pytest
 from tests.recorded import load_fixture
 from xstage import errors
 from xstage.client import WorkerClient
-from xstage.launch import windows_side_options
-from xstage.routes.wsl import WslInfo
+from xstage.host.wsl import WslInfo
+from xstage.routes.launch import windows_side_options
 
 WSL = WslInfo(is_wsl=True, version=2, interop=True, distro="Ubuntu-24.04")
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from xstage import builtin_graphs, errors, open_stage, stage
-from xstage.ledger_state import Ledger
+from xstage import builtin_graphs, errors, open_stage
 from xstage.refusal import RefusalCode
+from xstage.stage import open as stage
+from xstage.stage.ledger import Ledger
 
 MiB = 1 << 20
 

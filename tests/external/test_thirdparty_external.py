@@ -1,6 +1,6 @@
 """``xstage external`` on real third-party graphs (pinned registry wheels), on ort-cpu and ort-openvino.
 
-The graphs come from ``xstage.testing.thirdparty`` and are fetched once into
+The graphs come from ``thirdparty`` and are fetched once into
 ``<test cache>/thirdparty/`` (the pattern of ``tests/test_thirdparty.py``, repeated here because
 that module is not importable from this package); the tests skip only when the package index
 cannot be reached at all. Each run is the real command in a subprocess (``--runs 3``), checked
@@ -20,8 +20,7 @@ from typing import Any
 
 import onnxruntime as ort
 import pytest
-
-from xstage.testing.thirdparty import GRAPHS, FetchError, fetch, write_inputs
+from thirdparty import GRAPHS, FetchError, fetch, write_inputs
 
 REPO = Path(__file__).resolve().parent.parent.parent
 ROUTES = ("ort-cpu", "ort-openvino")

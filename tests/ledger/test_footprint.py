@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from xstage import builtin_graphs, footprint, ledger
+from xstage import builtin_graphs, ledger
 from xstage.artifact import inspect_artifact
+from xstage.ledger import footprint
 
 MiB = 1 << 20
 

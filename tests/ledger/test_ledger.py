@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from xstage import errors, ledger
-from xstage.hardware import Device
+from xstage.host.hardware import Device
 from xstage.ledger import Pool, Reservation
-from xstage.ledger_state import Ledger
+from xstage.stage.ledger import Ledger
 
 MiB = 1 << 20
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from xstage.host.wsl import WslInfo
 from xstage.routes import HostInfo, InterpreterSource, ReasonCode, choose_interpreter, envs, get_spec
 from xstage.routes import config as cfg
-from xstage.routes.wsl import WslInfo
 
 LINUX = HostInfo(platform="linux")
 SPEC = get_spec("ort-openvino")

@@ -13,10 +13,10 @@ import sys
 import pytest
 from recorded import load_fixture, load_json_fixture, materialize_sysfs
 
-from xstage import hardware as hw
+from xstage.host import hardware as hw
+from xstage.host.wsl import WslInfo
 from xstage.routes import HostInfo, InterpreterChoice, InterpreterSource, ReasonCode, evaluate, get_spec
 from xstage.routes.probe import ProbeOutcome, ProbeRequest, run_probe
-from xstage.routes.wsl import WslInfo
 
 LINUX = HostInfo(platform="linux", cpu_vendor="intel")
 WSL = HostInfo(

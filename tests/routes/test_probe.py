@@ -173,7 +173,7 @@ def test_probe_many_runs_in_parallel(fake_python):
 
 @pytest.mark.parametrize("flag", [True, False])
 def test_argv_is_the_worker_launch_path(flag):
-    from xstage import remote_pkg
+    from xstage.client import staging as remote_pkg
 
     argv = ProbeRequest("/x/python", torch=flag, plugins=("m",)).argv()
     assert argv[: len(remote_pkg.worker_argv("/x/python"))] == remote_pkg.worker_argv("/x/python")
@@ -185,7 +185,7 @@ def test_argv_is_the_worker_launch_path(flag):
 
 
 def test_windows_root_replaces_the_staged_path():
-    from xstage import remote_pkg
+    from xstage.client import staging as remote_pkg
 
     argv = ProbeRequest("/mnt/c/py/python.exe", windows_root="\\\\wsl.localhost\\U\\stage").argv()
     assert str(remote_pkg.staged_root()) not in argv

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from xstage.host.wsl import WslInfo
 from xstage.routes import ROUTES, HostInfo, ReasonCode, get_spec, resolve, resolve_all, resolve_specs
-from xstage.routes.wsl import WslInfo
 
 LINUX = HostInfo(platform="linux", cpu_vendor="amd")
 WSL_NO_INTEROP = HostInfo(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xstage.evidence_torch import prove_torch
+from xstage.evidence.torch import prove_torch
 
 
 def _op(op, ins, outs, n=1):

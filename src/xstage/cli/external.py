@@ -23,11 +23,12 @@ from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
 from xstage.inputs import parse_dims, parse_shapes
 from xstage.ledger import parse_pool_arg
-from xstage.ledger_state import Ledger
 from xstage.record import records_path, utc_now, write_record
+from xstage.record.build import build_record
 from xstage.record.summary import ledger_rows
 from xstage.routes import ROUTE_NAMES
-from xstage.stage import build_record, open_stage
+from xstage.stage import open_stage
+from xstage.stage.ledger import Ledger
 
 __all__ = ["register"]
 

@@ -17,8 +17,8 @@ import numpy as np
 from xstage import builtin_graphs, errors
 from xstage.cli._output import Output
 from xstage.home import cache_dir
-from xstage.launch import load_options, open_worker
 from xstage.routes import ROUTE_NAMES, resolve_all
+from xstage.routes.launch import load_options, open_worker
 
 __all__ = ["register"]
 

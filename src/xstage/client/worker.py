@@ -30,8 +30,8 @@ import numpy as np
 
 from xstage import errors
 from xstage.client.deadlines import Deadlines
+from xstage.client.staging import local_hash, worker_argv
 from xstage.home import logs_dir
-from xstage.remote_pkg import local_hash, worker_argv
 from xstage.signature import check_inputs
 from xstage_remote import PROTOCOL_VERSION, shm, wire
 from xstage_remote.worker import PROFILE_TENSOR, auth_token

@@ -255,7 +255,7 @@ def records_path(
 
 def _cpu_name() -> str | None:
     try:
-        from xstage.hardware import parse_cpuinfo
+        from xstage.host.hardware import parse_cpuinfo
 
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             name = parse_cpuinfo(handle.read()).model_name

@@ -55,7 +55,7 @@ _PIP_TAIL_LINES = 25
 
 def host_cpu_vendor() -> str:
     """``intel``, ``amd``, … of this machine's CPU (``unknown`` when nothing says)."""
-    from xstage import hardware
+    from xstage.host import hardware
 
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")

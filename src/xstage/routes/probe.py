@@ -1,7 +1,7 @@
 """Probe interpreters by running them, in parallel, and cache what they said.
 
 Resolution asks each candidate interpreter what it can run by starting
-``xstage_remote.probe`` under it (``xstage.remote_pkg.worker_argv``). A probe costs from a
+``xstage_remote.probe`` under it (``xstage.client.staging.worker_argv``). A probe costs from a
 tenth of a second (onnxruntime) to seconds (torch, OpenVINO), so results are cached under
 ``cache/probes/`` with a key that changes whenever the answer could: the interpreter's real
 path and the path it was named by, the mtimes of its ``pyvenv.cfg`` and site-packages
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import xstage_remote
-from xstage import remote_pkg
 from xstage._version import __version__
+from xstage.client import staging as remote_pkg
 from xstage.home import cache_dir
 
 __all__ = [
@@ -57,7 +57,7 @@ class ProbeRequest:
         torch: import torch too (seconds).
         plugins: plugin EP modules to import and register.
         windows_root: for a Windows interpreter reached from WSL, the Windows path of the
-            staged worker package (``xstage.routes.wsl.to_windows_path``); None otherwise.
+            staged worker package (``xstage.host.wsl.to_windows_path``); None otherwise.
     """
 
     interpreter: str

@@ -35,10 +35,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from xstage import hardware as hw
 from xstage.errors import UsageError
+from xstage.host import hardware as hw
+from xstage.host import wsl
 from xstage.routes import config as cfg
-from xstage.routes import envs, wsl
+from xstage.routes import envs
 from xstage.routes.probe import ProbeOutcome, ProbeRequest, probe_many
 from xstage.routes.specs import ROUTES, RouteSpec, get_spec
 
@@ -854,7 +855,7 @@ def evaluate(
 
 
 def _windows_root(host: HostInfo) -> str | None:
-    from xstage import remote_pkg
+    from xstage.client import staging as remote_pkg
 
     return wsl.to_windows_path(str(remote_pkg.staged_root()), distro=host.wsl.distro)
 

@@ -692,7 +692,7 @@ def discover(
             pass  # an nvidia-smi we cannot read leaves the sysfs rows as they are
     nodes = dev_nodes(dev)
     if wsl is None:
-        from xstage.routes.wsl import current
+        from xstage.host.wsl import current
 
         wsl = current(proc=proc).is_wsl
     if wsl:

@@ -10,252 +10,32 @@ from __future__ import annotations
 
 import os
 import re
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from xstage import errors, evidence, footprint, parity
+from xstage import errors, evidence, parity
 from xstage import ledger as ledger_mod
-from xstage._version import __version__
 from xstage.artifact import Artifact, inspect_artifact
-from xstage.client import Deadlines, WorkerClient
+from xstage.client import Deadlines
 from xstage.device_table import DeviceReport
 from xstage.device_table import devices as device_report
-from xstage.evidence_torch import prove_torch
+from xstage.evidence.torch import prove_torch
 from xstage.inputs import SEED, resolve_feeds
-from xstage.launch import load_options, open_worker
-from xstage.ledger_state import Holding, Ledger
-from xstage.planner import Candidate, Plan, make_plan
-from xstage.record import SCHEMA_VERSION, host_block, utc_now
-from xstage.reference_torch import TorchReference
+from xstage.ledger import footprint
+from xstage.planner import Candidate, make_plan
+from xstage.record import utc_now
+from xstage.record.build import build_record
 from xstage.refusal import Refusal, RefusalCode
+from xstage.routes.launch import load_options, open_worker
 from xstage.signature import check_inputs
-from xstage.timings import summarize
+from xstage.stage.handle import Stage
+from xstage.stage.ledger import Ledger
+from xstage.stage.reference import OnnxReference, TorchReference
 
-__all__ = ["Stage", "build_record", "open_stage"]
-
-class _Reference:
-    """The reference arm: the fp32 graph on onnxruntime's CPU EP, in this process."""
-
-    def __init__(self, path: Path, kind: str, session_opts: Mapping[str, Any]) -> None:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.log_severity_level = 3  # onnxruntime's warnings are not the user's business here
-        if session_opts.get("intra_op_num_threads"):
-            so.intra_op_num_threads = int(session_opts["intra_op_num_threads"])
-        if session_opts.get("graph_optimization_level"):
-            so.graph_optimization_level = getattr(
-                ort.GraphOptimizationLevel, session_opts["graph_optimization_level"])
-        self.path, self.kind = path, kind
-        try:
-            self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise errors.ArtifactError(
-                f"the reference graph {path} does not load on onnxruntime's CPU EP: {exc}",
-                remedy="check the graph (or --reference)") from exc
-        self.names = [o.name for o in self.session.get_outputs()]
-        self._outputs: dict[str, np.ndarray] | None = None
-
-    def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self._outputs is None:
-            try:
-                values = self.session.run(self.names, dict(feeds))
-            except Exception as exc:
-                raise errors.InputError(f"the inputs do not run on the reference graph: {exc}",
-                                        remedy="check input names, dtypes and shapes") from exc
-            self._outputs = dict(zip(self.names, values, strict=True))
-        return self._outputs
-
-    def time(self, feeds: Mapping[str, np.ndarray], runs: int) -> list[float]:
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            self.session.run(self.names, dict(feeds))
-            times.append(time.perf_counter() - t0)
-        return times
-
-
-def build_record(
-    *,
-    argv: Sequence[str],
-    started: str,
-    request: Mapping[str, Any],
-    status: str,
-    exit_code: int,
-    refusals: Sequence[Refusal] = (),
-    error: BaseException | None = None,
-    artifact: Artifact | None = None,
-    plan: Plan | None = None,
-    tried: Sequence[tuple[Candidate, str, Refusal | None]] = (),
-    worker: Mapping[str, Any] | None = None,
-    proof: Mapping[str, Any] | None = None,
-    parity_doc: Mapping[str, Any] | None = None,
-    timings: Mapping[str, Any] | None = None,
-    memory: Mapping[str, Any] | None = None,
-    ledger: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The versioned record every ``external`` run writes, placed, refused or failed."""
-    candidates = []
-    seen = set()
-    for cand, outcome, refusal in tried:
-        seen.add((cand.device, cand.route.name))
-        candidates.append({"device": cand.device, "route": cand.route.name, "status": outcome,
-                           "refusal": refusal.to_dict() if refusal else None})
-    if plan is not None:
-        for cand in plan.candidates:
-            if (cand.device, cand.route.name) not in seen:
-                candidates.append({"device": cand.device, "route": cand.route.name,
-                                   "status": "not_tried", "refusal": None})
-        for refusal in plan.refusals:
-            if refusal.route is None or refusal.device is None:
-                continue  # not a (device, route) pair: it stands in outcome.refusals alone
-            candidates.append({"device": refusal.device, "route": refusal.route,
-                               "status": "refused", "refusal": refusal.to_dict()})
-    chosen = next(({"device": c.device, "route": c.route.name} for c, o, _ in tried
-                   if o == "chosen"), None)
-    err = None
-    if error is not None:
-        err = {"type": type(error).__name__, "message": getattr(error, "message", str(error)),
-               "remedy": getattr(error, "remedy", None)}
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "xstage.external",
-        "xstage_version": __version__,
-        "argv": list(argv),
-        "started": started,
-        "finished": utc_now(),
-        "host": host_block(),
-        "outcome": {"status": status, "exit_code": exit_code,
-                    "refusals": [r.to_dict() for r in refusals], "error": err},
-        "artifact": artifact.to_dict() if artifact else None,
-        "request": dict(request),
-        "plan": None if plan is None and not tried else {"chosen": chosen, "candidates": candidates},
-        "worker": dict(worker) if worker else None,
-        "proof": dict(proof) if proof else None,
-        "parity": dict(parity_doc) if parity_doc else None,
-        "timings": dict(timings) if timings else None,
-        "memory": dict(memory) if memory else None,
-        "ledger": dict(ledger) if ledger else None,
-    }
-
-
-class Stage:
-    """An admitted stage: call it like a function; it knows where it ran and how well.
-
-    Calls are serialized by the worker client's lock. After the worker dies every call
-    raises ``StageClosed``; ``close()`` is idempotent and the stage is a context manager.
-    """
-
-    def __init__(self, *, client: WorkerClient, candidate: Candidate, artifact: Artifact,
-                 plan: Plan, tried: list[tuple[Candidate, str, Refusal | None]],
-                 proof: evidence.PlacementProof, parity_result: parity.Parity,
-                 reference: _Reference, feeds: Mapping[str, np.ndarray],
-                 request: Mapping[str, Any], started: str, notes: Sequence[str],
-                 ledger: Ledger, holding: Holding, ledger_doc: dict[str, Any],
-                 evidence_digest: str | None = None) -> None:
-        self._client = client
-        self._evidence_digest = evidence_digest
-        self.candidate = candidate
-        self.artifact = artifact
-        self.plan = plan
-        self.proof = proof
-        self.parity = parity_result
-        self.timings: dict[str, Any] | None = None
-        self.notes = list(notes)
-        self._tried = tried
-        self._reference = reference
-        self._feeds = feeds
-        self._request = dict(request)
-        self._started = started
-        self._lock = threading.Lock()
-        self._ledger = ledger
-        self._holding: Holding | None = holding
-        #: What the ledger holds for this stage while it is open.
-        self.budget: ledger_mod.Budget = holding.budget
-        self._ledger_doc = ledger_doc
-        #: Things that went wrong after admission and did not stop the stage (a call whose
-        #: peak passed the budget); they go into the record.
-        self.warnings: list[str] = []
-
-    @property
-    def device(self) -> str:
-        return self.candidate.device
-
-    @property
-    def route(self) -> str:
-        return self.candidate.route.name
-
-    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Outputs by name in graph order; a dtype or shape mismatch raises ``InputError``."""
-        return self._run(inputs)
-
-    def _run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        try:
-            out = self._client.run(inputs)
-        except (errors.WorkerDied, errors.StageClosed):
-            self._ledger.release(self._holding)  # its memory went with its worker
-            self._holding = None
-            raise
-        peak = self._client.last_timing.get("peak")
-        limit = self._ledger_doc["budget_bytes"]
-        if peak and peak > limit and not self.warnings:
-            self.warnings.append(
-                f"a call's peak {ledger_mod.format_bytes(peak)} passed the budget of "
-                f"{ledger_mod.format_bytes(limit)} (the stage was not stopped)")
-        return out
-
-    def __enter__(self) -> Stage:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._client.close()
-        self._ledger.release(self._holding)
-        self._holding = None
-
-    def measure(self, *, runs: int = 20, warmup: int = 3, compare_cpu: bool = False,
-                progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Unprofiled warm-ups, then ``runs`` timed calls on the checked inputs."""
-        if runs < 1 or warmup < 0:
-            raise errors.UsageError("--runs must be >= 1 and --warmup >= 0")
-        for _ in range(warmup):
-            self._run(self._feeds)
-        compute, round_trip = [], []
-        for i in range(runs):
-            t0 = time.perf_counter()
-            self._run(self._feeds)
-            round_trip.append(time.perf_counter() - t0)
-            compute.append(self._client.last_timing.get("worker_ns", 0) / 1e9)
-            if progress:
-                progress(i + 1)
-        ref = self._reference.time(self._feeds, runs) if compare_cpu else None
-        self.timings = summarize(compute, round_trip, warmup=warmup, reference_s=ref)
-        self._request.update(runs=runs, warmup=warmup)
-        return self.timings
-
-    def record(self, *, argv: Sequence[str] = ()) -> dict[str, Any]:
-        """The record of this stage so far (validated and written by ``xstage.record``)."""
-        hello = self._client.hello or {}
-        timing = self._client.last_timing
-        return build_record(
-            argv=argv, started=self._started, request=self._request, status="placed",
-            exit_code=0, artifact=self.artifact, plan=self.plan, tried=self._tried,
-            worker={"route": self.route, "interpreter": self._client.interpreter,
-                    "hello": hello, "log": str(self._client.log_path) if self._client.log_path else None,
-                    "notes": self.notes,
-                    "runtime": dict((self._client.loaded or {}).get("info") or {}),
-                    "evidence_sha256": self._evidence_digest},
-            proof=self.proof.to_dict(), parity_doc=self.parity.to_dict(), timings=self.timings,
-            memory={"rss_bytes": timing.get("rss"), "peak_bytes": timing.get("peak")},
-            ledger={**self._ledger_doc, "warnings": list(self.warnings)},
-        )
+__all__ = ["open_stage"]
 
 
 def _graph_nodes(path: Path) -> list[dict[str, str]]:
@@ -348,7 +128,7 @@ def open_stage(
                              else ref_kind, [o.name for o in art.outputs])
         ref_kind, ref_out = ref.kind, None
     else:
-        ref = _Reference(ref_path, ref_kind, session_opts)
+        ref = OnnxReference(ref_path, ref_kind, session_opts)
         ref_out = ref.outputs(feeds)  # bad inputs fail here, before any worker starts
     plan = make_plan(report, art.format, device=device, prefer=prefer, route=route)
     tried: list[tuple[Candidate, str, Refusal | None]] = []

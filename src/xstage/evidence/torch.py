@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from xstage.evidence import PlacementProof
+from xstage.evidence.onnx import PlacementProof
 
 __all__ = ["NEUTRAL_OPS", "prove_torch"]
 

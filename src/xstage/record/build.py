@@ -1,0 +1,84 @@
+"""``build_record``: the one builder of every ``xstage external`` record, placed, refused or failed.
+
+The API (``Stage.record``, ``Refused.record``) and the CLI's error path all call it, so the
+three outcomes share one shape and one ``request`` block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from xstage._version import __version__
+from xstage.record.io import SCHEMA_VERSION, host_block, utc_now
+from xstage.refusal import Refusal
+
+if TYPE_CHECKING:
+    from xstage.artifact import Artifact
+    from xstage.planner import Candidate, Plan
+
+__all__ = ["build_record"]
+
+
+def build_record(
+    *,
+    argv: Sequence[str],
+    started: str,
+    request: Mapping[str, Any],
+    status: str,
+    exit_code: int,
+    refusals: Sequence[Refusal] = (),
+    error: BaseException | None = None,
+    artifact: Artifact | None = None,
+    plan: Plan | None = None,
+    tried: Sequence[tuple[Candidate, str, Refusal | None]] = (),
+    worker: Mapping[str, Any] | None = None,
+    proof: Mapping[str, Any] | None = None,
+    parity_doc: Mapping[str, Any] | None = None,
+    timings: Mapping[str, Any] | None = None,
+    memory: Mapping[str, Any] | None = None,
+    ledger: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The versioned record every ``external`` run writes, placed, refused or failed."""
+    candidates = []
+    seen = set()
+    for cand, outcome, refusal in tried:
+        seen.add((cand.device, cand.route.name))
+        candidates.append({"device": cand.device, "route": cand.route.name, "status": outcome,
+                           "refusal": refusal.to_dict() if refusal else None})
+    if plan is not None:
+        for cand in plan.candidates:
+            if (cand.device, cand.route.name) not in seen:
+                candidates.append({"device": cand.device, "route": cand.route.name,
+                                   "status": "not_tried", "refusal": None})
+        for refusal in plan.refusals:
+            if refusal.route is None or refusal.device is None:
+                continue  # not a (device, route) pair: it stands in outcome.refusals alone
+            candidates.append({"device": refusal.device, "route": refusal.route,
+                               "status": "refused", "refusal": refusal.to_dict()})
+    chosen = next(({"device": c.device, "route": c.route.name} for c, o, _ in tried
+                   if o == "chosen"), None)
+    err = None
+    if error is not None:
+        err = {"type": type(error).__name__, "message": getattr(error, "message", str(error)),
+               "remedy": getattr(error, "remedy", None)}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "xstage.external",
+        "xstage_version": __version__,
+        "argv": list(argv),
+        "started": started,
+        "finished": utc_now(),
+        "host": host_block(),
+        "outcome": {"status": status, "exit_code": exit_code,
+                    "refusals": [r.to_dict() for r in refusals], "error": err},
+        "artifact": artifact.to_dict() if artifact else None,
+        "request": dict(request),
+        "plan": None if plan is None and not tried else {"chosen": chosen, "candidates": candidates},
+        "worker": dict(worker) if worker else None,
+        "proof": dict(proof) if proof else None,
+        "parity": dict(parity_doc) if parity_doc else None,
+        "timings": dict(timings) if timings else None,
+        "memory": dict(memory) if memory else None,
+        "ledger": dict(ledger) if ledger else None,
+    }

@@ -1,0 +1,115 @@
+"""The numeric gate's two reference arms, behind one interface (``outputs``, ``time``).
+
+* ONNX stages: the fp32 graph on onnxruntime's CPU EP, in this process (``OnnxReference``).
+* torch stages: the fp32 program on ``torch-cpu``, in a worker (``TorchReference``). The
+  client has no torch of its own (a torch is ~1 GB, and the route's interpreter already has
+  one), so the reference runs in a ``torch-cpu`` worker, started when the gate needs it and
+  closed at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xstage import errors
+from xstage.device_table import DeviceReport
+from xstage.routes.launch import load_options, open_worker
+
+__all__ = ["OnnxReference", "TorchReference"]
+
+
+class OnnxReference:
+    """The reference arm: the fp32 graph on onnxruntime's CPU EP, in this process."""
+
+    def __init__(self, path: Path, kind: str, session_opts: Mapping[str, Any]) -> None:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 3  # onnxruntime's warnings are not the user's business here
+        if session_opts.get("intra_op_num_threads"):
+            so.intra_op_num_threads = int(session_opts["intra_op_num_threads"])
+        if session_opts.get("graph_optimization_level"):
+            so.graph_optimization_level = getattr(
+                ort.GraphOptimizationLevel, session_opts["graph_optimization_level"])
+        self.path, self.kind = path, kind
+        try:
+            self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise errors.ArtifactError(
+                f"the reference graph {path} does not load on onnxruntime's CPU EP: {exc}",
+                remedy="check the graph (or --reference)") from exc
+        self.names = [o.name for o in self.session.get_outputs()]
+        self._outputs: dict[str, np.ndarray] | None = None
+
+    def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._outputs is None:
+            try:
+                values = self.session.run(self.names, dict(feeds))
+            except Exception as exc:
+                raise errors.InputError(f"the inputs do not run on the reference graph: {exc}",
+                                        remedy="check input names, dtypes and shapes") from exc
+            self._outputs = dict(zip(self.names, values, strict=True))
+        return self._outputs
+
+    def time(self, feeds: Mapping[str, np.ndarray], runs: int) -> list[float]:
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            self.session.run(self.names, dict(feeds))
+            times.append(time.perf_counter() - t0)
+        return times
+
+
+class TorchReference:
+    """The fp32 program on a ``torch-cpu`` worker, started per use and closed at once."""
+
+    def __init__(self, report: DeviceReport, path: Path, kind: str,
+                 output_names: Sequence[str]) -> None:
+        self.path, self.kind = path, kind
+        self._report = report
+        self._names = list(output_names)
+        self._outputs: dict[str, np.ndarray] | None = None
+
+    def _worker(self):  # type: ignore[no-untyped-def]
+        status = self._report.route("torch-cpu")
+        if not status.resolved:
+            raise errors.RouteMissing(
+                f"the numeric gate of a torch stage runs its fp32 program on torch-cpu, which "
+                f"is missing here: {status.reason}",
+                reason_code=status.reason_code.value if status.reason_code else "unknown",
+                remedy=status.remedy or "set XSTAGE_PYTHON_TORCH_CPU to an interpreter with torch")
+        client = open_worker(status)
+        try:
+            client.load(self.path, runtime="torch",
+                        options=load_options(status, output_names=self._names))
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._outputs is None:
+            client = self._worker()
+            try:
+                self._outputs = client.run(feeds)
+            finally:
+                client.close()
+        return self._outputs
+
+    def time(self, feeds: Mapping[str, np.ndarray], runs: int) -> list[float]:
+        client = self._worker()
+        try:
+            client.run(feeds)
+            times = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                client.run(feeds)
+                times.append(time.perf_counter() - t0)
+            return times
+        finally:
+            client.close()
