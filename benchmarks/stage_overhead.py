@@ -67,7 +67,7 @@ def measure(graph: Path, shapes: dict, threads: int | None, rounds: int, per_rou
                 t0 = time.perf_counter()
                 stage(feeds)
                 remote.append(time.perf_counter() - t0)
-                compute.append(stage._client.last_timing.get("worker_ns", 0) / 1e9)
+                compute.append(stage.last_timing.get("worker_ns", 0) / 1e9)
     finally:
         stage.close()
     med_local, med_remote = statistics.median(local), statistics.median(remote)

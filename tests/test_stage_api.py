@@ -56,7 +56,7 @@ def test_inputs_are_checked_before_any_worker_starts(mlp):
 def test_a_dead_worker_makes_a_dead_stage_that_says_so_on_every_call(mlp):
     stage = xstage.open_stage(mlp, route="ort-cpu")
     x = np.ones((8, 256), np.float32)
-    os.kill(stage._client.pid, signal.SIGKILL)
+    os.kill(stage.worker_pid, signal.SIGKILL)
     with pytest.raises(errors.WorkerDied):
         stage({"x": x})
     for _ in range(2):

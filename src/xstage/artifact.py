@@ -16,7 +16,7 @@ from xstage import errors
 from xstage.manifest import check_files, manifest_path, read_manifest, sha256_file
 from xstage_remote.torch_runtime import is_torchscript
 
-__all__ = ["Artifact", "IOSpec", "inspect_artifact"]
+__all__ = ["Artifact", "IOSpec", "graph_nodes", "inspect_artifact"]
 
 _ONNX_DTYPES = {
     1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
@@ -242,3 +242,26 @@ def inspect_artifact(
         op_types=tuple(sorted({n.op_type for n in graph.node})),
         manifest=manifest,
     )
+
+
+def graph_nodes(art: Artifact) -> tuple[dict[str, str], ...]:
+    """Every node of an ONNX artifact, subgraphs included (name, op type), for the proof's
+    name checks; empty for a torch program, whose proof reads the profiler's op log."""
+    if not art.format.startswith("onnx:"):
+        return ()
+    import onnx
+
+    model = onnx.load(str(art.path), load_external_data=False)
+    out: list[dict[str, str]] = []
+
+    def walk(graph: Any) -> None:
+        for node in graph.node:
+            out.append({"name": node.name, "op_type": node.op_type})
+            for attr in node.attribute:
+                if attr.g and attr.g.node:
+                    walk(attr.g)
+                for g in attr.graphs:
+                    walk(g)
+
+    walk(model.graph)
+    return tuple(out)

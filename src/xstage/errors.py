@@ -63,7 +63,13 @@ __all__ = [
 
 
 class XstageError(Exception):
-    """Raised for every failure xstage anticipates; carries an optional remedy."""
+    """Raised for every failure xstage anticipates; carries an optional remedy.
+
+    ``record`` is the record of the run the error ended, where the API made one
+    (``open_stage`` attaches it), so the CLI writes the API's record instead of its own.
+    """
+
+    record: dict[str, Any] | None = None
 
     def __init__(self, message: str, *, remedy: str | None = None) -> None:
         super().__init__(message)

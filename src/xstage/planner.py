@@ -18,6 +18,7 @@ from typing import Any
 
 from xstage import errors
 from xstage.device_table import DeviceReport, DeviceRow
+from xstage.ledger import HOST_POOL
 from xstage.refusal import Refusal, RefusalCode
 from xstage.routes import DEVICE_PREFERENCE, ROUTE_NAMES, RouteStatus, get_spec
 
@@ -26,10 +27,16 @@ __all__ = ["Candidate", "Plan", "make_plan", "match_device", "plan"]
 
 @dataclass(frozen=True)
 class Candidate:
-    """One (device, route) the stage may be opened on, in the order to try."""
+    """One (device, route) the stage may be opened on, in the order to try.
+
+    ``pool`` and ``kind`` come from the device's row (host RAM and ``cpu`` when the table has
+    no row for it), so admission needs nothing more from the device table.
+    """
 
     device: str
     route: RouteStatus
+    pool: str = HOST_POOL
+    kind: str = "cpu"
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "route": self.route.name}
@@ -67,7 +74,7 @@ def _routes_for(row: DeviceRow, fmt: str, only: str | None) -> tuple[list[Candid
         if fmt not in status.spec.formats:
             continue
         if status.resolved and device in status.devices:
-            cands.append(Candidate(device, status))
+            cands.append(Candidate(device, status, row.device.pool, row.device.kind))
         else:
             refusals.append(Refusal(
                 code=RefusalCode.DEVICE_UNREACHABLE, cause="route_missing", device=device,
@@ -134,13 +141,26 @@ def make_plan(
     device: str | None = None,
     prefer: Sequence[str] | None = None,
     route: str | None = None,
+    offload: bool = False,
 ) -> Plan:
     """Candidates and refusals for an artifact of format ``fmt``.
+
+    ``offload``: the default plan's candidates with every route that is a reference arm moved
+    last, so the stage goes anywhere but the reference first and falls through to it.
 
     Raises:
         UsageError: conflicting selectors, an unknown route, or a pinned route that cannot
             drive the asked device.
     """
+    if offload:
+        if device or prefer or route:
+            raise errors.UsageError(
+                "--offload chooses the routes itself: it cannot be combined with --device, "
+                "--prefer or --route", remedy="drop one of them")
+        base = make_plan(report, fmt)
+        first = tuple(c for c in base.candidates if not c.route.spec.reference_arm)
+        last = tuple(c for c in base.candidates if c.route.spec.reference_arm)
+        return Plan(first + last, base.refusals, "offload", True, base.considered)
     if device and prefer:
         raise errors.UsageError("--device and --prefer are mutually exclusive",
                                 remedy="--device requires one device; --prefer lists several")
@@ -193,7 +213,10 @@ def make_plan(
                 f"here, not {device}", remedy="xstage devices shows what each route drives",
                 evidence={"devices": list(status.devices)})
             return Plan((), (refusal,), "route", False)
-        return Plan(tuple(Candidate(targets[0], status) for _ in (0,)), (), "route", False)
+        row = report.device(targets[0])
+        cand = (Candidate(targets[0], status, row.device.pool, row.device.kind) if row
+                else Candidate(targets[0], status))
+        return Plan((cand,), (), "route", False)
     if device is not None:
         cands, refusals = _plan_device(report, device, fmt, None)
         return Plan(tuple(cands), tuple(refusals), "device", True, (device,))

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 
 from xstage import builtin_graphs, errors, open_stage
 from xstage.refusal import RefusalCode
-from xstage.stage import open as stage
+from xstage.stage import admit as stage
 from xstage.stage.ledger import Ledger
 
 MiB = 1 << 20
@@ -131,7 +131,7 @@ def test_closing_a_stage_releases_its_budget_and_a_dead_worker_too(ledger_graphs
     import os
     import signal
 
-    os.kill(st._client.pid, signal.SIGKILL)
+    os.kill(st.worker_pid, signal.SIGKILL)
     with pytest.raises(errors.WorkerError):
         st({"x": np.zeros((8, 256), np.float32)})
     assert book.held_bytes("host_ram") == 0

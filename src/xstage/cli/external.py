@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             stage.measure(runs=args.runs, warmup=args.warmup, compare_cpu=args.compare_cpu,
                           progress=lambda n: bar.update(task, completed=n))
         if args.save_outputs:
-            outputs = stage(stage._feeds)
+            outputs = stage(stage.inputs)
             np.savez(args.save_outputs, **outputs)
         doc = stage.record(argv=argv)
     _write(doc, args, out)

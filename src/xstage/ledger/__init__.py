@@ -1,5 +1,6 @@
-"""Memory arithmetic, pure: pools, reservations, budgets and verdicts (``budget``), and the
-reservations one stage needs, computed from facts (``footprint``).
+"""Memory arithmetic, pure: pools, reservations, budgets and the fit verdict (``budget``), the
+measured-peak verdict (``measured``), and the reservations one stage needs, computed from facts
+(``footprint``).
 
 The stateful ``Ledger`` that open stages share lives with them, in ``xstage.stage.ledger``.
 """
@@ -13,17 +14,19 @@ from xstage.ledger.budget import (
     MARGIN,
     Budget,
     Fit,
-    Measured,
     Pool,
     Reservation,
     blind_spots,
     check_fit,
-    check_measured,
     format_bytes,
     make_budget,
     parse_pool_arg,
     parse_size,
     pools_from_devices,
+)
+from xstage.ledger.measured import (
+    Measured,
+    check_measured,
     record_block,
 )
 

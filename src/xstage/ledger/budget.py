@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,18 +34,15 @@ __all__ = [
     "MARGIN",
     "Budget",
     "Fit",
-    "Measured",
     "Pool",
     "Reservation",
     "blind_spots",
     "check_fit",
-    "check_measured",
     "format_bytes",
     "make_budget",
     "parse_pool_arg",
     "parse_size",
     "pools_from_devices",
-    "record_block",
 ]
 
 HOST_POOL = "host_ram"
@@ -187,40 +184,6 @@ def check_fit(pool: Pool, held_bytes: int, budget: Budget) -> Fit:
     return Fit(fits, None if fits else "over_budget", pool, held_bytes, budget.budget_bytes)
 
 
-@dataclass(frozen=True)
-class Measured:
-    """The budget against the worker's own peak."""
-
-    verdict: str  # within | over | unreported
-    cause: str | None  # None | peak_over_budget | peak_unreported
-    budget_bytes: int
-    peak_bytes: int | None
-
-    @property
-    def budget_over_measured(self) -> float | None:
-        if not self.peak_bytes:
-            return None
-        return self.budget_bytes / self.peak_bytes
-
-    def message(self) -> str:
-        if self.cause == "peak_unreported":
-            return ("the worker reported no memory peak, so a budget of "
-                    f"{format_bytes(self.budget_bytes)} could not be confirmed")
-        ratio = self.budget_over_measured or 0.0
-        rel = "over" if self.verdict == "over" else "within"
-        return (f"measured peak {format_bytes(self.peak_bytes or 0)} is {rel} the budget of "
-                f"{format_bytes(self.budget_bytes)} (budget/measured {ratio:.2f})")
-
-
-def check_measured(budget_bytes: int, peak_bytes: int | None) -> Measured:
-    """Compare a budget with the worker's measured peak (``None`` or 0: not reported)."""
-    if not peak_bytes:
-        return Measured("unreported", "peak_unreported", budget_bytes, None)
-    if peak_bytes > budget_bytes:
-        return Measured("over", "peak_over_budget", budget_bytes, peak_bytes)
-    return Measured("within", None, budget_bytes, peak_bytes)
-
-
 # --------------------------------------------------------------------------- pools
 def pools_from_devices(devices: Sequence[Any], *, host_available: int | None,
                        host_source: str) -> dict[str, Pool]:
@@ -304,31 +267,3 @@ def blind_spots(device_kind: str, pool: str) -> list[str]:
         spots.append(f"the worker's own host RAM is not charged to {HOST_POOL}; this stage's "
                      f"budget is in {pool}")
     return spots
-
-
-def record_block(budget: Budget, fit: Fit, measured: Measured | None, *,
-                 memory: Mapping[str, Any] | None = None, spots: Sequence[str] = (),
-                 warnings: Sequence[str] = ()) -> dict[str, Any]:
-    """The record's ``ledger`` object for one stage (see the record schema)."""
-    cause = fit.cause or (measured.cause if measured else None)
-    if cause:
-        verdict = "refused"
-    elif measured is None:
-        verdict = "reserved"  # held, not yet (or never) measured
-    else:
-        verdict = "within_budget"
-    memory = dict(memory or {})
-    return {
-        "pool": fit.pool.to_dict(),
-        "held_bytes": fit.held_bytes,
-        **{k: v for k, v in budget.to_dict().items() if k != "pool"},
-        "measured_peak_bytes": measured.peak_bytes if measured else None,
-        "measured_rss_bytes": memory.get("rss"),
-        "uss_bytes": memory.get("uss"),
-        "pss_bytes": memory.get("pss"),
-        "budget_over_measured": measured.budget_over_measured if measured else None,
-        "verdict": verdict,
-        "cause": cause,
-        "blind_spots": list(spots),
-        "warnings": list(warnings),
-    }

@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 #: The version this xstage writes; it reads any ``1.x``.
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 SCHEMA_MAJOR = 1
 
 _VERSION = re.compile(r"^([0-9]+)\.([0-9]+)$")

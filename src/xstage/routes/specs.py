@@ -62,6 +62,8 @@ class RouteSpec:
         platforms: host platforms the route can exist on at all: ``linux``, ``wsl``,
             ``windows``, ``darwin``. Anything else is ``wrong_os``.
         verified: True only where a machine of this project ran it.
+        reference_arm: the route the numeric gate's reference runs on for its runtime
+            (``ort-cpu``, ``torch-cpu``); ``--offload`` tries it last.
         ep: the onnxruntime execution provider it asks for (None for torch).
         ep_options: default provider options (read-only mapping).
         torch_device: the torch device string (None for onnxruntime).
@@ -95,6 +97,7 @@ class RouteSpec:
     version_note: str = ""
     backend_module: str | None = None
     docs: str = ""
+    reference_arm: bool = False
 
     @property
     def env_var(self) -> str:
@@ -134,6 +137,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         os_side="this",
         platforms=_ANY_OS,
         verified=True,
+        reference_arm=True,
         ep="CPUExecutionProvider",
         packages=_frozen({"default": ("onnxruntime", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/",
@@ -265,6 +269,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         os_side="this",
         platforms=_ANY_OS,
         verified=True,  # tests/torch_routes: a real .pt2 through xstage external
+        reference_arm=True,
         torch_device="cpu",
         packages=_frozen({"default": ("torch", "numpy")}),
         docs="https://pytorch.org/docs/stable/export.html",

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from xstage import errors
+from xstage.artifact import Artifact
 from xstage.device_table import DeviceReport
 from xstage.routes.launch import load_options, open_worker
 
-__all__ = ["OnnxReference", "TorchReference"]
+__all__ = ["OnnxReference", "TorchReference", "make_reference"]
 
 
 class OnnxReference:
@@ -46,7 +48,16 @@ class OnnxReference:
         self.names = [o.name for o in self.session.get_outputs()]
         self._outputs: dict[str, np.ndarray] | None = None
 
+    def precheck(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Run the reference now: inputs it cannot run fail before any worker starts."""
+        self.outputs(feeds)
+
     def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The reference outputs for ``feeds``, computed once.
+
+        Raises:
+            InputError: the inputs do not run on the reference graph.
+        """
         if self._outputs is None:
             try:
                 values = self.session.run(self.names, dict(feeds))
@@ -57,6 +68,7 @@ class OnnxReference:
         return self._outputs
 
     def time(self, feeds: Mapping[str, np.ndarray], runs: int) -> list[float]:
+        """Seconds per run of the reference, ``runs`` times (for ``--compare-cpu``)."""
         times = []
         for _ in range(runs):
             t0 = time.perf_counter()
@@ -74,6 +86,10 @@ class TorchReference:
         self._report = report
         self._names = list(output_names)
         self._outputs: dict[str, np.ndarray] | None = None
+
+    def precheck(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Nothing to run early: the torch reference needs a worker, started when the gate
+        needs it (after a candidate has run), so this arm never starts one for nothing."""
 
     def _worker(self):  # type: ignore[no-untyped-def]
         status = self._report.route("torch-cpu")
@@ -93,6 +109,7 @@ class TorchReference:
         return client
 
     def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The fp32 program's outputs for ``feeds`` on torch-cpu, computed once."""
         if self._outputs is None:
             client = self._worker()
             try:
@@ -102,6 +119,7 @@ class TorchReference:
         return self._outputs
 
     def time(self, feeds: Mapping[str, np.ndarray], runs: int) -> list[float]:
+        """Seconds per call of the torch-cpu worker, ``runs`` times after one warm call."""
         client = self._worker()
         try:
             client.run(feeds)
@@ -113,3 +131,25 @@ class TorchReference:
             return times
         finally:
             client.close()
+
+
+def make_reference(art: Artifact, reference: str | os.PathLike[str], session: Mapping[str, Any],
+                   report: DeviceReport) -> OnnxReference | TorchReference:
+    """The reference arm for ``art``: ``auto`` takes the manifest's fp32 source where the
+    artifact is not fp32 itself, else the same graph (or program) on the CPU.
+
+    Raises:
+        ArtifactError: an ONNX reference graph that does not load on onnxruntime's CPU EP.
+    """
+    if reference == "auto":
+        source = art.manifest.get("fp32_source")
+        if source and art.format != "onnx:fp32":
+            path, kind = (art.path.parent / source).resolve(), "fp32_source"
+        else:
+            path, kind = art.path, "same_graph_cpu"
+    else:
+        path, kind = Path(reference), "user"
+    if art.format.startswith("pt:"):
+        return TorchReference(report, path, "torch_cpu" if kind == "same_graph_cpu" else kind,
+                              [o.name for o in art.outputs])
+    return OnnxReference(path, kind, session)

@@ -1,0 +1,205 @@
+"""``admit``: one candidate through every gate — an ``Admission``, or the ``Refusal`` that stopped it.
+
+The gates, in order (each one's verdict comes from a pure module; this module only runs them):
+
+1. **Budget** (``xstage.ledger``): the stage's reservations must fit its pool *before* a worker
+   starts; the hold is taken atomically in the shared ``Ledger``.
+2. **Start and warm up** (``xstage.routes.launch``, ``xstage.client``): the route's worker loads
+   the artifact and runs it once, profiled; everything the proof rests on is collected then.
+3. **Proof** (``xstage.evidence``): the stage ran where it was asked.
+4. **Numeric gate** (``xstage.parity``): it computed what the reference computes.
+5. **Measured peak** (``xstage.ledger.measured``): the worker's own peak fits the budget.
+
+Whatever fails, one cleanup path (an ``ExitStack``) closes the worker and gives the hold back;
+only an admission keeps them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from xstage import errors, evidence, parity
+from xstage import ledger as ledger_mod
+from xstage.artifact import Artifact
+from xstage.client import Deadlines, WorkerClient
+from xstage.ledger import footprint, measured
+from xstage.planner import Candidate
+from xstage.refusal import Refusal
+from xstage.routes.launch import load_options, open_worker
+from xstage.stage import refusals
+from xstage.stage.ledger import Holding, Ledger
+
+__all__ = ["Admission", "Setup", "WarmUp", "admit"]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every candidate of one ``open_stage`` is tried with (resolved once, before the loop).
+
+    Attributes:
+        artifact: the stage's artifact.
+        feeds: the checked inputs (the warm-up and the gate run on them).
+        reference: the reference arm (``xstage.stage.reference``).
+        nodes: the graph's nodes (name, op type), for the ONNX proof; empty for torch.
+        min_placement: the fraction of the stage the target must take.
+        tolerance: the gate's relative criterion override, or None.
+        ep_options: the user's ``--ep-option`` values (they win over a route's hook).
+        session: onnxruntime session options (threads, graph optimization level).
+        deadlines: per-phase worker deadlines, or None for the defaults.
+        ledger: the memory ledger to hold the stage's budget in (None: the process-wide one).
+        devices: the device table's rows (a discrete GPU's pool is read from them).
+        request: the record's request block.
+        started: when ``open_stage`` began (UTC, ISO 8601).
+    """
+
+    artifact: Artifact
+    feeds: Mapping[str, np.ndarray]
+    reference: Any
+    nodes: tuple[Mapping[str, str], ...]
+    min_placement: float
+    tolerance: float | None
+    ep_options: Mapping[str, str]
+    session: Mapping[str, Any]
+    deadlines: Deadlines | None
+    ledger: Ledger | None
+    devices: tuple[Any, ...]
+    request: dict[str, Any]
+    started: str
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What the profiled warm-up left: outputs, the worker's evidence, and who ran it."""
+
+    outputs: Mapping[str, np.ndarray]
+    timing: Mapping[str, Any]
+    info: Mapping[str, Any]
+    profile: bytes | None
+    worker: Mapping[str, Any]  # hello, runtime info, evidence digest: in every later refusal
+    notes: tuple[str, ...]
+    target: str  # the torch device string, or the EP name for ONNX
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A candidate that passed every gate, holding its worker and its share of the ledger."""
+
+    setup: Setup
+    candidate: Candidate
+    client: WorkerClient
+    ledger: Ledger
+    holding: Holding
+    proof: evidence.PlacementProof
+    parity: parity.Parity
+    ledger_doc: Mapping[str, Any]
+    warm: WarmUp
+    notes: tuple[str, ...] = field(default=())
+
+
+def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admission | Refusal:
+    """Run ``cand`` through the gates (module docstring); see there for the order.
+
+    Raises:
+        ArtifactError: the route's worker could not load or run the artifact.
+        WorkerError: the worker died or timed out (an error, not a refusal).
+    """
+    budget = ledger_mod.make_budget(
+        footprint.reservations(setup.artifact, cand.route.name, cand.pool,
+                               {n: tuple(a.shape) for n, a in setup.feeds.items()},
+                               versions=cand.route.versions), pool=cand.pool)
+    book = setup.ledger if setup.ledger is not None else Ledger.default()
+    holding, fit = book.reserve(
+        budget, f"{setup.artifact.path.name} on {cand.device} ({cand.route.name})", setup.devices)
+    spots = ledger_mod.blind_spots(cand.kind, cand.pool)
+    if holding is None:  # rule 1: refused before any worker starts
+        return refusals.budget_refusal(cand, fit, measured.record_block(budget, fit, None, spots=spots))
+    with ExitStack() as cleanup:
+        cleanup.callback(book.release, holding)
+        client, warm = _start_and_warm_up(cand, setup, cleanup)
+        proof = _prove(setup, warm)
+        if proof.verdict != "placed":
+            return refusals.declined_refusal(cand, proof, warm.worker)
+        reference = setup.reference.outputs(setup.feeds)
+        gate = parity.compare(warm.outputs, reference, fmt=setup.artifact.format,
+                              reference_kind=setup.reference.kind, tolerance=setup.tolerance)
+        if gate.verdict != "passed":
+            return refusals.gate_refusal(cand, gate, proof, setup.reference.kind, warm.worker)
+        memory = warm.info.get("memory") if isinstance(warm.info.get("memory"), dict) else {}
+        peak = measured.check_measured(
+            budget.budget_bytes, _measured_peak(cand.pool, warm.timing, memory, warm.info))
+        ledger_doc = measured.record_block(budget, fit, peak, memory=memory, spots=spots)
+        if peak.cause:
+            return refusals.peak_refusal(cand, peak, ledger_doc, warm.worker)
+        cleanup.pop_all()  # admitted: the worker and the hold now belong to the Stage
+        return Admission(setup=setup, candidate=cand, client=client, ledger=book, holding=holding,
+                         proof=proof, parity=gate, ledger_doc=ledger_doc, warm=warm,
+                         notes=warm.notes)
+
+
+def _start_and_warm_up(cand: Candidate, setup: Setup,
+                       cleanup: ExitStack) -> tuple[WorkerClient, WarmUp]:
+    """Rule 2: start the route's worker, load the artifact, run it once profiled, and collect
+    everything the proof rests on in one visit."""
+    art = setup.artifact
+    options = load_options(cand.route, device=cand.device, ep_options=setup.ep_options,
+                           session=setup.session, fmt=art.format, profile=True,
+                           output_names=[o.name for o in art.outputs])
+    client = open_worker(cand.route, deadlines=setup.deadlines)
+    cleanup.callback(client.close)
+    try:
+        client.load(art.path, runtime=options.get("runtime", "ort"), options=options)
+        outputs = client.run(setup.feeds, phase="warmup")
+        timing = dict(client.last_timing)
+        info, profile = client.evidence()
+        client.fit_region({**setup.feeds, **outputs})  # symbolic dims: slots sized from real ones
+    except errors.WorkerRaised as exc:
+        raise refusals.load_failed(cand, art, exc, client.log_path, client.hello) from exc
+    worker = {"hello": client.hello, "runtime": dict((client.loaded or {}).get("info") or {}),
+              "evidence_sha256": _digest(info, profile)}
+    target = options["device"] if art.format.startswith("pt:") else options["ep"]["name"]
+    return client, WarmUp(outputs=outputs, timing=timing, info=info, profile=profile,
+                          worker=worker, notes=tuple(options.get("notes", [])), target=target)
+
+
+def _prove(setup: Setup, warm: WarmUp) -> evidence.PlacementProof:
+    """Rule 3: the proof, from the torch profiler's op log or onnxruntime's profile and plan."""
+    info = warm.info
+    if setup.artifact.format.startswith("pt:"):
+        return evidence.prove_torch(
+            ops=info.get("ops"), output_devices=info.get("output_devices"),
+            target_device=warm.target, min_placement=setup.min_placement,
+            torch_version=info.get("torch"), kernels=info.get("kernels"))
+    return evidence.prove(
+        target_ep=warm.target, requested_ep=info.get("requested_ep"),
+        session_providers=info.get("session_providers") or [],
+        available_providers=info.get("available_providers") or [],
+        profile_text=warm.profile.decode("utf-8", "replace") if warm.profile else None,
+        assignment=info.get("assignment") if isinstance(info.get("assignment"), list) else None,
+        fallback_banner=info.get("fallback_banner"), graph_nodes=list(setup.nodes),
+        min_placement=setup.min_placement, ort_version=info.get("onnxruntime"))
+
+
+def _digest(info: Mapping[str, Any], profile: bytes | None) -> str:
+    """sha256 of the evidence the proof rests on (the worker's info and its profile)."""
+    h = hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode())
+    h.update(b"\0" + (profile or b""))
+    return h.hexdigest()
+
+
+def _measured_peak(pool: str, warm: Mapping[str, Any], memory: Mapping[str, Any],
+                   info: Mapping[str, Any]) -> int | None:
+    """The worker's peak for the budget's pool: its own high-water mark for host RAM (after
+    the warm-up, which covers the load), the device's peak where the runtime reports one."""
+    if pool != ledger_mod.HOST_POOL:
+        device = info.get("device_memory")
+        value = device.get("peak") if isinstance(device, dict) else None
+        return int(value) if isinstance(value, int) and value > 0 else None
+    values = [v for v in (warm.get("peak"), memory.get("peak")) if isinstance(v, int) and v > 0]
+    return max(values) if values else None

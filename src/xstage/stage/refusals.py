@@ -1,0 +1,143 @@
+"""Every refusal and admission-failure message the API writes, keyed by (code, cause).
+
+A reader looking for "what does xstage say when X" finds it here, in one table of remedies
+and one builder per gate. The planner's own refusals (``no_exported_graph``,
+``device_unreachable_from_this_process``) are written where they are decided, in
+``xstage.planner``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from xstage import errors
+from xstage.artifact import Artifact
+from xstage.evidence import PlacementProof
+from xstage.ledger import Fit, Measured
+from xstage.parity import Parity
+from xstage.planner import Candidate
+from xstage.refusal import Refusal, RefusalCode
+
+__all__ = ["REMEDIES", "budget_refusal", "declined_refusal", "gate_refusal", "load_failed",
+           "peak_refusal", "refused"]
+
+_DECLINED, _GATE, _BUDGET = (RefusalCode.EP_DECLINED, RefusalCode.NUMERIC_GATE_FAILED,
+                             RefusalCode.BUDGET_EXCEEDS_DEVICE)
+
+#: Remedies that do not depend on the run. Budget refusals before the worker starts take
+#: their remedy from the ledger's ``Fit`` (it names the pool and the sizes).
+REMEDIES: Mapping[tuple[RefusalCode, str], str] = {
+    (_DECLINED, "provider_swapped"):
+        "the EP is not in that build or failed to initialise: see the worker log and xstage devices",
+    (_DECLINED, "unmeasured"):
+        "the profile could not be read; see the worker log (profiling must be allowed)",
+    (_DECLINED, "declined"):
+        "lower --min-placement to accept the split, or change the graph so the EP takes the "
+        "ops it left on the CPU",
+    (_GATE, "tolerance"):
+        "look at the decided criterion; for OpenVINO check the precision hint; --tolerance F "
+        "relaxes the relative criterion when the difference is expected",
+    (_BUDGET, "peak_unreported"):
+        "this route's worker does not report the memory of its pool; nothing can confirm the "
+        "budget (see docs/memory.md for what each route reports)",
+    (_BUDGET, "peak_over_budget"):
+        "the stage holds more than its estimate: report the record (the reservations show what "
+        "was expected), or run it with a smaller input",
+}
+
+
+def _where(cand: Candidate) -> str:
+    return f"{cand.route.name} on {cand.device}"
+
+
+def budget_refusal(cand: Candidate, fit: Fit, ledger_doc: Mapping[str, Any]) -> Refusal:
+    """The stage does not fit its pool: refused before any worker starts."""
+    return Refusal(code=_BUDGET, cause=fit.cause or "over_budget", device=cand.device,
+                   route=cand.route.name, message=f"{_where(cand)}: {fit.message()}",
+                   remedy=fit.remedy(), evidence={"ledger": dict(ledger_doc)})
+
+
+def peak_refusal(cand: Candidate, measured: Measured, ledger_doc: Mapping[str, Any],
+                 worker: Mapping[str, Any]) -> Refusal:
+    """The worker's measured peak passed the budget, or nothing measured it."""
+    cause = measured.cause or "peak_over_budget"
+    return Refusal(code=_BUDGET, cause=cause, device=cand.device, route=cand.route.name,
+                   message=f"{_where(cand)}: {measured.message()}",
+                   remedy=REMEDIES[(_BUDGET, cause)],
+                   evidence={"ledger": dict(ledger_doc), "worker": dict(worker)})
+
+
+def declined_refusal(cand: Candidate, proof: PlacementProof, worker: Mapping[str, Any]) -> Refusal:
+    """The proof did not show the stage on the device (declined, swapped or unmeasured)."""
+    cause = proof.cause or "unmeasured"
+    where = _where(cand)
+    if cause == "provider_swapped":
+        message = (f"{where}: the session does not hold {proof.target_ep} "
+                   f"(it holds {', '.join(proof.session_providers) or 'nothing'})")
+    elif cause == "unmeasured":
+        message = f"{where}: no usable placement evidence (unmeasured never passes)"
+    else:
+        frac = proof.fraction or 0.0
+        left = ", ".join(f"{op}×{len(names)}" for op, names in sorted(proof.cpu_nodes.items()))
+        message = (f"{where}: {proof.target_ep} took {frac:.1%} by {proof.basis} "
+                   f"(needs {proof.min_placement:.1%}); left on the CPU: {left or 'nothing'}")
+    remedy = REMEDIES.get((_DECLINED, cause), REMEDIES[(_DECLINED, "declined")])
+    return Refusal(code=_DECLINED, cause=cause, device=cand.device, route=cand.route.name,
+                   message=message, remedy=remedy,
+                   evidence={**proof.to_dict(), "worker": dict(worker)})
+
+
+def gate_refusal(cand: Candidate, gate: Parity, proof: PlacementProof, reference_kind: str,
+                 worker: Mapping[str, Any]) -> Refusal:
+    """It ran on the device and disagreed with the reference."""
+    return Refusal(
+        code=_GATE, cause=gate.cause or "tolerance", device=cand.device, route=cand.route.name,
+        message=f"{_where(cand)} ran the stage and disagreed with the "
+                f"{reference_kind.replace('_', ' ')} reference: {gate.summary}",
+        remedy=REMEDIES[(_GATE, "tolerance")],
+        evidence={"parity": gate.to_dict(), "proof": proof.to_dict(), "worker": dict(worker)})
+
+
+def load_failed(cand: Candidate, art: Artifact, exc: errors.WorkerRaised, log: object,
+                hello: Mapping[str, Any] | None) -> errors.ArtifactError:
+    """The route's worker could not load or run the artifact: an error (exit 1), not a refusal."""
+    if art.format.startswith("pt:"):
+        saved_by = (art.manifest.get("exporter") or {}).get("torch", "an unknown torch")
+        remedy = (f"the program was saved by torch {saved_by}; export it with the torch this "
+                  f"route runs (see docs/torch.md for what loads where); the full message is in "
+                  f"the worker log {log}")
+    else:
+        version = hello["worker"]["versions"].get("onnxruntime") if hello else None
+        remedy = (f"check the graph loads in that route's onnxruntime ({version}); the full "
+                  f"message is in the worker log {log}")
+    return errors.ArtifactError(
+        f"{cand.route.name} could not load or run {art.path.name}: {_first_line(exc.message)}",
+        remedy=remedy)
+
+
+def refused(refusals: Sequence[Refusal], art: Artifact, record: dict[str, Any]) -> errors.Refused:
+    """Every candidate was refused: the exception ``open_stage`` raises, record attached."""
+    if refusals:
+        last = refusals[-1]
+        more = f" ({len(refusals) - 1} more in the record)" if len(refusals) > 1 else ""
+        message = f"{last.code.value} ({last.cause}): {last.message}{more}"
+    else:
+        message = f"no device here can run {art.path.name}"
+    return errors.Refused(
+        message, refusals=refusals, record=record,
+        remedy=refusals[-1].remedy if refusals else "xstage devices shows what this machine has")
+
+
+def _first_line(text: str, limit: int = 240) -> str:
+    """A runtime's multi-line message cut to the line that names the cause.
+
+    onnxruntime and OpenVINO stack their context (source paths, C++ signatures, "Exception
+    from src/…") above the cause, which comes last ("CPU plug-in doesn't support …").
+    """
+    lines = [re.sub(r"\s+", " ", ln).strip() for ln in text.splitlines() if ln.strip()]
+    noise = re.compile(r"^(Exception from |Check '.*' failed at )|\.(cc|cpp|h):\d+|::")
+    useful = [ln for ln in lines if not noise.search(ln)]
+    line = useful[-1] if useful else (lines[0] if lines else text.strip())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
