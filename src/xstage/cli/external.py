@@ -21,6 +21,7 @@ from xstage import errors
 from xstage.builtin_graphs import builtin_artifact, builtin_stage
 from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
+from xstage.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_REFUSED
 from xstage.inputs import parse_dims, parse_shapes
 from xstage.ledger import parse_pool_arg
 from xstage.record import records_path, utc_now, write_record
@@ -31,8 +32,6 @@ from xstage.stage import open_stage
 from xstage.stage.ledger import Ledger
 
 __all__ = ["register"]
-
-EXIT_OK, EXIT_ERROR, EXIT_REFUSED = 0, 1, 2
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from xstage._version import __version__
+from xstage.exit_codes import exit_code_for
 from xstage.record.io import SCHEMA_VERSION, host_block, utc_now
 from xstage.refusal import Refusal
 
@@ -26,7 +27,7 @@ def build_record(
     started: str,
     request: Mapping[str, Any],
     status: str,
-    exit_code: int,
+    exit_code: int | None = None,
     refusals: Sequence[Refusal] = (),
     error: BaseException | None = None,
     artifact: Artifact | None = None,
@@ -39,7 +40,10 @@ def build_record(
     memory: Mapping[str, Any] | None = None,
     ledger: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The versioned record every ``external`` run writes, placed, refused or failed."""
+    """The versioned record every ``external`` run writes, placed, refused or failed.
+
+    ``exit_code`` defaults to the one ``status`` implies (``xstage.exit_codes``).
+    """
     candidates = []
     seen = set()
     for cand, outcome, refusal in tried:
@@ -70,7 +74,7 @@ def build_record(
         "started": started,
         "finished": utc_now(),
         "host": host_block(),
-        "outcome": {"status": status, "exit_code": exit_code,
+        "outcome": {"status": status, "exit_code": exit_code_for(status) if exit_code is None else exit_code,
                     "refusals": [r.to_dict() for r in refusals], "error": err},
         "artifact": artifact.to_dict() if artifact else None,
         "request": dict(request),
