@@ -44,22 +44,7 @@ def build_record(
 
     ``exit_code`` defaults to the one ``status`` implies (``xstage.exit_codes``).
     """
-    candidates = []
-    seen = set()
-    for cand, outcome, refusal in tried:
-        seen.add((cand.device, cand.route.name))
-        candidates.append({"device": cand.device, "route": cand.route.name, "status": outcome,
-                           "refusal": refusal.to_dict() if refusal else None})
-    if plan is not None:
-        for cand in plan.candidates:
-            if (cand.device, cand.route.name) not in seen:
-                candidates.append({"device": cand.device, "route": cand.route.name,
-                                   "status": "not_tried", "refusal": None})
-        for refusal in plan.refusals:
-            if refusal.route is None or refusal.device is None:
-                continue  # not a (device, route) pair: it stands in outcome.refusals alone
-            candidates.append({"device": refusal.device, "route": refusal.route,
-                               "status": "refused", "refusal": refusal.to_dict()})
+    candidates = _candidates(plan, tried)
     chosen = next(({"device": c.device, "route": c.route.name} for c, o, _ in tried
                    if o == "chosen"), None)
     err = None
@@ -86,3 +71,25 @@ def build_record(
         "memory": dict(memory) if memory else None,
         "ledger": dict(ledger) if ledger else None,
     }
+
+
+def _candidates(plan: Plan | None,
+                tried: Sequence[tuple[Candidate, str, Refusal | None]]) -> list[dict[str, Any]]:
+    """Every (device, route) pair: those tried in order, then the plan's untried and refused."""
+    candidates = []
+    seen = set()
+    for cand, outcome, refusal in tried:
+        seen.add((cand.device, cand.route.name))
+        candidates.append({"device": cand.device, "route": cand.route.name, "status": outcome,
+                           "refusal": refusal.to_dict() if refusal else None})
+    if plan is not None:
+        for cand in plan.candidates:
+            if (cand.device, cand.route.name) not in seen:
+                candidates.append({"device": cand.device, "route": cand.route.name,
+                                   "status": "not_tried", "refusal": None})
+        for refusal in plan.refusals:
+            if refusal.route is None or refusal.device is None:
+                continue  # not a (device, route) pair: it stands in outcome.refusals alone
+            candidates.append({"device": refusal.device, "route": refusal.route,
+                               "status": "refused", "refusal": refusal.to_dict()})
+    return candidates
