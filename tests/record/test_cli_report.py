@@ -26,7 +26,9 @@ def test_human_mode_prints_the_summary(capsys, refused_file: Path, monkeypatch):
     captured = capsys.readouterr()
     assert captured.err == ""
     out = captured.out
-    assert "execution_provider_declined_graph/declined on cpu via ort-openvino" in out
+    # Worded as the CLI's error line words a refusal: code (cause) route on device: message.
+    assert "execution_provider_declined_graph (declined) ort-openvino on cpu: " in out
+    assert "cpu via ort-openvino: refused (execution_provider_declined_graph/declined)" in out
     assert "left on the CPU: Det" in out
     assert "refused (exit 2)" in out
     for line in summary(record_docs.refused()):

@@ -13,6 +13,7 @@ from rich.markup import escape
 from xstage import ledger
 from xstage.cli._output import Output
 from xstage.device_table import DeviceReport, devices
+from xstage.exit_codes import EXIT_OK
 from xstage.routes.resolve import RouteStatus
 
 __all__ = ["format_bytes", "register", "render"]
@@ -112,7 +113,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         out.json(report.to_dict())
     else:
         render(report, out)
-    return 0
+    return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:

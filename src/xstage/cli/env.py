@@ -8,6 +8,7 @@ from rich.markup import escape
 
 from xstage.cli._output import Output
 from xstage.errors import UsageError
+from xstage.exit_codes import EXIT_OK, EXIT_USAGE
 from xstage.routes import envs
 from xstage.routes.specs import ROUTE_NAMES, get_spec
 
@@ -39,7 +40,7 @@ def _create(args: argparse.Namespace, out: Output) -> int:
         out.result(f"{route}: variant {plan.variant} ({escape(plan.variant_reason)})")
     if plan.action == "reuse":
         out.result(escape(plan.message))
-        return 0
+        return EXIT_OK
     if plan.action == "powershell":
         out.result(f"{route} lives on the Windows side; run these in PowerShell on Windows:")
         out.result("")
@@ -48,12 +49,12 @@ def _create(args: argparse.Namespace, out: Output) -> int:
             out.out.print(line, markup=False, highlight=False, soft_wrap=True)
         out.result("")
         out.result(escape(plan.message))
-        return 0
+        return EXIT_OK
     if args.exist_ok and not args.force and plan.target.exists():
         existing = next((e for e in envs.list_envs() if e.route == route), None)
         if existing is not None and existing.python.exists():
             out.result(f"{route} exists: {escape(str(existing.python))} (kept; --force rebuilds it)")
-            return 0
+            return EXIT_OK
     out.result(
         f"building {route} with Python {plan.python_version} into {escape(str(plan.target))} "
         f"({escape(' '.join(plan.packages))}); pip's output is shown only if it fails"
@@ -62,18 +63,18 @@ def _create(args: argparse.Namespace, out: Output) -> int:
     installed = ", ".join(f"{k} {v}" for k, v in info.manifest.get("installed", {}).items())
     out.result(f"created {route}: {escape(str(info.python))} ({escape(installed)})")
     out.result(f"check it: xstage devices  (the {route} row names this interpreter)")
-    return 0
+    return EXIT_OK
 
 
 def _list(args: argparse.Namespace, out: Output) -> int:
     found = envs.list_envs()
     if out.json_mode:
         out.json({"envs_dir": str(envs.env_dir("x").parent), "envs": [e.to_dict() for e in found]})
-        return 0
+        return EXIT_OK
     if not found:
         out.result(f"no route environments under {escape(str(envs.env_dir('x').parent))}")
         out.hint("create one: xstage env create ort-openvino")
-        return 0
+        return EXIT_OK
     rows = []
     for info in found:
         doc = info.to_dict()
@@ -91,19 +92,19 @@ def _list(args: argparse.Namespace, out: Output) -> int:
     out.table(
         "Route environments", ["route", "variant", "python", "packages", "interpreter", "created"], rows
     )
-    return 0
+    return EXIT_OK
 
 
 def _remove(args: argparse.Namespace, out: Output) -> int:
     path = envs.remove(args.route)
     out.result(f"removed {escape(args.route)} ({escape(str(path))})")
-    return 0
+    return EXIT_OK
 
 
 def _help(parser: argparse.ArgumentParser) -> object:
     def show(args: argparse.Namespace, out: Output) -> int:
         parser.print_help()
-        return 64
+        return EXIT_USAGE
 
     return show
 

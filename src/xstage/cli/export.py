@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from xstage import errors
 from xstage.cli._output import Output
+from xstage.exit_codes import EXIT_OK
 
 __all__ = ["register"]
 
@@ -95,4 +96,4 @@ def run(args: argparse.Namespace, out: Output) -> int:
                    f"{r['export_s']:.1f} s): wrapper bitwise equal to the model's forward "
                    f"({wrapper['outputs']} output(s)){escape(extra)}")
         out.result(f"  manifest {escape(r['manifest'])}")
-    return 0
+    return EXIT_OK

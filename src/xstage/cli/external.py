@@ -14,25 +14,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xstage import errors
 from xstage.builtin_graphs import builtin_artifact, builtin_stage
 from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
+from xstage.cli._summary import show_summary
+from xstage.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_REFUSED
 from xstage.inputs import parse_dims, parse_shapes
 from xstage.ledger import parse_pool_arg
 from xstage.record import records_path, utc_now, write_record
 from xstage.record.build import build_record
-from xstage.record.summary import ledger_rows
 from xstage.routes import ROUTE_NAMES
 from xstage.stage import open_stage
 from xstage.stage.ledger import Ledger
 
 __all__ = ["register"]
-
-EXIT_OK, EXIT_ERROR, EXIT_REFUSED = 0, 1, 2
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -95,72 +93,6 @@ def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> None:
         out.err.print(f"record written to {path}", markup=False, highlight=False)
 
 
-def _ms(block: dict[str, Any] | None, key: str = "p50_ms") -> str:
-    return f"{block[key]:.3f} ms" if block and block.get(key) is not None else "-"
-
-
-def _summary(doc: dict[str, Any]) -> list[tuple[str, str]]:
-    """The human digest of one run: where it ran, why we believe it, how well, how fast."""
-    rows: list[tuple[str, str]] = []
-    outcome = doc["outcome"]
-    rows.append(("outcome", f"{outcome['status']} (exit {outcome['exit_code']})"))
-    art = doc.get("artifact")
-    if art:
-        rows.append(("stage", f"{art['path']} — {art['format']} ({art['format_source']}), "
-                              f"sha256 {art['sha256'][:12]}, {art['bytes'] / 2**20:.1f} MiB"))
-    worker, plan = doc.get("worker"), doc.get("plan") or {}
-    chosen = plan.get("chosen")
-    if chosen and worker:
-        v = (worker.get("hello") or {}).get("worker", {}).get("versions", {})
-        runtime = worker.get("runtime") or {}
-        engine = (f"torch {runtime['torch']} on {runtime.get('device')}" if runtime.get("torch")
-                  else f"onnxruntime {v.get('onnxruntime')}")
-        rows.append(("placed on", f"{chosen['device']} via {chosen['route']} "
-                                  f"(python {v.get('python')}, {engine})"))
-        for note in worker.get("notes") or []:
-            rows.append(("route hook", note))
-    proof = doc.get("proof")
-    if proof:
-        basis = proof.get("basis")
-        if str(proof.get("target_ep", "")).startswith("torch:"):
-            how = (f"{proof['nodes_on_target']}/{proof['nodes_total']} ops on "
-                   f"{proof['target_ep']} (op log of the warm-up), {proof.get('copies') or 0} "
-                   "host/device copies")
-        elif basis == "plan":
-            how = f"{proof['nodes_on_target']}/{proof['nodes_total']} nodes on {proof['target_ep']} (plan)"
-        else:
-            how = f"{(proof.get('time_fraction') or 0):.1%} of kernel time on {proof['target_ep']}"
-        if proof.get("time_fraction") is not None and basis == "plan":
-            how += f", {proof['time_fraction']:.1%} of kernel time"
-        left = proof.get("cpu_nodes") or {}
-        rows.append(("proof", f"{proof['verdict']}: {how}"))
-        rows.append(("left on CPU", "; ".join(f"{op}: {', '.join(n)}" for op, n in left.items())
-                     if left else "nothing"))
-    parity_doc = doc.get("parity")
-    if parity_doc:
-        for o in parity_doc.get("outputs", []):
-            rows.append((f"parity {o['name']}", f"{'passed' if o['passed'] else 'FAILED'}: {o['criterion']}"))
-    t = doc.get("timings")
-    if t:
-        line = (f"compute {_ms(t['compute'])} · round trip {_ms(t['round_trip'])} · transport "
-                f"{_ms(t['transport'])} (p50 of {t['runs']} runs after {t['warmup']} warm-ups)")
-        rows.append(("timings", line))
-        if t.get("speedup_vs_reference"):
-            rows.append(("vs CPU", f"reference {_ms(t['reference'])} → "
-                                   f"{t['speedup_vs_reference']:.2f}× speedup"))
-    rows.extend(ledger_rows(doc.get("ledger")))
-    for r in outcome.get("refusals") or []:
-        where = " on ".join(x for x in (r.get("route"), r.get("device")) if x)
-        text = r["message"] if r["message"].startswith(where) else f"{where}: {r['message']}"
-        rows.append(("refused", f"{r['code']} ({r['cause']}) {text}"))
-        rows.append(("remedy", r["remedy"]))
-    return rows
-
-
-def _show(doc: dict[str, Any], out: Output) -> None:
-    out.table("xstage external", ["", ""], [[k, escape(v)] for k, v in _summary(doc)])
-
-
 def run(args: argparse.Namespace, out: Output) -> int:
     argv = ["xstage", *sys.argv[1:]]
     started = utc_now()
@@ -188,7 +120,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         doc["argv"] = argv
         doc["request"] = {**doc.get("request", {}), "runs": args.runs, "warmup": args.warmup}
         _write(doc, args, out)
-        _show(doc, out)
+        show_summary(doc, out, title="xstage external")
         out.error(exc.message)
         if exc.remedy:
             out.hint(exc.remedy)
@@ -212,5 +144,5 @@ def run(args: argparse.Namespace, out: Output) -> int:
             np.savez(args.save_outputs, **outputs)
         doc = stage.record(argv=argv)
     _write(doc, args, out)
-    _show(doc, out)
+    show_summary(doc, out, title="xstage external")
     return EXIT_OK

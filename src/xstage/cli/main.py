@@ -15,20 +15,17 @@ from xstage import errors
 from xstage._version import __version__
 from xstage.cli import _errors
 from xstage.cli._output import Output
+from xstage.exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_REFUSED = 2
-EXIT_USAGE = 64
-
-_EPILOG = """environment:
+_EPILOG = f"""environment:
   XSTAGE_HOME      state root (envs/, cache/, records/, logs/); default: the user data dir
   XSTAGE_DEBUG=1   show tracebacks for known errors too
   XSTAGE_PYTHON_<ROUTE>  interpreter for one route, e.g. XSTAGE_PYTHON_ORT_OPENVINO
 
-exit codes: 0 ok, 1 error, 2 refused (a record is still written), 64 usage error
+exit codes: {EXIT_OK} ok, {EXIT_ERROR} error, {EXIT_REFUSED} refused (a record is still written), \
+{EXIT_USAGE} usage error
 """
 
 
@@ -42,7 +39,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from xstage.cli import devices, env, export, external, quantize, report, run, sanitize
+    from xstage.cli import devices, env, export, external, quantize, report, sanitize
 
     parser = _Parser(
         prog="xstage",
@@ -55,9 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics")
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors and data")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (devices, env, external, report, run, sanitize, quantize, export):
+    for module in (devices, env, external, report, sanitize, quantize, export):
         module.register(sub)
-    # -v/-q work after the command too (`xstage run -q`), without overriding the global ones.
+    # -v/-q work after the command too (`xstage devices -q`), without overriding the global ones.
     seen: set[int] = set()
     stack = list(sub.choices.values())
     while stack:
@@ -89,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args, out))
     except KeyboardInterrupt:
         out.error("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
     except errors.UsageError as exc:
         if os.environ.get("XSTAGE_DEBUG") == "1":
             raise

@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
+from xstage.exit_codes import EXIT_OK
 from xstage.inputs import parse_dims, parse_shapes
 
 __all__ = ["register"]
@@ -52,4 +53,4 @@ def run(args: argparse.Namespace, out: Output) -> int:
                f"(sha256 {calib['sha256'][:12]})")
     out.result(f"vs fp32 on onnxruntime's CPU EP: {escape(report['parity']['summary'])}")
     out.result(f"wrote {escape(report['output'])} and {escape(report['manifest'])}")
-    return 0
+    return EXIT_OK

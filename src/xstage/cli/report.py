@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 
-from rich.markup import escape
-
 from xstage.cli._output import Output
-from xstage.record import read_record, summary_rows
+from xstage.cli._summary import show_summary
+from xstage.exit_codes import EXIT_OK
+from xstage.record import read_record
 
 __all__ = ["register"]
 
@@ -32,8 +32,6 @@ def run(args: argparse.Namespace, out: Output) -> int:
     doc = read_record(args.record)
     if args.json:
         out.json(doc)
-        return 0
-    # Record text is data, not markup: "[input_ids]" in a message must print as written.
-    rows = [[field, escape(text)] for field, text in summary_rows(doc)]
-    out.table(f"Record {escape(str(args.record))}", ["field", "value"], rows)
-    return 0
+        return EXIT_OK
+    show_summary(doc, out, title=f"Record {args.record}")
+    return EXIT_OK

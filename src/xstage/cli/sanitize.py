@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
+from xstage.exit_codes import EXIT_OK
 from xstage.export import sanitize_onnx
 from xstage.inputs import parse_dims, parse_shapes
 
@@ -48,4 +49,4 @@ def run(args: argparse.Namespace, out: Output) -> int:
     files = ", ".join(f"{f['path']} ({f['bytes']} B)" for f in report["files"])
     out.result(f"wrote {escape(files)}; onnx.checker {report['checker']}; "
                f"outputs {escape(report['parity']['detail'])}")
-    return 0
+    return EXIT_OK

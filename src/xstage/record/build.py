@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from xstage._version import __version__
+from xstage.exit_codes import exit_code_for
 from xstage.record.io import SCHEMA_VERSION, host_block, utc_now
 from xstage.refusal import Refusal
 
@@ -26,7 +27,7 @@ def build_record(
     started: str,
     request: Mapping[str, Any],
     status: str,
-    exit_code: int,
+    exit_code: int | None = None,
     refusals: Sequence[Refusal] = (),
     error: BaseException | None = None,
     artifact: Artifact | None = None,
@@ -39,7 +40,42 @@ def build_record(
     memory: Mapping[str, Any] | None = None,
     ledger: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The versioned record every ``external`` run writes, placed, refused or failed."""
+    """The versioned record every ``external`` run writes, placed, refused or failed.
+
+    ``exit_code`` defaults to the one ``status`` implies (``xstage.exit_codes``).
+    """
+    candidates = _candidates(plan, tried)
+    chosen = next(({"device": c.device, "route": c.route.name} for c, o, _ in tried
+                   if o == "chosen"), None)
+    err = None
+    if error is not None:
+        err = {"type": type(error).__name__, "message": getattr(error, "message", str(error)),
+               "remedy": getattr(error, "remedy", None)}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "xstage.external",
+        "xstage_version": __version__,
+        "argv": list(argv),
+        "started": started,
+        "finished": utc_now(),
+        "host": host_block(),
+        "outcome": {"status": status, "exit_code": exit_code_for(status) if exit_code is None else exit_code,
+                    "refusals": [r.to_dict() for r in refusals], "error": err},
+        "artifact": artifact.to_dict() if artifact else None,
+        "request": dict(request),
+        "plan": None if plan is None and not tried else {"chosen": chosen, "candidates": candidates},
+        "worker": dict(worker) if worker else None,
+        "proof": dict(proof) if proof else None,
+        "parity": dict(parity_doc) if parity_doc else None,
+        "timings": dict(timings) if timings else None,
+        "memory": dict(memory) if memory else None,
+        "ledger": dict(ledger) if ledger else None,
+    }
+
+
+def _candidates(plan: Plan | None,
+                tried: Sequence[tuple[Candidate, str, Refusal | None]]) -> list[dict[str, Any]]:
+    """Every (device, route) pair: those tried in order, then the plan's untried and refused."""
     candidates = []
     seen = set()
     for cand, outcome, refusal in tried:
@@ -56,29 +92,4 @@ def build_record(
                 continue  # not a (device, route) pair: it stands in outcome.refusals alone
             candidates.append({"device": refusal.device, "route": refusal.route,
                                "status": "refused", "refusal": refusal.to_dict()})
-    chosen = next(({"device": c.device, "route": c.route.name} for c, o, _ in tried
-                   if o == "chosen"), None)
-    err = None
-    if error is not None:
-        err = {"type": type(error).__name__, "message": getattr(error, "message", str(error)),
-               "remedy": getattr(error, "remedy", None)}
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "xstage.external",
-        "xstage_version": __version__,
-        "argv": list(argv),
-        "started": started,
-        "finished": utc_now(),
-        "host": host_block(),
-        "outcome": {"status": status, "exit_code": exit_code,
-                    "refusals": [r.to_dict() for r in refusals], "error": err},
-        "artifact": artifact.to_dict() if artifact else None,
-        "request": dict(request),
-        "plan": None if plan is None and not tried else {"chosen": chosen, "candidates": candidates},
-        "worker": dict(worker) if worker else None,
-        "proof": dict(proof) if proof else None,
-        "parity": dict(parity_doc) if parity_doc else None,
-        "timings": dict(timings) if timings else None,
-        "memory": dict(memory) if memory else None,
-        "ledger": dict(ledger) if ledger else None,
-    }
+    return candidates

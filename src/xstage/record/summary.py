@@ -1,192 +1,224 @@
-"""Turns one record into the short human summary that ``external`` and ``report`` both print.
+"""The one human summary of a record: ``xstage external`` prints it, ``xstage report`` again.
 
-Pure: a validated record in, ``(field, text)`` rows out. The objects other layers own (proof,
-parity, timings) are shown generically — their verdict first, then their scalar facts and one
-level of nested scalar maps — so the summary never breaks when those layers add fields.
+Pure: a validated record in, ``(field, text)`` rows out, in reading order — what happened,
+what ran, where, why we believe it, how well, how fast, what it cost, what was refused, and
+where the record came from. Rendering (a table) is the CLI's.
+
+Cases for the objects other layers own:
+
+1. A proof with ``target_ep`` and node counts reads as a sentence (ops on a torch device, nodes
+   on the EP by plan, or the share of kernel time), then what was left on the CPU.
+2. Parity outputs that carry ``passed`` and ``criterion`` get one row each.
+3. Timings with compute/round trip/transport blocks read as p50s, then the speedup if timed.
+4. Anything else — an older record, a layer that added or renamed fields — is shown generically
+   (``xstage.record._text``), so the summary never breaks on a valid record.
 
 .. versionadded:: 0.1
+.. versionchanged:: 0.1
+   One summary for both commands (issue 10); ``external``'s own table is gone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from xstage.ledger import format_bytes
+from xstage.record._text import fmt, fmt_bytes, scalars, verdict_text
 
 __all__ = ["ledger_rows", "summary", "summary_rows"]
 
-_MAX_ITEMS = 12
+Rows = list[tuple[str, str]]
+_HUMAN_PROOF = ("target_ep", "nodes_on_target", "nodes_total")
+_HUMAN_TIMINGS = ("compute", "round_trip", "transport", "runs", "warmup")
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, list):
-        return ",".join(_fmt(v) for v in value) or "[]"
-    return str(value)
+def _ms(block: Mapping[str, Any] | None, key: str = "p50_ms") -> str:
+    return f"{block[key]:.3f} ms" if block and block.get(key) is not None else "-"
 
 
-def _bytes(n: Any) -> str:
-    if not isinstance(n, int) or isinstance(n, bool):
-        return "-"
-    return format_bytes(n)
-
-
-def _is_scalar_list(value: Any) -> bool:
-    return isinstance(value, list) and all(not isinstance(v, (Mapping, list)) for v in value)
-
-
-def _inner(obj: Mapping[str, Any]) -> str:
-    return " ".join(f"{k}={_fmt(v[:_MAX_ITEMS] if isinstance(v, list) else v)}"
-                    for k, v in sorted(obj.items())
-                    if not isinstance(v, Mapping) and (not isinstance(v, list) or _is_scalar_list(v)))
-
-
-def _scalars(obj: Mapping[str, Any], skip: tuple[str, ...] = ()) -> str:
-    """``k=v`` for scalar entries, then ``k: a=1 b=2`` for flat sub-maps and lists of them."""
-    flat: list[str] = []
-    nested: list[str] = []
-    for key in sorted(obj):
-        if key in skip:
-            continue
-        value = obj[key]
-        if isinstance(value, Mapping):
-            inner = _inner(value)
-            if inner:
-                nested.append(f"{key}: {inner}")
-        elif _is_scalar_list(value):
-            flat.append(f"{key}={_fmt(value[:_MAX_ITEMS])}")
-        elif isinstance(value, list):
-            for index, item in enumerate(value[:_MAX_ITEMS]):
-                if isinstance(item, Mapping):
-                    label = item.get("name", index)
-                    nested.append(f"{key} {label}: {_inner({k: v for k, v in item.items() if k != 'name'})}")
-            if len(value) > _MAX_ITEMS:
-                nested.append(f"{key}: … {len(value) - _MAX_ITEMS} more")
-        else:
-            flat.append(f"{key}={_fmt(value)}")
-    parts = ([" ".join(flat)] if flat else []) + nested
-    return "; ".join(parts)
-
-
-def _refusal(r: Mapping[str, Any]) -> str:
-    where = " ".join(p for p in (
-        f"on {r['device']}" if r.get("device") else "",
-        f"via {r['route']}" if r.get("route") else "",
-    ) if p)
-    head = f"{r.get('code')}/{r.get('cause')}" + (f" {where}" if where else "")
-    return f"{head}: {r.get('message')} (remedy: {r.get('remedy')})"
-
-
-def _verdict_row(obj: Mapping[str, Any] | None) -> str | None:
-    if obj is None:
-        return None
-    rest = _scalars(obj, skip=("verdict",))
-    return f"{obj.get('verdict')}" + (f" — {rest}" if rest else "")
-
-
-def summary_rows(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The summary of a (validated) record as ``(field, text)`` rows, in reading order."""
-    rows: list[tuple[str, str]] = []
+def _outcome(doc: Mapping[str, Any]) -> Rows:
     outcome = doc["outcome"]
     head = f"{outcome['status']} (exit {outcome['exit_code']})"
     error = outcome.get("error")
     if error:
         head += f": {error['type']}: {error['message']}"
-    rows.append(("outcome", head))
+    rows = [("outcome", head)]
     if error and error.get("remedy"):
         rows.append(("remedy", str(error["remedy"])))
-    for refusal in outcome["refusals"]:
-        rows.append(("refusal", _refusal(refusal)))
+    return rows
 
-    artifact = doc.get("artifact")
-    if artifact:
-        parts = [artifact["path"], artifact["format"]]
-        if artifact.get("component"):
-            parts.append(f"component {artifact['component']}")
-        parts.append(f"sha256 {artifact['sha256'][:12]}…")
-        parts.append(f"{_bytes(artifact['bytes'])} in {len(artifact['files'])} file(s)")
-        parts.append(f"format from {artifact['format_source']}")
-        rows.append(("artifact", ", ".join(parts)))
-    else:
-        rows.append(("artifact", "-"))
 
+def _stage(doc: Mapping[str, Any]) -> Rows:
+    art = doc.get("artifact")
+    if not art:
+        return [("stage", "-")]
+    component = f", component {art['component']}" if art.get("component") else ""
+    files = len(art.get("files") or [])
+    size = fmt_bytes(art["bytes"]) + (f" in {files} files" if files > 1 else "")
+    return [("stage", f"{art['path']} — {art['format']} ({art['format_source']}){component}, "
+                      f"sha256 {art['sha256'][:12]}, {size}")]
+
+
+def _request(doc: Mapping[str, Any]) -> Rows:
     request = doc["request"]
-    asked = [f"{k}={_fmt(v)}" for k, v in sorted(request.items())
+    asked = [f"{k}={fmt(v)}" for k, v in sorted(request.items())
              if v not in (None, {}, []) and not isinstance(v, Mapping)]
     if isinstance(request.get("inputs"), Mapping):
         asked.append(f"inputs={request['inputs'].get('source')}")
     if request.get("ep_options"):
         asked.append("ep_options=" + ",".join(f"{k}={v}" for k, v in sorted(request["ep_options"].items())))
-    rows.append(("request", " ".join(asked)))
+    return [("request", " ".join(asked))]
 
-    plan = doc.get("plan")
-    if plan:
-        chosen = plan.get("chosen")
-        text = f"chosen {chosen['device']} via {chosen['route']}" if chosen else "nothing chosen"
-        rows.append(("plan", text))
-        for cand in plan["candidates"]:
-            text = f"{cand['device']} via {cand['route']}: {cand['status']}"
-            if cand.get("refusal"):
-                text += f" ({cand['refusal']['code']}/{cand['refusal']['cause']})"
-            rows.append(("candidate", text))
 
-    worker = doc.get("worker")
-    if worker:
-        hello = worker.get("hello") or {}
-        inner = hello.get("worker") if isinstance(hello.get("worker"), Mapping) else hello
-        versions = inner.get("versions") if isinstance(inner, Mapping) else None
-        text = f"{worker['route']}: {worker['interpreter']}"
-        if isinstance(versions, Mapping) and versions:
-            text += " (" + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ")"
-        rows.append(("worker", text))
-        if worker.get("log"):
-            rows.append(("worker log", str(worker["log"])))
+def _versions(worker: Mapping[str, Any]) -> Mapping[str, Any]:
+    hello = worker.get("hello") or {}
+    inner = hello.get("worker") if isinstance(hello.get("worker"), Mapping) else hello
+    versions = inner.get("versions") if isinstance(inner, Mapping) else None
+    return versions if isinstance(versions, Mapping) else {}
 
-    for key in ("proof", "parity"):
-        text = _verdict_row(doc.get(key))
-        if text is not None:
-            rows.append((key, text))
-    timings = doc.get("timings")
-    if timings:
-        rows.append(("timings", _scalars(timings)))
-    memory = doc.get("memory")
-    if memory:
-        rows.append(("memory", f"rss {_bytes(memory['rss_bytes'])}, peak {_bytes(memory['peak_bytes'])}"))
-    rows.extend(ledger_rows(doc.get("ledger")))
-    rows.append(("when", f"{doc['started']} → {doc['finished']}"))
-    host = doc["host"]
-    rows.append(("host", f"{host['hostname']} ({host['platform']}, Python {host['python']})"))
-    rows.append(("xstage", f"{doc['xstage_version']}, record schema {doc['schema_version']}"))
+
+def _placement(doc: Mapping[str, Any]) -> Rows:
+    plan, worker = doc.get("plan"), doc.get("worker")
+    if not plan:
+        return []
+    chosen = plan.get("chosen")
+    rows: Rows = []
+    if chosen and worker:
+        v, runtime = _versions(worker), worker.get("runtime") or {}
+        engine = (f"torch {runtime['torch']} on {runtime.get('device')}" if runtime.get("torch")
+                  else f"onnxruntime {v.get('onnxruntime')}")
+        rows.append(("placed on", f"{chosen['device']} via {chosen['route']} "
+                                  f"(python {v.get('python')}, {engine})"))
+    else:
+        rows.append(("plan", f"chosen {chosen['device']} via {chosen['route']}" if chosen
+                     else "nothing chosen"))
+    for cand in plan["candidates"]:
+        text = f"{cand['device']} via {cand['route']}: {cand['status']}"
+        if cand.get("refusal"):
+            text += f" ({cand['refusal']['code']}/{cand['refusal']['cause']})"
+        rows.append(("candidate", text))
     return rows
 
 
-def ledger_rows(ledger: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+def _worker(doc: Mapping[str, Any]) -> Rows:
+    worker = doc.get("worker")
+    if not worker:
+        return []
+    versions = _versions(worker)
+    text = f"{worker['route']}: {worker['interpreter']}"
+    if versions:
+        text += " (" + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ")"
+    rows = [("worker", text)]
+    if worker.get("log"):
+        rows.append(("worker log", str(worker["log"])))
+    rows.extend(("route hook", note) for note in worker.get("notes") or [])
+    return rows
+
+
+def _proof(doc: Mapping[str, Any]) -> Rows:
+    proof = doc.get("proof")
+    if not proof:
+        return []
+    if not all(k in proof for k in _HUMAN_PROOF):
+        return [("proof", verdict_text(proof))]  # case 4
+    basis = proof.get("basis")
+    if str(proof["target_ep"]).startswith("torch:"):  # case 1: the torch profiler's op log
+        how = (f"{proof['nodes_on_target']}/{proof['nodes_total']} ops on {proof['target_ep']} "
+               f"(op log of the warm-up), {proof.get('copies') or 0} host/device copies")
+    elif basis == "plan":
+        how = f"{proof['nodes_on_target']}/{proof['nodes_total']} nodes on {proof['target_ep']} (plan)"
+        if proof.get("time_fraction") is not None:
+            how += f", {proof['time_fraction']:.1%} of kernel time"
+    else:
+        how = f"{(proof.get('time_fraction') or 0):.1%} of kernel time on {proof['target_ep']}"
+    left = proof.get("cpu_nodes") or {}
+    return [("proof", f"{proof['verdict']}: {how}"),
+            ("left on CPU", "; ".join(f"{op}: {', '.join(n)}" for op, n in left.items())
+             if left else "nothing")]
+
+
+def _parity(doc: Mapping[str, Any]) -> Rows:
+    parity = doc.get("parity")
+    if not parity:
+        return []
+    outputs = parity.get("outputs") or []
+    if not outputs or not all("passed" in o and "criterion" in o for o in outputs):
+        return [("parity", verdict_text(parity))]  # case 4
+    return [(f"parity {o['name']}", f"{'passed' if o['passed'] else 'FAILED'}: {o['criterion']}")
+            for o in outputs]  # case 2
+
+
+def _timings(doc: Mapping[str, Any]) -> Rows:
+    t = doc.get("timings")
+    if not t:
+        return []
+    if not all(k in t for k in _HUMAN_TIMINGS):
+        return [("timings", scalars(t))]  # case 4
+    rows = [("timings", f"compute {_ms(t['compute'])} · round trip {_ms(t['round_trip'])} · transport "
+                        f"{_ms(t['transport'])} (p50 of {t['runs']} runs after {t['warmup']} warm-ups)")]
+    if t.get("speedup_vs_reference"):
+        rows.append(("vs CPU", f"reference {_ms(t.get('reference'))} → "
+                               f"{t['speedup_vs_reference']:.2f}× speedup"))
+    return rows
+
+
+def _memory(doc: Mapping[str, Any]) -> Rows:
+    memory = doc.get("memory")
+    if not memory:
+        return []
+    return [("memory", f"rss {fmt_bytes(memory['rss_bytes'])}, peak {fmt_bytes(memory['peak_bytes'])}")]
+
+
+def ledger_rows(ledger: Mapping[str, Any] | None) -> Rows:
     """The ledger's lines: budget against pool, measured peak, reservations, blind spots."""
     if not ledger:
         return []
     pool = ledger["pool"]
-    held = f", {_bytes(ledger['held_bytes'])} held by open stages" if ledger["held_bytes"] else ""
-    rows = [("budget", f"{_bytes(ledger['budget_bytes'])} in {pool['name']} "
-                       f"({ledger['phase']} phase) of {_bytes(pool['capacity_bytes'])} "
+    held = f", {fmt_bytes(ledger['held_bytes'])} held by open stages" if ledger["held_bytes"] else ""
+    rows = [("budget", f"{fmt_bytes(ledger['budget_bytes'])} in {pool['name']} "
+                       f"({ledger['phase']} phase) of {fmt_bytes(pool['capacity_bytes'])} "
                        f"({pool['source']}){held}")]
     if ledger.get("measured_peak_bytes"):
-        extra = ", ".join(f"{k} {_bytes(ledger[k + '_bytes'])}" for k in ("uss", "pss")
+        extra = ", ".join(f"{k} {fmt_bytes(ledger[k + '_bytes'])}" for k in ("uss", "pss")
                           if ledger.get(k + "_bytes"))
-        rows.append(("measured", f"worker peak {_bytes(ledger['measured_peak_bytes'])}"
+        rows.append(("measured", f"worker peak {fmt_bytes(ledger['measured_peak_bytes'])}"
                                  f"{f' ({extra})' if extra else ''}: budget/measured "
                                  f"{ledger['budget_over_measured']:.2f}"))
     verdict = ledger["verdict"] + (f" ({ledger['cause']})" if ledger.get("cause") else "")
     rows.append(("ledger", verdict + " · " + " · ".join(
-        f"{r['purpose']} {_bytes(r['bytes'])} {r['evidence']}" for r in ledger["reservations"])))
+        f"{r['purpose']} {fmt_bytes(r['bytes'])} {r['evidence']}" for r in ledger["reservations"])))
     rows.extend(("blind spot", spot) for spot in ledger.get("blind_spots") or [])
     rows.extend(("warning", w) for w in ledger.get("warnings") or [])
     return rows
+
+
+def _refusals(doc: Mapping[str, Any]) -> Rows:
+    """Each refusal as the CLI's error line words it (``code (cause) route on device: …``)."""
+    rows: Rows = []
+    for r in doc["outcome"].get("refusals") or []:
+        where = " on ".join(x for x in (r.get("route"), r.get("device")) if x)
+        text = r["message"] if r["message"].startswith(where) else f"{where}: {r['message']}"
+        rows.append(("refused", f"{r['code']} ({r['cause']}) {text}"))
+        rows.append(("remedy", r["remedy"]))
+    return rows
+
+
+def _provenance(doc: Mapping[str, Any]) -> Rows:
+    host = doc["host"]
+    return [("when", f"{doc['started']} → {doc['finished']}"),
+            ("host", f"{host['hostname']} ({host['platform']}, Python {host['python']})"),
+            ("xstage", f"{doc['xstage_version']}, record schema {doc['schema_version']}")]
+
+
+_SECTIONS: tuple[Callable[[Mapping[str, Any]], Rows], ...] = (
+    _outcome, _stage, _request, _placement, _worker, _proof, _parity, _timings, _memory,
+    lambda doc: ledger_rows(doc.get("ledger")), _refusals, _provenance,
+)
+
+
+def summary_rows(doc: Mapping[str, Any]) -> Rows:
+    """The summary of a (validated) record as ``(field, text)`` rows, in reading order."""
+    return [row for section in _SECTIONS for row in section(doc)]
 
 
 def summary(doc: Mapping[str, Any]) -> list[str]:

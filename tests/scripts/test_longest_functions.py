@@ -1,0 +1,57 @@
+"""``scripts/longest_functions.py``: the longest functions first, qualified, with a --max check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "longest_functions.py"
+
+CODE = '''\
+def short():
+    return 1
+
+
+class Box:
+    @property
+    def long(self):
+        a = 1
+        b = 2
+        return a + b
+
+    def inner_host(self):
+        def helper():
+            return 0
+        return helper
+'''
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_longest_first_with_path_line_and_qualified_name(tmp_path: Path):
+    (tmp_path / "m.py").write_text(CODE)
+    done = _run("3", "--root", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert [(r[0], r[1].rsplit("/", 1)[-1], r[2]) for r in rows] == [
+        ("5", "m.py:6", "Box.long"),  # the decorator counts
+        ("4", "m.py:12", "Box.inner_host"),
+        ("2", "m.py:1", "short"),
+    ]
+
+
+def test_max_fails_when_one_is_longer(tmp_path: Path):
+    (tmp_path / "m.py").write_text(CODE)
+    assert _run("--root", str(tmp_path), "--max", "5").returncode == 0
+    over = _run("--root", str(tmp_path), "--max", "4")
+    assert over.returncode == 1 and "1 function(s) over 4 lines" in over.stderr
+
+
+def test_it_runs_on_src_by_default():
+    done = _run()
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 10 and "src/xstage/" in done.stdout
