@@ -106,8 +106,13 @@ def imports(module: str) -> frozenset[str]:
     """What ``module`` imports: module names in ``src/``, top-level names outside it (Case 4)."""
     path = _files()[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return imports_in(path.read_text(encoding="utf-8"), package, str(path))
+
+
+def imports_in(source: str, package: str, where: str = "<source>") -> frozenset[str]:
+    """What ``source``, a module of ``package``, imports (Cases 1-4)."""
     wanted: list[str] = []
-    for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in _import_nodes(ast.parse(source, where)):
         if isinstance(node, ast.Import):
             wanted += [alias.name for alias in node.names]
             continue
@@ -186,6 +191,28 @@ def _cases(rule: str, modules: list[str]) -> list:
         if (rule, m) in PENDING else m
         for m in modules
     ]
+
+
+def test_the_walker_follows_its_cases() -> None:
+    """Each numbered case of the module docstring, on a made-up module of xstage.routes."""
+    source = (
+        "import os.path\n"
+        "from typing import TYPE_CHECKING\n"
+        "from xstage.host import hardware\n"  # Case 2: a module
+        "from xstage.routes import ReasonCode\n"  # Case 2: a name, so the package
+        "import xstage.client.staging\n"  # Case 3: not xstage.client
+        "from . import specs\n"
+        "if TYPE_CHECKING:\n"
+        "    from xstage.planner import Plan\n"  # Case 1: type-only
+        "else:\n"
+        "    import urllib.request\n"  # Case 4
+        "def later():\n"
+        "    from xstage.stage import open_stage\n"  # Case 1: inside a function
+    )
+    assert imports_in(source, "xstage.routes") == {
+        "os", "typing", "xstage.host.hardware", "xstage.routes", "xstage.client.staging",
+        "xstage.routes.specs", "urllib", "xstage.stage",
+    }
 
 
 def test_the_graph_sees_the_package() -> None:
