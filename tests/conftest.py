@@ -9,6 +9,11 @@
   EP variant), ``openvino_plugin_python`` (the plugin EP variant) and ``torch_python``
   (torch 2.13.0, only where pip can take it from local disk: anything else is a download of
   several GB, so the fixture skips instead).
+* Tests that reach the package index are marked ``network``: explicitly when every run does
+  (the hook below skips them when the index cannot be reached), automatically when they use a
+  fixture that fills the test cache from the index (``NETWORK_FIXTURES``; the fixture skips, and
+  only on a cache miss). ``pkgindex`` says why: ``XSTAGE_OFFLINE=1``, ``PIP_NO_INDEX``, or pip's
+  own quick check.
 """
 
 from __future__ import annotations
@@ -22,9 +27,36 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pkgindex
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+#: Fixtures that fill the test cache from the package index on a miss (what they fetch).
+NETWORK_FIXTURES = {
+    "py39_ort119_python": "the py39-ort119 test env",
+    "openvino_python": "the ort-openvino test env",
+    "openvino_plugin_python": "the ort-openvino plugin test env",
+    "torch_python": "the torch-cpu test env",
+    "export_python": "the export test env",
+    "thirdparty": "the third-party graphs' wheels",
+    "thirdparty_graphs": "the third-party graphs' wheels",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``network`` every test that uses a fixture in NETWORK_FIXTURES."""
+    for item in items:
+        needs = sorted(set(getattr(item, "fixturenames", ())) & NETWORK_FIXTURES.keys())
+        if needs:
+            item.add_marker(pytest.mark.network(on_miss=tuple(needs)))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a test marked ``network`` (not only on a cache miss) when the index is out of reach."""
+    if any(not mark.kwargs.get("on_miss") for mark in item.iter_markers("network")):
+        pkgindex.require(item.name)
 
 
 def cache_root() -> Path:
@@ -84,6 +116,7 @@ def build_cached_env(
         interpreter = envs.venv_python(target)
         if _works(interpreter, check):
             return interpreter
+        pkgindex.require(f"building the {route} test env ({slot})")
         try:
             plan = envs.plan(route, python=python, pins=pins, variant=variant)
             info = envs.create(plan, force=True)
@@ -187,6 +220,7 @@ def export_python() -> Path:
             return python
         if sys.version_info[:2] != (3, 11) or not _torch_wheel_is_local(pin):
             pytest.skip(f"{pin} is not on local disk for this Python; installing it would download GBs")
+        pkgindex.require("building the export test env (pip install -e .[export])")
         shutil.rmtree(root / "venv", ignore_errors=True)
         for old in root.glob("built-*"):
             old.unlink()

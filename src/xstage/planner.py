@@ -39,6 +39,7 @@ class Candidate:
     kind: str = "cpu"
 
     def to_dict(self) -> dict[str, Any]:
+        """The candidate as JSON: device id and route name."""
         return {"device": self.device, "route": self.route.name}
 
 
@@ -54,8 +55,10 @@ class Plan:
 
 
 def match_device(report: DeviceReport, wanted: str) -> list[DeviceRow]:
-    """Rows for an id: exact, or a prefix (``gpu_discrete:nvidia`` matches ``...:nvidia:0``,
-    ``npu`` matches any NPU)."""
+    """Rows for an id: exact, or a prefix.
+
+    ``gpu_discrete:nvidia`` matches ``...:nvidia:0``, ``npu`` matches any NPU.
+    """
     rows = list(report.devices)
     exact = [r for r in rows if r.device.id == wanted]
     if exact:

@@ -1,5 +1,8 @@
-"""A refusal is a value: a named, structured result (code, cause, device, route, message,
-remedy, evidence). The five codes are the seed's closed set; ``cause`` says which case."""
+"""A refusal is a value: a named, structured result.
+
+It carries code, cause, device, route, message, remedy and evidence. The five codes are the
+seed's closed set; ``cause`` says which case.
+"""
 
 from __future__ import annotations
 

@@ -24,18 +24,18 @@ def _children() -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True) if p.status() != "zombie"]
 
 
-def test_sigkill_mid_call_is_reported_within_two_seconds(graphs):
-    """A worker killed during a long call: WorkerDied naming the signal, fast; then dead."""
+def test_sigkill_mid_call_is_reported(graphs):
+    """A worker killed during a long call: WorkerDied naming the signal; then dead.
+
+    How fast: ``benchmarks/liveness.py`` (``sigkill_*``).
+    """
     x = np.ones((1536, 1536), np.float32)
     with WorkerClient(sys.executable) as w:
         w.load(graphs["slow"])
         killer = threading.Timer(0.5, os.kill, args=(w.pid, signal.SIGKILL))
         killer.start()
-        t0 = time.monotonic()
         with pytest.raises(errors.WorkerDied) as info:
             w.run({"x": x})
-        elapsed = time.monotonic() - 0.5 - t0
-        assert elapsed < 2.0, elapsed
         assert info.value.exit_status == -signal.SIGKILL
         assert "killed by signal 9 (SIGKILL)" in str(info.value)
         assert w.state is WorkerState.DEAD
@@ -66,8 +66,11 @@ _CLIENT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("when", ["idle", "compiling"])
-def test_killed_client_makes_its_worker_exit_within_two_seconds(graphs, when):
-    """The death pipe (stdin): SIGKILL the client and its worker is gone in < 2 s, even mid-call."""
+def test_killed_client_makes_its_worker_exit(graphs, when):
+    """The death pipe (stdin): SIGKILL the client and its worker exits, even mid-call.
+
+    The wait is generous; how fast it goes is ``benchmarks/liveness.py``'s figure.
+    """
     script = _CLIENT
     if when == "compiling":  # the worker's main thread is busy when the client dies
         script = script.replace("print(w.pid, flush=True)", "print(w.pid, flush=True)\n"
@@ -83,7 +86,7 @@ def test_killed_client_makes_its_worker_exit_within_two_seconds(graphs, when):
         client.kill()
         client.wait()
         t0 = time.monotonic()
-        gone, alive = psutil.wait_procs([worker], timeout=2.0)
+        gone, alive = psutil.wait_procs([worker], timeout=30.0)
         assert not alive, f"worker {pid} still alive after {time.monotonic() - t0:.2f}s"
     finally:
         client.kill()
@@ -149,10 +152,8 @@ def test_hung_call_is_a_call_timeout_and_the_worker_is_killed(fault_python, grap
     w.start()
     w.load(graphs["slice"])
     pid = w.pid
-    t0 = time.monotonic()
     with pytest.raises(errors.CallTimeout, match="call deadline of 1 s passed"):
         w.run({"x": np.ones(4096, np.float32)})
-    assert time.monotonic() - t0 < 3
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
     assert w.state is WorkerState.DEAD
 
@@ -189,7 +190,5 @@ def test_sigkill_over_tcp_is_reported(graphs):
     with WorkerClient(sys.executable, transport="tcp") as w:
         w.load(graphs["slow"])
         threading.Timer(0.5, os.kill, args=(w.pid, signal.SIGKILL)).start()
-        t0 = time.monotonic()
         with pytest.raises(errors.WorkerDied, match="SIGKILL"):
             w.run({"x": x})
-        assert time.monotonic() - t0 < 2.5

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
+import pkgindex
 import pytest
-from thirdparty import GRAPHS, FetchError, fetch, write_inputs
+from thirdparty import GRAPHS, FetchError, cached, fetch, write_inputs
 
 REPO = Path(__file__).resolve().parent.parent.parent
 ROUTES = ("ort-cpu", "ort-openvino")
@@ -46,11 +47,14 @@ def _cache() -> Path:
 
 @pytest.fixture(scope="session")
 def thirdparty() -> dict[str, Path]:
-    """Every graph of the table, fetched once (skips only if the registry is unreachable)."""
+    """Every graph of the table, fetched once (skips if that needs the index and it is out of reach)."""
     out = {}
     for name in sorted(GRAPHS):
+        hit = cached(name, _cache())
+        if hit is None:
+            pkgindex.require(f"fetching the wheel of {name}")
         try:
-            out[name] = fetch(name, _cache())
+            out[name] = hit or fetch(name, _cache())
         except FetchError as exc:
             if exc.registry_unreachable:
                 pytest.skip(f"the package index is unreachable, cannot fetch {name}: {exc.message}")

@@ -84,7 +84,9 @@ class WorkerClient:
         worker_path: Callable[[str], str] | None = None,
         end_tree: Callable[[int], None] | None = None,
     ) -> None:
-        """Args:
+        """Set up a client; the worker starts in ``start()`` (or on entering ``with``).
+
+        Args:
             interpreter: the route's Python, as this OS starts it.
             route: the route's name, for messages and log names.
             deadlines: per-phase limits (``Deadlines()`` when None).
@@ -92,8 +94,8 @@ class WorkerClient:
             env: the worker's environment (this process's when None).
             transport: ``local`` (inherited sockets, shared region) or ``tcp`` (connect-back,
                 inline tensors; what a Windows worker started from WSL uses).
-            listen_host, connect_host: where the client listens for a ``tcp`` worker, and the
-                address the worker dials (``listen_host`` when None).
+            listen_host: where the client listens for a ``tcp`` worker.
+            connect_host: the address the worker dials (``listen_host`` when None).
             worker_path: maps a path on this side to the worker's view of it (WSL → Windows);
                 applied to the staged package and every graph path. It must raise rather than
                 hand over a path the worker cannot open.
@@ -149,6 +151,7 @@ class WorkerClient:
 
     @property
     def pid(self) -> int | None:
+        """The worker's process id once spawned, else None."""
         return self._proc.pid if self._proc else None
 
     def start(self) -> dict[str, Any]:

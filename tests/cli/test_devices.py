@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from recorded import load_json_fixture
@@ -162,18 +161,16 @@ def test_refresh_probes_again(capsys):
     assert (first["probe_cached"], second["probe_cached"], third["probe_cached"]) == (False, True, False)
 
 
-def test_cached_devices_takes_under_a_second(xstage_home):
-    """The whole command in a fresh process, with the probe cache warm."""
-    env = dict(os.environ)
+def test_a_fresh_process_reads_the_warm_probe_cache(xstage_home):
+    """The whole command in a fresh process, twice: the second run probes nothing.
+
+    How long it takes is ``benchmarks/devices_cached.py``'s figure (target: under a second).
+    """
     argv = [sys.executable, "-m", "xstage", "devices", "--json"]
-    subprocess.run(argv, env=env, capture_output=True, check=True, timeout=300)
-    times = []
-    for _ in range(2):
-        start = time.monotonic()
-        subprocess.run(argv, env=env, capture_output=True, check=True, timeout=60)
-        times.append(time.monotonic() - start)
-    print(f"cached xstage devices: {min(times):.3f} s")
-    assert min(times) < 1.0, times
+    runs = [subprocess.run(argv, env=dict(os.environ), capture_output=True, check=True, timeout=300)
+            for _ in range(2)]
+    cpu = [{r["name"]: r for r in json.loads(done.stdout)["routes"]}["ort-cpu"] for done in runs]
+    assert (cpu[0]["probe_cached"], cpu[1]["probe_cached"]) == (False, True)
 
 
 @pytest.mark.parametrize("flag", ["--bogus", "--json=3"])
