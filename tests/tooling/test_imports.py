@@ -36,7 +36,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("host", ("xstage.host",)),
     ("pure", ("xstage.evidence", "xstage.parity", "xstage.ledger", "xstage.timings")),
     ("foundation", ("xstage.artifact", "xstage.manifest", "xstage.inputs", "xstage.signature",
-                    "xstage.errors", "xstage.refusal", "xstage.home", "xstage._version")),
+                    "xstage.errors", "xstage.refusal", "xstage.home", "xstage._version",
+                    "xstage.exit_codes")),
     ("wire", ("xstage_remote",)),
 )
 PURE = LAYERS[[name for name, _ in LAYERS].index("pure")][1]

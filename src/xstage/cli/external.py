@@ -21,11 +21,10 @@ from xstage.builtin_graphs import builtin_artifact, builtin_stage
 from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
 from xstage.cli._summary import show_summary
-from xstage.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_REFUSED
+from xstage.exit_codes import EXIT_OK, EXIT_REFUSED
 from xstage.inputs import parse_dims, parse_shapes
 from xstage.ledger import parse_pool_arg
-from xstage.record import records_path, utc_now, write_record
-from xstage.record.build import build_record
+from xstage.record import records_path, write_record
 from xstage.routes import ROUTE_NAMES
 from xstage.stage import open_stage
 from xstage.stage.ledger import Ledger
@@ -48,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--device", metavar="ID", help="require this device; never substitute")
     where.add_argument("--prefer", metavar="ID,ID,...", help="try devices in order, fall through")
+    where.add_argument("--offload", action="store_true",
+                       help="try every resolved route except the reference arm (ort-cpu, "
+                       "torch-cpu) first, in plan order, falling through; the reference arm last")
     p.add_argument("--route", choices=ROUTE_NAMES, metavar="NAME", help="pin a route")
     p.add_argument("--min-placement", type=float, default=0.5, metavar="F",
                    help="fraction of the graph the target EP must take (default 0.5)")
@@ -95,43 +97,35 @@ def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> None:
 
 def run(args: argparse.Namespace, out: Output) -> int:
     argv = ["xstage", *sys.argv[1:]]
-    started = utc_now()
     if args.runs < 1 or args.warmup < 0:
         raise errors.UsageError("--runs must be >= 1 and --warmup >= 0")
     graph = (Path(args.graph) if args.graph
              else builtin_artifact(args.builtin) if args.builtin else builtin_stage())
     prefer = [p for p in args.prefer.split(",") if p] if args.prefer else None
-    kwargs = dict(
-        device=args.device, prefer=prefer, route=args.route, min_placement=args.min_placement,
-        inputs=args.inputs, reference=args.reference or "auto", tolerance=args.tolerance,
-        ep_options=_ep_options(args.ep_option), threads=args.threads,
-        graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
-        shapes=parse_shapes(args.shape), dims=parse_dims(args.dim),
-        ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None,
-    )
-    request = {k: kwargs[k] for k in ("device", "prefer", "route", "min_placement", "tolerance",
-                                      "ep_options", "threads", "graph_opt_level")}
-    request.update(runs=args.runs, warmup=args.warmup, inputs={
-        "source": "npz" if args.inputs else "synthesized", "path": args.inputs})
     try:
-        stage = open_stage(graph, on_event=out.log, **kwargs)  # type: ignore[arg-type]
-    except errors.Refused as exc:
-        doc = dict(exc.record or {})
-        doc["argv"] = argv
-        doc["request"] = {**doc.get("request", {}), "runs": args.runs, "warmup": args.warmup}
-        _write(doc, args, out)
-        show_summary(doc, out, title="xstage external")
+        stage = open_stage(
+            graph, device=args.device, prefer=prefer, route=args.route, offload=args.offload,
+            min_placement=args.min_placement, inputs=args.inputs,
+            reference=args.reference or "auto", tolerance=args.tolerance,
+            ep_options=_ep_options(args.ep_option), threads=args.threads,
+            graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
+            shapes=parse_shapes(args.shape), dims=parse_dims(args.dim), on_event=out.log,
+            ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None)
+    except errors.UsageError:
+        raise
+    except errors.XstageError as exc:  # refused or failed: the API's record, with the timing plan
+        if exc.record is not None:
+            doc = {**exc.record, "argv": argv,
+                   "request": {**exc.record["request"], "runs": args.runs, "warmup": args.warmup}}
+            _write(doc, args, out)
+            if isinstance(exc, errors.Refused):
+                show_summary(doc, out, title="xstage external")
+        if not isinstance(exc, errors.Refused):
+            raise
         out.error(exc.message)
         if exc.remedy:
             out.hint(exc.remedy)
         return EXIT_REFUSED
-    except errors.UsageError:
-        raise
-    except errors.XstageError as exc:
-        doc = build_record(argv=argv, started=started, request=request, status="error",
-                           exit_code=EXIT_ERROR, error=exc)
-        _write(doc, args, out)
-        raise
     with stage:
         with Progress(TextColumn("[dim]timing[/dim]"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=out.err, transient=True,

@@ -63,7 +63,8 @@ def build_record(
                     "refusals": [r.to_dict() for r in refusals], "error": err},
         "artifact": artifact.to_dict() if artifact else None,
         "request": dict(request),
-        "plan": None if plan is None and not tried else {"chosen": chosen, "candidates": candidates},
+        "plan": None if plan is None and not tried else {
+            "chosen": chosen, "candidates": candidates, **_plan_mode(plan)},
         "worker": dict(worker) if worker else None,
         "proof": dict(proof) if proof else None,
         "parity": dict(parity_doc) if parity_doc else None,
@@ -93,3 +94,11 @@ def _candidates(plan: Plan | None,
             candidates.append({"device": refusal.device, "route": refusal.route,
                                "status": "refused", "refusal": refusal.to_dict()})
     return candidates
+
+
+def _plan_mode(plan: Plan | None) -> dict[str, Any]:
+    """How the candidates were chosen, and which of them are reference arms (schema 1.2)."""
+    if plan is None:
+        return {}
+    arms = sorted({c.route.name for c in plan.candidates if c.route.spec.reference_arm})
+    return {"mode": plan.mode, "reference_arms": arms}

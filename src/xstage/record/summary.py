@@ -92,12 +92,33 @@ def _placement(doc: Mapping[str, Any]) -> Rows:
     else:
         rows.append(("plan", f"chosen {chosen['device']} via {chosen['route']}" if chosen
                      else "nothing chosen"))
+    if plan.get("mode") == "offload":
+        rows.append(("offload", _offload_why(plan)))
     for cand in plan["candidates"]:
         text = f"{cand['device']} via {cand['route']}: {cand['status']}"
         if cand.get("refusal"):
             text += f" ({cand['refusal']['code']}/{cand['refusal']['cause']})"
         rows.append(("candidate", text))
     return rows
+
+
+def _offload_why(plan: Mapping[str, Any]) -> str:
+    """Which route ran under ``--offload``, and why that one."""
+    arms = set(plan.get("reference_arms") or ())
+    offload = [c for c in plan["candidates"] if c["route"] not in arms]
+    refused = ", ".join(f"{c['route']} on {c['device']}: {c['refusal']['cause']}"
+                        for c in offload if c["status"] == "refused" and c.get("refusal"))
+    chosen = plan.get("chosen")
+    if chosen is None:
+        return "every route refused the stage, the reference arm too"
+    if chosen["route"] not in arms:
+        after = f", after {refused}" if refused else ""
+        return (f"{chosen['route']} on {chosen['device']} was the first offload route admitted"
+                f"{after}; the reference arm ({', '.join(sorted(arms)) or 'none'}) was not needed")
+    if not offload:
+        return (f"no route here but the reference arm runs this format; it ran on "
+                f"{chosen['route']} (xstage devices shows what is missing)")
+    return f"no offload route was admitted ({refused}); it ran on the reference arm {chosen['route']}"
 
 
 def _worker(doc: Mapping[str, Any]) -> Rows:

@@ -12,7 +12,6 @@ import numpy as np
 from xstage import errors, evidence, parity
 from xstage import ledger as ledger_mod
 from xstage.artifact import Artifact
-from xstage.exit_codes import EXIT_OK
 from xstage.planner import Candidate, Plan
 from xstage.record.build import build_record
 from xstage.refusal import Refusal
@@ -146,7 +145,7 @@ class Stage:
                   "evidence_sha256": self._admission.warm.worker["evidence_sha256"]}
         return build_record(
             argv=argv, started=self._admission.setup.started, request=self._request,
-            status="placed", exit_code=EXIT_OK, artifact=self.artifact, plan=self.plan,
+            status="placed", artifact=self.artifact, plan=self.plan,
             tried=self.tried, worker=worker, proof=self.proof.to_dict(),
             parity_doc=self.parity.to_dict(), timings=self.timings,
             memory={"rss_bytes": timing.get("rss"), "peak_bytes": timing.get("peak")},

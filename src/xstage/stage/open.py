@@ -21,7 +21,6 @@ from xstage.artifact import Artifact, graph_nodes, inspect_artifact
 from xstage.client import Deadlines
 from xstage.device_table import DeviceReport
 from xstage.device_table import devices as device_report
-from xstage.exit_codes import EXIT_ERROR, EXIT_REFUSED
 from xstage.inputs import SEED, resolve_feeds
 from xstage.planner import Candidate, Plan, make_plan
 from xstage.record.build import build_record
@@ -103,7 +102,7 @@ def open_stage(
         raise
     except errors.XstageError as exc:  # the run ended in an error: it still has its record
         exc.record = build_record(argv=(), started=started, request=request, status="error",
-                                  exit_code=EXIT_ERROR, error=exc, artifact=art)
+                                  error=exc, artifact=art)
         raise
 
 
@@ -125,7 +124,7 @@ def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None]) -> Sta
     last_ledger = next((r.evidence["ledger"] for r in reversed(refused) if "ledger" in r.evidence),
                        None)
     record = build_record(argv=(), started=setup.started, request=setup.request,
-                          status="refused", exit_code=EXIT_REFUSED, refusals=refused,
+                          status="refused", refusals=refused,
                           artifact=setup.artifact, plan=plan, tried=tried, ledger=last_ledger)
     raise refusals.refused(refused, setup.artifact, record)
 
