@@ -14,7 +14,7 @@ from typing import Any
 
 from xstage import errors
 from xstage.manifest import check_files, manifest_path, read_manifest, sha256_file
-from xstage_remote.torch_runtime import is_torchscript
+from xstage_remote.formats import is_torchscript
 
 __all__ = ["Artifact", "IOSpec", "graph_nodes", "inspect_artifact"]
 

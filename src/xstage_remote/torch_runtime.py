@@ -16,22 +16,12 @@ output devices) so a large program's log stays small; the client judges it
 """
 
 import time
-import zipfile
 
 import numpy as np
 
-__all__ = ["is_torchscript", "load", "pick_adapter"]
+from .formats import is_torchscript
 
-
-def is_torchscript(path):
-    """A TorchScript archive: code and constants, and no torch.export ``archive_format``."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return False
-    has_pt2 = any(n.endswith("/archive_format") for n in names)
-    return not has_pt2 and any(n.endswith("/constants.pkl") or "/code/" in n for n in names)
+__all__ = ["load", "pick_adapter"]
 
 
 def _dtype_tag(dtype):

@@ -16,6 +16,8 @@ The header is a UTF-8 JSON object; its ``t`` list describes the tensors laid end
 in the payload. There is no pickle anywhere in this module, by design.
 """
 
+import hashlib
+import hmac
 import json
 import struct
 import sys
@@ -33,7 +35,9 @@ __all__ = [
     "MAX_TENSORS",
     "OPS",
     "PREFIX",
+    "PROFILE_TENSOR",
     "Frame",
+    "auth_token",
     "PeerClosed",
     "ProtocolError",
     "decode_tensors",
@@ -50,6 +54,15 @@ __all__ = [
 ]
 
 MAGIC = b"XSW1"
+#: The profile's bytes in an ``evidence_data`` frame (a name no ONNX output can take: it is
+#: not a valid identifier, and the client refuses a stage whose outputs use it anyway).
+PROFILE_TENSOR = "xstage:profile"
+
+
+def auth_token(secret, pid):
+    """The hello's proof that the worker holds the secret the client wrote to its stdin."""
+    return hmac.new(secret.encode("utf-8"), ("xstage-hello:%d" % pid).encode(), hashlib.sha256).hexdigest()
+
 PREFIX = struct.Struct("<4sIQ")
 #: A header is small JSON; a megabyte is generous and bounds the parse.
 MAX_HEADER_BYTES = 1 << 20

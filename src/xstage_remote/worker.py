@@ -13,8 +13,6 @@ Lifecycle: hello → (load → loaded) → (attach → attached)? → run* → s
 """
 
 import argparse
-import hashlib
-import hmac
 import os
 import platform
 import socket
@@ -31,16 +29,8 @@ from . import shm as shm_mod
 __all__ = ["main"]
 
 FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin", "evidence"]
-#: The profile's bytes in an ``evidence_data`` frame (a name no ONNX output can take: it is
-#: not a valid identifier, and the client refuses a stage whose outputs use it anyway).
-PROFILE_TENSOR = "xstage:profile"
 #: Exit status when the client vanished (stdin ended or the control stream closed).
 EXIT_ORPHANED = 70
-
-
-def auth_token(secret, pid):
-    """Proof that the worker holds the secret the client wrote to its stdin."""
-    return hmac.new(secret.encode("utf-8"), ("xstage-hello:%d" % pid).encode(), hashlib.sha256).hexdigest()
 
 
 def _watchdog(fd):
@@ -132,7 +122,7 @@ class Worker:
         arrays = {}
         text = getattr(self.runtime, "profile_text", None)
         if text is not None:
-            arrays[PROFILE_TENSOR] = np.frombuffer(text, dtype=np.uint8)
+            arrays[wire.PROFILE_TENSOR] = np.frombuffer(text, dtype=np.uint8)
         info = dict(getattr(self.runtime, "evidence", {}) or {})
         info["memory"] = memory.detail()
         self.send({"op": "evidence_data", "id": frame.id, "info": info}, arrays)
@@ -238,7 +228,7 @@ def hello(secret):
     except Exception:
         pass
     return {"op": "hello", "id": 0, "v": PROTOCOL_VERSION, "features": FEATURES,
-            "package_hash": package_hash(), "auth": auth_token(secret, pid),
+            "package_hash": package_hash(), "auth": wire.auth_token(secret, pid),
             "worker": {"pid": pid, "executable": sys.executable,
                        "implementation": platform.python_implementation(),
                        "platform": sys.platform, "machine": platform.machine(),

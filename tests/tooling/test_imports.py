@@ -238,6 +238,24 @@ def test_the_worker_package_does_not_import_xstage() -> None:
     assert not bad, f"xstage_remote imports xstage: {bad}"
 
 
+#: What the client side may use of the worker package: the package root (its version and hash),
+#: the wire (frames, and the shared region's layout) and one stdlib-only module.
+SHARED_WITH_WORKER = ("xstage_remote", "xstage_remote.wire", "xstage_remote.shm",
+                      "xstage_remote.formats")
+
+
+def test_xstage_shares_only_the_wire_with_the_worker_package() -> None:
+    """The worker's own modules (its runtimes, its main loop) are not the client's to import."""
+    bad = {m: sorted(n for n in internal(m) if _under(n, ("xstage_remote",))
+                     and n not in SHARED_WITH_WORKER) for m in XSTAGE}
+    bad = {m: names for m, names in bad.items() if names}
+    assert not bad, f"xstage imports worker-only modules: {bad}"
+
+
+def test_the_shared_module_is_standard_library_only() -> None:
+    assert imports("xstage_remote.formats") <= {"zipfile"}
+
+
 @pytest.mark.parametrize("module", _cases("pure", PURE_MODULES))
 def test_pure_modules_touch_no_outside_world(module: str) -> None:
     """Evidence, parity, the ledger and timings are functions of their arguments."""

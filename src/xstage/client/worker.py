@@ -34,7 +34,6 @@ from xstage.client.staging import local_hash, worker_argv
 from xstage.home import logs_dir
 from xstage.signature import check_inputs
 from xstage_remote import PROTOCOL_VERSION, shm, wire
-from xstage_remote.worker import PROFILE_TENSOR, auth_token
 
 __all__ = ["WorkerClient", "WorkerState"]
 
@@ -266,7 +265,7 @@ class WorkerClient:
             raise errors.RemoteProtocolError(f"hello carries id {frame.id}, expected 0")
         worker_pid = h["worker"].get("pid")
         if not isinstance(worker_pid, int) or not hmac.compare_digest(
-            h["auth"], auth_token(self._secret, worker_pid)
+            h["auth"], wire.auth_token(self._secret, worker_pid)
         ):
             raise errors.RemoteProtocolError("worker hello does not prove the session secret")
         missing = {"inline"} - set(h["features"])
@@ -557,7 +556,7 @@ class WorkerClient:
         with self._lock:
             frame = self._request({"op": "evidence"}, "evidence_data", "call")
             arrays = frame.arrays()
-            profile = arrays.get(PROFILE_TENSOR)
+            profile = arrays.get(wire.PROFILE_TENSOR)
             return dict(frame.header["info"]), (bytes(profile) if profile is not None else None)
 
     def run(self, inputs: Mapping[str, Any], *,
