@@ -145,8 +145,11 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
 
 def _start_and_warm_up(cand: Candidate, setup: Setup,
                        cleanup: ExitStack) -> tuple[WorkerClient, WarmUp]:
-    """Rule 2: start the route's worker, load the artifact, run it once profiled, and collect
-    everything the proof rests on in one visit."""
+    """Rule 2: start the worker, load, run once profiled, collect what the proof rests on.
+
+    Every call to the worker happens here, in one visit, so the proof and the gate after it
+    read plain data.
+    """
     art = setup.artifact
     options = load_options(cand.route, device=cand.device, ep_options=setup.ep_options,
                            session=setup.session, fmt=art.format, profile=True,
@@ -195,8 +198,11 @@ def _digest(info: Mapping[str, Any], profile: bytes | None) -> str:
 
 def _measured_peak(pool: str, warm: Mapping[str, Any], memory: Mapping[str, Any],
                    info: Mapping[str, Any]) -> int | None:
-    """The worker's peak for the budget's pool: its own high-water mark for host RAM (after
-    the warm-up, which covers the load), the device's peak where the runtime reports one."""
+    """The worker's peak for the budget's pool.
+
+    Host RAM: its own high-water mark (after the warm-up, which covers the load); a device
+    pool: the device's peak where the runtime reports one, else None.
+    """
     if pool != ledger_mod.HOST_POOL:
         device = info.get("device_memory")
         value = device.get("peak") if isinstance(device, dict) else None

@@ -79,14 +79,17 @@ class Ledger:
             return self._pools[name]
 
     def pools(self) -> list[Pool]:
+        """Every pool the ledger knows so far."""
         with self._lock:
             return list(self._pools.values())
 
     def held_bytes(self, pool: str) -> int:
+        """Bytes held in ``pool`` by the stages open now."""
         with self._lock:
             return sum(h.budget.budget_bytes for p, h in self._held.values() if p == pool)
 
     def holdings(self, pool: str | None = None) -> list[Holding]:
+        """The holdings of the open stages (in ``pool``, or all)."""
         with self._lock:
             return [h for p, h in self._held.values() if pool is None or p == pool]
 

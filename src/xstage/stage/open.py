@@ -130,7 +130,7 @@ def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None]) -> Sta
 
 
 def _session_options(threads: int | None, graph_opt_level: str | None) -> dict[str, Any]:
-    """onnxruntime session options both arms use (the worker's and the reference's)."""
+    """The onnxruntime session options both arms use (the worker's and the reference's)."""
     session: dict[str, Any] = {}
     if threads:
         session["intra_op_num_threads"] = threads

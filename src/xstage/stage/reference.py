@@ -88,8 +88,11 @@ class TorchReference:
         self._outputs: dict[str, np.ndarray] | None = None
 
     def precheck(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Nothing to run early: the torch reference needs a worker, started when the gate
-        needs it (after a candidate has run), so this arm never starts one for nothing."""
+        """Nothing to run early: the torch reference needs a worker.
+
+        It starts when the gate needs it (after a candidate has run), so this arm never starts
+        one for nothing.
+        """
 
     def _worker(self):  # type: ignore[no-untyped-def]
         status = self._report.route("torch-cpu")
@@ -135,8 +138,10 @@ class TorchReference:
 
 def make_reference(art: Artifact, reference: str | os.PathLike[str], session: Mapping[str, Any],
                    report: DeviceReport) -> OnnxReference | TorchReference:
-    """The reference arm for ``art``: ``auto`` takes the manifest's fp32 source where the
-    artifact is not fp32 itself, else the same graph (or program) on the CPU.
+    """The reference arm for ``art``.
+
+    ``auto`` takes the manifest's fp32 source where the artifact is not fp32 itself, else the
+    same graph (or program) on the CPU.
 
     Raises:
         ArtifactError: an ONNX reference graph that does not load on onnxruntime's CPU EP.
