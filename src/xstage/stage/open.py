@@ -38,27 +38,18 @@ __all__ = ["open_stage"]
 
 
 def open_stage(
-    artifact: str | os.PathLike[str],
-    *,
-    device: str | None = None,
-    prefer: Sequence[str] | None = None,
-    route: str | None = None,
-    offload: bool = False,
-    min_placement: float = 0.5,
-    inputs: Mapping[str, np.ndarray] | str | os.PathLike[str] | None = None,
+    artifact: str | os.PathLike[str], *,
+    device: str | None = None, prefer: Sequence[str] | None = None, route: str | None = None,
+    offload: bool = False,  # where: one device, devices in order, a pinned route, or offload
+    min_placement: float = 0.5, tolerance: float | None = None,  # the proof's and gate's bars
     reference: str | os.PathLike[str] = "auto",
-    tolerance: float | None = None,
-    ep_options: Mapping[str, str] | None = None,
-    threads: int | None = None,
-    graph_opt_level: str | None = None,
-    fmt: str | None = None,
-    component: str | None = None,
-    shapes: Mapping[str, tuple[int, ...]] | None = None,
-    dims: Mapping[str, int] | None = None,
-    deadlines: Deadlines | None = None,
-    report: DeviceReport | None = None,
+    inputs: Mapping[str, np.ndarray] | str | os.PathLike[str] | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None, dims: Mapping[str, int] | None = None,
+    fmt: str | None = None, component: str | None = None,  # what the artifact is
+    ep_options: Mapping[str, str] | None = None, threads: int | None = None,
+    graph_opt_level: str | None = None, deadlines: Deadlines | None = None,
+    report: DeviceReport | None = None, ledger: Ledger | None = None,
     on_event: Callable[[str], None] | None = None,
-    ledger: Ledger | None = None,
 ) -> Stage:
     """Open ``artifact`` where the plan and the evidence allow; see the module docstring.
 
