@@ -70,7 +70,7 @@ def load_options(
         }
     else:
         options.update((info.get("device_options") or {}).get(device) or {})
-    merged, notes = ep_options_for(status.name, fmt, device, options, ep_options)
+    merged, notes = ep_options_for(status.spec, fmt, device, options, ep_options)
     ep["options"] = merged
     return {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device,
             "profile": profile, "notes": notes}
@@ -89,14 +89,13 @@ def _torch_options(status: RouteStatus, *, device: str | None, profile: bool,
         index = int(last) if last.isdigit() else 0
         torch_device = f"{kind}:{index}"
     notes = []
-    strict = fmt.endswith("fp32") and kind == "cuda"
+    strict = fmt.endswith("fp32") and bool(status.spec.fp32_strict_note)
     if strict:  # an fp32 artifact computes in fp32, as the OpenVINO hook asks of its EP
-        notes.append("TF32 off for an fp32 artifact (cuDNN convolutions use TF32 by default "
-                     "on Ampere and later: measured rel_l2 7.4e-4 against the CPU on an H200)")
+        notes.append(status.spec.fp32_strict_note)
     out = {"runtime": "torch", "device": torch_device, "xstage_device": device,
            "route": status.name, "profile": profile, "output_names": list(output_names),
            "fp32_strict": strict, "notes": notes}
-    if kind == "privateuseone":  # DirectML: the adapter by name, never by index
+    if status.spec.adapter_by_name:  # DirectML: the adapter by name, never by index
         details = dict(status.device_details.get(device, {}))
         out["adapter_name"] = details.get("name") or device
     return out

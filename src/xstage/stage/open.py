@@ -144,8 +144,8 @@ def open_stage(
         pool = row.device.pool if row else ledger_mod.HOST_POOL
         kind = row.device.kind if row else "cpu"
         budget = ledger_mod.make_budget(
-            footprint.reservations(art, cand.route.name, pool, shapes,
-                                   versions=cand.route.versions), pool=pool)
+            footprint.reservations(art, cand.route.spec.memory_cost(cand.route.versions), pool,
+                                   shapes, route=cand.route.name), pool=pool)
         holding, fit = book.reserve(budget, f"{art.path.name} on {cand.device} ({cand.route.name})",
                                     rows)
         spots = ledger_mod.blind_spots(kind, pool)
