@@ -18,6 +18,7 @@ import numpy as np
 
 from xstage import errors
 from xstage.device_table import DeviceReport
+from xstage.routes import reference_spec
 from xstage.routes.launch import load_options, open_worker
 
 __all__ = ["OnnxReference", "TorchReference"]
@@ -76,7 +77,7 @@ class TorchReference:
         self._outputs: dict[str, np.ndarray] | None = None
 
     def _worker(self):  # type: ignore[no-untyped-def]
-        status = self._report.route("torch-cpu")
+        status = self._report.route(reference_spec("torch").name)
         if not status.resolved:
             raise errors.RouteMissing(
                 f"the numeric gate of a torch stage runs its fp32 program on torch-cpu, which "
