@@ -8,13 +8,13 @@ bind, or a built-in provider and its options); this module turns that into the w
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from xstage import errors
 from xstage.client import Deadlines, WorkerClient
+from xstage.client.tools import run_tool
 from xstage.host import wsl as wsl_mod
 from xstage.host.wsl import WslInfo
 from xstage.routes import RouteStatus
@@ -149,10 +149,7 @@ def _read(path: str) -> str | None:
 
 
 def _output(argv: list[str]) -> str:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
+    return run_tool(argv, 10, check=False) or ""
 
 
 def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None) -> WorkerClient:
@@ -166,7 +163,7 @@ def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None) -> W
             wsl_conf=_read("/etc/wsl.conf"),
             networking_mode=wsl_mod.parse_networking_mode(_output(["wslinfo", "--networking-mode"])),
             ip_route=_output(["ip", "route"]),
-            kill=lambda argv: subprocess.run(argv, capture_output=True, timeout=30),
+            kill=lambda argv: run_tool(argv, 30, check=False),
         )
     client = WorkerClient(status.interpreter, route=status.name, deadlines=deadlines, **extra)
     client.start()
