@@ -28,6 +28,7 @@ __all__ = [
     "FORMATS",
     "ROUTES",
     "ROUTE_NAMES",
+    "UNKNOWN_COST",
     "RouteSpec",
     "get_spec",
     "reference_spec",

@@ -118,7 +118,8 @@ class RouteStatus:
         return self.status == "resolved"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data with the stable field names of ``xstage devices --json``."""
+        """Plain JSON data with the stable field names of ``xstage devices --json``
+        (``reference_arm`` added with issue 10: the route the numeric gate's reference runs on)."""
         spec = self.spec
         return {
             "name": self.name,
@@ -141,6 +142,7 @@ class RouteStatus:
             "device_classes": list(spec.device_classes),
             "os_side": spec.os_side,
             "probe_cached": self.probe_cached,
+            "reference_arm": spec.reference_arm,
         }
 
 
