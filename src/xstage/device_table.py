@@ -15,7 +15,8 @@ from typing import Any
 from xstage import ledger
 from xstage._version import __version__
 from xstage.host import hardware as hw
-from xstage.routes.resolve import HostInfo, RouteStatus, resolve_all
+from xstage.host.info import HostInfo
+from xstage.routes import RouteStatus, resolve_all
 from xstage.routes.specs import DEVICE_PREFERENCE, ROUTE_NAMES
 
 __all__ = ["DeviceReport", "DeviceRow", "REPORT_SCHEMA", "assemble", "devices"]

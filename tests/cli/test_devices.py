@@ -95,6 +95,7 @@ def test_devices_json_stable_fields(capsys):
     host = next(p for p in doc["pools"] if p["name"] == "host_ram")  # the pools stages draw on
     assert host["capacity_bytes"] == cpu["available_bytes"] and "cpu" in host["devices"]
     assert all(set(p) == {"name", "capacity_bytes", "source", "devices"} for p in doc["pools"])
+    assert [r["name"] for r in doc["routes"] if r["reference_arm"]] == ["ort-cpu", "torch-cpu"]
     for route in doc["routes"]:
         for key in (
             "name",
@@ -105,6 +106,7 @@ def test_devices_json_stable_fields(capsys):
             "interpreter",
             "versions",
             "verified",
+            "reference_arm",
         ):
             assert key in route, key
         assert route["status"] in ("resolved", "missing")

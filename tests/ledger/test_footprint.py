@@ -9,8 +9,18 @@ from onnx import TensorProto, helper, numpy_helper
 from xstage import builtin_graphs, ledger
 from xstage.artifact import inspect_artifact
 from xstage.ledger import footprint
+from xstage.routes import get_spec
 
 MiB = 1 << 20
+
+
+def _cost(route):
+    return get_spec(route).cost
+
+
+def _reservations(art, route, pool, shapes):
+    """The reservations with the route's cost taken from its spec, as the stage does."""
+    return footprint.reservations(art, _cost(route), pool, shapes, route=route)
 
 
 def _write(tmp_path, nodes, inputs, outputs, inits=(), name="g.onnx"):
@@ -56,32 +66,19 @@ def test_a_graph_shape_inference_cannot_read_gives_no_estimate_and_says_why(tmp_
 def test_reservations_carry_their_evidence(tmp_path):
     path = builtin_graphs.write(builtin_graphs.mlp(width=256, depth=4, batch=8), tmp_path / "m.onnx")
     art = inspect_artifact(path)
-    res = footprint.reservations(art, "ort-cpu", "host_ram", {"x": (8, 256)})
+    res = _reservations(art, "ort-cpu", "host_ram", {"x": (8, 256)})
     by = {r.purpose: r for r in res}
     assert list(by) == ["runtime", "weights", "weight copies", "parsed model", "activations",
                         "call tensors"]
     assert by["weights"].evidence == "D" and by["weights"].bytes == art.bytes
-    assert by["runtime"].bytes == footprint.ROUTE_COSTS["ort-cpu"].base_bytes
+    assert by["runtime"].bytes == _cost("ort-cpu").base_bytes
     assert "measured" in by["runtime"].basis
     assert by["parsed model"].lifetime == "load"
     assert {by[p].lifetime for p in ("activations", "call tensors")} == {"request"}
     assert all(r.evidence == "E" for p, r in by.items() if p != "weights")
     assert all(r.pool == "host_ram" for r in res)
     budget = ledger.make_budget(res, pool="host_ram")
-    assert budget.budget_bytes > footprint.ROUTE_COSTS["ort-cpu"].base_bytes
-
-
-def test_unverified_routes_say_their_constants_are_not_measured():
-    for name, cost in footprint.ROUTE_COSTS.items():
-        assert cost.measured == ("not measured" not in cost.basis), name
-    assert footprint.ROUTE_COSTS["ort-cpu"].measured and footprint.ROUTE_COSTS["ort-openvino"].measured
-    assert not footprint.ROUTE_COSTS["ort-cuda"].measured
-
-
-def test_an_unknown_route_still_gets_a_budget(tmp_path):
-    path = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "m.onnx")
-    res = footprint.reservations(inspect_artifact(path), "ort-future", "host_ram", {"x": (8, 256)})
-    assert res[0].purpose == "runtime" and "unknown route" in res[0].basis
+    assert budget.budget_bytes > _cost("ort-cpu").base_bytes
 
 
 @pytest.mark.parametrize("weights", [np.zeros((64, 64), np.float32)])
@@ -91,10 +88,10 @@ def test_weight_copies_follow_the_route_factor(tmp_path, weights):
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
                   [numpy_helper.from_array(weights, "w")])
     art = inspect_artifact(path)
-    cpu = {r.purpose: r.bytes for r in footprint.reservations(art, "ort-cpu", "host_ram", {})}
-    ov = {r.purpose: r.bytes for r in footprint.reservations(art, "ort-openvino", "host_ram", {})}
+    cpu = {r.purpose: r.bytes for r in _reservations(art, "ort-cpu", "host_ram", {})}
+    ov = {r.purpose: r.bytes for r in _reservations(art, "ort-openvino", "host_ram", {})}
     for got, route in ((cpu, "ort-cpu"), (ov, "ort-openvino")):
-        factor = footprint.ROUTE_COSTS[route].weights_factor
+        factor = _cost(route).weights_factor
         assert got["weight copies"] == int(art.bytes * (factor - 1.0))
     assert ov["weight copies"] > 2 * cpu["weight copies"]
 
@@ -109,11 +106,11 @@ def test_a_torch_program_gets_its_manifest_io_and_a_constant(tmp_path):
                    inputs=(IOSpec("patches", "float32", (1024, 1536)),),
                    outputs=(IOSpec("embeds", "float32", (256, 2048)),),
                    node_count=0, op_types=(), manifest={})
-    by = {r.purpose: r for r in footprint.reservations(art, "torch-cpu", "host_ram", {})}
+    by = {r.purpose: r for r in _reservations(art, "torch-cpu", "host_ram", {})}
     assert by["activations"].bytes == footprint.PT_ACTIVATION_BYTES
     assert "constant" in by["activations"].basis
     assert by["call tensors"].bytes == 2 * (1024 * 1536 + 256 * 2048) * 4
-    assert by["runtime"].bytes == footprint.ROUTE_COSTS["torch-cpu"].base_bytes
+    assert by["runtime"].bytes == _cost("torch-cpu").base_bytes
 
 
 def test_external_data_is_not_counted_in_the_parsed_model(tmp_path):
@@ -128,7 +125,7 @@ def test_external_data_is_not_counted_in_the_parsed_model(tmp_path):
     onnx.save_model(model, str(tmp_path / "g.onnx"), save_as_external_data=True,
                     location="g.onnx.data", size_threshold=0)
     art = inspect_artifact(tmp_path / "g.onnx")
-    by = {r.purpose: r for r in footprint.reservations(art, "ort-cpu", "host_ram", {})}
+    by = {r.purpose: r for r in _reservations(art, "ort-cpu", "host_ram", {})}
     graph_file = (tmp_path / "g.onnx").stat().st_size
     assert by["weights"].bytes == art.bytes > 256 * 256 * 4  # graph + sidecar, read from disk
     assert by["parsed model"].bytes == graph_file < 4096

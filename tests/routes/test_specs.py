@@ -101,3 +101,60 @@ def test_route_order_within_cpu_and_preference():
 def test_unknown_route_names_the_routes():
     with pytest.raises(KeyError, match="unknown route 'ort-foo'; routes: ort-cpu, ort-openvino"):
         get_spec("ort-foo")
+
+
+# -- per-route facts on the spec (issue 10: routes as data) ----------------------------------------
+
+
+def test_unverified_routes_say_their_constants_are_not_measured():
+    """Moved from tests/ledger/test_footprint.py with the costs (``ROUTE_COSTS`` → ``spec.cost``)."""
+    for spec in ROUTES:
+        for cost in (spec.cost, spec.gpu_build_cost):
+            if cost is not None:
+                assert cost.measured == ("not measured" not in cost.basis), spec.name
+    assert get_spec("ort-cpu").cost.measured and get_spec("ort-openvino").cost.measured
+    assert not get_spec("ort-cuda").cost.measured
+
+
+def test_a_spec_without_a_cost_still_gets_a_budget(tmp_path):
+    """Moved from tests/ledger/test_footprint.py: an unknown route reserves the fallback."""
+    from xstage import builtin_graphs
+    from xstage.artifact import inspect_artifact
+    from xstage.ledger import footprint
+
+    spec = dataclasses.replace(get_spec("ort-cpu"), name="ort-future", cost=specs.UNKNOWN_COST)
+    path = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "m.onnx")
+    res = footprint.reservations(inspect_artifact(path), spec.memory_cost(), "host_ram", {"x": (8, 256)},
+                                 route=spec.name)
+    assert res[0].purpose == "runtime" and "unknown route" in res[0].basis
+    assert res[0].basis.startswith("ort-future: ")
+
+
+def test_a_cuda_build_of_torch_costs_more_on_the_cpu_route():
+    cpu = get_spec("torch-cpu")
+    assert cpu.memory_cost({"torch": "2.13.0"}) is cpu.cost
+    assert cpu.memory_cost({"torch": "2.11.0+cu130"}) is cpu.gpu_build_cost
+    assert cpu.memory_cost({"torch": "2.4.0+rocm6.1"}) is cpu.gpu_build_cost
+    assert cpu.gpu_build_cost.base_bytes > cpu.cost.base_bytes
+    assert get_spec("torch-cuda").memory_cost({"torch": "2.11.0+cu130"}) is get_spec("torch-cuda").cost
+
+
+def test_the_reference_arms_are_flags_on_the_specs():
+    assert [s.name for s in ROUTES if s.reference_arm] == ["ort-cpu", "torch-cpu"]
+    assert specs.reference_spec("onnxruntime").name == "ort-cpu"
+    assert specs.reference_spec("torch").name == "torch-cpu"
+    with pytest.raises(KeyError):
+        specs.reference_spec("tvm")
+
+
+def test_the_variant_policy_lives_on_the_spec():
+    ov = get_spec("ort-openvino")
+    assert ov.default_variant("intel")[0] == "plugin"
+    assert ov.default_variant("amd")[0] == "builtin"
+    assert get_spec("ort-cpu").default_variant("amd") == ("default", "ort-cpu has one package set")
+
+
+def test_the_torch_options_live_on_the_spec():
+    assert "TF32" in get_spec("torch-cuda").fp32_strict_note
+    assert not get_spec("torch-cpu").fp32_strict_note
+    assert get_spec("torch-dml").adapter_by_name and not get_spec("torch-cuda").adapter_by_name

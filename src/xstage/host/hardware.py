@@ -6,10 +6,11 @@ host row from ``/proc/cpuinfo`` and psutil, GPUs and NPUs from sysfs PCI classes
 (``0x03xxxx`` display, ``0x12xxxx`` processing accelerators), ``/dev/accel``, ``/dev/dri``,
 ``/dev/dxg``, ``nvidia-smi``, and under WSL a Windows-side PowerShell query.
 
-Every parser here is a pure function tested on recorded inputs; the readers beside them
-are thin. Memory (DESIGN §6): the host row carries total and available RAM in pool
-``host_ram``; integrated GPUs and NPUs share it and so report ``memory_bytes = 0`` (nobody
-adds it twice); a discrete GPU reports its own memory in pool ``vram:<device id>``.
+Every parser here is a pure function tested on recorded inputs; the readers beside them are
+thin, and the machine tools run through ``xstage.client.tools.run_tool``. Memory (DESIGN §6):
+the host row carries total and available RAM in pool ``host_ram``; integrated GPUs and NPUs
+share it and so report ``memory_bytes = 0`` (nobody adds it twice); a discrete GPU reports its
+own memory in pool ``vram:<device id>``.
 
 Device ids: ``cpu``, ``gpu_integrated:<vendor>``, ``gpu_discrete:<vendor>:<index>`` (index
 among that vendor's discrete GPUs, in PCI order, which is ``nvidia-smi``'s order too),
@@ -21,12 +22,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from xstage.client.tools import run_tool
 
 __all__ = [
     "NVIDIA_SMI_FIELDS",
@@ -432,23 +433,10 @@ def merge_nvidia(rows: list[Device], gpus: Iterable[NvidiaGpu]) -> list[Device]:
     return out
 
 
-def _tool_output(name: str, args: list[str], timeout: float) -> str | None:
-    """What a machine tool prints on success, or None (absent, failing, or too slow)."""
-    exe = shutil.which(name)
-    if exe is None:
-        return None
-    try:
-        done = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
 def run_nvidia_smi(timeout: float = 10.0) -> str | None:
     """nvidia-smi's answer to the ``NVIDIA_SMI_FIELDS`` query, or None (absent or failing)."""
-    return _tool_output("nvidia-smi", ["--query-gpu=" + ",".join(NVIDIA_SMI_FIELDS),
-                                       "--format=csv,noheader,nounits"], timeout)
+    return run_tool(["nvidia-smi", "--query-gpu=" + ",".join(NVIDIA_SMI_FIELDS),
+                     "--format=csv,noheader,nounits"], timeout)
 
 
 # ---------------------------------------------------------------------------- /dev nodes
@@ -611,8 +599,8 @@ def windows_devices(adapters: Iterable[WindowsAdapter]) -> list[Device]:
 
 def run_windows_query(timeout: float = 20.0) -> str | None:
     """What ``WINDOWS_QUERY`` prints through ``powershell.exe``, or None (no interop)."""
-    return _tool_output("powershell.exe", ["-NoProfile", "-NonInteractive", "-Command",
-                                           WINDOWS_QUERY], timeout)
+    return run_tool(["powershell.exe", "-NoProfile", "-NonInteractive", "-Command", WINDOWS_QUERY],
+                    timeout)
 
 
 def _windows_cached(proc: Path, refresh: bool) -> str | None:

@@ -9,8 +9,8 @@ built, the activations (from shape inference at the inputs' real shapes), and th
 tensors. ``ledger.make_budget`` turns them into a budget.
 
 Calibration (2026-11-29, the 2-vCPU dev VM; CPython 3.11, numpy 2.x, peaks are the worker's
-own ``VmHWM``): see ``ROUTE_COSTS`` and ``ACTIVATION_FACTOR``; the full table is in
-docs/memory.md.
+own ``VmHWM``): each route's ``RouteCost`` sits on its spec (``xstage.routes.specs``), and
+``ACTIVATION_FACTOR`` here; the full table is in docs/memory.md.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 from xstage.artifact import Artifact
 from xstage.ledger import Reservation, format_bytes
 
-__all__ = ["ACTIVATION_FACTOR", "PT_ACTIVATION_BYTES", "ROUTE_COSTS", "Activations", "RouteCost",
+__all__ = ["ACTIVATION_FACTOR", "PT_ACTIVATION_BYTES", "Activations", "RouteCost",
            "estimate_activations", "reservations"]
 
 MiB = 1 << 20
@@ -33,64 +33,16 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class RouteCost:
-    """A route's own memory: its worker with the runtime loaded, and its copies of weights."""
+    """A route's own memory: its worker with the runtime loaded, and its copies of weights.
+
+    Each route's spec carries its own (``RouteSpec.cost``; ``memory_cost()`` picks one).
+    """
 
     base_bytes: int
     weights_factor: float  # resident weight bytes per artifact byte, steady state
     basis: str
     measured: bool  # False: no device here to measure it on; an estimate from documentation
 
-
-_UNMEASURED = "not measured (no such device here): "
-
-#: Per route. ``weights_factor`` counts the artifact's own bytes too (1.0 = one copy).
-ROUTE_COSTS: dict[str, RouteCost] = {
-    "ort-cpu": RouteCost(
-        64 * MiB, 1.7,
-        "measured: a worker on onnxruntime 1.32 holding a 16-float Slice peaks at 63.0 MiB; "
-        "an 8-layer 2048-wide MLP (128 MiB of weights) at 275 MiB, 1.66x its weights above "
-        "that (MLAS keeps prepacked MatMul weights beside the originals)", True),
-    "ort-openvino": RouteCost(
-        120 * MiB, 3.2,
-        "measured: onnxruntime-openvino 1.24.1 holding PP-OCR cls (0.56 MB) peaks at 119 MiB "
-        "(OpenVINO's CPU plugin loads with the first graph it compiles); the 128 MiB MLP at "
-        "488 MiB, 2.9x its weights above that (onnxruntime's initializers, OpenVINO's model "
-        "and its compiled copy)", True),
-    "ort-vitisai": RouteCost(
-        120 * MiB, 3.2, _UNMEASURED + "taken from ort-openvino, the nearest runtime that "
-        "compiles a graph for a device in host RAM", False),
-    "ort-qnn": RouteCost(
-        120 * MiB, 3.2, _UNMEASURED + "taken from ort-openvino (a compiling EP in host RAM)",
-        False),
-    "ort-coreml": RouteCost(
-        120 * MiB, 3.2, _UNMEASURED + "taken from ort-openvino (a compiling EP in host RAM)",
-        False),
-    "ort-dml": RouteCost(
-        256 * MiB, 2.0, _UNMEASURED + "a DirectML device, its heaps and the weights uploaded "
-        "once beside onnxruntime's copy", False),
-    "ort-cuda": RouteCost(
-        512 * MiB, 1.5, _UNMEASURED + "a CUDA context with cuBLAS/cuDNN handles takes a few "
-        "hundred MiB of device memory before any weight", False),
-    "ort-tensorrt": RouteCost(
-        768 * MiB, 2.0, _UNMEASURED + "a CUDA context plus TensorRT's builder workspace",
-        False),
-    "torch-cpu": RouteCost(
-        320 * MiB, 1.2,
-        "measured: a torch 2.13 (CPU) worker holding the 1 MB tiny tower as .pt2 peaks at "
-        "339 MiB after its warm-up (importing torch alone takes 218 MiB)", True),
-    "torch-cpu+cuda-build": RouteCost(
-        680 * MiB, 1.2,
-        "measured: a CUDA build of torch loads its CUDA libraries even on the CPU route; a "
-        "torch 2.11+cu130 worker holding the tiny tower on the CPU peaked at 653 MiB (H200 host)",
-        True),
-    "torch-cuda": RouteCost(
-        768 * MiB, 1.2,
-        "measured: on an H200 (torch 2.11+cu130), a worker holding the 1 MB tiny tower uses "
-        "732 MiB of device memory by nvidia-smi (the CUDA context and the caching "
-        "allocator's reserve; torch's own max_memory_allocated sees a few MiB of it)", True),
-    "torch-dml": RouteCost(
-        256 * MiB, 2.0, _UNMEASURED + "a DirectML device and its heaps", False),
-}
 
 #: Activations held per byte of the liveness peak. Measured: PP-OCRv4 det at 1x3x640x640 has
 #: a liveness peak of 42 MiB and its ort-cpu worker settles 127 MiB above weights and runtime
@@ -185,18 +137,10 @@ def estimate_activations(path: Path, shapes: Mapping[str, tuple[int, ...]]) -> A
     return Activations(peak, sized, unsized, io)
 
 
-def reservations(artifact: Artifact, route: str, pool: str,
-                 shapes: Mapping[str, tuple[int, ...]],
-                 versions: Mapping[str, str] | None = None) -> list[Reservation]:
-    """The stage's reservations in ``pool`` when ``route`` runs it at input ``shapes``;
-    ``versions`` (the route's probe) tells a CUDA build of torch from a CPU one."""
-    torch_build = str((versions or {}).get("torch", ""))
-    if route == "torch-cpu" and ("+cu" in torch_build or "+rocm" in torch_build):
-        route_key = "torch-cpu+cuda-build"
-    else:
-        route_key = route
-    cost = ROUTE_COSTS.get(route_key) or RouteCost(
-        ROUTE_COSTS["ort-cpu"].base_bytes, 2.0, _UNMEASURED + "an unknown route", False)
+def reservations(artifact: Artifact, cost: RouteCost, pool: str,
+                 shapes: Mapping[str, tuple[int, ...]], *, route: str) -> list[Reservation]:
+    """The stage's reservations in ``pool`` when ``route`` runs it at input ``shapes``; ``cost``
+    is the route's own (``RouteSpec.memory_cost``), ``route`` names it in the bases."""
     files = ", ".join(f"{Path(f['path']).name} {format_bytes(f['bytes'])}" for f in artifact.files)
     out = [
         Reservation("runtime", cost.base_bytes, pool, "session", "E",

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from xstage._version import __version__
 from xstage.errors import EnvError, UsageError
 from xstage.home import envs_dir
+from xstage.host.info import HostInfo, host_cpu_vendor
 from xstage.routes.specs import RouteSpec, get_spec
 
 __all__ = [
@@ -51,19 +52,6 @@ __all__ = [
 
 MANIFEST_NAME = "xstage-env.json"
 _PIP_TAIL_LINES = 25
-
-
-def host_cpu_vendor() -> str:
-    """``intel``, ``amd``, … of this machine's CPU (``unknown`` when nothing says)."""
-    from xstage.host import hardware
-
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        import platform
-
-        text = f"vendor_id : {platform.processor()}\n"
-    return hardware.cpu_vendor(hardware.parse_cpuinfo(text))
 
 
 def env_dir(route: str) -> Path:
@@ -126,18 +114,8 @@ def merge_pins(packages: Sequence[str], pins: Sequence[str]) -> tuple[str, ...]:
 
 
 def default_variant(spec: RouteSpec, cpu_vendor: str) -> tuple[str, str]:
-    """The variant ``env create`` builds when none is asked for, and why."""
-    if spec.name == "ort-openvino":
-        if cpu_vendor == "intel":
-            return "plugin", "this CPU is Intel, where the plugin EP (onnxruntime-ep-openvino) lists devices"
-        return (
-            "builtin",
-            f"this CPU is {cpu_vendor.upper() if cpu_vendor == 'amd' else cpu_vendor}, not Intel: the plugin "
-            "EP onnxruntime-ep-openvino lists no OpenVINO device for it, while the built-in EP of "
-            "onnxruntime-openvino runs on it",
-        )
-    first = spec.variants[0]
-    return first, f"{spec.name} has one package set" if len(spec.variants) == 1 else "the first variant"
+    """The variant ``env create`` builds when none is asked for, and why (the spec's policy)."""
+    return spec.default_variant(cpu_vendor)
 
 
 def _ask_python(exe: str) -> tuple[str, tuple[int, int, int]] | None:
@@ -297,8 +275,6 @@ def plan(
     except KeyError as exc:
         raise UsageError(str(exc.args[0]), remedy="xstage devices lists every route") from None
     if host_platform is None:
-        from xstage.routes.resolve import HostInfo
-
         host_platform = HostInfo.current().platform
     vendor = cpu_vendor if cpu_vendor is not None else host_cpu_vendor()
     if variant is not None:
@@ -348,7 +324,7 @@ def plan(
     torch_pinned = any(_req_name(p) == "torch" for p in pins)
     unpinned_torch = any(p.strip() == "torch" for p in packages)
     if unpinned_torch and not torch_pinned:
-        if spec.name == "torch-cpu" and python is None and importlib.util.find_spec("torch") is not None:
+        if spec.reuses_current and python is None and importlib.util.find_spec("torch") is not None:
             return EnvPlan(
                 action="reuse",
                 base_python=sys.executable,

@@ -8,13 +8,13 @@ bind, or a built-in provider and its options); this module turns that into the w
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from xstage import errors
 from xstage.client import Deadlines, WorkerClient
+from xstage.client.tools import run_tool
 from xstage.host import wsl as wsl_mod
 from xstage.host.wsl import WslInfo
 from xstage.routes import RouteStatus
@@ -70,7 +70,7 @@ def load_options(
         }
     else:
         options.update((info.get("device_options") or {}).get(device) or {})
-    merged, notes = ep_options_for(status.name, fmt, device, options, ep_options)
+    merged, notes = ep_options_for(status.spec, fmt, device, options, ep_options)
     ep["options"] = merged
     return {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device,
             "profile": profile, "notes": notes}
@@ -89,14 +89,13 @@ def _torch_options(status: RouteStatus, *, device: str | None, profile: bool,
         index = int(last) if last.isdigit() else 0
         torch_device = f"{kind}:{index}"
     notes = []
-    strict = fmt.endswith("fp32") and kind == "cuda"
+    strict = fmt.endswith("fp32") and bool(status.spec.fp32_strict_note)
     if strict:  # an fp32 artifact computes in fp32, as the OpenVINO hook asks of its EP
-        notes.append("TF32 off for an fp32 artifact (cuDNN convolutions use TF32 by default "
-                     "on Ampere and later: measured rel_l2 7.4e-4 against the CPU on an H200)")
+        notes.append(status.spec.fp32_strict_note)
     out = {"runtime": "torch", "device": torch_device, "xstage_device": device,
            "route": status.name, "profile": profile, "output_names": list(output_names),
            "fp32_strict": strict, "notes": notes}
-    if kind == "privateuseone":  # DirectML: the adapter by name, never by index
+    if status.spec.adapter_by_name:  # DirectML: the adapter by name, never by index
         details = dict(status.device_details.get(device, {}))
         out["adapter_name"] = details.get("name") or device
     return out
@@ -150,10 +149,7 @@ def _read(path: str) -> str | None:
 
 
 def _output(argv: list[str]) -> str:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
+    return run_tool(argv, 10, check=False) or ""
 
 
 def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None) -> WorkerClient:
@@ -167,7 +163,7 @@ def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None) -> W
             wsl_conf=_read("/etc/wsl.conf"),
             networking_mode=wsl_mod.parse_networking_mode(_output(["wslinfo", "--networking-mode"])),
             ip_route=_output(["ip", "route"]),
-            kill=lambda argv: subprocess.run(argv, capture_output=True, timeout=30),
+            kill=lambda argv: run_tool(argv, 30, check=False),
         )
     client = WorkerClient(status.interpreter, route=status.name, deadlines=deadlines, **extra)
     client.start()

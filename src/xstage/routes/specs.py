@@ -2,8 +2,11 @@
 
 A route is one way to drive a device: an interpreter + a runtime + what it asks that
 runtime for. Adding a route is adding a ``RouteSpec`` here (and, for a new runtime, a
-runtime module in ``xstage_remote``); nothing else dispatches on route names except the
-resolver's per-runtime checks, which read the spec's fields.
+runtime module in ``xstage_remote``). Every per-route fact is a field of its spec: the EP
+option hook, the memory it costs (``RouteCost``, with the measurement behind it), the variant
+``env create`` builds, whether it is verified, how the runtime judge finds its devices, the
+torch options, and whether it is its runtime's reference arm. Nothing outside ``routes/``
+branches on a route's name (``tests/routes/test_route_names_stay_in_routes.py``).
 
 Routes that no machine here can run (VitisAI, DirectML, CUDA, TensorRT, QNN, CoreML and
 torch-dml) are written from their documentation and carry ``verified=False``.
@@ -11,10 +14,13 @@ torch-dml) are written from their documentation and carry ``verified=False``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, TypeVar
+
+from xstage.ledger.footprint import RouteCost
+from xstage.routes import option_hooks
 
 __all__ = [
     "DEVICE_CLASSES",
@@ -22,8 +28,10 @@ __all__ = [
     "FORMATS",
     "ROUTES",
     "ROUTE_NAMES",
+    "UNKNOWN_COST",
     "RouteSpec",
     "get_spec",
+    "reference_spec",
     "routes_for_class",
 ]
 
@@ -36,6 +44,17 @@ FORMATS = ("onnx:fp32", "onnx:fp16", "onnx:a16w8", "pt:fp32", "pt:fp16")
 
 Runtime = Literal["onnxruntime", "torch"]
 OsSide = Literal["this", "windows"]
+#: How the runtime judge (``routes.judges``) finds the devices a route drives once its runtime
+#: is there: onnxruntime's ``cpu`` (the CPU EP: the host), ``openvino_device_ids`` (the
+#: built-in OpenVINO EP's own list) or ``ep_devices`` (``get_ep_devices()``, then the
+#: hardware); torch's ``cpu``, ``cuda`` (``torch.cuda``) or ``directml_adapters``.
+DevicesFrom = Literal["cpu", "openvino_device_ids", "ep_devices", "cuda", "directml_adapters"]
+VariantPolicy = Callable[["RouteSpec", str], "tuple[str, str] | None"]
+
+MiB = 1 << 20
+_UNMEASURED = "not measured (no such device here): "
+#: What a route without a measured cost reserves (a spec that names no ``cost``).
+UNKNOWN_COST = RouteCost(64 * MiB, 2.0, _UNMEASURED + "an unknown route", False)
 
 
 _T = TypeVar("_T")
@@ -62,8 +81,6 @@ class RouteSpec:
         platforms: host platforms the route can exist on at all: ``linux``, ``wsl``,
             ``windows``, ``darwin``. Anything else is ``wrong_os``.
         verified: True only where a machine of this project ran it.
-        reference_arm: the route the numeric gate's reference runs on for its runtime
-            (``ort-cpu``, ``torch-cpu``); ``--offload`` tries it last.
         ep: the onnxruntime execution provider it asks for (None for torch).
         ep_options: default provider options (read-only mapping).
         torch_device: the torch device string (None for onnxruntime).
@@ -77,6 +94,25 @@ class RouteSpec:
         backend_module: an extra module the route needs beside its runtime
             (``torch_directml``), or None.
         docs: where the route's facts come from (for unverified routes: the documentation).
+        reference_arm: the route the numeric gate's reference runs on for its runtime
+            (``ort-cpu``, ``torch-cpu``); an offload is every other route, and ``--offload``
+            tries it last.
+        cost: what its worker holds (``RouteCost``: base bytes, weight copies, and the
+            measurement or documentation behind them).
+        gpu_build_cost: the cost instead when the probe shows a CUDA or ROCm build of torch
+            (it loads its GPU libraries even on the CPU route), or None.
+        ep_hook: the option builder (``option_hooks``) run before the user's options.
+        variant_policy: picks the default variant for a CPU vendor, with why (None: the
+            first variant); ``default_variant`` applies it.
+        reuses_current: ``env create`` reuses the current interpreter when it already imports
+            the runtime (a second torch costs ~1 GB), instead of building a venv.
+        devices_from: how the runtime judge finds the devices it drives (``DevicesFrom``).
+        assumed_devices: per ``platform.machine()``, the devices an EP that lists none of its
+            own is taken to drive (CoreML on Apple silicon).
+        fp32_strict_note: for a torch device that computes fp32 in a faster, looser mode by
+            default (TF32 on CUDA), the note saying it is switched off for an fp32 artifact.
+        adapter_by_name: the torch backend picks its adapter by name, not by index
+            (DirectML); the probe's name travels in the load options.
     """
 
     name: str
@@ -98,6 +134,15 @@ class RouteSpec:
     backend_module: str | None = None
     docs: str = ""
     reference_arm: bool = False
+    cost: RouteCost = field(default=UNKNOWN_COST, hash=False)
+    gpu_build_cost: RouteCost | None = field(default=None, hash=False)
+    ep_hook: option_hooks.Hook = field(default=option_hooks.none, hash=False, compare=False)
+    variant_policy: VariantPolicy | None = field(default=None, hash=False, compare=False)
+    reuses_current: bool = False
+    devices_from: DevicesFrom = "ep_devices"
+    assumed_devices: Mapping[str, tuple[str, ...]] = field(default_factory=_frozen, hash=False)
+    fp32_strict_note: str = ""
+    adapter_by_name: bool = False
 
     @property
     def env_var(self) -> str:
@@ -118,6 +163,42 @@ class RouteSpec:
         """Whether a device of ``kind`` from ``vendor`` is one this route could drive."""
         return any(k == kind and (v is None or v == vendor) for k, v in self.drives)
 
+    def memory_cost(self, versions: Mapping[str, str] | None = None) -> RouteCost:
+        """The cost the ledger reserves; ``versions`` (the route's probe) tells a CUDA or
+        ROCm build of torch from a CPU one."""
+        build = str((versions or {}).get("torch", ""))
+        if self.gpu_build_cost is not None and ("+cu" in build or "+rocm" in build):
+            return self.gpu_build_cost
+        return self.cost
+
+    def default_variant(self, cpu_vendor: str) -> tuple[str, str]:
+        """The variant ``env create`` builds when none is asked for, and why."""
+        chosen = self.variant_policy(self, cpu_vendor) if self.variant_policy else None
+        if chosen is not None:
+            return chosen
+        first = self.variants[0]
+        return first, f"{self.name} has one package set" if len(self.variants) == 1 else "the first variant"
+
+
+def _openvino_variant(spec: RouteSpec, cpu_vendor: str) -> tuple[str, str]:
+    """The plugin EP lists OpenVINO devices only on Intel CPUs; elsewhere the built-in EP of
+    onnxruntime-openvino runs."""
+    if cpu_vendor == "intel":
+        return "plugin", "this CPU is Intel, where the plugin EP (onnxruntime-ep-openvino) lists devices"
+    return (
+        "builtin",
+        f"this CPU is {cpu_vendor.upper() if cpu_vendor == 'amd' else cpu_vendor}, not Intel: the plugin "
+        "EP onnxruntime-ep-openvino lists no OpenVINO device for it, while the built-in EP of "
+        "onnxruntime-openvino runs on it",
+    )
+
+
+#: Calibration (2026-11-29, the 2-vCPU dev VM; CPython 3.11, numpy 2.x, peaks are the worker's
+#: own ``VmHWM``; the full table is in docs/memory.md). ``weights_factor`` counts the
+#: artifact's own bytes too (1.0 = one copy).
+_COMPILING_EP = RouteCost(
+    120 * MiB, 3.2, _UNMEASURED + "taken from ort-openvino (a compiling EP in host RAM)", False)
+
 
 _ONNX_ALL = ("onnx:fp32", "onnx:fp16", "onnx:a16w8")
 _ONNX_FLOAT = ("onnx:fp32", "onnx:fp16")
@@ -137,10 +218,16 @@ ROUTES: tuple[RouteSpec, ...] = (
         os_side="this",
         platforms=_ANY_OS,
         verified=True,
-        reference_arm=True,
         ep="CPUExecutionProvider",
         packages=_frozen({"default": ("onnxruntime", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/",
+        reference_arm=True,
+        devices_from="cpu",
+        cost=RouteCost(
+            64 * MiB, 1.7,
+            "measured: a worker on onnxruntime 1.32 holding a 16-float Slice peaks at 63.0 MiB; "
+            "an 8-layer 2048-wide MLP (128 MiB of weights) at 275 MiB, 1.66x its weights above "
+            "that (MLAS keeps prepacked MatMul weights beside the originals)", True),
     ),
     RouteSpec(
         name="ort-openvino",
@@ -170,6 +257,15 @@ ROUTES: tuple[RouteSpec, ...] = (
             }
         ),
         docs="https://onnxruntime.ai/docs/execution-providers/OpenVINO-ExecutionProvider.html",
+        devices_from="openvino_device_ids",
+        ep_hook=option_hooks.openvino,
+        variant_policy=_openvino_variant,
+        cost=RouteCost(
+            120 * MiB, 3.2,
+            "measured: onnxruntime-openvino 1.24.1 holding PP-OCR cls (0.56 MB) peaks at 119 MiB "
+            "(OpenVINO's CPU plugin loads with the first graph it compiles); the 128 MiB MLP at "
+            "488 MiB, 2.9x its weights above that (onnxruntime's initializers, OpenVINO's model "
+            "and its compiled copy)", True),
     ),
     RouteSpec(
         name="ort-vitisai",
@@ -186,6 +282,10 @@ ROUTES: tuple[RouteSpec, ...] = (
         "stops at 1.24.x, so ort-vitisai and ort-dml cannot share a venv",
         packages=_frozen({"default": ("onnxruntime>=1.25", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/Vitis-AI-ExecutionProvider.html",
+        ep_hook=option_hooks.vitisai,
+        cost=RouteCost(
+            120 * MiB, 3.2, _UNMEASURED + "taken from ort-openvino, the nearest runtime that "
+            "compiles a graph for a device in host RAM", False),
     ),
     RouteSpec(
         name="ort-dml",
@@ -203,6 +303,10 @@ ROUTES: tuple[RouteSpec, ...] = (
         "1.24.x, while the VitisAI EP needs >= 1.25, so the two cannot share a venv",
         packages=_frozen({"default": ("onnxruntime-directml<1.25", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/DirectML-ExecutionProvider.html",
+        ep_hook=option_hooks.dml,
+        cost=RouteCost(
+            256 * MiB, 2.0, _UNMEASURED + "a DirectML device, its heaps and the weights uploaded "
+            "once beside onnxruntime's copy", False),
     ),
     RouteSpec(
         name="ort-cuda",
@@ -217,6 +321,10 @@ ROUTES: tuple[RouteSpec, ...] = (
         ep_options=_frozen({"device_id": 0}),
         packages=_frozen({"default": ("onnxruntime-gpu", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/CUDA-ExecutionProvider.html",
+        ep_hook=option_hooks.cuda,
+        cost=RouteCost(
+            512 * MiB, 1.5, _UNMEASURED + "a CUDA context with cuBLAS/cuDNN handles takes a few "
+            "hundred MiB of device memory before any weight", False),
     ),
     RouteSpec(
         name="ort-tensorrt",
@@ -231,6 +339,10 @@ ROUTES: tuple[RouteSpec, ...] = (
         ep_options=_frozen({"device_id": 0}),
         packages=_frozen({"default": ("onnxruntime-gpu", "tensorrt", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/TensorRT-ExecutionProvider.html",
+        ep_hook=option_hooks.cuda,
+        cost=RouteCost(
+            768 * MiB, 2.0, _UNMEASURED + "a CUDA context plus TensorRT's builder workspace",
+            False),
     ),
     RouteSpec(
         name="ort-qnn",
@@ -245,6 +357,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         ep_options=_frozen({"backend_path": "QnnHtp.dll"}),
         packages=_frozen({"default": ("onnxruntime-qnn", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/QNN-ExecutionProvider.html",
+        cost=_COMPILING_EP,
     ),
     RouteSpec(
         name="ort-coreml",
@@ -259,6 +372,8 @@ ROUTES: tuple[RouteSpec, ...] = (
         ep_options=_frozen({"MLComputeUnits": "ALL"}),
         packages=_frozen({"default": ("onnxruntime", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/CoreML-ExecutionProvider.html",
+        assumed_devices=_frozen({"arm64": ("npu:apple", "gpu_integrated:apple")}),
+        cost=_COMPILING_EP,
     ),
     RouteSpec(
         name="torch-cpu",
@@ -269,10 +384,21 @@ ROUTES: tuple[RouteSpec, ...] = (
         os_side="this",
         platforms=_ANY_OS,
         verified=True,  # tests/routes/test_torch_cpu.py: a real .pt2 through xstage external
-        reference_arm=True,
         torch_device="cpu",
         packages=_frozen({"default": ("torch", "numpy")}),
         docs="https://pytorch.org/docs/stable/export.html",
+        reference_arm=True,
+        reuses_current=True,
+        devices_from="cpu",
+        cost=RouteCost(
+            320 * MiB, 1.2,
+            "measured: a torch 2.13 (CPU) worker holding the 1 MB tiny tower as .pt2 peaks at "
+            "339 MiB after its warm-up (importing torch alone takes 218 MiB)", True),
+        gpu_build_cost=RouteCost(
+            680 * MiB, 1.2,
+            "measured: a CUDA build of torch loads its CUDA libraries even on the CPU route; a "
+            "torch 2.11+cu130 worker holding the tiny tower on the CPU peaked at 653 MiB (H200 host)",
+            True),
     ),
     RouteSpec(
         name="torch-cuda",
@@ -286,6 +412,14 @@ ROUTES: tuple[RouteSpec, ...] = (
         torch_device="cuda",
         packages=_frozen({"default": ("torch", "numpy")}),
         docs="https://pytorch.org/docs/stable/notes/cuda.html",
+        devices_from="cuda",
+        fp32_strict_note="TF32 off for an fp32 artifact (cuDNN convolutions use TF32 by default "
+        "on Ampere and later: measured rel_l2 7.4e-4 against the CPU on an H200)",
+        cost=RouteCost(
+            768 * MiB, 1.2,
+            "measured: on an H200 (torch 2.11+cu130), a worker holding the 1 MB tiny tower uses "
+            "732 MiB of device memory by nvidia-smi (the CUDA context and the caching "
+            "allocator's reserve; torch's own max_memory_allocated sees a few MiB of it)", True),
     ),
     RouteSpec(
         name="torch-dml",
@@ -301,6 +435,9 @@ ROUTES: tuple[RouteSpec, ...] = (
         version_note="torch-directml pins torch 2.4.1",
         packages=_frozen({"default": ("torch-directml", "numpy")}),
         docs="https://learn.microsoft.com/windows/ai/directml/pytorch-wsl",
+        devices_from="directml_adapters",
+        adapter_by_name=True,
+        cost=RouteCost(256 * MiB, 2.0, _UNMEASURED + "a DirectML device and its heaps", False),
     ),
 )
 
@@ -318,6 +455,18 @@ def get_spec(name: str) -> RouteSpec:
         return _BY_NAME[name]
     except KeyError:
         raise KeyError(f"unknown route {name!r}; routes: {', '.join(ROUTE_NAMES)}") from None
+
+
+def reference_spec(runtime: str) -> RouteSpec:
+    """The reference arm of ``runtime`` (``onnxruntime`` → ``ort-cpu``, ``torch`` → ``torch-cpu``).
+
+    Raises:
+        KeyError: no route of that runtime is a reference arm.
+    """
+    for spec in ROUTES:
+        if spec.reference_arm and spec.runtime == runtime:
+            return spec
+    raise KeyError(f"no reference arm for runtime {runtime!r}")
 
 
 def routes_for_class(device_class: str) -> tuple[RouteSpec, ...]:

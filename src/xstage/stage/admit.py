@@ -111,9 +111,9 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         WorkerError: the worker died or timed out (an error, not a refusal).
     """
     budget = ledger_mod.make_budget(
-        footprint.reservations(setup.artifact, cand.route.name, cand.pool,
-                               {n: tuple(a.shape) for n, a in setup.feeds.items()},
-                               versions=cand.route.versions), pool=cand.pool)
+        footprint.reservations(setup.artifact, cand.route.spec.memory_cost(cand.route.versions),
+                               cand.pool, {n: tuple(a.shape) for n, a in setup.feeds.items()},
+                               route=cand.route.name), pool=cand.pool)
     book = setup.ledger if setup.ledger is not None else Ledger.default()
     holding, fit = book.reserve(
         budget, f"{setup.artifact.path.name} on {cand.device} ({cand.route.name})", setup.devices)

@@ -20,6 +20,7 @@ import numpy as np
 from xstage import errors
 from xstage.artifact import Artifact
 from xstage.device_table import DeviceReport
+from xstage.routes import reference_spec
 from xstage.routes.launch import load_options, open_worker
 
 __all__ = ["OnnxReference", "TorchReference", "make_reference"]
@@ -95,7 +96,7 @@ class TorchReference:
         """
 
     def _worker(self):  # type: ignore[no-untyped-def]
-        status = self._report.route("torch-cpu")
+        status = self._report.route(reference_spec("torch").name)
         if not status.resolved:
             raise errors.RouteMissing(
                 f"the numeric gate of a torch stage runs its fp32 program on torch-cpu, which "

@@ -1,0 +1,48 @@
+"""``load_options``: a resolved route's worker options, read from its spec (hook, torch facts)."""
+
+from __future__ import annotations
+
+import json
+
+from xstage.routes import RouteStatus, get_spec
+from xstage.routes.launch import load_options
+
+
+def _resolved(name: str, devices: tuple[str, ...], details=None, ep_plugin=None) -> RouteStatus:
+    spec = get_spec(name)
+    return RouteStatus(name=name, spec=spec, status="resolved", reason_code=None, reason="", remedy="",
+                       interpreter="/usr/bin/python3", interpreter_source="current", versions={},
+                       verified=spec.verified, devices=devices, device_details=details or {},
+                       ep_plugin=ep_plugin)
+
+
+def test_torch_cuda_turns_tf32_off_for_fp32_only():
+    status = _resolved("torch-cuda", ("gpu_discrete:nvidia:1",))
+    fp32 = load_options(status, fmt="pt:fp32", output_names=["y"])
+    assert fp32["device"] == "cuda:1" and fp32["xstage_device"] == "gpu_discrete:nvidia:1"
+    assert fp32["fp32_strict"] and fp32["notes"] == [get_spec("torch-cuda").fp32_strict_note]
+    fp16 = load_options(status, fmt="pt:fp16")
+    assert not fp16["fp32_strict"] and fp16["notes"] == []
+    assert "adapter_name" not in fp32
+
+
+def test_torch_cpu_is_plain():
+    out = load_options(_resolved("torch-cpu", ("cpu",)), fmt="pt:fp32", output_names=["y"])
+    assert out == {"runtime": "torch", "device": "cpu", "xstage_device": "cpu", "route": "torch-cpu",
+                   "profile": False, "output_names": ["y"], "fp32_strict": False, "notes": []}
+
+
+def test_torch_dml_names_its_adapter():
+    status = _resolved("torch-dml", ("gpu_integrated:amd",),
+                       details={"gpu_integrated:amd": {"name": "AMD Radeon 890M", "torch_index": 0}})
+    out = load_options(status, fmt="pt:fp32")
+    assert out["device"] == "privateuseone:0" and out["adapter_name"] == "AMD Radeon 890M"
+    assert not out["fp32_strict"]
+
+
+def test_an_onnx_route_runs_its_specs_hook():
+    plugin = {"kind": "builtin", "ep_name": "OpenVINOExecutionProvider", "options": {"device_type": "CPU"},
+              "device_options": {"cpu": {"device_type": "CPU"}}}
+    out = load_options(_resolved("ort-openvino", ("cpu",), ep_plugin=plugin), fmt="onnx:fp32")
+    assert json.loads(out["ep"]["options"]["load_config"]) == {"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}
+    assert out["notes"] and out["route"] == "ort-openvino"
