@@ -164,8 +164,10 @@ class RouteSpec:
         return any(k == kind and (v is None or v == vendor) for k, v in self.drives)
 
     def memory_cost(self, versions: Mapping[str, str] | None = None) -> RouteCost:
-        """The cost the ledger reserves; ``versions`` (the route's probe) tells a CUDA or
-        ROCm build of torch from a CPU one."""
+        """The cost the ledger reserves for this route's worker.
+
+        ``versions`` (the route's probe) tells a CUDA or ROCm build of torch from a CPU one.
+        """
         build = str((versions or {}).get("torch", ""))
         if self.gpu_build_cost is not None and ("+cu" in build or "+rocm" in build):
             return self.gpu_build_cost
@@ -181,8 +183,11 @@ class RouteSpec:
 
 
 def _openvino_variant(spec: RouteSpec, cpu_vendor: str) -> tuple[str, str]:
-    """The plugin EP lists OpenVINO devices only on Intel CPUs; elsewhere the built-in EP of
-    onnxruntime-openvino runs."""
+    """The plugin EP on Intel CPUs, the built-in one elsewhere.
+
+    The plugin EP lists OpenVINO devices only on Intel CPUs; elsewhere the built-in EP of
+    onnxruntime-openvino runs.
+    """
     if cpu_vendor == "intel":
         return "plugin", "this CPU is Intel, where the plugin EP (onnxruntime-ep-openvino) lists devices"
     return (
