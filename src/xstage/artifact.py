@@ -8,6 +8,7 @@ contradicts what the files say is a usage error rather than a silent choice.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from xstage import errors
 from xstage.manifest import check_files, manifest_path, read_manifest, sha256_file
 from xstage_remote.torch_runtime import is_torchscript
 
-__all__ = ["Artifact", "IOSpec", "inspect_artifact"]
+__all__ = ["Artifact", "GraphFacts", "GraphNode", "GraphValue", "IOSpec", "graph_facts", "inspect_artifact"]
 
 _ONNX_DTYPES = {
     1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
@@ -53,6 +54,20 @@ class Artifact:
     node_count: int
     op_types: tuple[str, ...]
     manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def file_name(self) -> str:
+        """The artifact's own file name, without its folder."""
+        return self.path.name
+
+    @property
+    def file_names(self) -> tuple[str, ...]:
+        """The files' names without their folders, in :attr:`files` order."""
+        return tuple(Path(f["path"]).name for f in self.files)
+
+    def graph_facts(self, shapes: Mapping[str, tuple[int, ...]]) -> GraphFacts:
+        """:func:`graph_facts` of this artifact's graph file (it reads the file again)."""
+        return graph_facts(self.path, shapes)
 
     def to_dict(self) -> dict[str, Any]:
         """The record's ``artifact`` object."""
@@ -241,4 +256,107 @@ def inspect_artifact(
         node_count=len(graph.node),
         op_types=tuple(sorted({n.op_type for n in graph.node})),
         manifest=manifest,
+    )
+
+
+# --------------------------------------------------------------------------- graph facts for the ledger
+
+
+@dataclass(frozen=True)
+class GraphValue:
+    """One value of the graph after shape inference, as plain facts.
+
+    ``shape`` is None when shape inference gave none, with None for a dimension it could not
+    tell; ``dtype``/``itemsize`` are None when the element type is unset or has no numpy dtype.
+    """
+
+    name: str
+    dtype: str | None
+    itemsize: int | None
+    shape: tuple[int | None, ...] | None
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """One node, by the names of the values it reads and writes (empty names kept)."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """What ``xstage.ledger.footprint`` walks to size a graph's activations, read from its file.
+
+    Attributes:
+        values: the graph's inputs, then ``value_info``, then outputs, each as shape inference
+            left it (a name can appear more than once; the later one is the more specific).
+        nodes: the top-level nodes in graph order (liveness walks them in this order).
+        inputs: the graph inputs' names (initializers listed as inputs included).
+        initializers: the initializers' names.
+        outputs: the graph outputs' names.
+        error: why there are no facts (the file did not load, or shape inference failed), or None.
+    """
+
+    values: tuple[GraphValue, ...] = ()
+    nodes: tuple[GraphNode, ...] = ()
+    inputs: tuple[str, ...] = ()
+    initializers: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    error: str | None = None
+
+
+def _inferred_model(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> Any:
+    """The graph loaded without external data, its inputs fixed to ``shapes``, shapes inferred."""
+    import onnx
+    from onnx import shape_inference
+
+    model = onnx.load(str(path), load_external_data=False)
+    for value in model.graph.input:
+        shape = shapes.get(value.name)
+        if shape is None or not value.type.tensor_type.HasField("shape"):
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) == len(shape):
+            for d, n in zip(dims, shape, strict=True):
+                d.ClearField("dim_param")
+                d.dim_value = int(n)
+    return shape_inference.infer_shapes(model, data_prop=True)
+
+
+def _graph_value(value: Any) -> GraphValue:
+    import numpy as np
+    from onnx import helper
+
+    t = value.type.tensor_type
+    shape = (tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
+             if t.HasField("shape") else None)
+    dtype = itemsize = None
+    if t.elem_type:
+        try:
+            np_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
+        except (KeyError, TypeError, ValueError):
+            pass
+        else:
+            dtype, itemsize = np_dtype.name, int(np_dtype.itemsize)
+    return GraphValue(value.name, dtype, itemsize, shape)
+
+
+def graph_facts(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> GraphFacts:
+    """Read an ONNX graph and infer its values' shapes with the inputs fixed to ``shapes``.
+
+    Never raises for a bad file: a graph that does not load or that shape inference rejects
+    gives facts with only :attr:`GraphFacts.error` set (the ledger then says it has no estimate).
+    """
+    try:
+        model = _inferred_model(path, shapes)
+    except Exception as exc:  # noqa: BLE001 - any failure means "no facts", said so
+        return GraphFacts(error=str(exc))
+    graph = model.graph
+    return GraphFacts(
+        values=tuple(_graph_value(v) for v in (*graph.input, *graph.value_info, *graph.output)),
+        nodes=tuple(GraphNode(tuple(n.input), tuple(n.output)) for n in graph.node),
+        inputs=tuple(i.name for i in graph.input),
+        initializers=tuple(i.name for i in graph.initializer),
+        outputs=tuple(o.name for o in graph.output),
     )
