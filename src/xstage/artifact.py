@@ -178,6 +178,55 @@ def inspect_artifact(
         raise errors.ArtifactError(
             f"{path}: unknown artifact type {suffix or '(no extension)'}",
             remedy="pass an .onnx graph (or a torch.export .pt2 program)")
+    return _onnx_graph(path, manifest, manifest_file, fmt, component)
+
+
+def _onnx_graph(path: Path, manifest: dict[str, Any], manifest_file: Path | None,
+                fmt: str | None, component: str | None) -> Artifact:
+    """An ``.onnx`` graph: its files (sidecars included) hashed, its format, component and I/O."""
+    model = _load_onnx(path)
+    entries = [{"path": str(f), "sha256": sha256_file(f), "bytes": f.stat().st_size}
+               for f in _onnx_files(path, model)]
+    if manifest_file is not None:
+        _check_listed(path, manifest, manifest_file, entries)
+    inferred, source = _onnx_format_and_source(path, model, manifest, fmt)
+    comp = manifest.get("component")
+    if component and comp and component != comp:
+        raise errors.UsageError(
+            f"--component {component} conflicts with the manifest's {comp}",
+            remedy="drop --component, or fix the manifest")
+    graph = model.graph
+    inputs, outputs = _onnx_signature(graph)
+    return Artifact(
+        path=path.resolve(),
+        format=inferred,
+        format_source=source,
+        component=component or comp or path.stem,
+        sha256=_files_hash(entries),
+        bytes=sum(e["bytes"] for e in entries),
+        files=tuple(entries),
+        inputs=inputs,
+        outputs=outputs,
+        node_count=len(graph.node),
+        op_types=tuple(sorted({n.op_type for n in graph.node})),
+        manifest=manifest,
+    )
+
+
+def _onnx_signature(graph: Any) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]:
+    """The graph's inputs (initializers listed as inputs left out) and outputs."""
+    init_names = {i.name for i in graph.initializer}
+    inputs = tuple(
+        IOSpec(i.name, _ONNX_DTYPES.get(i.type.tensor_type.elem_type, "unknown"), _dims(i.type))
+        for i in graph.input if i.name not in init_names)
+    outputs = tuple(
+        IOSpec(o.name, _ONNX_DTYPES.get(o.type.tensor_type.elem_type, "unknown"), _dims(o.type))
+        for o in graph.output)
+    return inputs, outputs
+
+
+def _load_onnx(path: Path) -> Any:
+    """The graph without its external data; a file that is not a graph is an ``ArtifactError``."""
     import onnx
 
     try:
@@ -189,6 +238,11 @@ def inspect_artifact(
         ) from exc
     if not model.graph.node and not model.graph.output:
         raise errors.ArtifactError(f"{path} holds no graph", remedy="re-export the graph")
+    return model
+
+
+def _onnx_files(path: Path, model: Any) -> list[Path]:
+    """The graph file, then each external-data file it names, once; each must sit beside it."""
     files = [path]
     for init in model.graph.initializer:
         for entry in init.external_data:
@@ -204,17 +258,33 @@ def inspect_artifact(
                         remedy="copy the sidecar file next to the graph")
                 if sidecar not in files:
                     files.append(sidecar)
-    entries = [{"path": str(f), "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in files]
-    if manifest_file is not None:
-        listed = {(manifest_file.parent / e["path"]).resolve() for e in manifest["files"]}
-        if path.resolve() not in listed:
-            raise errors.ArtifactError(f"manifest {manifest_file} does not list {path.name}",
-                                       remedy="re-export the artifact, or remove the stale manifest")
-        check_files(manifest, manifest_file,
-                    hashed={str(Path(e["path"]).resolve()): e["sha256"] for e in entries})
+    return files
+
+
+def _check_listed(path: Path, manifest: dict[str, Any], manifest_file: Path,
+                  entries: list[dict[str, Any]]) -> None:
+    """The manifest beside the graph must list it, and its hashes must match the files'."""
+    listed = {(manifest_file.parent / e["path"]).resolve() for e in manifest["files"]}
+    if path.resolve() not in listed:
+        raise errors.ArtifactError(f"manifest {manifest_file} does not list {path.name}",
+                                   remedy="re-export the artifact, or remove the stale manifest")
+    check_files(manifest, manifest_file,
+                hashed={str(Path(e["path"]).resolve()): e["sha256"] for e in entries})
+
+
+def _files_hash(entries: list[dict[str, Any]]) -> str:
+    """One file: its own hash. Several: a hash over their names and hashes, in order."""
+    if len(entries) == 1:
+        return str(entries[0]["sha256"])
     total = hashlib.sha256()
     for e in entries:
         total.update(Path(e["path"]).name.encode() + b"\0" + e["sha256"].encode() + b"\0")
+    return total.hexdigest()
+
+
+def _onnx_format_and_source(path: Path, model: Any, manifest: dict[str, Any],
+                            fmt: str | None) -> tuple[str, str]:
+    """The format and where it came from: the flag over the manifest over the graph's dtypes."""
     inferred = _onnx_format(model)
     source = "inferred"
     if manifest.get("format"):
@@ -230,33 +300,7 @@ def inspect_artifact(
         if fmt.split(":")[0] != "onnx":
             raise errors.UsageError(f"--format {fmt} is not an ONNX format but {path} is ONNX")
         inferred, source = fmt, "flag"
-    comp = manifest.get("component")
-    if component and comp and component != comp:
-        raise errors.UsageError(
-            f"--component {component} conflicts with the manifest's {comp}",
-            remedy="drop --component, or fix the manifest")
-    graph = model.graph
-    init_names = {i.name for i in graph.initializer}
-    inputs = tuple(
-        IOSpec(i.name, _ONNX_DTYPES.get(i.type.tensor_type.elem_type, "unknown"), _dims(i.type))
-        for i in graph.input if i.name not in init_names)
-    outputs = tuple(
-        IOSpec(o.name, _ONNX_DTYPES.get(o.type.tensor_type.elem_type, "unknown"), _dims(o.type))
-        for o in graph.output)
-    return Artifact(
-        path=path.resolve(),
-        format=inferred,
-        format_source=source,
-        component=component or comp or path.stem,
-        sha256=total.hexdigest() if len(entries) > 1 else entries[0]["sha256"],
-        bytes=sum(e["bytes"] for e in entries),
-        files=tuple(entries),
-        inputs=inputs,
-        outputs=outputs,
-        node_count=len(graph.node),
-        op_types=tuple(sorted({n.op_type for n in graph.node})),
-        manifest=manifest,
-    )
+    return inferred, source
 
 
 # --------------------------------------------------------------------------- graph facts for the ledger
