@@ -166,9 +166,10 @@ def _sizes(graph: GraphFacts) -> dict[str, int]:
     for value in graph.values:
         if value.shape is None or value.itemsize is None:
             continue
-        if any(d is None for d in value.shape):
+        dims = [d for d in value.shape if d is not None]
+        if len(dims) != len(value.shape):  # a dimension shape inference could not tell
             continue
-        size[value.name] = int(np.prod(value.shape, dtype=np.int64)) * value.itemsize
+        size[value.name] = int(np.prod(dims, dtype=np.int64)) * value.itemsize
     return size
 
 
