@@ -27,7 +27,8 @@ Evidence, as used here:
   children have events of their own and their time includes them. Time fraction = kernel time
   on the target / all kernel time; kernel fraction = the same over counts.
 
-Rules, in order (comments in the code cite them):
+Rules, in order, one helper each (``_check_arguments``, ``_read_execution``, ``_choose_basis``,
+``_detect_swap``, ``_judge``; their docstrings and :func:`prove`'s comments cite the numbers):
 
 1. **Arguments.** ``min_placement`` must be a number in [0, 1]; ``target_ep`` a non-empty
    string; the assignment the worker's shape (``[{"ep", "nodes": [{"name", "op_type",
@@ -337,9 +338,10 @@ def _choose_basis(args: _Arguments, execution: _Execution | None, ort_version: s
     """Rule 3 (plan or execution): the plan decides when it holds nodes and names every provider
     that ran compute kernels; else the execution's time (or kernel) fraction; else nothing.
 
-    The plan that lists none of the providers the execution shows is DESIGN §4's disagreement
-    case (a), *incomplete*: the execution decides. Both layers present and disagreeing on zero is
-    noted (the plan still decides here; issue 8 turns this into case (b)).
+    A plan that lists no node on a provider where compute kernels ran is DESIGN §4's
+    disagreement case (a), *incomplete*: the execution decides. When both layers are usable and
+    only one shows zero on the target, the conflict is noted and the plan still decides (DESIGN
+    §4's case (b), "the lower fraction decides", is not implemented here yet).
     """
     target = args.target
     plan_by_ep, plan_total, plan_on = _plan_notes(args.plan, target, ort_version, notes)
