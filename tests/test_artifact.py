@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from xstage import builtin_graphs, errors
-from xstage.artifact import inspect_artifact
+from xstage.artifact import GraphNode, GraphValue, graph_facts, inspect_artifact
 
 
 def _fp16_graph() -> onnx.ModelProto:
@@ -120,3 +120,25 @@ def test_manifest_names_format_and_component_and_flags_override_or_conflict(tmp_
     where.write_text("{not json")
     with pytest.raises(errors.ArtifactError, match="manifest"):
         inspect_artifact(path)
+
+
+def test_graph_facts_give_shapes_at_the_real_input_shapes_in_graph_order(tmp_path):
+    """The ledger's facts: values after shape inference with the inputs fixed, nodes in order."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["n", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = builtin_graphs.write(model, tmp_path / "g.onnx")
+    facts = inspect_artifact(path).graph_facts({"x": (3, 4)})
+    assert facts.error is None and (facts.inputs, facts.outputs, facts.initializers) == (("x",), ("y",), ())
+    assert facts.nodes == (GraphNode(("x",), ("a",)), GraphNode(("a",), ("y",)))
+    assert GraphValue("a", "float16", 2, (3, 4)) in facts.values
+    assert [v.name for v in facts.values][0] == "x"
+
+
+def test_graph_facts_of_a_file_that_is_not_a_graph_say_why(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a graph")
+    facts = graph_facts(bad, {})
+    assert facts.error and facts.nodes == () and facts.values == ()

@@ -8,6 +8,7 @@ contradicts what the files say is a usage error rather than a silent choice.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ from xstage import errors
 from xstage.manifest import check_files, manifest_path, read_manifest, sha256_file
 from xstage_remote.formats import is_torchscript
 
-__all__ = ["Artifact", "IOSpec", "graph_nodes", "inspect_artifact"]
+__all__ = ["Artifact", "GraphFacts", "GraphNode", "GraphValue", "IOSpec", "graph_facts", "graph_nodes",
+           "inspect_artifact"]
 
 _ONNX_DTYPES = {
     1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
@@ -53,6 +55,20 @@ class Artifact:
     node_count: int
     op_types: tuple[str, ...]
     manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def file_name(self) -> str:
+        """The artifact's own file name, without its folder."""
+        return self.path.name
+
+    @property
+    def file_names(self) -> tuple[str, ...]:
+        """The files' names without their folders, in :attr:`files` order."""
+        return tuple(Path(f["path"]).name for f in self.files)
+
+    def graph_facts(self, shapes: Mapping[str, tuple[int, ...]]) -> GraphFacts:
+        """:func:`graph_facts` of this artifact's graph file (it reads the file again)."""
+        return graph_facts(self.path, shapes)
 
     def to_dict(self) -> dict[str, Any]:
         """The record's ``artifact`` object."""
@@ -163,6 +179,55 @@ def inspect_artifact(
         raise errors.ArtifactError(
             f"{path}: unknown artifact type {suffix or '(no extension)'}",
             remedy="pass an .onnx graph (or a torch.export .pt2 program)")
+    return _onnx_graph(path, manifest, manifest_file, fmt, component)
+
+
+def _onnx_graph(path: Path, manifest: dict[str, Any], manifest_file: Path | None,
+                fmt: str | None, component: str | None) -> Artifact:
+    """An ``.onnx`` graph: its files (sidecars included) hashed, its format, component and I/O."""
+    model = _load_onnx(path)
+    entries = [{"path": str(f), "sha256": sha256_file(f), "bytes": f.stat().st_size}
+               for f in _onnx_files(path, model)]
+    if manifest_file is not None:
+        _check_listed(path, manifest, manifest_file, entries)
+    inferred, source = _onnx_format_and_source(path, model, manifest, fmt)
+    comp = manifest.get("component")
+    if component and comp and component != comp:
+        raise errors.UsageError(
+            f"--component {component} conflicts with the manifest's {comp}",
+            remedy="drop --component, or fix the manifest")
+    graph = model.graph
+    inputs, outputs = _onnx_signature(graph)
+    return Artifact(
+        path=path.resolve(),
+        format=inferred,
+        format_source=source,
+        component=component or comp or path.stem,
+        sha256=_files_hash(entries),
+        bytes=sum(e["bytes"] for e in entries),
+        files=tuple(entries),
+        inputs=inputs,
+        outputs=outputs,
+        node_count=len(graph.node),
+        op_types=tuple(sorted({n.op_type for n in graph.node})),
+        manifest=manifest,
+    )
+
+
+def _onnx_signature(graph: Any) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]:
+    """The graph's inputs (initializers listed as inputs left out) and outputs."""
+    init_names = {i.name for i in graph.initializer}
+    inputs = tuple(
+        IOSpec(i.name, _ONNX_DTYPES.get(i.type.tensor_type.elem_type, "unknown"), _dims(i.type))
+        for i in graph.input if i.name not in init_names)
+    outputs = tuple(
+        IOSpec(o.name, _ONNX_DTYPES.get(o.type.tensor_type.elem_type, "unknown"), _dims(o.type))
+        for o in graph.output)
+    return inputs, outputs
+
+
+def _load_onnx(path: Path) -> Any:
+    """The graph without its external data; a file that is not a graph is an ``ArtifactError``."""
     import onnx
 
     try:
@@ -174,6 +239,11 @@ def inspect_artifact(
         ) from exc
     if not model.graph.node and not model.graph.output:
         raise errors.ArtifactError(f"{path} holds no graph", remedy="re-export the graph")
+    return model
+
+
+def _onnx_files(path: Path, model: Any) -> list[Path]:
+    """The graph file, then each external-data file it names, once; each must sit beside it."""
     files = [path]
     for init in model.graph.initializer:
         for entry in init.external_data:
@@ -189,17 +259,33 @@ def inspect_artifact(
                         remedy="copy the sidecar file next to the graph")
                 if sidecar not in files:
                     files.append(sidecar)
-    entries = [{"path": str(f), "sha256": sha256_file(f), "bytes": f.stat().st_size} for f in files]
-    if manifest_file is not None:
-        listed = {(manifest_file.parent / e["path"]).resolve() for e in manifest["files"]}
-        if path.resolve() not in listed:
-            raise errors.ArtifactError(f"manifest {manifest_file} does not list {path.name}",
-                                       remedy="re-export the artifact, or remove the stale manifest")
-        check_files(manifest, manifest_file,
-                    hashed={str(Path(e["path"]).resolve()): e["sha256"] for e in entries})
+    return files
+
+
+def _check_listed(path: Path, manifest: dict[str, Any], manifest_file: Path,
+                  entries: list[dict[str, Any]]) -> None:
+    """The manifest beside the graph must list it, and its hashes must match the files'."""
+    listed = {(manifest_file.parent / e["path"]).resolve() for e in manifest["files"]}
+    if path.resolve() not in listed:
+        raise errors.ArtifactError(f"manifest {manifest_file} does not list {path.name}",
+                                   remedy="re-export the artifact, or remove the stale manifest")
+    check_files(manifest, manifest_file,
+                hashed={str(Path(e["path"]).resolve()): e["sha256"] for e in entries})
+
+
+def _files_hash(entries: list[dict[str, Any]]) -> str:
+    """One file: its own hash. Several: a hash over their names and hashes, in order."""
+    if len(entries) == 1:
+        return str(entries[0]["sha256"])
     total = hashlib.sha256()
     for e in entries:
         total.update(Path(e["path"]).name.encode() + b"\0" + e["sha256"].encode() + b"\0")
+    return total.hexdigest()
+
+
+def _onnx_format_and_source(path: Path, model: Any, manifest: dict[str, Any],
+                            fmt: str | None) -> tuple[str, str]:
+    """The format and where it came from: the flag over the manifest over the graph's dtypes."""
     inferred = _onnx_format(model)
     source = "inferred"
     if manifest.get("format"):
@@ -215,38 +301,118 @@ def inspect_artifact(
         if fmt.split(":")[0] != "onnx":
             raise errors.UsageError(f"--format {fmt} is not an ONNX format but {path} is ONNX")
         inferred, source = fmt, "flag"
-    comp = manifest.get("component")
-    if component and comp and component != comp:
-        raise errors.UsageError(
-            f"--component {component} conflicts with the manifest's {comp}",
-            remedy="drop --component, or fix the manifest")
+    return inferred, source
+
+
+# --------------------------------------------------------------------------- graph facts for the ledger
+
+
+@dataclass(frozen=True)
+class GraphValue:
+    """One value of the graph after shape inference, as plain facts.
+
+    ``shape`` is None when shape inference gave none, with None for a dimension it could not
+    tell; ``dtype``/``itemsize`` are None when the element type is unset or has no numpy dtype.
+    """
+
+    name: str
+    dtype: str | None
+    itemsize: int | None
+    shape: tuple[int | None, ...] | None
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """One node, by the names of the values it reads and writes (empty names kept)."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """What ``xstage.ledger.footprint`` walks to size a graph's activations, read from its file.
+
+    Attributes:
+        values: the graph's inputs, then ``value_info``, then outputs, each as shape inference
+            left it (a name can appear more than once; the later one is the more specific).
+        nodes: the top-level nodes in graph order (liveness walks them in this order).
+        inputs: the graph inputs' names (initializers listed as inputs included).
+        initializers: the initializers' names.
+        outputs: the graph outputs' names.
+        error: why there are no facts (the file did not load, or shape inference failed), or None.
+    """
+
+    values: tuple[GraphValue, ...] = ()
+    nodes: tuple[GraphNode, ...] = ()
+    inputs: tuple[str, ...] = ()
+    initializers: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    error: str | None = None
+
+
+def _inferred_model(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> Any:
+    """The graph loaded without external data, its inputs fixed to ``shapes``, shapes inferred."""
+    import onnx
+    from onnx import shape_inference
+
+    model = onnx.load(str(path), load_external_data=False)
+    for value in model.graph.input:
+        shape = shapes.get(value.name)
+        if shape is None or not value.type.tensor_type.HasField("shape"):
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) == len(shape):
+            for d, n in zip(dims, shape, strict=True):
+                d.ClearField("dim_param")
+                d.dim_value = int(n)
+    return shape_inference.infer_shapes(model, data_prop=True)
+
+
+def _graph_value(value: Any) -> GraphValue:
+    import numpy as np
+    from onnx import helper
+
+    t = value.type.tensor_type
+    shape = (tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
+             if t.HasField("shape") else None)
+    dtype = itemsize = None
+    if t.elem_type:
+        try:
+            np_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
+        except (KeyError, TypeError, ValueError):
+            pass
+        else:
+            dtype, itemsize = np_dtype.name, int(np_dtype.itemsize)
+    return GraphValue(value.name, dtype, itemsize, shape)
+
+
+def graph_facts(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> GraphFacts:
+    """Read an ONNX graph and infer its values' shapes with the inputs fixed to ``shapes``.
+
+    Never raises for a bad file: a graph that does not load or that shape inference rejects
+    gives facts with only :attr:`GraphFacts.error` set (the ledger then says it has no estimate).
+    """
+    try:
+        model = _inferred_model(path, shapes)
+    except Exception as exc:  # noqa: BLE001 - any failure means "no facts", said so
+        return GraphFacts(error=str(exc))
     graph = model.graph
-    init_names = {i.name for i in graph.initializer}
-    inputs = tuple(
-        IOSpec(i.name, _ONNX_DTYPES.get(i.type.tensor_type.elem_type, "unknown"), _dims(i.type))
-        for i in graph.input if i.name not in init_names)
-    outputs = tuple(
-        IOSpec(o.name, _ONNX_DTYPES.get(o.type.tensor_type.elem_type, "unknown"), _dims(o.type))
-        for o in graph.output)
-    return Artifact(
-        path=path.resolve(),
-        format=inferred,
-        format_source=source,
-        component=component or comp or path.stem,
-        sha256=total.hexdigest() if len(entries) > 1 else entries[0]["sha256"],
-        bytes=sum(e["bytes"] for e in entries),
-        files=tuple(entries),
-        inputs=inputs,
-        outputs=outputs,
-        node_count=len(graph.node),
-        op_types=tuple(sorted({n.op_type for n in graph.node})),
-        manifest=manifest,
+    return GraphFacts(
+        values=tuple(_graph_value(v) for v in (*graph.input, *graph.value_info, *graph.output)),
+        nodes=tuple(GraphNode(tuple(n.input), tuple(n.output)) for n in graph.node),
+        inputs=tuple(i.name for i in graph.input),
+        initializers=tuple(i.name for i in graph.initializer),
+        outputs=tuple(o.name for o in graph.output),
     )
 
 
 def graph_nodes(art: Artifact) -> tuple[dict[str, str], ...]:
-    """Every node of an ONNX artifact, subgraphs included (name, op type), for the proof's
-    name checks; empty for a torch program, whose proof reads the profiler's op log."""
+    """Every node of an ONNX artifact, subgraphs included (name, op type).
+
+    The proof checks the profile's event names against them; a torch program has none (its
+    proof reads the profiler's op log).
+    """
     if not art.format.startswith("onnx:"):
         return ()
     import onnx

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from xstage import builtin_graphs, ledger
-from xstage.artifact import inspect_artifact
+from xstage.artifact import graph_facts, inspect_artifact
 from xstage.ledger import footprint
 from xstage.routes import get_spec
 
@@ -35,7 +35,7 @@ def test_liveness_frees_each_intermediate_after_its_last_use(tmp_path):
     nodes = [helper.make_node("Relu", [i], [o]) for i, o in zip(names, names[1:], strict=False)]
     path = _write(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1000])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1000])])
-    act = footprint.estimate_activations(path, {"x": (1000,)})
+    act = footprint.estimate_activations(graph_facts(path, {"x": (1000,)}))
     assert act.live_peak_bytes == 8000 and act.sized == 4 and act.unsized == 0
     assert act.io_bytes == 8000
 
@@ -44,7 +44,7 @@ def test_symbolic_inputs_are_sized_at_the_real_shapes(tmp_path):
     nodes = [helper.make_node("Neg", ["x"], ["y"])]
     path = _write(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])])
-    assert footprint.estimate_activations(path, {"x": (1000, 8)}).live_peak_bytes == 32000
+    assert footprint.estimate_activations(graph_facts(path, {"x": (1000, 8)})).live_peak_bytes == 32000
 
 
 def test_data_dependent_sizes_are_counted_as_unsized(tmp_path):
@@ -52,14 +52,14 @@ def test_data_dependent_sizes_are_counted_as_unsized(tmp_path):
              helper.make_node("ReduceSum", ["big"], ["y"], keepdims=0)]
     path = _write(tmp_path, nodes, [helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
-    act = footprint.estimate_activations(path, {"n": (1,)})
+    act = footprint.estimate_activations(graph_facts(path, {"n": (1,)}))
     assert act.unsized >= 1 and act.live_peak_bytes < 100
 
 
 def test_a_graph_shape_inference_cannot_read_gives_no_estimate_and_says_why(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a graph")
-    act = footprint.estimate_activations(bad, {})
+    act = footprint.estimate_activations(graph_facts(bad, {}))
     assert act.live_peak_bytes == 0 and act.note and "shape inference failed" in act.note
 
 

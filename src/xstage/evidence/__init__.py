@@ -1,27 +1,16 @@
 """Placement evidence, pure: profiles and plans in, a ``PlacementProof`` out.
 
-``onnx`` proves an ONNX stage from onnxruntime's profile and per-node plan; ``torch`` proves a
-``.pt2`` stage from the torch profiler's op log. No processes, no sessions: recorded fixtures
-test them.
+``profile`` reads onnxruntime's profile files; ``onnx`` proves an ONNX stage from that profile and
+onnxruntime's per-node plan, one helper per numbered rule; ``torch`` proves a ``.pt2`` stage from
+the torch profiler's op log; ``proof`` holds the ``PlacementProof`` both end in. No processes, no
+sessions: recorded fixtures test them.
 """
 
 from __future__ import annotations
 
-from xstage.evidence.onnx import (
-    BASES,
-    CAUSES,
-    CONTROL_FLOW_OPS,
-    COPY_OPS,
-    CPU_EP,
-    VERDICTS,
-    Basis,
-    Cause,
-    ParsedProfile,
-    PlacementProof,
-    Verdict,
-    parse_profile,
-    prove,
-)
+from xstage.evidence.onnx import CONTROL_FLOW_OPS, COPY_OPS, CPU_EP, prove
+from xstage.evidence.profile import ParsedProfile, parse_profile
+from xstage.evidence.proof import BASES, CAUSES, VERDICTS, Basis, Cause, PlacementProof, Verdict
 from xstage.evidence.torch import (
     NEUTRAL_OPS,
     prove_torch,

@@ -27,7 +27,8 @@ Evidence, as used here:
   children have events of their own and their time includes them. Time fraction = kernel time
   on the target / all kernel time; kernel fraction = the same over counts.
 
-Rules, in order (comments in the code cite them):
+Rules, in order, one helper each (``_check_arguments``, ``_read_execution``, ``_choose_basis``,
+``_detect_swap``, ``_judge``; their docstrings and :func:`prove`'s comments cite the numbers):
 
 1. **Arguments.** ``min_placement`` must be a number in [0, 1]; ``target_ep`` a non-empty
    string; the assignment the worker's shape (``[{"ep", "nodes": [{"name", "op_type",
@@ -64,37 +65,18 @@ is placed when the evidence shows the nodes on the CPU.
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
-__all__ = [
-    "BASES",
-    "CAUSES",
-    "CONTROL_FLOW_OPS",
-    "COPY_OPS",
-    "CPU_EP",
-    "VERDICTS",
-    "Basis",
-    "Cause",
-    "ParsedProfile",
-    "PlacementProof",
-    "Verdict",
-    "parse_profile",
-    "prove",
-]
+from xstage.evidence.profile import ParsedProfile, parse_profile
+from xstage.evidence.proof import Basis, Cause, PlacementProof, Verdict
 
-#: The closed verdict set (DESIGN §4).
-VERDICTS = ("placed", "declined", "unmeasured")
-#: The causes a proof can carry (DESIGN §5, ``execution_provider_declined_graph``).
-CAUSES = ("declined", "unmeasured", "provider_swapped")
-#: What the gate's fraction was computed from.
-BASES = ("plan", "execution")
+__all__ = ["CONTROL_FLOW_OPS", "COPY_OPS", "CPU_EP", "prove"]
+
 #: Control-flow ops: their kernel time contains their children's, which have events of their own.
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 #: Copy ops onnxruntime inserts between EPs with different memory.
@@ -102,199 +84,8 @@ COPY_OPS = frozenset({"MemcpyFromHost", "MemcpyToHost"})
 #: onnxruntime's CPU execution provider.
 CPU_EP = "CPUExecutionProvider"
 
-Verdict = Literal["placed", "declined", "unmeasured"]
-Cause = Literal["declined", "unmeasured", "provider_swapped"]
-Basis = Literal["plan", "execution"]
-
 _KERNEL_SUFFIX = "_kernel_time"
 _UNKNOWN_PROVIDER = "<unknown provider>"  # a kernel event without args.provider
-_FENCE_SUFFIXES = ("_fence_before", "_fence_after")
-
-
-# --------------------------------------------------------------------------- the profile
-
-
-@dataclass(frozen=True)
-class ParsedProfile:
-    """What :func:`parse_profile` recovered from one onnxruntime profile file.
-
-    Attributes:
-        events: the events, fence events left out, each a read-only mapping
-            ``{"cat": str, "name": str, "dur": int (µs), "provider": str | None,
-            "op_name": str | None}`` (the last two from ``args``).
-        method: ``"json"`` (the file loaded as JSON), ``"lines"`` (it did not; read line by
-            line) or ``"none"`` (nothing to read).
-        complete: whether the file is whole: it loaded as JSON, or, read line by line, it
-            opens with ``[``, closes with ``]`` and every line in between was read as an event
-            (a line that was not could have held a kernel). An incomplete profile is not
-            evidence.
-        fences: how many fence events (onnxruntime <= 1.20) were skipped.
-        unreadable: how many lines (or JSON elements) could not be read as an event.
-        notes: what happened, for people.
-    """
-
-    events: tuple[Mapping[str, Any], ...]
-    method: Literal["json", "lines", "none"]
-    complete: bool
-    fences: int = 0
-    unreadable: int = 0
-    notes: tuple[str, ...] = ()
-
-
-# In the files of onnxruntime <= 1.30 each event is one line:
-#   {"cat" : "Node","pid" :1,"dur" :44,"ph" : "X","name" :"relu "q"_kernel_time","args" : {...}},
-# and the name is written unescaped. The name runs from the first `"name":"` to the last
-# `","args":{`; args never hold a node name, so they still parse as JSON (regexes otherwise).
-_NAME_START = re.compile(r'"name"\s*:\s*"')
-_NAME_END = re.compile(r'"\s*,\s*"args"\s*:\s*(?=\{)')
-_CAT = re.compile(r'"cat"\s*:\s*"([^"\\]*)"')
-_DUR = re.compile(r'"dur"\s*:\s*(-?\d+)')
-_PROVIDER = re.compile(r'"provider"\s*:\s*"([^"\\]*)"')
-_OP_NAME = re.compile(r'"op_name"\s*:\s*"([^"\\]*)"')
-
-
-def _as_text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _as_dur(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real) and math.isfinite(value):
-        return int(float(value))
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    return None
-
-
-def _normalize(raw: Any) -> dict[str, Any] | None:
-    """One JSON event to the normalized shape, or None when it is not an event."""
-    if not isinstance(raw, Mapping):
-        return None
-    cat, name = _as_text(raw.get("cat")), _as_text(raw.get("name"))
-    if cat is None or name is None:
-        return None
-    args = raw.get("args")
-    args = args if isinstance(args, Mapping) else {}
-    dur = _as_dur(raw.get("dur", 0))
-    return {
-        "cat": cat,
-        "name": name,
-        "dur": max(dur, 0) if dur is not None else 0,
-        "provider": _as_text(args.get("provider")),
-        "op_name": _as_text(args.get("op_name")),
-    }
-
-
-def _read_line(line: str) -> dict[str, Any] | None:
-    """One event line: as JSON if it is, else by the regexes; None when neither reads it."""
-    body = line.strip().rstrip(",").strip()
-    try:
-        return _normalize(json.loads(body))
-    except ValueError:
-        pass
-    start = _NAME_START.search(body)
-    ends = list(_NAME_END.finditer(body))
-    if start is None or not ends or ends[-1].start() < start.end():
-        return None
-    end = ends[-1]
-    head, name, tail = body[: start.start()], body[start.end() : end.start()], body[end.end() :]
-    cat = _CAT.search(head)
-    if cat is None:
-        return None
-    dur = _DUR.search(head)
-    provider = op_name = None
-    args_text = tail[: tail.rfind("}")] if tail.endswith("}") else tail  # drop the event's own "}"
-    try:
-        args = json.loads(args_text)
-    except ValueError:
-        args = None
-    if isinstance(args, Mapping):
-        provider, op_name = _as_text(args.get("provider")), _as_text(args.get("op_name"))
-    else:
-        found_provider, found_op = _PROVIDER.search(tail), _OP_NAME.search(tail)
-        provider = found_provider.group(1) if found_provider else None
-        op_name = found_op.group(1) if found_op else None
-    return {"cat": cat.group(1), "name": name, "dur": int(dur.group(1)) if dur else 0,
-            "provider": provider, "op_name": op_name}
-
-
-def _is_fence(event: Mapping[str, Any]) -> bool:
-    return bool(event["cat"] == "Node" and event["name"].endswith(_FENCE_SUFFIXES))
-
-
-def parse_profile(text: str | bytes | None) -> ParsedProfile:
-    r"""Read an onnxruntime profile file's text; never raises on a malformed profile.
-
-    The normal case is ``json.loads`` (a list of events, or a ``{"traceEvents": [...]}``
-    object). When that fails — onnxruntime <= 1.30 writes node names unescaped, so a name with
-    ``"`` or ``\\`` breaks the file; a file cut short does too — each line is read on its own
-    (as JSON, else with regexes for ``cat``, ``name``, ``dur``, ``args.provider`` and
-    ``args.op_name``). Fence events (``*_fence_before``/``*_fence_after``, onnxruntime <= 1.20)
-    are skipped.
-
-    Args:
-        text: the file's text (bytes are decoded as UTF-8, bad bytes replaced), or None when
-            there was no profile.
-
-    Returns:
-        What could be recovered, whether the file was whole, and notes.
-
-    Raises:
-        TypeError: ``text`` is not a string, bytes or None.
-    """
-    if text is None:
-        return ParsedProfile((), "none", False, notes=("no profile was collected",))
-    if isinstance(text, (bytes, bytearray)):
-        text = bytes(text).decode("utf-8", errors="replace")
-    if not isinstance(text, str):
-        raise TypeError(f"profile text must be str, bytes or None, not {type(text).__name__}")
-    stripped = text.strip()
-    if not stripped:
-        return ParsedProfile((), "none", False, notes=("the profile is empty",))
-    notes: list[str] = []
-    error: ValueError | None
-    try:
-        loaded = json.loads(stripped)
-    except ValueError as exc:
-        loaded, error = None, exc
-    else:
-        error = None
-    if error is None:
-        raw_events = loaded.get("traceEvents") if isinstance(loaded, Mapping) else loaded
-        if not isinstance(raw_events, list):
-            return ParsedProfile((), "json", False, notes=(
-                f"the profile is JSON but not a list of events ({type(loaded).__name__})",))
-        method: Literal["json", "lines", "none"] = "json"
-        complete = True
-        candidates: list[dict[str, Any] | None] = [_normalize(raw) for raw in raw_events]
-    else:
-        method = "lines"
-        lines = [line for line in stripped.splitlines() if line.strip()]
-        complete = lines[0].strip() == "[" and lines[-1].strip() == "]"
-        notes.append(f"the profile is not valid JSON ({error}); read line by line")
-        if not complete:
-            notes.append("the profile ends early (no closing bracket): it was cut short")
-        candidates = [_read_line(line) for line in lines if line.strip() not in ("[", "]")]
-    events, fences, unreadable = [], 0, 0
-    for event in candidates:
-        if event is None:
-            unreadable += 1
-        elif _is_fence(event):
-            fences += 1
-        else:
-            events.append(MappingProxyType(event))
-    if fences:
-        notes.append(f"{fences} fence events skipped (onnxruntime <= 1.20 writes them)")
-    if unreadable:
-        what = "lines" if method == "lines" else "elements"
-        notes.append(f"{unreadable} {what} could not be read as events")
-        if method == "lines" and complete:
-            complete = False  # a kernel could hide in a line we could not read
-            notes.append("the profile is not whole: a line that could not be read may have held a kernel")
-    return ParsedProfile(tuple(events), method, complete, fences, unreadable, tuple(notes))
 
 
 # --------------------------------------------------------------------------- execution and plan
@@ -419,126 +210,281 @@ def _strings(value: Any, what: str) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-# --------------------------------------------------------------------------- the proof
-
-
-@dataclass(frozen=True)
-class PlacementProof:
-    """The verdict on where a stage ran, with the evidence it rests on.
-
-    Times are microseconds, as onnxruntime's profiler writes them. Execution fields are None
-    when no usable profile was read, plan fields when there was no plan.
-
-    Attributes:
-        target_ep: the EP the stage was meant to run on (the name in the evidence).
-        requested_ep: the EP the session was asked for (usually ``target_ep``).
-        session_providers: ``session.get_providers()``, or None when not collected.
-        available_providers: ``onnxruntime.get_available_providers()``, or None.
-        ort_version: the worker's onnxruntime version, when given.
-        verdict: ``placed``, ``declined`` (measured, below ``min_placement``) or
-            ``unmeasured`` (no usable evidence; never passes).
-        cause: None when placed; else ``declined``, ``unmeasured`` or ``provider_swapped``.
-        basis: ``plan`` or ``execution``: what :attr:`fraction` was computed from; None when
-            nothing was measured.
-        fraction: the fraction the gate used (node fraction on ``plan``; time fraction, or
-            kernel fraction when all kernels took 0 µs, on ``execution``).
-        min_placement: the threshold: placed iff ``fraction > 0`` and ``fraction >= min_placement``.
-        swapped: the requested EP was replaced (rule 4).
-        fallback_banner: the Python layer's "Falling back to [...]" banner was seen.
-        node_fraction: plan: nodes on the target / all nodes (copies excluded).
-        nodes_on_target: plan: nodes assigned to the target.
-        nodes_total: plan: nodes assigned to any EP (copies excluded).
-        plan_copies: plan: ``Memcpy*`` nodes.
-        graph_node_count: nodes of the ONNX graph and its subgraphs, when given.
-        time_fraction: execution: compute kernel time on the target / all compute kernel time.
-        kernel_fraction: execution: compute kernels on the target / all compute kernels.
-        kernels_on_target: execution: compute kernel events on the target (a fused subgraph is one).
-        kernels_total: execution: compute kernel events (copies and control flow excluded).
-        kernel_time_on_target_us: execution: their time on the target.
-        kernel_time_total_us: execution: all compute kernel time.
-        kernels_by_provider: execution: compute kernel events per provider.
-        kernel_time_by_provider_us: execution: compute kernel time per provider.
-        control_flow_kernels: execution: ``If``/``Loop``/``Scan`` events, not counted above.
-        control_flow_time_us: execution: their time, excluded (it contains their children's).
-        copies: execution: ``Memcpy*`` kernel events.
-        copy_time_us: execution: their time.
-        runs: execution: ``model_run`` events in the profile (one profiled warm-up: 1).
-        profile_format: how the profile was read: ``json``, ``lines``, or None.
-        cpu_nodes: nodes left on the CPU EP, by op type (names; ``<op_type>#<i>`` for unnamed
-            nodes), from the basis; empty when the target is the CPU EP.
-        off_target_nodes: every node not on the target, by EP, then op type.
-        notes: what was used and why, for people.
-    """
-
-    target_ep: str
-    requested_ep: str
-    session_providers: tuple[str, ...] | None
-    available_providers: tuple[str, ...] | None
-    ort_version: str | None
-    verdict: Verdict
-    cause: Cause | None
-    basis: Basis | None
-    fraction: float | None
-    min_placement: float
-    swapped: bool
-    fallback_banner: bool
-    node_fraction: float | None = None
-    nodes_on_target: int | None = None
-    nodes_total: int | None = None
-    plan_copies: int | None = None
-    graph_node_count: int | None = None
-    time_fraction: float | None = None
-    kernel_fraction: float | None = None
-    kernels_on_target: int | None = None
-    kernels_total: int | None = None
-    kernel_time_on_target_us: int | None = None
-    kernel_time_total_us: int | None = None
-    kernels_by_provider: Mapping[str, int] = field(default_factory=dict)
-    kernel_time_by_provider_us: Mapping[str, int] = field(default_factory=dict)
-    control_flow_kernels: int | None = None
-    control_flow_time_us: int | None = None
-    copies: int | None = None
-    copy_time_us: int | None = None
-    runs: int | None = None
-    profile_format: Literal["json", "lines"] | None = None
-    cpu_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    off_target_nodes: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        """Keep the closed sets closed: a proof outside them is a bug, not a verdict."""
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict must be one of {VERDICTS}, not {self.verdict!r}")
-        if self.cause is not None and self.cause not in CAUSES:
-            raise ValueError(f"cause must be None or one of {CAUSES}, not {self.cause!r}")
-        if (self.verdict == "placed") != (self.cause is None):
-            raise ValueError(f"a {self.verdict} proof cannot have cause {self.cause!r}")
-        if self.basis is not None and self.basis not in BASES:
-            raise ValueError(f"basis must be None or one of {BASES}, not {self.basis!r}")
-
-    @property
-    def passed(self) -> bool:
-        """Whether the gate admits the stage: ``verdict == "placed"``."""
-        return self.verdict == "placed"
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types (dicts, lists, str, int, float, bool, None), fields in order."""
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    return value
-
 
 _Groups = Mapping[str, Mapping[str, tuple[str, ...]]]
 
 
 def _frozen_groups(groups: _Groups) -> _Groups:
     return MappingProxyType({ep: MappingProxyType(dict(ops)) for ep, ops in groups.items()})
+
+
+# --------------------------------------------------------------------------- the rules, one helper each
+
+
+@dataclass(frozen=True)
+class _Arguments:
+    """Rule 1's output: the arguments, checked and normalized."""
+
+    target: str
+    requested: str
+    session: tuple[str, ...] | None
+    available: tuple[str, ...] | None
+    fallback_banner: str | None
+    graph_count: int | None
+    plan: _Plan | None
+    min_placement: float
+
+
+def _check_arguments(target_ep: str, requested_ep: str | None, min_placement: float,
+                     session_providers: Sequence[str] | None, available_providers: Sequence[str] | None,
+                     fallback_banner: str | None, graph_nodes: Sequence[Mapping[str, Any]] | None,
+                     assignment: Sequence[Mapping[str, Any]] | None) -> _Arguments:
+    """Rule 1 (arguments): a malformed argument raises; bad evidence never does."""
+    if isinstance(min_placement, bool) or not isinstance(min_placement, numbers.Real) or not (
+        math.isfinite(min_placement) and 0.0 <= min_placement <= 1.0
+    ):
+        raise ValueError(f"min_placement must be a number in [0, 1], not {min_placement!r}")
+    if not isinstance(target_ep, str) or not target_ep:
+        raise ValueError(f"target_ep must be a non-empty string, not {target_ep!r}")
+    requested = target_ep if requested_ep is None else requested_ep
+    if not isinstance(requested, str) or not requested:
+        raise ValueError(f"requested_ep must be a non-empty string or None, not {requested_ep!r}")
+    session = _strings(session_providers, "session_providers")
+    available = _strings(available_providers, "available_providers")
+    if fallback_banner is not None and not isinstance(fallback_banner, str):
+        raise TypeError("fallback_banner must be a string or None")
+    graph_count = None
+    if graph_nodes is not None:
+        if isinstance(graph_nodes, (str, bytes)) or not isinstance(graph_nodes, Sequence) or not all(
+            isinstance(n, Mapping) for n in graph_nodes
+        ):
+            raise TypeError("graph_nodes must be a list of mappings or None")
+        graph_count = len(graph_nodes)
+    plan = _plan(assignment) if assignment is not None else None
+    return _Arguments(target_ep, requested, session, available, fallback_banner, graph_count, plan,
+                      float(min_placement))
+
+
+def _read_execution(parsed: ParsedProfile, notes: list[str]) -> _Execution | None:
+    """Rule 2 (profile): only a whole profile with at least one compute kernel is execution evidence."""
+    notes.extend(f"profile: {note}" for note in parsed.notes)
+    if parsed.complete:
+        execution = _execution(parsed.events)
+        if execution.kernels:
+            return execution
+        notes.append("profile: no compute kernel events (category Node, *_kernel_time): "
+                     "no execution evidence")
+    elif parsed.method != "none":
+        notes.append("profile: not used as evidence (incomplete)")
+    return None
+
+
+@dataclass(frozen=True)
+class _Basis:
+    """Rule 3's output: what the gate's fraction is computed from, and both layers' numbers."""
+
+    basis: Basis | None
+    fraction: float | None
+    node_fraction: float | None  # None when the plan is empty or incomplete
+    plan_on: int | None
+    plan_total: int | None
+    time_fraction: float | None
+    kernel_fraction: float | None
+
+
+def _plan_notes(plan: _Plan | None, target: str, ort_version: str | None,
+                notes: list[str]) -> tuple[dict[str, int], int | None, int | None]:
+    """Rule 3, the plan layer: nodes per EP, all nodes, nodes on the target."""
+    by_ep: dict[str, int] = {}
+    if plan is None:
+        version = f"onnxruntime {ort_version}" if ort_version else "this onnxruntime"
+        notes.append(f"plan: none ({version} has no assignment API, or it was not recorded)"
+                     if ort_version is not None else "plan: none")
+        return by_ep, None, None
+    for ep, _, _ in plan.nodes:
+        by_ep[ep] = by_ep.get(ep, 0) + 1
+    total = len(plan.nodes)
+    if total:
+        notes.append(f"plan: {_n(total, 'node')} ({_counts(by_ep)})"
+                     + (f", {plan.copies} Memcpy nodes left out" if plan.copies else ""))
+    else:
+        notes.append("plan: empty (no node recorded)")
+    return by_ep, total, by_ep.get(target, 0)
+
+
+def _execution_notes(execution: _Execution | None, target: str,
+                     notes: list[str]) -> tuple[float | None, float | None]:
+    """Rule 3, the execution layer: the kernel and time fractions on the target."""
+    if execution is None:
+        return None, None
+    total_k, total_t = sum(execution.kernels.values()), sum(execution.time_us.values())
+    kernel_fraction = _fraction(execution.kernels.get(target, 0), total_k)
+    time_fraction = _fraction(execution.time_us.get(target, 0), total_t)
+    notes.append(f"execution: {_n(total_k, 'compute kernel')}, {total_t} us "
+                 f"({_counts(execution.kernels)})"
+                 + (f"; {_n(execution.copies, 'Memcpy kernel')} ({execution.copy_time_us} us) counted "
+                    "as copies" if execution.copies else "")
+                 + (f"; {_n(execution.control_flow, 'control-flow kernel')} "
+                    f"({execution.control_flow_time_us} us) left out" if execution.control_flow else ""))
+    if execution.runs > 1:
+        notes.append(f"execution: the profile holds {execution.runs} model runs; counts add up over them")
+    elif execution.runs == 0:
+        notes.append("execution: no model_run event in the profile")
+    return kernel_fraction, time_fraction
+
+
+def _choose_basis(args: _Arguments, execution: _Execution | None, ort_version: str | None,
+                  notes: list[str]) -> _Basis:
+    """Rule 3 (plan or execution): the plan decides when it holds nodes and names every provider
+    that ran compute kernels; else the execution's time (or kernel) fraction; else nothing.
+
+    A plan that lists no node on a provider where compute kernels ran is DESIGN §4's
+    disagreement case (a), *incomplete*: the execution decides. When both layers are usable and
+    only one shows zero on the target, the conflict is noted and the plan still decides (DESIGN
+    §4's case (b), "the lower fraction decides", is not implemented here yet).
+    """
+    target = args.target
+    plan_by_ep, plan_total, plan_on = _plan_notes(args.plan, target, ort_version, notes)
+    node_fraction = _fraction(plan_on, plan_total) if plan_total is not None and plan_on is not None else None
+    kernel_fraction, time_fraction = _execution_notes(execution, target, notes)
+    plan_usable = bool(plan_total)
+    if plan_usable and execution is not None:
+        missing = [ep for ep in execution.kernels if ep not in plan_by_ep and ep != _UNKNOWN_PROVIDER]
+        if missing:
+            plan_usable = False
+            notes.append(f"plan: not used: it lists no node on {', '.join(missing)}, where "
+                         f"{sum(execution.kernels[ep] for ep in missing)} kernels ran (an incomplete plan: "
+                         "measured with the WebGPU plugin EP on onnxruntime 1.30, which lists only the CPU's "
+                         "nodes); the execution decides")
+    basis: Basis | None = None
+    fraction: float | None = None
+    if not plan_usable:
+        node_fraction = None  # an empty or incomplete plan has no node fraction to report
+    if plan_usable:
+        basis, fraction = "plan", node_fraction
+        notes.append(f"basis: plan, node fraction {plan_on}/{plan_total} = {_fmt(node_fraction)}")
+        if args.graph_count is not None and args.graph_count != plan_total:
+            notes.append(f"plan: {_n(plan_total or 0, 'node')} as partitioned, {args.graph_count} in the "
+                         "ONNX graph (onnxruntime fuses some before it partitions, e.g. MatMul+Add into "
+                         "Gemm, and a control-flow node an EP compiles is listed without its branches)")
+        if kernel_fraction is not None and (node_fraction == 0) != (kernel_fraction == 0):
+            notes.append(f"plan and execution disagree: node fraction {_fmt(node_fraction)}, "
+                         f"kernel fraction {_fmt(kernel_fraction)}")
+    elif execution is not None:
+        basis = "execution"
+        if time_fraction is not None:
+            fraction = time_fraction
+            notes.append(f"basis: execution, time fraction {execution.time_us.get(target, 0)}/"
+                         f"{sum(execution.time_us.values())} us = {_fmt(time_fraction)}")
+        else:
+            fraction = kernel_fraction
+            notes.append(f"basis: execution, kernel fraction {_fmt(kernel_fraction)} "
+                         "(every kernel took 0 us: no time fraction)")
+    else:
+        notes.append("basis: none: no usable plan and no usable profile")
+    return _Basis(basis, fraction, node_fraction, plan_on, plan_total, time_fraction, kernel_fraction)
+
+
+def _detect_swap(args: _Arguments, notes: list[str]) -> tuple[bool, bool]:
+    """Rule 4 (swap; DESIGN §4's strict construction): the requested EP or the target missing from
+    the session's providers, or the Python layer's fallback banner. Returns (swapped, banner seen).
+    """
+    requested, target = args.requested, args.target
+    swap_reasons = []
+    if args.session is not None:
+        for name in dict.fromkeys((requested, target)):
+            if name not in args.session:
+                swap_reasons.append(f"{name} is not among the session's providers {list(args.session)}")
+    else:
+        notes.append("session providers not collected: a swap cannot be ruled out from them")
+    if args.available is not None and requested not in args.available:
+        notes.append(f"{requested} is not in this onnxruntime build (available: {list(args.available)})")
+    fallback_banner = args.fallback_banner
+    banner = bool(fallback_banner and fallback_banner.strip())
+    if fallback_banner is not None and banner:
+        line = next((ln.strip() for ln in fallback_banner.splitlines() if "Falling back" in ln),
+                    fallback_banner.strip().splitlines()[0])
+        if target != CPU_EP:
+            swap_reasons.append(f"onnxruntime's Python layer fell back and rebuilt the session: {line!r}")
+        else:
+            notes.append(f"a fallback banner was seen, but the target is the CPU EP: {line!r}")
+    notes.extend(f"swap: {reason}" for reason in swap_reasons)
+    return bool(swap_reasons), banner
+
+
+def _judge(swapped: bool, chosen: _Basis, target: str, min_placement: float,
+           notes: list[str]) -> tuple[Verdict, Cause | None]:
+    """Rule 5 (verdict), cases a–d: swapped, no evidence, placed, declined."""
+    basis, fraction = chosen.basis, chosen.fraction
+    if swapped:  # 5a
+        if fraction is not None and fraction == 0:
+            notes.append(f"verdict: declined (provider swapped; the {basis} shows nothing on {target})")
+            return "declined", "provider_swapped"
+        notes.append("verdict: unmeasured (provider swapped; "
+                     + ("no evidence)" if fraction is None else
+                        f"yet the {basis} shows {_fmt(fraction)} on {target}: contradictory)"))
+        return "unmeasured", "provider_swapped"
+    if fraction is None:  # 5b
+        notes.append("verdict: unmeasured (no evidence; never passes)")
+        return "unmeasured", "unmeasured"
+    if fraction > 0 and fraction >= min_placement:  # 5c
+        notes.append(f"verdict: placed ({_fmt(fraction)} >= min_placement {min_placement:g})")
+        return "placed", None
+    why = (f"nothing on {target}" if fraction == 0  # 5d
+           else f"{_fmt(fraction)} < min_placement {min_placement:g}")
+    notes.append(f"verdict: declined ({why})")
+    return "declined", "declined"
+
+
+def _assemble(args: _Arguments, ort_version: str | None, parsed: ParsedProfile,
+              execution: _Execution | None, chosen: _Basis, swapped: bool, banner: bool,
+              verdict: Verdict, cause: Cause | None, notes: list[str]) -> PlacementProof:
+    """The proof's fields from the rules' outputs; the nodes off the target come from the basis
+    (the plan's when it decides, else the kernels')."""
+    target, plan = args.target, args.plan
+    if chosen.basis == "plan" and plan is not None:
+        off = _group(plan.nodes, target)
+    elif execution is not None:
+        off = _group(execution.nodes, target)
+    else:
+        off = {}
+    cpu = off.get(CPU_EP, {}) if target != CPU_EP else {}
+    return PlacementProof(
+        target_ep=target,
+        requested_ep=args.requested,
+        session_providers=args.session,
+        available_providers=args.available,
+        ort_version=ort_version,
+        verdict=verdict,
+        cause=cause,
+        basis=chosen.basis,
+        fraction=chosen.fraction,
+        min_placement=args.min_placement,
+        swapped=swapped,
+        fallback_banner=banner,
+        node_fraction=chosen.node_fraction,
+        nodes_on_target=chosen.plan_on,
+        nodes_total=chosen.plan_total,
+        plan_copies=plan.copies if plan is not None else None,
+        graph_node_count=args.graph_count,
+        time_fraction=chosen.time_fraction,
+        kernel_fraction=chosen.kernel_fraction,
+        kernels_on_target=execution.kernels.get(target, 0) if execution else None,
+        kernels_total=sum(execution.kernels.values()) if execution else None,
+        kernel_time_on_target_us=execution.time_us.get(target, 0) if execution else None,
+        kernel_time_total_us=sum(execution.time_us.values()) if execution else None,
+        kernels_by_provider=MappingProxyType(dict(execution.kernels) if execution else {}),
+        kernel_time_by_provider_us=MappingProxyType(dict(execution.time_us) if execution else {}),
+        control_flow_kernels=execution.control_flow if execution else None,
+        control_flow_time_us=execution.control_flow_time_us if execution else None,
+        copies=execution.copies if execution else None,
+        copy_time_us=execution.copy_time_us if execution else None,
+        runs=execution.runs if execution else None,
+        profile_format=parsed.method if parsed.method != "none" else None,
+        cpu_nodes=MappingProxyType(dict(cpu)),
+        off_target_nodes=_frozen_groups(off),
+        notes=tuple(notes),
+    )
 
 
 def prove(
@@ -580,204 +526,12 @@ def prove(
         TypeError: a provider list is not a list of strings, ``graph_nodes`` not a list of
             mappings, ``assignment`` not a list, or ``profile_text`` neither text nor bytes.
     """
-    # Rule 1: arguments.
-    if isinstance(min_placement, bool) or not isinstance(min_placement, numbers.Real) or not (
-        math.isfinite(min_placement) and 0.0 <= min_placement <= 1.0
-    ):
-        raise ValueError(f"min_placement must be a number in [0, 1], not {min_placement!r}")
-    if not isinstance(target_ep, str) or not target_ep:
-        raise ValueError(f"target_ep must be a non-empty string, not {target_ep!r}")
-    requested = target_ep if requested_ep is None else requested_ep
-    if not isinstance(requested, str) or not requested:
-        raise ValueError(f"requested_ep must be a non-empty string or None, not {requested_ep!r}")
-    session = _strings(session_providers, "session_providers")
-    available = _strings(available_providers, "available_providers")
-    if fallback_banner is not None and not isinstance(fallback_banner, str):
-        raise TypeError("fallback_banner must be a string or None")
-    graph_count = None
-    if graph_nodes is not None:
-        if isinstance(graph_nodes, (str, bytes)) or not isinstance(graph_nodes, Sequence) or not all(
-            isinstance(n, Mapping) for n in graph_nodes
-        ):
-            raise TypeError("graph_nodes must be a list of mappings or None")
-        graph_count = len(graph_nodes)
-    plan = _plan(assignment) if assignment is not None else None
-    min_placement = float(min_placement)
+    args = _check_arguments(target_ep, requested_ep, min_placement, session_providers,  # rule 1
+                            available_providers, fallback_banner, graph_nodes, assignment)
     notes: list[str] = []
-    version = f"onnxruntime {ort_version}" if ort_version else "this onnxruntime"
-
-    # Rule 2: the profile.
     parsed = parse_profile(profile_text)
-    notes.extend(f"profile: {note}" for note in parsed.notes)
-    execution = None
-    if parsed.complete:
-        execution = _execution(parsed.events)
-        if not execution.kernels:
-            notes.append("profile: no compute kernel events (category Node, *_kernel_time): "
-                         "no execution evidence")
-            execution = None
-    elif parsed.method != "none":
-        notes.append("profile: not used as evidence (incomplete)")
-
-    # Rule 3: plan or execution.
-    basis: Basis | None = None
-    fraction = node_fraction = time_fraction = kernel_fraction = None
-    plan_on = plan_total = None
-    plan_by_ep: dict[str, int] = {}
-    if plan is not None:
-        for ep, _, _ in plan.nodes:
-            plan_by_ep[ep] = plan_by_ep.get(ep, 0) + 1
-        plan_total = len(plan.nodes)
-        plan_on = plan_by_ep.get(target_ep, 0)
-        node_fraction = _fraction(plan_on, plan_total)
-        if plan_total:
-            notes.append(f"plan: {_n(plan_total, 'node')} ({_counts(plan_by_ep)})"
-                         + (f", {plan.copies} Memcpy nodes left out" if plan.copies else ""))
-        else:
-            notes.append("plan: empty (no node recorded)")
-    elif ort_version is not None:
-        notes.append(f"plan: none ({version} has no assignment API, or it was not recorded)")
-    else:
-        notes.append("plan: none")
-    if execution is not None:
-        total_k = sum(execution.kernels.values())
-        total_t = sum(execution.time_us.values())
-        on_k = execution.kernels.get(target_ep, 0)
-        on_t = execution.time_us.get(target_ep, 0)
-        kernel_fraction = _fraction(on_k, total_k)
-        time_fraction = _fraction(on_t, total_t)
-        notes.append(f"execution: {_n(total_k, 'compute kernel')}, {total_t} us "
-                     f"({_counts(execution.kernels)})"
-                     + (f"; {_n(execution.copies, 'Memcpy kernel')} ({execution.copy_time_us} us) counted "
-                        "as copies" if execution.copies else "")
-                     + (f"; {_n(execution.control_flow, 'control-flow kernel')} "
-                        f"({execution.control_flow_time_us} us) left out" if execution.control_flow else ""))
-        if execution.runs > 1:
-            notes.append(f"execution: the profile holds {execution.runs} model runs; counts add up over them")
-        elif execution.runs == 0:
-            notes.append("execution: no model_run event in the profile")
-    plan_usable = bool(plan_total)
-    if plan_usable and execution is not None:
-        missing = [ep for ep in execution.kernels if ep not in plan_by_ep and ep != _UNKNOWN_PROVIDER]
-        if missing:
-            plan_usable = False
-            notes.append(f"plan: not used: it lists no node on {', '.join(missing)}, where "
-                         f"{sum(execution.kernels[ep] for ep in missing)} kernels ran (an incomplete plan: "
-                         "measured with the WebGPU plugin EP on onnxruntime 1.30, which lists only the CPU's "
-                         "nodes); the execution decides")
-    if not plan_usable:
-        node_fraction = None  # an empty or incomplete plan has no node fraction to report
-    if plan_usable:
-        basis, fraction = "plan", node_fraction
-        notes.append(f"basis: plan, node fraction {plan_on}/{plan_total} = {_fmt(node_fraction)}")
-        if graph_count is not None and graph_count != plan_total:
-            notes.append(f"plan: {_n(plan_total, 'node')} as partitioned, {graph_count} in the ONNX graph "
-                         "(onnxruntime fuses some before it partitions, e.g. MatMul+Add into Gemm, and a "
-                         "control-flow node an EP compiles is listed without its branches)")
-        if kernel_fraction is not None and (node_fraction == 0) != (kernel_fraction == 0):
-            notes.append(f"plan and execution disagree: node fraction {_fmt(node_fraction)}, "
-                         f"kernel fraction {_fmt(kernel_fraction)}")
-    elif execution is not None:
-        basis = "execution"
-        if time_fraction is not None:
-            fraction = time_fraction
-            notes.append(f"basis: execution, time fraction {execution.time_us.get(target_ep, 0)}/"
-                         f"{sum(execution.time_us.values())} us = {_fmt(time_fraction)}")
-        else:
-            fraction = kernel_fraction
-            notes.append(f"basis: execution, kernel fraction {_fmt(kernel_fraction)} "
-                         "(every kernel took 0 us: no time fraction)")
-    else:
-        notes.append("basis: none: no usable plan and no usable profile")
-
-    # Rule 4: swap.
-    swap_reasons = []
-    if session is not None:
-        for name in dict.fromkeys((requested, target_ep)):
-            if name not in session:
-                swap_reasons.append(f"{name} is not among the session's providers {list(session)}")
-    else:
-        notes.append("session providers not collected: a swap cannot be ruled out from them")
-    if available is not None and requested not in available:
-        notes.append(f"{requested} is not in this onnxruntime build (available: {list(available)})")
-    banner = bool(fallback_banner and fallback_banner.strip())
-    if fallback_banner is not None and banner:
-        line = next((ln.strip() for ln in fallback_banner.splitlines() if "Falling back" in ln),
-                    fallback_banner.strip().splitlines()[0])
-        if target_ep != CPU_EP:
-            swap_reasons.append(f"onnxruntime's Python layer fell back and rebuilt the session: {line!r}")
-        else:
-            notes.append(f"a fallback banner was seen, but the target is the CPU EP: {line!r}")
-    swapped = bool(swap_reasons)
-    notes.extend(f"swap: {reason}" for reason in swap_reasons)
-
-    # Rule 5: verdict.
-    verdict: Verdict
-    cause: Cause | None
-    if swapped:  # 5a
-        cause = "provider_swapped"
-        if fraction is not None and fraction == 0:
-            verdict = "declined"
-            notes.append(f"verdict: declined (provider swapped; the {basis} shows nothing on {target_ep})")
-        else:
-            verdict = "unmeasured"
-            notes.append("verdict: unmeasured (provider swapped; "
-                         + ("no evidence)" if fraction is None else
-                            f"yet the {basis} shows {_fmt(fraction)} on {target_ep}: contradictory)"))
-    elif fraction is None:  # 5b
-        verdict, cause = "unmeasured", "unmeasured"
-        notes.append("verdict: unmeasured (no evidence; never passes)")
-    elif fraction > 0 and fraction >= min_placement:  # 5c
-        verdict, cause = "placed", None
-        notes.append(f"verdict: placed ({_fmt(fraction)} >= min_placement {min_placement:g})")
-    else:  # 5d
-        verdict, cause = "declined", "declined"
-        why = (f"nothing on {target_ep}" if fraction == 0
-               else f"{_fmt(fraction)} < min_placement {min_placement:g}")
-        notes.append(f"verdict: declined ({why})")
-
-    # Nodes off the target, from the basis (the plan's when it is usable, else the kernels').
-    if basis == "plan" and plan is not None:
-        off = _group(plan.nodes, target_ep)
-    elif execution is not None:
-        off = _group(execution.nodes, target_ep)
-    else:
-        off = {}
-    cpu = off.get(CPU_EP, {}) if target_ep != CPU_EP else {}
-
-    return PlacementProof(
-        target_ep=target_ep,
-        requested_ep=requested,
-        session_providers=session,
-        available_providers=available,
-        ort_version=ort_version,
-        verdict=verdict,
-        cause=cause,
-        basis=basis,
-        fraction=fraction,
-        min_placement=min_placement,
-        swapped=swapped,
-        fallback_banner=banner,
-        node_fraction=node_fraction,
-        nodes_on_target=plan_on,
-        nodes_total=plan_total,
-        plan_copies=plan.copies if plan is not None else None,
-        graph_node_count=graph_count,
-        time_fraction=time_fraction,
-        kernel_fraction=kernel_fraction,
-        kernels_on_target=execution.kernels.get(target_ep, 0) if execution else None,
-        kernels_total=sum(execution.kernels.values()) if execution else None,
-        kernel_time_on_target_us=execution.time_us.get(target_ep, 0) if execution else None,
-        kernel_time_total_us=sum(execution.time_us.values()) if execution else None,
-        kernels_by_provider=MappingProxyType(dict(execution.kernels) if execution else {}),
-        kernel_time_by_provider_us=MappingProxyType(dict(execution.time_us) if execution else {}),
-        control_flow_kernels=execution.control_flow if execution else None,
-        control_flow_time_us=execution.control_flow_time_us if execution else None,
-        copies=execution.copies if execution else None,
-        copy_time_us=execution.copy_time_us if execution else None,
-        runs=execution.runs if execution else None,
-        profile_format=parsed.method if parsed.method != "none" else None,
-        cpu_nodes=MappingProxyType(dict(cpu)),
-        off_target_nodes=_frozen_groups(off),
-        notes=tuple(notes),
-    )
+    execution = _read_execution(parsed, notes)  # rule 2
+    chosen = _choose_basis(args, execution, ort_version, notes)  # rule 3
+    swapped, banner = _detect_swap(args, notes)  # rule 4
+    verdict, cause = _judge(swapped, chosen, args.target, args.min_placement, notes)  # rule 5
+    return _assemble(args, ort_version, parsed, execution, chosen, swapped, banner, verdict, cause, notes)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from xstage.evidence.onnx import PlacementProof
+from xstage.evidence.proof import PlacementProof
 
 __all__ = ["NEUTRAL_OPS", "prove_torch"]
 

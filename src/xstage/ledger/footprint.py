@@ -8,22 +8,27 @@ makes of the weights (a multiple of the artifact), the parsed model held while a
 built, the activations (from shape inference at the inputs' real shapes), and the call's own
 tensors. ``ledger.make_budget`` turns them into a budget.
 
+Pure arithmetic: the graph is read, and its shapes inferred, by ``xstage.artifact``
+(``Artifact.graph_facts``); this module only walks the facts it returns.
+
 Calibration (2026-11-29, the 2-vCPU dev VM; CPython 3.11, numpy 2.x, peaks are the worker's
-own ``VmHWM``): each route's ``RouteCost`` sits on its spec (``xstage.routes.specs``), and
-``ACTIVATION_FACTOR`` here; the full table is in docs/memory.md.
+own ``VmHWM``): see each route spec's ``cost`` (``xstage.routes.specs``) and
+``ACTIVATION_FACTOR``; the full table is in
+docs/memory.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from xstage.artifact import Artifact
 from xstage.ledger import Reservation, format_bytes
+
+if TYPE_CHECKING:  # the artifact module reads files; the ledger only reads its facts
+    from xstage.artifact import Artifact, GraphFacts
 
 __all__ = ["ACTIVATION_FACTOR", "PT_ACTIVATION_BYTES", "Activations", "RouteCost",
            "estimate_activations", "reservations"]
@@ -70,55 +75,26 @@ class Activations:
     note: str | None = None  # why there is no estimate, when there is none
 
 
-def estimate_activations(path: Path, shapes: Mapping[str, tuple[int, ...]]) -> Activations:
+def estimate_activations(graph: GraphFacts) -> Activations:
     """Liveness over the graph's nodes in order: each output is allocated when produced and
     freed after its last consumer; graph inputs, outputs and initializers are not counted as
-    intermediates. Sizes come from ``onnx.shape_inference`` with the inputs fixed to
-    ``shapes``; a value it cannot size counts zero and is reported as unsized.
+    intermediates. Sizes are the values' shapes as shape inference left them at the inputs'
+    real shapes (``xstage.artifact.graph_facts``); a value it cannot size counts zero and is
+    reported as unsized.
     """
-    import onnx
-    from onnx import helper, shape_inference
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-        for value in model.graph.input:
-            shape = shapes.get(value.name)
-            if shape is None or not value.type.tensor_type.HasField("shape"):
-                continue
-            dims = value.type.tensor_type.shape.dim
-            if len(dims) == len(shape):
-                for d, n in zip(dims, shape, strict=True):
-                    d.ClearField("dim_param")
-                    d.dim_value = int(n)
-        model = shape_inference.infer_shapes(model, data_prop=True)
-    except Exception as exc:  # noqa: BLE001 - any failure means "no estimate", said so
-        return Activations(0, 0, 0, 0, note=f"shape inference failed: {str(exc)[:160]}")
-
-    size: dict[str, int] = {}
-    graph = model.graph
-    for value in (*graph.input, *graph.value_info, *graph.output):
-        t = value.type.tensor_type
-        if not t.HasField("shape") or not t.elem_type:
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-        if any(d is None for d in dims):
-            continue
-        try:
-            item = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)).itemsize
-        except (KeyError, TypeError, ValueError):
-            continue
-        size[value.name] = int(np.prod(dims, dtype=np.int64)) * item
-
-    outside = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    outputs = {o.name for o in graph.output}
+    if graph.error is not None:
+        return Activations(0, 0, 0, 0, note=f"shape inference failed: {graph.error[:160]}")
+    size = _sizes(graph)
+    outside = set(graph.inputs) | set(graph.initializers)
+    outputs = set(graph.outputs)
     last_use: dict[str, int] = {}
-    for k, node in enumerate(graph.node):
-        for name in node.input:
+    for k, node in enumerate(graph.nodes):
+        for name in node.inputs:
             last_use[name] = k
     live = peak = 0
     sized = unsized = 0
-    for k, node in enumerate(graph.node):
-        for name in node.output:
+    for k, node in enumerate(graph.nodes):
+        for name in node.outputs:
             if not name:
                 continue
             if name in size:
@@ -127,26 +103,40 @@ def estimate_activations(path: Path, shapes: Mapping[str, tuple[int, ...]]) -> A
             else:
                 unsized += 1
         peak = max(peak, live)
-        for name in set(node.input):
+        for name in set(node.inputs):
             if (name and last_use.get(name) == k and name in size and name not in outside
                     and name not in outputs):
                 live -= size[name]
-    io = sum(size.get(i.name, 0) for i in graph.input if i.name not in
-             {init.name for init in graph.initializer})
-    io += sum(size.get(o.name, 0) for o in graph.output)
+    initializers = set(graph.initializers)
+    io = sum(size.get(name, 0) for name in graph.inputs if name not in initializers)
+    io += sum(size.get(name, 0) for name in graph.outputs)
     return Activations(peak, sized, unsized, io)
+
+
+def _sizes(graph: GraphFacts) -> dict[str, int]:
+    """Bytes per value whose shape and element type shape inference could tell."""
+    size: dict[str, int] = {}
+    for value in graph.values:
+        if value.shape is None or value.itemsize is None:
+            continue
+        dims = [d for d in value.shape if d is not None]
+        if len(dims) != len(value.shape):  # a dimension shape inference could not tell
+            continue
+        size[value.name] = int(np.prod(dims, dtype=np.int64)) * value.itemsize
+    return size
 
 
 def reservations(artifact: Artifact, cost: RouteCost, pool: str,
                  shapes: Mapping[str, tuple[int, ...]], *, route: str) -> list[Reservation]:
     """The stage's reservations in ``pool`` when ``route`` runs it at input ``shapes``; ``cost``
     is the route's own (``RouteSpec.memory_cost``), ``route`` names it in the bases."""
-    files = ", ".join(f"{Path(f['path']).name} {format_bytes(f['bytes'])}" for f in artifact.files)
+    files = ", ".join(f"{name} {format_bytes(f['bytes'])}"
+                      for name, f in zip(artifact.file_names, artifact.files, strict=True))
     out = [
         Reservation("runtime", cost.base_bytes, pool, "session", "E",
                     f"{route}: {cost.basis}"),
         Reservation("weights", artifact.bytes, pool, "session", "D",
-                    f"the artifact on disk: {files or artifact.path.name}"),
+                    f"the artifact on disk: {files or artifact.file_name}"),
     ]
     copies = int(artifact.bytes * max(cost.weights_factor - 1.0, 0.0))
     if copies:
@@ -161,7 +151,7 @@ def reservations(artifact: Artifact, cost: RouteCost, pool: str,
         + (f" (its {format_bytes(sidecars)} of external data is read straight into the "
            "weights, not into the parsed graph)" if sidecars else "")))
     if artifact.format.startswith("onnx"):
-        act = estimate_activations(artifact.path, shapes)
+        act = estimate_activations(artifact.graph_facts(shapes))
         if act.note:
             basis = f"no estimate: {act.note}"
         else:
