@@ -182,7 +182,6 @@ PURE_MODULES = [m for m in _files() if _under(m, PURE)]
 
 #: Violations another part of issue 10 is removing now; strict, so each fails once it is gone.
 PENDING = {
-    ("pure", "xstage.ledger.footprint"): "footprint still takes a Path (evid helper: no file reads)",
 }
 
 
