@@ -105,6 +105,31 @@ def test_default_order_is_npu_then_igpu_then_dgpu_then_cpu():
     assert plan.considered == ("npu:intel", "gpu_integrated:intel", "gpu_discrete:nvidia:0", "cpu")
 
 
+def test_offload_moves_the_reference_arm_last_and_keeps_the_rest_in_plan_order():
+    plan = make_plan(LAPTOP, "onnx:fp32", offload=True)
+    assert (plan.mode, plan.fall_through) == ("offload", True)
+    assert _pairs(plan) == [
+        ("npu:intel", "ort-openvino"),
+        ("gpu_integrated:intel", "ort-openvino"),
+        ("gpu_discrete:nvidia:0", "ort-cuda"),
+        ("cpu", "ort-openvino"),
+        ("cpu", "ort-cpu"),
+    ]
+    assert plan.refusals == make_plan(LAPTOP, "onnx:fp32").refusals
+    assert _pairs(make_plan(VM, "onnx:fp32", offload=True)) == [("cpu", "ort-openvino"), ("cpu", "ort-cpu")]
+
+
+def test_offload_with_only_the_reference_arm_still_has_it():
+    only_cpu = _report(["cpu"], {"ort-cpu": ("cpu",)})
+    assert _pairs(make_plan(only_cpu, "onnx:fp32", offload=True)) == [("cpu", "ort-cpu")]
+
+
+@pytest.mark.parametrize("selector", [{"device": "cpu"}, {"prefer": ["cpu"]}, {"route": "ort-cpu"}])
+def test_offload_chooses_the_routes_itself(selector):
+    with pytest.raises(errors.UsageError, match="--offload chooses the routes itself"):
+        make_plan(VM, "onnx:fp32", offload=True, **selector)
+
+
 def test_default_keeps_every_missing_route_of_a_considered_device_as_a_refusal():
     """Routes that run fp32 and could drive the device but are missing; torch routes (pt
     formats) are not candidates for an ONNX artifact, so they are not refusals either."""

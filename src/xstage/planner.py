@@ -148,78 +148,24 @@ def make_plan(
 ) -> Plan:
     """Candidates and refusals for an artifact of format ``fmt``.
 
-    ``offload``: the default plan's candidates with every route that is a reference arm moved
-    last, so the stage goes anywhere but the reference first and falls through to it.
+    Modes: a pinned ``route``; one ``device`` (never substituted); ``prefer`` (devices in
+    order, falling through); ``offload`` (the default plan with every reference-arm route moved
+    last, so the stage goes anywhere but the reference first and falls through to it); and
+    the default (every device by ``DEVICE_PREFERENCE``, falling through).
 
     Raises:
         UsageError: conflicting selectors, an unknown route, or a pinned route that cannot
             drive the asked device.
     """
-    if offload:
-        if device or prefer or route:
-            raise errors.UsageError(
-                "--offload chooses the routes itself: it cannot be combined with --device, "
-                "--prefer or --route", remedy="drop one of them")
-        base = make_plan(report, fmt)
-        first = tuple(c for c in base.candidates if not c.route.spec.reference_arm)
-        last = tuple(c for c in base.candidates if c.route.spec.reference_arm)
-        return Plan(first + last, base.refusals, "offload", True, base.considered)
+    if offload and (device or prefer or route):
+        raise errors.UsageError(
+            "--offload chooses the routes itself: it cannot be combined with --device, "
+            "--prefer or --route", remedy="drop one of them")
     if device and prefer:
         raise errors.UsageError("--device and --prefer are mutually exclusive",
                                 remedy="--device requires one device; --prefer lists several")
     if route is not None:
-        if route not in ROUTE_NAMES:
-            raise errors.UsageError(f"unknown route {route!r}", remedy=f"routes: {', '.join(ROUTE_NAMES)}")
-        spec = get_spec(route)
-        if fmt not in spec.formats:
-            refusal = Refusal(
-                code=RefusalCode.NO_EXPORTED_GRAPH, cause="format_not_run_here",
-                device=device or spec.device_class,
-                route=route, message=f"route {route} does not run {fmt} artifacts "
-                f"(it runs: {', '.join(spec.formats)})",
-                remedy="export the stage in one of those formats, or pick another route",
-                evidence={"format": fmt})
-            return Plan((), (refusal,), "route", False)
-        status = report.route(route)
-        asked = device
-        if device is None:  # name the device it would have driven, for the record
-            device = next((r.device.id for r in report.devices
-                           if spec.can_drive(r.device.kind, r.device.vendor)), spec.device_class)
-        if asked is not None:
-            kind = device.split(":")[0]
-            vendor = device.split(":")[1] if ":" in device else None
-            # a bare class ("npu") asks for any vendor: fine if the route drives one of them
-            drives = spec.can_drive(kind, vendor) or (vendor is None and kind in spec.device_classes)
-            if not drives and not (
-                    status.resolved and any(d == device or d.startswith(device + ":")
-                                            for d in status.devices)):
-                raise errors.UsageError(
-                    f"route {route} cannot drive {device}",
-                    remedy=f"it drives: {', '.join(f'{k}:{v}' if v else k for k, v in spec.drives)}")
-        if not status.resolved:
-            refusal = Refusal(
-                code=RefusalCode.DEVICE_UNREACHABLE, cause="route_missing", device=device,
-                route=route, message=f"route {route} is missing: {status.reason}",
-                remedy=status.remedy,
-                evidence={"reason_code": status.reason_code.value if status.reason_code else None,
-                          "interpreter": status.interpreter})
-            return Plan((), (refusal,), "route", False)
-        targets = [d for d in status.devices
-                   if asked is None or d == asked or d.startswith(asked + ":")]
-        # A pinned route with no device goes to its most preferred device (npu first).
-        targets.sort(key=lambda d: DEVICE_PREFERENCE.index(d.split(":")[0])
-                     if d.split(":")[0] in DEVICE_PREFERENCE else len(DEVICE_PREFERENCE))
-        if not targets:
-            refusal = Refusal(
-                code=RefusalCode.DEVICE_UNREACHABLE, cause="no_route", device=device, route=route,
-                message=f"route {route} resolved but drives {', '.join(status.devices) or 'nothing'} "
-                f"here, not {device}", remedy="xstage devices shows what each route drives",
-                evidence={"devices": list(status.devices)})
-            return Plan((), (refusal,), "route", False)
-        row = report.device(targets[0])
-        cand = (Candidate(targets[0], status, row.device.pool, row.device.kind) if row
-                else Candidate(targets[0], status))
-        return Plan((cand,), (), "route", False)
+        return _plan_route(report, fmt, route, device)
     if device is not None:
         cands, refusals = _plan_device(report, device, fmt, None)
         return Plan(tuple(cands), tuple(refusals), "device", True, (device,))
@@ -238,8 +184,71 @@ def make_plan(
         c, r = _plan_device(report, row.device.id, fmt, None)
         all_c += c
         all_r += r
-    return Plan(tuple(all_c), tuple(all_r), "default", True,
+    if offload:
+        first = [c for c in all_c if not c.route.spec.reference_arm]
+        all_c = first + [c for c in all_c if c.route.spec.reference_arm]
+    return Plan(tuple(all_c), tuple(all_r), "offload" if offload else "default", True,
                 tuple(r.device.id for r in order))
+
+
+def _plan_route(report: DeviceReport, fmt: str, route: str, device: str | None) -> Plan:
+    """A pinned route: one candidate (its most preferred device, or the one asked), or why not.
+
+    Raises:
+        UsageError: an unknown route, or one that cannot drive the asked device.
+    """
+    if route not in ROUTE_NAMES:
+        raise errors.UsageError(f"unknown route {route!r}", remedy=f"routes: {', '.join(ROUTE_NAMES)}")
+    spec = get_spec(route)
+    if fmt not in spec.formats:
+        refusal = Refusal(
+            code=RefusalCode.NO_EXPORTED_GRAPH, cause="format_not_run_here",
+            device=device or spec.device_class,
+            route=route, message=f"route {route} does not run {fmt} artifacts "
+            f"(it runs: {', '.join(spec.formats)})",
+            remedy="export the stage in one of those formats, or pick another route",
+            evidence={"format": fmt})
+        return Plan((), (refusal,), "route", False)
+    status = report.route(route)
+    asked = device
+    if device is None:  # name the device it would have driven, for the record
+        device = next((r.device.id for r in report.devices
+                       if spec.can_drive(r.device.kind, r.device.vendor)), spec.device_class)
+    if asked is not None:
+        kind = device.split(":")[0]
+        vendor = device.split(":")[1] if ":" in device else None
+        # a bare class ("npu") asks for any vendor: fine if the route drives one of them
+        drives = spec.can_drive(kind, vendor) or (vendor is None and kind in spec.device_classes)
+        if not drives and not (
+                status.resolved and any(d == device or d.startswith(device + ":")
+                                        for d in status.devices)):
+            raise errors.UsageError(
+                f"route {route} cannot drive {device}",
+                remedy=f"it drives: {', '.join(f'{k}:{v}' if v else k for k, v in spec.drives)}")
+    if not status.resolved:
+        refusal = Refusal(
+            code=RefusalCode.DEVICE_UNREACHABLE, cause="route_missing", device=device,
+            route=route, message=f"route {route} is missing: {status.reason}",
+            remedy=status.remedy,
+            evidence={"reason_code": status.reason_code.value if status.reason_code else None,
+                      "interpreter": status.interpreter})
+        return Plan((), (refusal,), "route", False)
+    targets = [d for d in status.devices
+               if asked is None or d == asked or d.startswith(asked + ":")]
+    # A pinned route with no device goes to its most preferred device (npu first).
+    targets.sort(key=lambda d: DEVICE_PREFERENCE.index(d.split(":")[0])
+                 if d.split(":")[0] in DEVICE_PREFERENCE else len(DEVICE_PREFERENCE))
+    if not targets:
+        refusal = Refusal(
+            code=RefusalCode.DEVICE_UNREACHABLE, cause="no_route", device=device, route=route,
+            message=f"route {route} resolved but drives {', '.join(status.devices) or 'nothing'} "
+            f"here, not {device}", remedy="xstage devices shows what each route drives",
+            evidence={"devices": list(status.devices)})
+        return Plan((), (refusal,), "route", False)
+    row = report.device(targets[0])
+    cand = (Candidate(targets[0], status, row.device.pool, row.device.kind) if row
+            else Candidate(targets[0], status))
+    return Plan((cand,), (), "route", False)
 
 
 def plan(

@@ -40,6 +40,47 @@ def test_openvino_takes_the_mlp_whole(external, graphs, openvino_python):
     assert any("INFERENCE_PRECISION_HINT=f32" in n for n in r.record["worker"]["notes"])
 
 
+def _summary_row(stdout: str, key: str) -> str:
+    """The text of one summary row (its continuation lines joined)."""
+    rows, current = {}, None
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.strip("│").split("│")] if line.startswith("│") else []
+        if len(cells) == 2:
+            current = cells[0] or current
+            if current is not None:
+                rows[current] = (rows.get(current, "") + " " + cells[1]).strip()
+    return rows.get(key, "")
+
+
+def test_offload_puts_the_builtin_tower_on_an_offload_route(external, openvino_python):
+    """The README's main job: every route but the reference arm first, and it says which ran."""
+    r = external("--builtin", "vision-tower-tiny", "--offload",
+                 env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
+    assert r.code == 0, r.stderr
+    plan = r.record["plan"]
+    assert plan["mode"] == "offload" and plan["reference_arms"] == ["ort-cpu"]
+    assert plan["chosen"] == {"device": "cpu", "route": "ort-openvino"}
+    assert [c["route"] for c in plan["candidates"]][-1] == "ort-cpu"
+    assert r.record["request"]["offload"] is True
+    why = _summary_row(r.stdout, "offload")
+    assert "ort-openvino on cpu was the first offload route admitted" in why, r.stdout
+
+
+def test_offload_falls_through_to_the_reference_arm_and_says_why(external, tmp_path):
+    r = external("--builtin", "vision-tower-tiny", "--offload",
+                 env={"XSTAGE_PYTHON_ORT_OPENVINO": str(tmp_path / "no-python")})
+    assert r.code == 0, r.stderr
+    assert r.record["plan"]["chosen"]["route"] == "ort-cpu"
+    why = _summary_row(r.stdout, "offload")
+    assert "no offload route was admitted (ort-openvino on cpu: route_missing)" in why, r.stdout
+    assert "reference arm ort-cpu" in why
+
+
+def test_offload_with_a_selector_is_a_usage_error(external):
+    r = external("--offload", "--route", "ort-cpu")
+    assert r.code == 64 and "--offload chooses the routes itself" in r.stderr
+
+
 def test_det_graph_splits_and_is_refused_at_0999_with_the_node_named(external, graphs,
                                                                      openvino_python):
     env = {"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)}
