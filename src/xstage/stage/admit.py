@@ -186,7 +186,8 @@ def _prove(setup: Setup, warm: WarmUp) -> evidence.PlacementProof:
         profile_text=warm.profile.decode("utf-8", "replace") if warm.profile else None,
         assignment=info.get("assignment") if isinstance(info.get("assignment"), list) else None,
         fallback_banner=info.get("fallback_banner"), graph_nodes=list(setup.nodes),
-        min_placement=setup.min_placement, ort_version=info.get("onnxruntime"))
+        min_placement=setup.min_placement, ort_version=info.get("onnxruntime"),
+        node_names=info.get("node_names") if isinstance(info.get("node_names"), dict) else None)
 
 
 def _digest(info: Mapping[str, Any], profile: bytes | None) -> str:
