@@ -420,3 +420,64 @@ def test_golden_to_dict_of_the_det_split():
         "name_failures": [],
         "renamed": False,
     }
+
+
+# ----------------------------------------------------------------------- DESIGN §4's table, work and nodes
+
+
+def _retimed(name: str, dur_by_provider: dict[str, int]) -> str:
+    """A captured profile with each kernel's duration set by its provider (the CPU's share of time)."""
+    raw = json.loads(evidence(name)["profile_text"])
+    for e in raw:
+        provider = e["args"].get("provider")
+        if e["cat"] == "Node" and e["name"].endswith("_kernel_time") and provider in dur_by_provider:
+            e["dur"] = dur_by_provider[provider]
+    return json.dumps(raw)
+
+
+def test_nodes_on_the_ep_but_the_time_on_the_cpu_is_declined_by_the_time_fraction():
+    # Det on the CPU takes 98% of the kernel time while 4 of 5 nodes sit on OpenVINO.
+    p = proof("ov124_det", profile_text=_retimed("ov124_det", {OV: 20, CPU: 980}), min_placement=0.5)
+    assert (p.verdict, p.cause, p.basis) == ("declined", "declined", "plan")
+    assert (p.node_fraction, p.time_fraction, p.decided_by) == (0.8, 0.02, "time fraction")
+    assert p.fraction == 0.02 and len(p.conflicts) == 1 and "the lower decides (rule 5b)" in p.conflicts[0]
+
+
+def test_both_fractions_must_reach_the_threshold():
+    p = proof("ov124_det", profile_text=_retimed("ov124_det", {OV: 900, CPU: 100}), min_placement=0.85)
+    assert (p.node_fraction, p.time_fraction) == (0.8, 0.9)
+    assert (p.verdict, p.decided_by) == ("declined", "node fraction") and p.conflicts
+    assert proof("ov124_det", profile_text=_retimed("ov124_det", {OV: 900, CPU: 100}),
+                 min_placement=0.8).passed
+
+
+def test_a_plan_on_the_target_with_an_unusable_execution_is_evidence_conflict():
+    text = evidence("ov124_det")["profile_text"].replace("OpenVINOExecutionProvider_OpenVINO-EP-subgraph_1_0",
+                                                         "someone_else")
+    p = proof("ov124_det", profile_text=text, min_placement=0.0)
+    assert (p.verdict, p.cause, p.basis) == ("unmeasured", "evidence_conflict", "plan")
+    assert p.names_checked is False and not p.passed
+
+
+def test_an_incomplete_plan_and_an_unusable_execution_is_unmeasured():
+    text = evidence("webgpu130_det")["profile_text"].replace('"relu_kernel_time"', '"relux_kernel_time"')
+    p = proof("webgpu130_det", profile_text=text, min_placement=0.0)
+    assert (p.verdict, p.cause, p.basis) == ("unmeasured", "unmeasured", None)
+
+
+def test_the_time_fraction_leaves_out_the_first_run():
+    # Four runs: run 1 carries a 10 s OpenVINO start-up; runs 2-4 give Det on the CPU 98% of the time.
+    raw = json.loads(evidence("ov124_det")["profile_text"])
+    runs = []
+    for k in range(4):
+        for e in raw:
+            e2 = {**e, "ts": e["ts"] + k * 10**8, "args": dict(e["args"])}
+            if e2["cat"] == "Node" and e2["name"].endswith("_kernel_time"):
+                e2["dur"] = (10**7 if k == 0 else 20) if e2["args"]["provider"] == OV else 980
+            if e2["name"] == "model_run":
+                e2["dur"] = max(e2["dur"], 2 * 10**7)
+            runs.append(e2)
+    p = proof("ov124_det", profile_text=json.dumps(runs), min_placement=0.5)
+    assert (p.runs, p.timed_runs, p.kernels_total) == (4, (2, 3, 4), 2)
+    assert p.kernel_time_total_us == 3 * 1000 and p.time_fraction == 0.02
+    assert (p.verdict, p.decided_by) == ("declined", "time fraction")

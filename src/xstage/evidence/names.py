@@ -22,6 +22,16 @@ an optional ``_token_<n>`` suffix                     ``/MatMulAddFusion_token_0
 ``Memcpy`` (``op_name`` ``Memcpy*``)                   ``Memcpy`` (WebGPU, 1.30)
 ``<EPType>_<EP>-subgraph_<k>_<n>``, ``op_name``       ``OpenVINOExecutionProvider_OpenVINO-EP-
 ``<EP>-subgraph_<k>``, ``<EPType>`` its provider      subgraph_1_0`` (1.24)
+a fusion of a fusion, ``<name>/<F1>//<F2>/``          ``node_MatMul_103/MatMulScaleFusion//
+                                                     MatmulTransposeFusion/`` (1.32 vision)
+``<op>`` (``op_name`` ``<op>``): a node onnxruntime    ``Transpose_token_3``, ``ReorderInput``
+inserted and named after its op                      (1.32 vision, conv)
+``<name>`` with op ``Fused<op>``/``Nhwc<op>``          ``conv1d`` as ``FusedConv`` (1.32 conv)
+``<output>_nchwc`` for a node output the worker       ``r1_nchwc`` (1.32 conv)
+reported with a safe name
+``<name>_new_reshape``                                ``node_Reshape_94_new_reshape`` (1.32 vision)
+``_if_then_branch_<op>`` (an If on a constant)        ``_if_then_branch_Neg`` (1.32 conv)
+``<if>_then_branch__Inline_<k>__<name>``              the third-party ``silero-vad`` (1.32)
 ==================================================  ==========================================
 
 Any other name — or a name whose ``op_name`` disagrees (a plain ``<name>`` whose op is not the
@@ -51,6 +61,7 @@ _TOKEN = re.compile(r"^(?P<base>.*)_token_\d+$")
 _UNNAMED = re.compile(r"^(?P<op>[A-Za-z][A-Za-z0-9]*)_(?P<i>\d+)$")
 _FUSION = re.compile(r"^(?P<base>.*)/(?P<fusion>[A-Za-z][A-Za-z0-9]*)/?$")
 _INLINED = re.compile(r"^(?P<node>.+?)_(?:then|else)_branch__Inline_\d+__(?P<inner>.+)$")
+_FOLDED_IF = re.compile(r"^_if_(?:then|else)_branch_(?P<op>[A-Za-z][A-Za-z0-9]*)$")  # an If on a constant
 _NCHWC = "_nchwc"  # onnxruntime's NCHWc transformer: <output value>_nchwc
 _KEPT_NAME_PREFIXES = ("Fused", "Nhwc")  # a rewrite that keeps the node's name: Conv -> FusedConv
 _NEW_RESHAPE = "_new_reshape"  # onnxruntime's reshape rewrite: <node>_new_reshape
@@ -193,6 +204,9 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
         if inner is None:
             return None, f"{name!r} inlines a branch node that fails: {why}"
         return inner, ""
+    folded = _FOLDED_IF.match(stem)
+    if not fused and folded and folded.group("op") == op and "If" in {t for t, _ in names.nodes.values()}:
+        return f"<{op} of an If on a constant>", ""
     if not fused and plain.endswith(_NCHWC) and plain[: -len(_NCHWC)] in names.values:
         return f"<{op or 'node'} on {plain[: -len(_NCHWC)]}>", ""
     if not fused and plain.endswith(_NEW_RESHAPE) and plain[: -len(_NEW_RESHAPE)] in names.nodes:

@@ -3,7 +3,7 @@
 onnxruntime <= 1.30 writes node names unescaped, so a name with ``"`` or ``\\`` breaks the file's
 JSON; a file cut short does too. :func:`parse_profile` then reads each line on its own and says
 whether the file was whole: a kernel on a line it could not read could be the one that ran on the
-CPU, so an incomplete profile is not evidence (``xstage.evidence.onnx``, rule 2).
+CPU, so an incomplete profile is not evidence (``xstage.evidence.onnx``, rule 1a).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ The gates, in order (each one's verdict comes from a pure module; this module on
 1. **Budget** (``xstage.ledger``): the stage's reservations must fit its pool *before* a worker
    starts; the hold is taken atomically in the shared ``Ledger``.
 2. **Start and warm up** (``xstage.routes.launch``, ``xstage.client``): the route's worker loads
-   the artifact and runs it once, profiled; everything the proof rests on is collected then.
+   the artifact and runs it in one profiled call (an ONNX worker runs it four times: the proof
+   times runs 2-4); everything the proof rests on is collected then.
 3. **Proof** (``xstage.evidence``): the stage ran where it was asked.
 4. **Numeric gate** (``xstage.parity``): it computed what the reference computes.
 5. **Measured peak** (``xstage.ledger.measured``): the worker's own peak fits the budget.
