@@ -457,7 +457,8 @@ def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version:
             return _Layers("plan", 0.0, "plan", time_fraction if exec_names_ok else None, kernel_fraction,
                            plan_on, plan_total, tuple(sorted(off_set)), None, (), off)
         if not exec_names_ok or time_fraction is None:  # rule 5d
-            why = ("the execution layer is unusable" if execution is not None and not exec_names_ok
+            why = ("no whole profile with compute kernels was read" if execution is None
+                   else "a kernel name failed the check" if not exec_names_ok
                    else "the execution gives no time fraction")
             notes.append(f"evidence_conflict: the plan names {target} but {why} (rule 5d)")
             return _Layers("plan", node_fraction, "plan", None, kernel_fraction, plan_on, plan_total,
