@@ -105,7 +105,8 @@ def test_graph_openvino_takes_none_of_is_declined(external, graphs, openvino_pyt
     assert (refusal["code"], refusal["cause"]) == ("execution_provider_declined_graph", "declined")
 
 
-def test_a_node_name_that_forges_openvino_events_cannot_place_a_cpu_graph(external, tmp_path, openvino_python):
+def test_a_node_name_that_forges_openvino_events_cannot_place_a_cpu_graph(external, tmp_path,
+                                                                         openvino_python):
     """Wave 1's finding, replayed: a Hardmax (which OpenVINO leaves on the CPU) whose name closes
     its profile event and adds a 10 s OpenVINO kernel was ``placed`` at 100%. The worker now runs a
     renamed copy; the proof sees only its names, and the record names the original node."""
