@@ -186,8 +186,11 @@ def prepare(path, in_memory):
     if in_memory:
         return renamed, report, None
     folder = os.path.dirname(os.path.abspath(path))
-    fd, copy = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".xstage-renamed-",
-                                suffix=".onnx", dir=folder)
+    try:
+        fd, copy = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".xstage-renamed-",
+                                    suffix=".onnx", dir=folder)
+    except OSError:  # a folder we cannot write: from memory (fine unless it has external data)
+        return renamed, report, None
     with os.fdopen(fd, "wb") as f:
         f.write(renamed)
     return copy, report, copy

@@ -91,3 +91,48 @@ def test_the_same_graph_without_the_worker_s_names_is_never_evidence(tmp_path):
     graph_nodes = [{"name": n.name, "op_type": n.op_type} for n in onnx.load(str(path)).graph.node]
     p = prove(target_ep=CPU, profile_text=text, graph_nodes=graph_nodes, min_placement=0.0)
     assert (p.verdict, p.cause, p.names_checked) == ("unmeasured", "unmeasured", False)
+
+
+def test_the_reader_and_the_renamer_reach_subgraph_nodes(tmp_path):
+    """``onnx_names`` against onnx's own parser: every node, branches included, in onnx's order."""
+    from xstage_remote.onnx_names import prepare, read_nodes
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name='then "relu"')], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [4])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [4])])
+    zero = numpy_helper.from_array(np.array(0, np.float32), "zero")
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"], name="gt{"),
+             helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then, else_branch=other)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [zero]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "if.onnx"
+    onnx.save(model, str(path))
+
+    def onnx_order(m: onnx.ModelProto) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+
+        def walk(g: onnx.GraphProto) -> None:
+            for n in g.node:
+                out.append((n.name, n.op_type))
+                for a in n.attribute:
+                    if a.type == onnx.AttributeProto.GRAPH:
+                        walk(a.g)
+
+        walk(m.graph)
+        return out
+
+    assert [(n, op) for n, op, _ in read_nodes(path.read_bytes())] == onnx_order(model)
+    copy, report, leftover = prepare(str(path), True)
+    assert leftover is None and isinstance(copy, bytes) and report["renamed"]
+    renamed = onnx.load_from_string(copy)
+    assert onnx_order(renamed) == [(n["name"], n["op_type"]) for n in report["nodes"]]
+    assert [n["name"] for n in report["nodes"]] == ["xs_n0", "xs_n1", "xs_n2", "", "xs_n4"]
+    onnx.checker.check_model(renamed)
+    feeds = {"x": np.array([1, -2, 3, 4], np.float32)}
+    np.testing.assert_array_equal(ort.InferenceSession(copy).run(None, feeds)[0],
+                                  ort.InferenceSession(str(path)).run(None, feeds)[0])
