@@ -48,10 +48,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SAFE_NAME", "NameCheck", "SessionNames", "check_names", "is_control_flow", "session_names"]
+__all__ = ["INSERTED", "SAFE_NAME", "NameCheck", "SessionNames", "check_names", "is_control_flow",
+           "session_names"]
 
 #: The characters a node name may hold when the session runs with it: no quote, backslash,
 #: brace, space or control character, so it cannot end its profile event or mimic a derived form.
@@ -68,6 +69,8 @@ _NEW_RESHAPE = "_new_reshape"  # onnxruntime's reshape rewrite: <node>_new_resha
 _SUBGRAPH = re.compile(r"^(?P<ep_type>[A-Za-z][A-Za-z0-9]*ExecutionProvider)_"
                        r"(?P<op>[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*-subgraph_\d+)_\d+$")
 _CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+#: The label of a node onnxruntime inserted (``Transpose``, ``ReorderInput``, …): no original node.
+INSERTED = "<inserted by onnxruntime> "
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,8 @@ class SessionNames:
         nodes: ``{name the session ran with: (op type, original name)}``; names that failed the
             re-check are left out (events naming them fail).
         unnamed_ops: op types of the unnamed nodes (onnxruntime calls them ``<op>_<i>``).
-        values: node output names that passed the check (``<value>_nchwc`` derives from them).
+        values: node output names that passed the check, each with the original node that
+            produces it (``<value>_nchwc`` derives from them).
         renamed: whether the worker ran a renamed copy.
         problems: why names were left out (not unique, characters outside :data:`SAFE_NAME`).
     """
@@ -87,7 +91,7 @@ class SessionNames:
     unnamed_ops: frozenset[str]
     renamed: bool
     problems: tuple[str, ...]
-    values: frozenset[str] = frozenset()
+    values: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,7 @@ def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
     """
     renamed = False
     rows: list[tuple[str, str, str]] = []
-    values: set[str] = set()
+    values: dict[str, str] = {}
     if reported is not None:
         if not isinstance(reported, Mapping) or not isinstance(reported.get("nodes"), list):
             raise TypeError("node_names must be a mapping with a list 'nodes'")
@@ -138,9 +142,10 @@ def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
             ):
                 raise TypeError("node_names.nodes must hold mappings with string 'name' and 'op_type'")
             outputs = node.get("outputs")
-            if isinstance(outputs, list):
-                values.update(v for v in outputs if isinstance(v, str) and SAFE_NAME.fullmatch(v))
             original = node.get("original")
+            producer = original if isinstance(original, str) and original else f"<{node['op_type']}>"
+            if isinstance(outputs, list):
+                values.update((v, producer) for v in outputs if isinstance(v, str) and SAFE_NAME.fullmatch(v))
             rows.append((node["name"], node["op_type"],
                          original if isinstance(original, str) else node["name"]))
     elif graph_nodes is not None:
@@ -163,7 +168,7 @@ def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
             problems.append(f"{name!r} holds characters outside [A-Za-z0-9_.:/-]")
         else:
             nodes[name] = (op_type, original)
-    return SessionNames(nodes, frozenset(unnamed), renamed, tuple(dict.fromkeys(problems)), frozenset(values))
+    return SessionNames(nodes, frozenset(unnamed), renamed, tuple(dict.fromkeys(problems)), values)
 
 
 def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
@@ -183,7 +188,7 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
     if not fused and stem == "Memcpy":
         return ("Memcpy", "") if op.startswith("Memcpy") else (None, f"{name!r} with op {op!r} is no copy")
     if not fused and depth == 0 and op and stem == op and op not in _CONTROL_FLOW:
-        return f"<{op} inserted by onnxruntime>", ""  # a node onnxruntime added, named after its op
+        return INSERTED + op, ""  # a node onnxruntime added, named after its op: no original
     subgraph = _SUBGRAPH.match(stem)
     if not fused and subgraph and not token and depth == 0:
         if op != subgraph.group("op") or (provider is not None and provider != subgraph.group("ep_type")):
@@ -208,7 +213,7 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
     if not fused and folded and folded.group("op") == op and "If" in {t for t, _ in names.nodes.values()}:
         return f"<{op} of an If on a constant>", ""
     if not fused and plain.endswith(_NCHWC) and plain[: -len(_NCHWC)] in names.values:
-        return f"<{op or 'node'} on {plain[: -len(_NCHWC)]}>", ""
+        return names.values[plain[: -len(_NCHWC)]], ""  # the node that produces that value
     if not fused and plain.endswith(_NEW_RESHAPE) and plain[: -len(_NEW_RESHAPE)] in names.nodes:
         return names.nodes[plain[: -len(_NEW_RESHAPE)]][1], ""
     unnamed = _UNNAMED.match(plain)

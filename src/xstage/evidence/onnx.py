@@ -84,7 +84,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from xstage.evidence.names import NameCheck, SessionNames, check_names, session_names
+from xstage.evidence.names import INSERTED, NameCheck, SessionNames, check_names, session_names
 from xstage.evidence.profile import ParsedProfile, parse_profile
 from xstage.evidence.proof import Basis, Cause, PlacementProof, Verdict
 
@@ -444,7 +444,8 @@ def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version:
     if plan_ok and plan is not None:  # the plan is complete
         originals = plan_check.originals if plan_check is not None else {}
         rows = [(ep, op, originals.get(label, label) or label) for ep, op, label in plan.nodes]
-        off_set = {label for ep, op, label in rows if ep != target and op not in CONTROL_FLOW_OPS}
+        off_set = {label for ep, op, label in rows
+                   if ep != target and op not in CONTROL_FLOW_OPS and not label.startswith(INSERTED)}
         node_fraction, whole = _node_fraction(off_set, args.original_total, len(plan.nodes))
         notes.append(f"node fraction (plan): 1 - {len(off_set)}/{whole} original nodes off {target} = "
                      f"{_fmt(node_fraction)}")
@@ -472,8 +473,10 @@ def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version:
                        tuple(sorted(off_set)), None, tuple(conflicts), off)
     # rule 5a: the plan is absent, unusable or incomplete: the execution decides, if its names passed
     if execution is not None and exec_names_ok and time_fraction is not None:
-        off_set = {orig for ep, op, orig in execution.nodes if ep != target and op not in CONTROL_FLOW_OPS}
-        fallback_total = len({orig for _, op, orig in execution.nodes if op not in CONTROL_FLOW_OPS})
+        original = [(ep, orig) for ep, op, orig in execution.nodes
+                    if op not in CONTROL_FLOW_OPS and not orig.startswith(INSERTED)]  # original nodes only
+        off_set = {orig for ep, orig in original if ep != target}
+        fallback_total = len({orig for _, orig in original})
         node_fraction, whole = _node_fraction(off_set, args.original_total, fallback_total)
         notes.append(f"basis: execution (plan incomplete): node fraction 1 - {len(off_set)}/{whole} original "
                      f"nodes off {target} = {_fmt(node_fraction)}, by the name-checked kernels (rule 5a)")
