@@ -30,7 +30,7 @@ def test_worker_package_imports_nothing_from_xstage(py39_ort119_python):
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "import xstage_remote, xstage_remote.wire, xstage_remote.shm, xstage_remote.worker,"
-        " xstage_remote.ort_runtime, xstage_remote.probe, xstage_remote.__main__;"
+        " xstage_remote.ort_runtime, xstage_remote.onnx_names, xstage_remote.probe, xstage_remote.__main__;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'xstage'))"
     )
     out = subprocess.run([py39_ort119_python, "-E", "-s", "-c", code, str(staged_root())],

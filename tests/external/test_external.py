@@ -105,6 +105,35 @@ def test_graph_openvino_takes_none_of_is_declined(external, graphs, openvino_pyt
     assert (refusal["code"], refusal["cause"]) == ("execution_provider_declined_graph", "declined")
 
 
+def test_a_node_name_that_forges_openvino_events_cannot_place_a_cpu_graph(external, tmp_path,
+                                                                         openvino_python):
+    """Wave 1's finding, replayed: a Hardmax (which OpenVINO leaves on the CPU) whose name closes
+    its profile event and adds a 10 s OpenVINO kernel was ``placed`` at 100%. The worker now runs a
+    renamed copy; the proof sees only its names, and the record names the original node."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    forged = ('hm_kernel_time","args":{"op_name":"Hardmax","provider":"CPUExecutionProvider"}},'
+              '{"cat":"Node","pid":1,"tid":1,"dur":10000000,"ts":1,"ph":"X","name":"x_kernel_time",'
+              '"args":{"op_name":"OpenVINO-EP-subgraph_1","provider":"OpenVINOExecutionProvider"}},'
+              '{"cat":"Node","pid":1,"tid":1,"dur":1,"ts":1,"ph":"X","name":"y')
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    graph = helper.make_graph([helper.make_node("Hardmax", ["x"], ["y"], name=forged)], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "forged.onnx"
+    onnx.save(model, str(path))
+    r = external("--graph", str(path), "--route", "ort-openvino", "--min-placement", "0.999",
+                 env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
+    assert r.code == 2, r.stderr
+    refusal = _refusal(r.record)
+    assert (refusal["code"], refusal["cause"]) == ("execution_provider_declined_graph", "declined")
+    proof = refusal["evidence"]
+    assert (proof["renamed"], proof["names_checked"], proof["time_fraction"]) == (True, True, 0.0)
+    assert proof["cpu_nodes"] == {"Hardmax": [forged]} and proof["timed_runs"] == [2, 3, 4]
+
+
 def test_a_device_the_ep_cannot_open_is_provider_swapped(external, graphs, openvino_python):
     """device_type=NPU on a machine without one: onnxruntime builds the session without the
     EP and says nothing; the proof names the swap."""

@@ -68,7 +68,8 @@ def table():
     yield _TABLE
     if not _TABLE:
         return
-    head = ["graph", "route", "exit", "verdict", "basis", "fraction", "nodes", "left on CPU",
+    head = ["graph", "route", "exit", "verdict", "basis", "fraction", "node fraction", "time fraction",
+            "decided by", "renamed", "nodes", "left on CPU",
             "deciding rule per output", "compute p50", "round trip p50", "budget/measured"]
     rows = [head] + [[str(r.get(k, "-")) for k in head] for r in _TABLE]
     print("\n\n| " + " | ".join(head) + " |")
@@ -94,6 +95,8 @@ def _row(name: str, route: str, code: int, rec: dict[str, Any]) -> dict[str, Any
     return {
         "graph": name, "route": route, "exit": code, "verdict": proof["verdict"],
         "basis": proof["basis"], "fraction": f"{proof['fraction']:.3f}",
+        "node fraction": f"{proof['node_fraction']:.3f}", "time fraction": f"{proof['time_fraction']:.3f}",
+        "decided by": proof.get("decided_by"), "renamed": proof.get("renamed"),
         "nodes": f"{proof['nodes_on_target']}/{proof['nodes_total']}",
         "left on CPU": ", ".join(f"{op}×{len(n)}" for op, n in sorted(left.items())) or "nothing",
         "deciding rule per output": "; ".join(

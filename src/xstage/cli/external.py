@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "torch-cpu) first, in plan order, falling through; the reference arm last")
     p.add_argument("--route", choices=ROUTE_NAMES, metavar="NAME", help="pin a route")
     p.add_argument("--min-placement", type=float, default=0.5, metavar="F",
-                   help="fraction of the graph the target EP must take (default 0.5)")
+                   help="fraction of the nodes and of the kernel time the target EP must both "
+                   "take (default 0.5)")
     add_input_flags(p, npz_help="inputs (no pickle); default: synthesized")
     p.add_argument("--reference", metavar="PATH", help="fp32 graph to check against")
     p.add_argument("--tolerance", type=float, metavar="F", help="relative L2 tolerance override")

@@ -1,66 +1,78 @@
-"""Proof of placement: what one profiled run and onnxruntime's plan say about where a stage ran.
+"""Proof of placement: what four profiled runs and onnxruntime's plan say about where a stage ran.
 
 Pure: text and lists in, a frozen :class:`PlacementProof` out. No processes, no sessions. The
-worker collects, for one profiled warm-up run, the profile file's text, onnxruntime's node
-assignment (the *plan*), the session's providers and the fallback banner if one was printed;
-:func:`prove` judges them. It raises only on malformed *arguments* (``min_placement`` outside
-[0, 1], an assignment that is not the worker's shape); bad news — no profile, a profile that
-does not parse, an EP that took nothing, a provider swapped behind our back — is a verdict
+worker collects, for its profiled warm-up (four runs of the same inputs), the profile file's
+text, onnxruntime's node assignment (the *plan*), the session's providers, the fallback banner
+if one was printed, and the node names the session ran with (checked, or a renamed copy's,
+with the original each stands for); :func:`prove` judges them. It raises only on malformed
+*arguments* (``min_placement`` outside [0, 1], an assignment that is not the worker's shape);
+bad news — no profile, a profile that does not parse, a name that is not ours, an EP that took
+nothing, a provider swapped behind our back, layers that contradict each other — is a verdict
 with a cause and notes, never an exception. The stage layer turns a verdict other than
-``placed`` into the refusal ``execution_provider_declined_graph`` with :attr:`PlacementProof.cause`
-(DESIGN §4–§5).
+``placed`` into the refusal ``execution_provider_declined_graph`` with
+:attr:`PlacementProof.cause` (DESIGN §4–§5).
 
-Evidence, as used here:
+The rules follow DESIGN §4's layers, then its conflict table, then the verdict; each helper
+cites its number (``_check_arguments`` is rule 0, it judges no evidence):
 
-* **Plan** (onnxruntime >= 1.24, session config ``session.record_ep_graph_assignment_info``):
-  which EP each node was assigned to, the members of fused partitions included. It describes
-  the graph *as partitioned*, after onnxruntime's basic rewrites (``MatMul`` + ``Add`` is
-  already one ``Gemm`` there), so its node count can be below the ONNX graph's. Control-flow
-  nodes (``If``/``Loop``/``Scan``) count where they were assigned; ``Memcpy*`` nodes are
-  copies, not nodes. Node fraction = nodes on the target / all nodes.
-* **Execution** (every version): profile events of category ``Node`` whose name ends in
-  ``_kernel_time``, grouped by ``args.provider``. A compiling EP (OpenVINO) shows one event
-  per fused subgraph (``OpenVINOExecutionProvider_OpenVINO-EP-subgraph_1_0_kernel_time``): it
-  counts as one kernel on the target. ``Memcpy*`` kernels (``args.op_name`` MemcpyFromHost /
-  MemcpyToHost, or, without an op name, a node name starting with ``Memcpy``) are copies;
-  ``If``/``Loop``/``Scan`` kernels are left out of kernel counts and time, because their
-  children have events of their own and their time includes them. Time fraction = kernel time
-  on the target / all kernel time; kernel fraction = the same over counts.
-
-Rules, in order, one helper each (``_check_arguments``, ``_read_execution``, ``_choose_basis``,
-``_detect_swap``, ``_judge``; their docstrings and :func:`prove`'s comments cite the numbers):
-
-1. **Arguments.** ``min_placement`` must be a number in [0, 1]; ``target_ep`` a non-empty
-   string; the assignment the worker's shape (``[{"ep", "nodes": [{"name", "op_type",
-   "domain"}]}]``). Otherwise ``ValueError``/``TypeError``.
-2. **Profile.** Read by :func:`parse_profile`. A profile that is not whole — it ends early (no
-   closing ``]``), or, read line by line, a line could not be read — is not used: a kernel we
-   did not see could be the one that ran on the CPU.
-3. **Plan or execution.** The plan is the basis when it exists, holds at least one node, and
-   agrees with the execution: every provider that ran compute kernels must appear in it.
-   (Measured: onnxruntime 1.30 with the WebGPU plugin EP lists only the CPU nodes in the plan
-   and none of the plugin's — the MLP's plan is ``[]`` with every kernel on WebGPU.) Otherwise
-   the execution is the basis when it has at least one compute kernel, with the time fraction,
-   or the kernel fraction when every kernel took 0 µs. Otherwise nothing was measured.
-4. **Swap.** The provider is *swapped* when the requested EP (or the target) is not among the
-   session's providers — not in this build, failed to create (onnxruntime then builds the
-   session without it, sometimes with no more than a log line), or rebuilt on the CPU by the
-   Python layer — or when the fallback banner was seen (target other than the CPU EP).
-5. **Verdict.** The verdict set is closed: ``placed``, ``declined``, ``unmeasured``.
-
-   a. Swapped: ``cause="provider_swapped"``, never ``placed``. The verdict is ``declined``
-      only if evidence was measured and shows zero on the target (nothing ran there, and we
-      saw it); otherwise — no evidence, or evidence that contradicts the swap — it is
-      ``unmeasured``.
-   b. No evidence: ``unmeasured``, ``cause="unmeasured"``. **Unmeasured never passes and is
-      never reported as declined.**
-   c. ``placed`` (``cause=None``) iff the basis fraction is ``> 0`` and ``>= min_placement``.
+1. **Execution** (DESIGN §4, layer 1; ``_read_execution``).
+   a. The profile is read by :func:`parse_profile`; one that is not whole (it ends early, or a
+      line could not be read) is not used: a kernel we did not see could be the one on the CPU.
+   b. Runs: the profile is split by its ``model_run`` events (by their time span; by file order
+      when a span is missing). The time fraction sums runs 2–4, leaving out the first run's
+      start-up costs; a profile of one run is used whole, with a note.
+   c. Names (DESIGN §4, "Untrusted text"; :mod:`xstage.evidence.names`): every kernel event's
+      name must be one of the node names the session ran with, or an onnxruntime-derived form
+      of one, and agree with its ``op_name``. One failure makes the execution layer unusable.
+   d. Kernels: events of category ``Node`` named ``*_kernel_time``, grouped by ``args.provider``;
+      ``Memcpy*`` kernels are copies, counted as not on the target; ``If``/``Loop``/``Scan``
+      kernels are left out (their children have events of their own and their time includes
+      them). Time fraction = kernel time on the target / all kernel time (copies included in
+      the whole), summed over the timed runs; kernel counts are of one run (the last timed).
+2. **Plan** (layer 2; ``_read_plan``; onnxruntime >= 1.24, session config
+   ``session.record_ep_graph_assignment_info``).
+   a. Which EP each node was assigned to, members of fused partitions included, as
+      partitioned (``MatMul`` + ``Add`` may already be one ``Gemm``); ``Memcpy*`` nodes are copies.
+   b. Its names pass the same check as 1c, or the plan is not used.
+   c. Node fraction = 1 − (original nodes the plan put on other providers) / all original
+      nodes of the graph, ``If``/``Loop``/``Scan`` and copies excluded (``node_basis: plan``).
+3. **Device attestation** (layer 3): not judged here. Which device the EP bound is checked
+   before this proof, in its own pure module; DESIGN §4's conflict case (c), ``device_mismatch``,
+   is decided there.
+4. **Strict construction** (layer 4; ``_detect_swap``): the provider is *swapped* when the
+   requested EP (or the target) is not among the session's providers — not in this build,
+   failed to create, or rebuilt on the CPU by the Python layer — or when the fallback banner
+   was seen (target other than the CPU EP).
+5. **When the layers disagree** (DESIGN §4's table; ``_resolve_layers``).
+   a. *Plan incomplete*: the plan is absent (or unusable, 2b), or lists none of the target's
+      nodes while the execution shows the target (plugin EPs leave their own nodes out of it:
+      measured with WebGPU on onnxruntime 1.30). The execution decides, only if every event
+      passed the name check (1c): basis ``execution (plan incomplete)``, node fraction =
+      1 − (original nodes the name-checked kernel events put on other providers) / all original
+      nodes (``node_basis: execution``). Otherwise nothing usable was measured.
+   b. Both layers name the target and disagree (one fraction reaches ``min_placement``, the
+      other does not, or one is zero): the lower fraction decides; the record lists the conflict.
+   c. The attested device is not the planned one: ``device_mismatch`` (rule 3, not here).
+   d. ``evidence_conflict``: the plan names the target but the execution layer is unusable (an
+      event failed the name check, the profile is not whole) or gives no time fraction.
+   e. ``unmeasured``: neither layer gave evidence.
+6. **Verdict** (``_judge``). The verdict set is closed: ``placed``, ``declined``, ``unmeasured``.
+   a. Swapped (rule 4): ``cause="provider_swapped"``, never ``placed``; ``declined`` only if the
+      evidence was measured and shows zero on the target, otherwise ``unmeasured``.
+   b. No evidence (5d, 5e): ``unmeasured``, cause ``evidence_conflict`` or ``unmeasured``.
+      **Unmeasured never passes and is never reported as declined.**
+   c. ``placed`` (``cause=None``) iff the node fraction and the time fraction are both ``> 0``
+      and both reach ``min_placement``; :attr:`PlacementProof.fraction` is the lower of the two
+      and :attr:`PlacementProof.decided_by` names it.
    d. Otherwise ``declined``, ``cause="declined"`` (measured, below the threshold).
 
 A target of ``CPUExecutionProvider`` (the ``ort-cpu`` route) is judged by the same rules: it
 is placed when the evidence shows the nodes on the CPU.
 
 .. versionadded:: 0.1
+.. versionchanged:: 0.2
+   Rules renumbered after DESIGN §4's layers and conflict table; names checked; runs 2–4
+   timed; node and time fractions both gate.
 """
 
 from __future__ import annotations
@@ -72,6 +84,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from xstage.evidence.names import INSERTED, NameCheck, SessionNames, check_names, session_names
 from xstage.evidence.profile import ParsedProfile, parse_profile
 from xstage.evidence.proof import Basis, Cause, PlacementProof, Verdict
 
@@ -86,6 +99,8 @@ CPU_EP = "CPUExecutionProvider"
 
 _KERNEL_SUFFIX = "_kernel_time"
 _UNKNOWN_PROVIDER = "<unknown provider>"  # a kernel event without args.provider
+_TIMED_RUNS = (2, 3, 4)  # rule 1b: the runs the time fraction sums (1-based)
+_INCOMPLETE: Basis = "execution (plan incomplete)"
 
 
 # --------------------------------------------------------------------------- execution and plan
@@ -93,55 +108,101 @@ _UNKNOWN_PROVIDER = "<unknown provider>"  # a kernel event without args.provider
 
 @dataclass(frozen=True)
 class _Execution:
-    kernels: dict[str, int]  # compute kernels by provider
+    kernels: dict[str, int]  # compute kernels by provider, in one run (the last timed)
     time_us: dict[str, int]
     copies: int
     copy_time_us: int
     control_flow: int
     control_flow_time_us: int
-    nodes: list[tuple[str, str, str]]  # (provider, op, node name) of compute and control-flow kernels
+    nodes: list[tuple[str, str, str]]  # (provider, op, original node) of compute and control-flow kernels
     runs: int
+    timed_runs: tuple[int, ...]
+    names: NameCheck | None  # rule 1c; None when no names were given to check against
 
 
 def _kernel_node_name(event_name: str) -> str:
     return event_name[: -len(_KERNEL_SUFFIX)]
 
 
-def _execution(events: Sequence[Mapping[str, Any]]) -> _Execution:
+def _is_kernel(event: Mapping[str, Any]) -> bool:
+    return bool(event["cat"] == "Node" and event["name"].endswith(_KERNEL_SUFFIX))
+
+
+def _is_copy(op: str, name: str) -> bool:
+    return op.startswith("Memcpy") or (not op and name.startswith("Memcpy"))
+
+
+def _split_runs(events: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Rule 1b: the kernel events of each ``model_run``, by its time span, else by file order."""
+    runs = [e for e in events if e["cat"] == "Session" and e["name"] == "model_run"]
+    kernels = [e for e in events if _is_kernel(e)]
+    if not runs:
+        return [kernels] if kernels else []
+    if all(isinstance(r.get("ts"), int) for r in runs) and all(isinstance(k.get("ts"), int) for k in kernels):
+        out: list[list[Mapping[str, Any]]] = [[] for _ in runs]
+        for k in kernels:
+            for i, r in enumerate(runs):
+                if r["ts"] <= k["ts"] <= r["ts"] + r["dur"]:
+                    out[i].append(k)
+                    break
+            else:  # outside every run: kept with the first (untimed) run
+                out[0].append(k)
+        return out
+    by_order: list[list[Mapping[str, Any]]] = [[]]
+    for e in events:
+        if e["cat"] == "Session" and e["name"] == "model_run":
+            by_order.append([])
+        elif _is_kernel(e):
+            by_order[-1].append(e)
+    tail = by_order.pop()
+    by_order[-1].extend(tail)  # kernels after the last model_run belong to it
+    return by_order
+
+
+def _execution(events: Sequence[Mapping[str, Any]], names: SessionNames | None) -> _Execution:
+    """Rule 1b–1d: split into runs, check every kernel's name, count the timed runs."""
+    per_run = _split_runs(events)
+    n_runs = sum(1 for e in events if e["cat"] == "Session" and e["name"] == "model_run")
+    timed = tuple(i for i in _TIMED_RUNS if i <= len(per_run)) if len(per_run) > 1 else (1,) * bool(per_run)
+    check = None
+    if names is not None:
+        check = check_names(((_kernel_node_name(e["name"]), e["op_name"] or "", e["provider"])
+                             for run in per_run for e in run), names)
     kernels: dict[str, int] = {}
     time_us: dict[str, int] = {}
-    copies = copy_time = control = control_time = runs = 0
+    copies = copy_time = control = control_time = 0
     nodes: list[tuple[str, str, str]] = []
-    for event in events:
-        if event["cat"] == "Session" and event["name"] == "model_run":
-            runs += 1
-        if event["cat"] != "Node" or not event["name"].endswith(_KERNEL_SUFFIX):
-            continue
-        op = event["op_name"] or ""
-        name = _kernel_node_name(event["name"])
-        provider = event["provider"] or _UNKNOWN_PROVIDER
-        if op.startswith("Memcpy") or (not op and name.startswith("Memcpy")):
-            copies += 1
-            copy_time += event["dur"]
-            continue
-        nodes.append((provider, op or "<unknown op>", name))
-        if op in CONTROL_FLOW_OPS:
-            control += 1
-            control_time += event["dur"]
-            continue
-        kernels[provider] = kernels.get(provider, 0) + 1
-        time_us[provider] = time_us.get(provider, 0) + event["dur"]
-    return _Execution(kernels, time_us, copies, copy_time, control, control_time, nodes, runs)
+    for index in timed:
+        counted = index == timed[-1]  # counts are of one run (the last timed); times add up
+        for event in per_run[index - 1]:
+            op = event["op_name"] or ""
+            name = _kernel_node_name(event["name"])
+            provider = event["provider"] or _UNKNOWN_PROVIDER
+            if _is_copy(op, name):
+                copies += counted
+                copy_time += event["dur"]
+                continue
+            original = check.originals.get(name, name) if check is not None else name
+            nodes.append((provider, op or "<unknown op>", original))
+            if op in CONTROL_FLOW_OPS:
+                control += counted
+                control_time += event["dur"]
+                continue
+            if counted:
+                kernels[provider] = kernels.get(provider, 0) + 1
+            time_us[provider] = time_us.get(provider, 0) + event["dur"]
+    return _Execution(kernels, time_us, copies, copy_time, control, control_time, nodes, n_runs, timed, check)
 
 
 @dataclass(frozen=True)
 class _Plan:
     nodes: list[tuple[str, str, str]]  # (ep, op_type, label) without copies
     copies: int
+    raw: list[tuple[str, str]]  # (name, op_type) as onnxruntime wrote them, copies included
 
 
 def _plan(assignment: Any) -> _Plan:
-    """Rule 1: the worker's shape or an exception naming the bad element."""
+    """Rule 0: the worker's shape or an exception naming the bad element."""
     if isinstance(assignment, (str, bytes)) or not isinstance(assignment, Sequence):
         raise TypeError(f"assignment must be a list of subgraphs, not {type(assignment).__name__}")
     rows: list[tuple[str, str, str]] = []
@@ -169,7 +230,7 @@ def _plan(assignment: Any) -> _Plan:
             copies += 1
             continue
         nodes_out.append((ep, op_type, name))
-    return _Plan(nodes_out, copies)
+    return _Plan(nodes_out, copies, [(name, op_type) for _, op_type, name in rows])
 
 
 def _group(rows: Sequence[tuple[str, str, str]], target: str) -> dict[str, dict[str, tuple[str, ...]]]:
@@ -210,7 +271,6 @@ def _strings(value: Any, what: str) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-
 _Groups = Mapping[str, Mapping[str, tuple[str, ...]]]
 
 
@@ -223,7 +283,7 @@ def _frozen_groups(groups: _Groups) -> _Groups:
 
 @dataclass(frozen=True)
 class _Arguments:
-    """Rule 1's output: the arguments, checked and normalized."""
+    """Rule 0's output: the arguments, checked and normalized."""
 
     target: str
     requested: str
@@ -231,6 +291,8 @@ class _Arguments:
     available: tuple[str, ...] | None
     fallback_banner: str | None
     graph_count: int | None
+    original_total: int | None  # original nodes, control flow excluded (the node fraction's whole)
+    names: SessionNames | None
     plan: _Plan | None
     min_placement: float
 
@@ -238,8 +300,9 @@ class _Arguments:
 def _check_arguments(target_ep: str, requested_ep: str | None, min_placement: float,
                      session_providers: Sequence[str] | None, available_providers: Sequence[str] | None,
                      fallback_banner: str | None, graph_nodes: Sequence[Mapping[str, Any]] | None,
-                     assignment: Sequence[Mapping[str, Any]] | None) -> _Arguments:
-    """Rule 1 (arguments): a malformed argument raises; bad evidence never does."""
+                     assignment: Sequence[Mapping[str, Any]] | None,
+                     node_names: Mapping[str, Any] | None) -> _Arguments:
+    """Rule 0 (arguments): a malformed argument raises; bad evidence never does."""
     if isinstance(min_placement, bool) or not isinstance(min_placement, numbers.Real) or not (
         math.isfinite(min_placement) and 0.0 <= min_placement <= 1.0
     ):
@@ -253,23 +316,33 @@ def _check_arguments(target_ep: str, requested_ep: str | None, min_placement: fl
     available = _strings(available_providers, "available_providers")
     if fallback_banner is not None and not isinstance(fallback_banner, str):
         raise TypeError("fallback_banner must be a string or None")
-    graph_count = None
+    graph_count = original_total = None
     if graph_nodes is not None:
         if isinstance(graph_nodes, (str, bytes)) or not isinstance(graph_nodes, Sequence) or not all(
             isinstance(n, Mapping) for n in graph_nodes
         ):
             raise TypeError("graph_nodes must be a list of mappings or None")
         graph_count = len(graph_nodes)
+        original_total = sum(1 for n in graph_nodes if n.get("op_type") not in CONTROL_FLOW_OPS
+                             and not str(n.get("op_type") or "").startswith("Memcpy"))
     plan = _plan(assignment) if assignment is not None else None
-    return _Arguments(target_ep, requested, session, available, fallback_banner, graph_count, plan,
-                      float(min_placement))
+    names = session_names(graph_nodes, node_names)
+    return _Arguments(target_ep, requested, session, available, fallback_banner, graph_count,
+                      original_total, names, plan, float(min_placement))
 
 
-def _read_execution(parsed: ParsedProfile, notes: list[str]) -> _Execution | None:
-    """Rule 2 (profile): only a whole profile with at least one compute kernel is execution evidence."""
+def _read_execution(parsed: ParsedProfile, names: SessionNames | None, notes: list[str]) -> _Execution | None:
+    """Rule 1 (execution): a whole profile with at least one compute kernel, split into runs
+    (1b) and name-checked (1c). Returns None when there is no such profile; a profile whose
+    names failed is returned, and rule 5 decides what it may still say (nothing)."""
     notes.extend(f"profile: {note}" for note in parsed.notes)
+    if names is not None and names.problems:
+        notes.append("names: the session ran with names that fail the check (the worker did not rename): "
+                     + "; ".join(names.problems[:5]))
+    if names is not None and names.renamed:
+        notes.append("names: the worker ran a renamed copy of the graph; nodes are named by their originals")
     if parsed.complete:
-        execution = _execution(parsed.events)
+        execution = _execution(parsed.events, names)
         if execution.kernels:
             return execution
         notes.append("profile: no compute kernel events (category Node, *_kernel_time): "
@@ -280,27 +353,32 @@ def _read_execution(parsed: ParsedProfile, notes: list[str]) -> _Execution | Non
 
 
 @dataclass(frozen=True)
-class _Basis:
-    """Rule 3's output: what the gate's fraction is computed from, and both layers' numbers."""
+class _Layers:
+    """Rule 5's output: which layer decides, both fractions, and the conflicts seen."""
 
     basis: Basis | None
-    fraction: float | None
-    node_fraction: float | None  # None when the plan is empty or incomplete
-    plan_on: int | None
-    plan_total: int | None
+    node_fraction: float | None
+    node_basis: str | None
     time_fraction: float | None
     kernel_fraction: float | None
+    plan_on: int | None
+    plan_total: int | None
+    plan_off_originals: tuple[str, ...]
+    conflict_cause: Cause | None  # evidence_conflict, or None
+    conflicts: tuple[str, ...]
+    off: dict[str, dict[str, tuple[str, ...]]]
 
 
-def _plan_notes(plan: _Plan | None, target: str, ort_version: str | None,
-                notes: list[str]) -> tuple[dict[str, int], int | None, int | None]:
-    """Rule 3, the plan layer: nodes per EP, all nodes, nodes on the target."""
+def _read_plan(args: _Arguments, ort_version: str | None,
+               notes: list[str]) -> tuple[dict[str, int], int | None, int | None, NameCheck | None]:
+    """Rule 2 (plan): nodes per EP, all nodes, nodes on the target, and the name check (2b)."""
     by_ep: dict[str, int] = {}
+    plan = args.plan
     if plan is None:
         version = f"onnxruntime {ort_version}" if ort_version else "this onnxruntime"
         notes.append(f"plan: none ({version} has no assignment API, or it was not recorded)"
                      if ort_version is not None else "plan: none")
-        return by_ep, None, None
+        return by_ep, None, None, None
     for ep, _, _ in plan.nodes:
         by_ep[ep] = by_ep.get(ep, 0) + 1
     total = len(plan.nodes)
@@ -309,84 +387,110 @@ def _plan_notes(plan: _Plan | None, target: str, ort_version: str | None,
                      + (f", {plan.copies} Memcpy nodes left out" if plan.copies else ""))
     else:
         notes.append("plan: empty (no node recorded)")
-    return by_ep, total, by_ep.get(target, 0)
+    check = check_names(((name, op, None) for name, op in plan.raw), args.names) if args.names else None
+    if check is not None and not check.passed:
+        notes.append(f"plan: not used: {_n(check.failed, 'name')} failed the name check (rule 2b): "
+                     + "; ".join(check.failures[:3]))
+    return by_ep, total, by_ep.get(args.target, 0), check
 
 
-def _execution_notes(execution: _Execution | None, target: str,
-                     notes: list[str]) -> tuple[float | None, float | None]:
-    """Rule 3, the execution layer: the kernel and time fractions on the target."""
-    if execution is None:
-        return None, None
-    total_k, total_t = sum(execution.kernels.values()), sum(execution.time_us.values())
-    kernel_fraction = _fraction(execution.kernels.get(target, 0), total_k)
-    time_fraction = _fraction(execution.time_us.get(target, 0), total_t)
-    notes.append(f"execution: {_n(total_k, 'compute kernel')}, {total_t} us "
-                 f"({_counts(execution.kernels)})"
-                 + (f"; {_n(execution.copies, 'Memcpy kernel')} ({execution.copy_time_us} us) counted "
-                    "as copies" if execution.copies else "")
-                 + (f"; {_n(execution.control_flow, 'control-flow kernel')} "
-                    f"({execution.control_flow_time_us} us) left out" if execution.control_flow else ""))
-    if execution.runs > 1:
-        notes.append(f"execution: the profile holds {execution.runs} model runs; counts add up over them")
-    elif execution.runs == 0:
-        notes.append("execution: no model_run event in the profile")
-    return kernel_fraction, time_fraction
+def _node_fraction(off: set[str], total: int | None, fallback_total: int) -> tuple[float, int]:
+    """Rules 2c and 5a: 1 − off-target original nodes / all original nodes (never below 0)."""
+    whole = total if total else fallback_total
+    if whole <= 0:
+        return 0.0, 0
+    return max(0.0, 1.0 - len(off) / whole), whole
 
 
-def _choose_basis(args: _Arguments, execution: _Execution | None, ort_version: str | None,
-                  notes: list[str]) -> _Basis:
-    """Rule 3 (plan or execution): the plan decides when it holds nodes and names every provider
-    that ran compute kernels; else the execution's time (or kernel) fraction; else nothing.
-
-    A plan that lists no node on a provider where compute kernels ran is DESIGN §4's
-    disagreement case (a), *incomplete*: the execution decides. When both layers are usable and
-    only one shows zero on the target, the conflict is noted and the plan still decides (DESIGN
-    §4's case (b), "the lower fraction decides", is not implemented here yet).
-    """
+def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version: str | None,
+                    notes: list[str]) -> _Layers:
+    """Rule 5 (DESIGN §4's table): which layer decides, each fraction, and the conflicts."""
     target = args.target
-    plan_by_ep, plan_total, plan_on = _plan_notes(args.plan, target, ort_version, notes)
-    node_fraction = _fraction(plan_on, plan_total) if plan_total is not None and plan_on is not None else None
-    kernel_fraction, time_fraction = _execution_notes(execution, target, notes)
-    plan_usable = bool(plan_total)
-    if plan_usable and execution is not None:
-        missing = [ep for ep in execution.kernels if ep not in plan_by_ep and ep != _UNKNOWN_PROVIDER]
-        if missing:
-            plan_usable = False
-            notes.append(f"plan: not used: it lists no node on {', '.join(missing)}, where "
-                         f"{sum(execution.kernels[ep] for ep in missing)} kernels ran (an incomplete plan: "
-                         "measured with the WebGPU plugin EP on onnxruntime 1.30, which lists only the CPU's "
-                         "nodes); the execution decides")
-    basis: Basis | None = None
-    fraction: float | None = None
-    if not plan_usable:
-        node_fraction = None  # an empty or incomplete plan has no node fraction to report
-    if plan_usable:
-        basis, fraction = "plan", node_fraction
-        notes.append(f"basis: plan, node fraction {plan_on}/{plan_total} = {_fmt(node_fraction)}")
+    plan_by_ep, plan_total, plan_on, plan_check = _read_plan(args, ort_version, notes)
+    exec_names_ok = execution is not None and (execution.names is None or execution.names.passed)
+    kernel_fraction = time_fraction = None
+    if execution is not None:
+        total_k, total_t = sum(execution.kernels.values()), sum(execution.time_us.values())
+        kernel_fraction = _fraction(execution.kernels.get(target, 0), total_k)
+        whole_t = total_t + execution.copy_time_us  # rule 1d: copies are time not on the target
+        time_fraction = _fraction(execution.time_us.get(target, 0), whole_t)
+        notes.append(f"execution: {_n(total_k, 'compute kernel')} a run, {total_t} us "
+                     f"({_counts(execution.kernels)}) over run{'s' if len(execution.timed_runs) > 1 else ''} "
+                     f"{', '.join(map(str, execution.timed_runs))} of {execution.runs}"
+                     + (f"; {_n(execution.copies, 'Memcpy kernel')} ({execution.copy_time_us} us) counted "
+                        "as copies, not on the target" if execution.copies else "")
+                     + (f"; {_n(execution.control_flow, 'control-flow kernel')} "
+                        f"({execution.control_flow_time_us} us) left out" if execution.control_flow else ""))
+        if execution.timed_runs == (1,):
+            notes.append("execution: one profiled run: its time includes the EP's start-up costs (rule 1b "
+                         "times runs 2-4)")
+        if execution.names is not None and not execution.names.passed:
+            notes.append(f"execution: unusable: {_n(execution.names.failed, 'kernel name')} failed the name "
+                         "check (rule 1c): " + "; ".join(execution.names.failures[:3]))
+        if time_fraction is None:
+            notes.append("execution: every kernel took 0 us: no time fraction")
+    plan_ok = bool(plan_total) and (plan_check is None or plan_check.passed)
+    exec_shows_target = execution is not None and execution.kernels.get(target, 0) > 0
+    plan_names_target = plan_ok and bool(plan_on)
+    fallback_total = 0
+    conflicts: list[str] = []
+    plan = args.plan
+    if plan_ok and not plan_names_target and exec_shows_target:
+        missing = [ep for ep in (execution.kernels if execution else {}) if ep not in plan_by_ep]
+        notes.append(f"plan: incomplete: it lists none of {target}'s nodes while the execution shows "
+                     f"{target} (rule 5a; plugin EPs leave their nodes out: measured with WebGPU on "
+                     f"onnxruntime 1.30)" + (f"; no node on {', '.join(missing)}" if missing else ""))
+        plan_ok = False
+    if plan_ok and plan is not None:  # the plan is complete
+        originals = plan_check.originals if plan_check is not None else {}
+        rows = [(ep, op, originals.get(label, label) or label) for ep, op, label in plan.nodes]
+        off_set = {label for ep, op, label in rows
+                   if ep != target and op not in CONTROL_FLOW_OPS and not label.startswith(INSERTED)}
+        node_fraction, whole = _node_fraction(off_set, args.original_total, len(plan.nodes))
+        notes.append(f"node fraction (plan): 1 - {len(off_set)}/{whole} original nodes off {target} = "
+                     f"{_fmt(node_fraction)}")
         if args.graph_count is not None and args.graph_count != plan_total:
             notes.append(f"plan: {_n(plan_total or 0, 'node')} as partitioned, {args.graph_count} in the "
                          "ONNX graph (onnxruntime fuses some before it partitions, e.g. MatMul+Add into "
                          "Gemm, and a control-flow node an EP compiles is listed without its branches)")
-        if kernel_fraction is not None and (node_fraction == 0) != (kernel_fraction == 0):
-            notes.append(f"plan and execution disagree: node fraction {_fmt(node_fraction)}, "
-                         f"kernel fraction {_fmt(kernel_fraction)}")
-    elif execution is not None:
-        basis = "execution"
-        if time_fraction is not None:
-            fraction = time_fraction
-            notes.append(f"basis: execution, time fraction {execution.time_us.get(target, 0)}/"
-                         f"{sum(execution.time_us.values())} us = {_fmt(time_fraction)}")
-        else:
-            fraction = kernel_fraction
-            notes.append(f"basis: execution, kernel fraction {_fmt(kernel_fraction)} "
-                         "(every kernel took 0 us: no time fraction)")
-    else:
-        notes.append("basis: none: no usable plan and no usable profile")
-    return _Basis(basis, fraction, node_fraction, plan_on, plan_total, time_fraction, kernel_fraction)
+        off = _group(rows, target)
+        if not plan_names_target:  # measured: nothing on the target, by the plan
+            return _Layers("plan", 0.0, "plan", time_fraction if exec_names_ok else None, kernel_fraction,
+                           plan_on, plan_total, tuple(sorted(off_set)), None, (), off)
+        if not exec_names_ok or time_fraction is None:  # rule 5d
+            why = ("no whole profile with compute kernels was read" if execution is None
+                   else "a kernel name failed the check" if not exec_names_ok
+                   else "the execution gives no time fraction")
+            notes.append(f"evidence_conflict: the plan names {target} but {why} (rule 5d)")
+            return _Layers("plan", node_fraction, "plan", None, kernel_fraction, plan_on, plan_total,
+                           tuple(sorted(off_set)), "evidence_conflict", (f"plan names {target}; {why}",), off)
+        lower, higher = sorted((node_fraction, time_fraction))
+        if (lower < args.min_placement <= higher) or ((lower == 0) != (higher == 0)):
+            conflicts.append(f"node fraction (plan) {_fmt(node_fraction)}, time fraction (execution) "
+                             f"{_fmt(time_fraction)}: the lower decides (rule 5b)")
+            notes.append(f"layers disagree: {conflicts[-1]}")
+        return _Layers("plan", node_fraction, "plan", time_fraction, kernel_fraction, plan_on, plan_total,
+                       tuple(sorted(off_set)), None, tuple(conflicts), off)
+    # rule 5a: the plan is absent, unusable or incomplete: the execution decides, if its names passed
+    if execution is not None and exec_names_ok and time_fraction is not None:
+        original = [(ep, orig) for ep, op, orig in execution.nodes
+                    if op not in CONTROL_FLOW_OPS and not orig.startswith(INSERTED)]  # original nodes only
+        off_set = {orig for ep, orig in original if ep != target}
+        fallback_total = len({orig for _, orig in original})
+        node_fraction, whole = _node_fraction(off_set, args.original_total, fallback_total)
+        notes.append(f"basis: execution (plan incomplete): node fraction 1 - {len(off_set)}/{whole} original "
+                     f"nodes off {target} = {_fmt(node_fraction)}, by the name-checked kernels (rule 5a)")
+        return _Layers(_INCOMPLETE, node_fraction, "execution", time_fraction, kernel_fraction,
+                       plan_on if plan_total else None, plan_total or None, tuple(sorted(off_set)), None, (),
+                       _group(execution.nodes, target))
+    notes.append("basis: none: no usable plan and no usable execution (rule 5e)")
+    off = _group(execution.nodes, target) if execution is not None and exec_names_ok else {}
+    return _Layers(None, None, None, None, kernel_fraction, plan_on if plan_total else None,
+                   plan_total or None, (), None, (), off)
 
 
 def _detect_swap(args: _Arguments, notes: list[str]) -> tuple[bool, bool]:
-    """Rule 4 (swap; DESIGN §4's strict construction): the requested EP or the target missing from
+    """Rule 4 (DESIGN §4's strict construction): the requested EP or the target missing from
     the session's providers, or the Python layer's fallback banner. Returns (swapped, banner seen).
     """
     requested, target = args.requested, args.target
@@ -412,43 +516,50 @@ def _detect_swap(args: _Arguments, notes: list[str]) -> tuple[bool, bool]:
     return bool(swap_reasons), banner
 
 
-def _judge(swapped: bool, chosen: _Basis, target: str, min_placement: float,
-           notes: list[str]) -> tuple[Verdict, Cause | None]:
-    """Rule 5 (verdict), cases a–d: swapped, no evidence, placed, declined."""
-    basis, fraction = chosen.basis, chosen.fraction
-    if swapped:  # 5a
-        if fraction is not None and fraction == 0:
-            notes.append(f"verdict: declined (provider swapped; the {basis} shows nothing on {target})")
-            return "declined", "provider_swapped"
+def _judge(swapped: bool, layers: _Layers, target: str, min_placement: float,
+           notes: list[str]) -> tuple[Verdict, Cause | None, float | None, str | None]:
+    """Rule 6 (verdict), cases a–d. Returns (verdict, cause, deciding fraction, which decided)."""
+    node, time = layers.node_fraction, layers.time_fraction
+    measured = [(f, which) for f, which in ((node, "node fraction"), (time, "time fraction"))
+                if f is not None]
+    lowest = min(measured) if measured else None
+    fraction, decided_by = (lowest[0], lowest[1]) if lowest else (None, None)
+    if swapped:  # 6a
+        if layers.basis is not None and fraction == 0:
+            notes.append(f"verdict: declined (provider swapped; the {layers.basis} shows nothing "
+                         f"on {target})")
+            return "declined", "provider_swapped", fraction, decided_by
         notes.append("verdict: unmeasured (provider swapped; "
-                     + ("no evidence)" if fraction is None else
-                        f"yet the {basis} shows {_fmt(fraction)} on {target}: contradictory)"))
-        return "unmeasured", "provider_swapped"
-    if fraction is None:  # 5b
+                     + ("no evidence)" if layers.basis is None or fraction is None else
+                        f"yet the {layers.basis} shows {_fmt(fraction)} on {target}: contradictory)"))
+        return "unmeasured", "provider_swapped", fraction, decided_by
+    if layers.conflict_cause is not None:  # 6b, rule 5d
+        notes.append("verdict: unmeasured (evidence_conflict; never passes)")
+        return "unmeasured", layers.conflict_cause, None, None
+    if layers.basis is None or fraction is None:  # 6b, rule 5e
         notes.append("verdict: unmeasured (no evidence; never passes)")
-        return "unmeasured", "unmeasured"
-    if fraction > 0 and fraction >= min_placement:  # 5c
-        notes.append(f"verdict: placed ({_fmt(fraction)} >= min_placement {min_placement:g})")
-        return "placed", None
-    why = (f"nothing on {target}" if fraction == 0  # 5d
-           else f"{_fmt(fraction)} < min_placement {min_placement:g}")
+        return "unmeasured", "unmeasured", None, None
+    both = min(node, time) if node is not None and time is not None else None
+    if both is not None and both > 0 and both >= min_placement:  # 6c
+        notes.append(f"verdict: placed (node fraction {_fmt(node)} and time fraction {_fmt(time)} "
+                     f">= min_placement {min_placement:g})")
+        return "placed", None, fraction, decided_by
+    why = (f"nothing on {target}" if fraction == 0  # 6d
+           else f"{decided_by} {_fmt(fraction)} < min_placement {min_placement:g}")
     notes.append(f"verdict: declined ({why})")
-    return "declined", "declined"
+    return "declined", "declined", fraction, decided_by
 
 
 def _assemble(args: _Arguments, ort_version: str | None, parsed: ParsedProfile,
-              execution: _Execution | None, chosen: _Basis, swapped: bool, banner: bool,
-              verdict: Verdict, cause: Cause | None, notes: list[str]) -> PlacementProof:
-    """The proof's fields from the rules' outputs; the nodes off the target come from the basis
-    (the plan's when it decides, else the kernels')."""
+              execution: _Execution | None, layers: _Layers, swapped: bool, banner: bool,
+              judged: tuple[Verdict, Cause | None, float | None, str | None],
+              notes: list[str]) -> PlacementProof:
+    """The proof's fields from the rules' outputs; the nodes off the target come from the basis."""
     target, plan = args.target, args.plan
-    if chosen.basis == "plan" and plan is not None:
-        off = _group(plan.nodes, target)
-    elif execution is not None:
-        off = _group(execution.nodes, target)
-    else:
-        off = {}
+    verdict, cause, fraction, decided_by = judged
+    off = layers.off
     cpu = off.get(CPU_EP, {}) if target != CPU_EP else {}
+    names = execution.names if execution is not None else None
     return PlacementProof(
         target_ep=target,
         requested_ep=args.requested,
@@ -457,18 +568,18 @@ def _assemble(args: _Arguments, ort_version: str | None, parsed: ParsedProfile,
         ort_version=ort_version,
         verdict=verdict,
         cause=cause,
-        basis=chosen.basis,
-        fraction=chosen.fraction,
+        basis=layers.basis,
+        fraction=fraction,
         min_placement=args.min_placement,
         swapped=swapped,
         fallback_banner=banner,
-        node_fraction=chosen.node_fraction,
-        nodes_on_target=chosen.plan_on,
-        nodes_total=chosen.plan_total,
+        node_fraction=layers.node_fraction,
+        nodes_on_target=layers.plan_on,
+        nodes_total=layers.plan_total,
         plan_copies=plan.copies if plan is not None else None,
         graph_node_count=args.graph_count,
-        time_fraction=chosen.time_fraction,
-        kernel_fraction=chosen.kernel_fraction,
+        time_fraction=layers.time_fraction,
+        kernel_fraction=layers.kernel_fraction,
         kernels_on_target=execution.kernels.get(target, 0) if execution else None,
         kernels_total=sum(execution.kernels.values()) if execution else None,
         kernel_time_on_target_us=execution.time_us.get(target, 0) if execution else None,
@@ -484,6 +595,15 @@ def _assemble(args: _Arguments, ort_version: str | None, parsed: ParsedProfile,
         cpu_nodes=MappingProxyType(dict(cpu)),
         off_target_nodes=_frozen_groups(off),
         notes=tuple(notes),
+        decided_by=decided_by,
+        node_basis=layers.node_basis,
+        original_nodes_total=args.original_total,
+        original_nodes_off_target=len(layers.plan_off_originals) if layers.node_basis else None,
+        timed_runs=execution.timed_runs if execution else None,
+        conflicts=layers.conflicts,
+        names_checked=None if names is None else names.passed,
+        name_failures=names.failures if names is not None else (),
+        renamed=args.names.renamed if args.names is not None else None,
     )
 
 
@@ -499,8 +619,9 @@ def prove(
     graph_nodes: Sequence[Mapping[str, Any]] | None = None,
     min_placement: float = 0.5,
     ort_version: str | None = None,
+    node_names: Mapping[str, Any] | None = None,
 ) -> PlacementProof:
-    """Judge where one profiled run placed a stage (the rules are in the module docstring).
+    """Judge where the profiled runs placed a stage (the rules are in the module docstring).
 
     Args:
         target_ep: the EP the stage must run on, as the evidence names it
@@ -512,10 +633,13 @@ def prove(
         available_providers: ``onnxruntime.get_available_providers()``, or None.
         requested_ep: the EP the session was asked for; defaults to ``target_ep``.
         fallback_banner: the "Falling back to [...] and retrying" text if the worker saw it.
-        graph_nodes: the ONNX graph's nodes (subgraphs included) as ``[{"name", "op_type"}]``,
-            for the node count only.
+        graph_nodes: the ONNX graph's nodes (subgraphs included) as ``[{"name", "op_type"}]``:
+            the node fraction's whole, and the names checked when ``node_names`` is None.
         min_placement: the threshold in [0, 1].
         ort_version: the worker's onnxruntime version, recorded and used in notes.
+        node_names: the worker's report of the names the session ran with,
+            ``{"renamed": bool, "nodes": [{"name", "op_type", "original"}]}``; None: the graph's
+            own names (``graph_nodes``) are what it ran with.
 
     Returns:
         The proof. It never raises for what the evidence says.
@@ -524,14 +648,15 @@ def prove(
         ValueError: ``min_placement`` is not a number in [0, 1], ``target_ep`` or
             ``requested_ep`` is empty, or an assignment element lacks ``ep``/``nodes``/``op_type``.
         TypeError: a provider list is not a list of strings, ``graph_nodes`` not a list of
-            mappings, ``assignment`` not a list, or ``profile_text`` neither text nor bytes.
+            mappings, ``assignment`` not a list, ``node_names`` not the worker's shape, or
+            ``profile_text`` neither text nor bytes.
     """
-    args = _check_arguments(target_ep, requested_ep, min_placement, session_providers,  # rule 1
-                            available_providers, fallback_banner, graph_nodes, assignment)
+    args = _check_arguments(target_ep, requested_ep, min_placement, session_providers,  # rule 0
+                            available_providers, fallback_banner, graph_nodes, assignment, node_names)
     notes: list[str] = []
     parsed = parse_profile(profile_text)
-    execution = _read_execution(parsed, notes)  # rule 2
-    chosen = _choose_basis(args, execution, ort_version, notes)  # rule 3
+    execution = _read_execution(parsed, args.names, notes)  # rule 1
+    layers = _resolve_layers(args, execution, ort_version, notes)  # rules 2 and 5 (rule 3: not here)
     swapped, banner = _detect_swap(args, notes)  # rule 4
-    verdict, cause = _judge(swapped, chosen, args.target, args.min_placement, notes)  # rule 5
-    return _assemble(args, ort_version, parsed, execution, chosen, swapped, banner, verdict, cause, notes)
+    judged = _judge(swapped, layers, args.target, args.min_placement, notes)  # rule 6
+    return _assemble(args, ort_version, parsed, execution, layers, swapped, banner, judged, notes)

@@ -3,7 +3,7 @@
 onnxruntime <= 1.30 writes node names unescaped, so a name with ``"`` or ``\\`` breaks the file's
 JSON; a file cut short does too. :func:`parse_profile` then reads each line on its own and says
 whether the file was whole: a kernel on a line it could not read could be the one that ran on the
-CPU, so an incomplete profile is not evidence (``xstage.evidence.onnx``, rule 2).
+CPU, so an incomplete profile is not evidence (``xstage.evidence.onnx``, rule 1a).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ class ParsedProfile:
 
     Attributes:
         events: the events, fence events left out, each a read-only mapping
-            ``{"cat": str, "name": str, "dur": int (µs), "provider": str | None,
-            "op_name": str | None}`` (the last two from ``args``).
+            ``{"cat": str, "name": str, "dur": int (µs), "ts": int (µs) | None,
+            "provider": str | None, "op_name": str | None}`` (the last two from ``args``).
         method: ``"json"`` (the file loaded as JSON), ``"lines"`` (it did not; read line by
             line) or ``"none"`` (nothing to read).
         complete: whether the file is whole: it loaded as JSON, or, read line by line, it
@@ -56,6 +56,7 @@ _NAME_START = re.compile(r'"name"\s*:\s*"')
 _NAME_END = re.compile(r'"\s*,\s*"args"\s*:\s*(?=\{)')
 _CAT = re.compile(r'"cat"\s*:\s*"([^"\\]*)"')
 _DUR = re.compile(r'"dur"\s*:\s*(-?\d+)')
+_TS = re.compile(r'"ts"\s*:\s*(-?\d+)')
 _PROVIDER = re.compile(r'"provider"\s*:\s*"([^"\\]*)"')
 _OP_NAME = re.compile(r'"op_name"\s*:\s*"([^"\\]*)"')
 
@@ -86,10 +87,12 @@ def _normalize(raw: Any) -> dict[str, Any] | None:
     args = raw.get("args")
     args = args if isinstance(args, Mapping) else {}
     dur = _as_dur(raw.get("dur", 0))
+    ts = _as_dur(raw.get("ts"))
     return {
         "cat": cat,
         "name": name,
         "dur": max(dur, 0) if dur is not None else 0,
+        "ts": ts,
         "provider": _as_text(args.get("provider")),
         "op_name": _as_text(args.get("op_name")),
     }
@@ -124,8 +127,9 @@ def _read_line(line: str) -> dict[str, Any] | None:
         found_provider, found_op = _PROVIDER.search(tail), _OP_NAME.search(tail)
         provider = found_provider.group(1) if found_provider else None
         op_name = found_op.group(1) if found_op else None
+    ts = _TS.search(head)
     return {"cat": cat.group(1), "name": name, "dur": int(dur.group(1)) if dur else 0,
-            "provider": provider, "op_name": op_name}
+            "ts": int(ts.group(1)) if ts else None, "provider": provider, "op_name": op_name}
 
 
 def _is_fence(event: Mapping[str, Any]) -> bool:

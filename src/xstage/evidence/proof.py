@@ -16,13 +16,14 @@ __all__ = ["BASES", "CAUSES", "VERDICTS", "Basis", "Cause", "PlacementProof", "V
 #: The closed verdict set (DESIGN §4).
 VERDICTS = ("placed", "declined", "unmeasured")
 #: The causes a proof can carry (DESIGN §5, ``execution_provider_declined_graph``).
-CAUSES = ("declined", "unmeasured", "provider_swapped")
-#: What the gate's fraction was computed from.
-BASES = ("plan", "execution")
+CAUSES = ("declined", "unmeasured", "provider_swapped", "evidence_conflict")
+#: Which layer decided (DESIGN §4's table: ``execution (plan incomplete)`` is its case (a);
+#: ``execution`` alone is what records before 0.2 say).
+BASES = ("plan", "execution", "execution (plan incomplete)")
 
 Verdict = Literal["placed", "declined", "unmeasured"]
-Cause = Literal["declined", "unmeasured", "provider_swapped"]
-Basis = Literal["plan", "execution"]
+Cause = Literal["declined", "unmeasured", "provider_swapped", "evidence_conflict"]
+Basis = Literal["plan", "execution", "execution (plan incomplete)"]
 
 
 @dataclass(frozen=True)
@@ -40,20 +41,23 @@ class PlacementProof:
         ort_version: the worker's onnxruntime version, when given.
         verdict: ``placed``, ``declined`` (measured, below ``min_placement``) or
             ``unmeasured`` (no usable evidence; never passes).
-        cause: None when placed; else ``declined``, ``unmeasured`` or ``provider_swapped``.
-        basis: ``plan`` or ``execution``: what :attr:`fraction` was computed from; None when
-            nothing was measured.
-        fraction: the fraction the gate used (node fraction on ``plan``; time fraction, or
-            kernel fraction when all kernels took 0 µs, on ``execution``).
-        min_placement: the threshold: placed iff ``fraction > 0`` and ``fraction >= min_placement``.
+        cause: None when placed; else ``declined``, ``unmeasured``, ``provider_swapped`` or
+            ``evidence_conflict`` (the plan names the target, the execution is unusable).
+        basis: ``plan`` or ``execution (plan incomplete)``: which layer decided; None when
+            nothing was measured (``execution`` in records before 0.2).
+        fraction: the fraction that decided: the lower of :attr:`node_fraction` and
+            :attr:`time_fraction` (:attr:`decided_by` says which).
+        min_placement: the threshold: placed iff both fractions are ``> 0`` and reach it.
         swapped: the requested EP was replaced (``xstage.evidence.onnx``, rule 4).
         fallback_banner: the Python layer's "Falling back to [...]" banner was seen.
-        node_fraction: plan: nodes on the target / all nodes (copies excluded).
+        node_fraction: 1 − original nodes put on other providers / all original nodes
+            (control flow and copies excluded), by :attr:`node_basis`.
         nodes_on_target: plan: nodes assigned to the target.
         nodes_total: plan: nodes assigned to any EP (copies excluded).
         plan_copies: plan: ``Memcpy*`` nodes.
         graph_node_count: nodes of the ONNX graph and its subgraphs, when given.
-        time_fraction: execution: compute kernel time on the target / all compute kernel time.
+        time_fraction: execution: kernel time on the target / all kernel time (copies count as
+            not on the target), summed over :attr:`timed_runs`.
         kernel_fraction: execution: compute kernels on the target / all compute kernels.
         kernels_on_target: execution: compute kernel events on the target (a fused subgraph is one).
         kernels_total: execution: compute kernel events (copies and control flow excluded).
@@ -65,12 +69,23 @@ class PlacementProof:
         control_flow_time_us: execution: their time, excluded (it contains their children's).
         copies: execution: ``Memcpy*`` kernel events.
         copy_time_us: execution: their time.
-        runs: execution: ``model_run`` events in the profile (one profiled warm-up: 1).
+        runs: execution: ``model_run`` events in the profile (the profiled warm-up: 4).
         profile_format: how the profile was read: ``json``, ``lines``, or None.
         cpu_nodes: nodes left on the CPU EP, by op type (names; ``<op_type>#<i>`` for unnamed
             nodes), from the basis; empty when the target is the CPU EP.
         off_target_nodes: every node not on the target, by EP, then op type.
         notes: what was used and why, for people.
+        decided_by: ``node fraction`` or ``time fraction``: the lower one, which decided.
+        node_basis: ``plan``, or ``execution`` (the name-checked kernels, when the plan is
+            incomplete): what :attr:`node_fraction` counts.
+        original_nodes_total: the graph's original nodes, control flow excluded.
+        original_nodes_off_target: those the node basis put on other providers.
+        timed_runs: the profiled runs the time fraction sums (2–4; 1 for a one-run profile).
+        conflicts: where the layers disagreed (DESIGN §4's case (b); the lower fraction decided).
+        names_checked: whether every kernel event's name passed the name check; None when no
+            names were given to check against.
+        name_failures: the names that failed it (at most 10), with why.
+        renamed: whether the worker ran a renamed copy of the graph.
     """
 
     target_ep: str
@@ -107,6 +122,15 @@ class PlacementProof:
     cpu_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     off_target_nodes: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    decided_by: str | None = None
+    node_basis: str | None = None
+    original_nodes_total: int | None = None
+    original_nodes_off_target: int | None = None
+    timed_runs: tuple[int, ...] | None = None
+    conflicts: tuple[str, ...] = ()
+    names_checked: bool | None = None
+    name_failures: tuple[str, ...] = ()
+    renamed: bool | None = None
 
     def __post_init__(self) -> None:
         """Keep the closed sets closed: a proof outside them is a bug, not a verdict."""

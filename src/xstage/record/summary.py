@@ -146,6 +146,14 @@ def _proof(doc: Mapping[str, Any]) -> Rows:
     if str(proof["target_ep"]).startswith("torch:"):  # case 1: the torch profiler's op log
         how = (f"{proof['nodes_on_target']}/{proof['nodes_total']} ops on {proof['target_ep']} "
                f"(op log of the warm-up), {proof.get('copies') or 0} host/device copies")
+    elif proof.get("node_basis") and proof.get("node_fraction") is not None:  # records from 0.2 on
+        time = proof.get("time_fraction")
+        how = (f"{proof['node_fraction']:.1%} of the nodes ({proof['node_basis']}), "
+               + (f"{time:.1%}" if time is not None else "n/a") + f" of kernel time on {proof['target_ep']}")
+        if proof.get("decided_by"):
+            how += f"; the {proof['decided_by']} decided"
+        if basis == "execution (plan incomplete)":
+            how += " (plan incomplete)"
     elif basis == "plan":
         how = f"{proof['nodes_on_target']}/{proof['nodes_total']} nodes on {proof['target_ep']} (plan)"
         if proof.get("time_fraction") is not None:

@@ -5,7 +5,8 @@ The gates, in order (each one's verdict comes from a pure module; this module on
 1. **Budget** (``xstage.ledger``): the stage's reservations must fit its pool *before* a worker
    starts; the hold is taken atomically in the shared ``Ledger``.
 2. **Start and warm up** (``xstage.routes.launch``, ``xstage.client``): the route's worker loads
-   the artifact and runs it once, profiled; everything the proof rests on is collected then.
+   the artifact and runs it in one profiled call (an ONNX worker runs it four times: the proof
+   times runs 2-4); everything the proof rests on is collected then.
 3. **Proof** (``xstage.evidence``): the stage ran where it was asked.
 4. **Numeric gate** (``xstage.parity``): it computed what the reference computes.
 5. **Measured peak** (``xstage.ledger.measured``): the worker's own peak fits the budget.
@@ -186,7 +187,8 @@ def _prove(setup: Setup, warm: WarmUp) -> evidence.PlacementProof:
         profile_text=warm.profile.decode("utf-8", "replace") if warm.profile else None,
         assignment=info.get("assignment") if isinstance(info.get("assignment"), list) else None,
         fallback_banner=info.get("fallback_banner"), graph_nodes=list(setup.nodes),
-        min_placement=setup.min_placement, ort_version=info.get("onnxruntime"))
+        min_placement=setup.min_placement, ort_version=info.get("onnxruntime"),
+        node_names=info.get("node_names") if isinstance(info.get("node_names"), dict) else None)
 
 
 def _digest(info: Mapping[str, Any], profile: bytes | None) -> str:

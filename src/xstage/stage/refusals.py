@@ -33,6 +33,10 @@ REMEDIES: Mapping[tuple[RefusalCode, str], str] = {
         "the EP is not in that build or failed to initialise: see the worker log and xstage devices",
     (_DECLINED, "unmeasured"):
         "the profile could not be read; see the worker log (profiling must be allowed)",
+    (_DECLINED, "evidence_conflict"):
+        "onnxruntime's plan put nodes on the EP but its profile could not confirm it (a kernel "
+        "name that is not the graph's, or no kernel time); see the record's proof notes and "
+        "report it with the record",
     (_DECLINED, "declined"):
         "lower --min-placement to accept the split, or change the graph so the EP takes the "
         "ops it left on the CPU",
@@ -78,10 +82,14 @@ def declined_refusal(cand: Candidate, proof: PlacementProof, worker: Mapping[str
                    f"(it holds {', '.join(proof.session_providers) or 'nothing'})")
     elif cause == "unmeasured":
         message = f"{where}: no usable placement evidence (unmeasured never passes)"
+    elif cause == "evidence_conflict":
+        message = (f"{where}: the plan puts nodes on {proof.target_ep}, but the profile cannot "
+                   "confirm it (evidence_conflict; never passes)")
     else:
         frac = proof.fraction or 0.0
         left = ", ".join(f"{op}×{len(names)}" for op, names in sorted(proof.cpu_nodes.items()))
-        message = (f"{where}: {proof.target_ep} took {frac:.1%} by {proof.basis} "
+        by = f"the {proof.decided_by}" if proof.decided_by else proof.basis
+        message = (f"{where}: {proof.target_ep} took {frac:.1%} by {by} "
                    f"(needs {proof.min_placement:.1%}); left on the CPU: {left or 'nothing'}")
     remedy = REMEDIES.get((_DECLINED, cause), REMEDIES[(_DECLINED, "declined")])
     return Refusal(code=_DECLINED, cause=cause, device=cand.device, route=cand.route.name,

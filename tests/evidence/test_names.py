@@ -1,0 +1,137 @@
+"""The name check (``xstage.evidence.names``) on every captured profile, and on crafted ones.
+
+Every fixture under ``tests/fixtures/profiles`` (onnxruntime 1.19, 1.24 OpenVINO, 1.30 WebGPU,
+1.32) is a real run; its graph's names are the names its session ran with. Each kernel event
+and plan entry must pass the rule, except where the graph's own names fail the worker's check
+(the ``*_quoted`` captures, whose names hold a quote and backslashes): a worker would have run a
+renamed copy, so those profiles are what an unchecked session gives, and nothing in them counts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from xstage.evidence import parse_profile, prove
+from xstage.evidence.names import check_names, session_names
+from xstage_remote.onnx_names import read_nodes
+
+PROFILES = Path(__file__).resolve().parent.parent / "fixtures" / "profiles"
+ALL = sorted(p.name.removesuffix(".meta.json") for p in PROFILES.glob("*.meta.json"))
+UNCHECKED = {name for name in ALL if name.endswith("_quoted")}
+OV, CPU = "OpenVINOExecutionProvider", "CPUExecutionProvider"
+
+
+def _meta(name: str) -> dict:
+    return json.loads((PROFILES / f"{name}.meta.json").read_text())
+
+
+def _capture_module():
+    spec = importlib.util.spec_from_file_location("_capture", PROFILES / "capture.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
+
+
+CAPTURE = _capture_module()
+
+
+def _report(name: str) -> dict:
+    """What the worker reports for the fixture's graph: ``onnx_names.read_nodes`` on the same
+    graph (capture.py builds it deterministically); the names are the ones the session ran with."""
+    cap = next(c for c in CAPTURE.CAPTURES if c.name == name)
+    nodes = read_nodes(CAPTURE.GRAPHS[cap.graph]().SerializeToString())
+    assert [n for n, _, _ in nodes] == [n["name"] for n in _meta(name)["graph"]["nodes"]]
+    return {"renamed": False, "nodes": [{"name": n, "op_type": op, "original": n, "outputs": outs}
+                                        for n, op, outs in nodes]}
+
+
+def _kernels(name: str) -> list[tuple[str, str, str | None]]:
+    events = parse_profile((PROFILES / f"{name}.profile.json").read_bytes()).events
+    return [(e["name"].removesuffix("_kernel_time"), e["op_name"] or "", e["provider"])
+            for e in events if e["cat"] == "Node" and e["name"].endswith("_kernel_time")]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_captured_profile_against_the_rule(name):
+    names = session_names(None, _report(name))
+    kernels = check_names(_kernels(name), names)
+    plan_file = PROFILES / f"{name}.assignment.json"
+    plan = json.loads(plan_file.read_text()) if plan_file.is_file() else []
+    planned = check_names([(n["name"], n["op_type"], None) for sg in plan for n in sg["nodes"]], names)
+    if name in UNCHECKED:
+        assert not kernels.passed and kernels.failed == 2 and names.problems
+    else:
+        assert kernels.passed, kernels.failures
+        assert planned.passed, planned.failures
+
+
+@pytest.mark.parametrize(("event", "op", "provider", "fixture"), [
+    ("fused /MatMulAddFusion/_token_0", "FusedGemm", CPU, "ort119_cpu_mlp"),  # 1.19: trailing /
+    ("fused /MatMulAddFusion_token_0", "FusedGemm", CPU, "ort132_cpu_mlp"),
+    ("Tanh_6", "Tanh", CPU, "ort132_cpu_mlp"),  # <op>_<i> of an unnamed node
+    ("matmul/MatMulAddFusion", "Gemm", "WebGpuExecutionProvider", "webgpu130_det"),
+    ("Memcpy_token_0", "MemcpyFromHost", "WebGpuExecutionProvider", "webgpu130_det"),
+    ("OpenVINOExecutionProvider_OpenVINO-EP-subgraph_1_0", "OpenVINO-EP-subgraph_1", OV, "ov124_det"),
+    ("r1_nchwc", "Conv", CPU, "ort132_cpu_conv"),  # <output>_nchwc
+    ("ReorderInput", "ReorderInput", CPU, "ort132_cpu_conv"),  # inserted, named after its op
+    ("conv1d", "FusedConv", CPU, "ort132_cpu_conv"),  # a rewrite that keeps the node's name
+    ("_if_then_branch_Neg", "Neg", CPU, "ort132_cpu_conv"),  # an If on a constant, inlined
+    ("Transpose_token_3", "Transpose", CPU, "ort132_cpu_vision"),
+    ("node_MatMul_103/MatMulScaleFusion//MatmulTransposeFusion/", "FusedMatMul", CPU, "ort132_cpu_vision"),
+    ("node_Reshape_94_new_reshape", "Reshape", CPU, "ort132_cpu_vision"),
+])
+def test_each_derived_form_is_one_a_capture_shows(event, op, provider, fixture):
+    assert (event, op, provider) in _kernels(fixture)
+    assert check_names([(event, op, provider)], session_names(None, _report(fixture))).passed
+
+
+@pytest.mark.parametrize(("event", "op", "provider"), [
+    ("det", "Relu", CPU),  # a node's name with another op
+    ("Tanh_6", "Relu", CPU),  # <op>_<i> whose op is not <op>
+    ("OpenVINOExecutionProvider_OpenVINO-EP-subgraph_1_0", "OpenVINO-EP-subgraph_2", OV),
+    ("OpenVINOExecutionProvider_OpenVINO-EP-subgraph_1_0", "OpenVINO-EP-subgraph_1", CPU),
+    ("Memcpy", "Relu", CPU),
+    ("nobody", "Relu", OV),  # no node of the graph
+    ("nobody/MatMulAddFusion", "Gemm", OV),
+    ("fused det", "Det", CPU),
+])
+def test_a_name_outside_the_forms_fails(event, op, provider):
+    names = session_names([{"name": "det", "op_type": "Det"}, {"name": "", "op_type": "Tanh"}], None)
+    assert not check_names([(event, op, provider)], names).passed
+
+
+def _inject(name: str) -> tuple[str, list[dict[str, str]]]:
+    """ov124_none as onnxruntime <= 1.30 would write it had its one node been named to forge events.
+
+    The name closes the Det event early and adds a 10-second OpenVINO kernel; the file still
+    loads as JSON. The graph's node list carries the forged name, as its author wrote it.
+    """
+    forged = ('det_kernel_time","args":{"op_name":"Det","provider":"CPUExecutionProvider"}},'
+              '{"cat":"Node","pid":1,"tid":1,"dur":10000000,"ts":1,"ph":"X","name":"x_kernel_time",'
+              '"args":{"op_name":"OpenVINO-EP-subgraph_1","provider":"OpenVINOExecutionProvider"}},'
+              '{"cat":"Node","pid":1,"tid":1,"dur":1,"ts":1,"ph":"X","name":"y')
+    text = (PROFILES / f"{name}.profile.json").read_text()
+    assert text.count('"det_kernel_time"') == 1
+    text = text.replace('"det_kernel_time"', '"' + forged + '_kernel_time"')
+    json.loads(text)  # still valid JSON: no newline needed
+    return text, [{"name": forged, "op_type": "Det"}]
+
+
+def test_an_injected_event_never_places():
+    text, nodes = _inject("ov124_none")
+    plan = json.loads((PROFILES / "ov124_none.assignment.json").read_text())
+    for sg in plan:
+        for node in sg["nodes"]:
+            node["name"] = nodes[0]["name"]
+    for assignment in (None, [], plan):
+        p = prove(target_ep=OV, profile_text=text, assignment=assignment, graph_nodes=nodes,
+                  session_providers=[OV, CPU], min_placement=0.999)
+        assert p.verdict != "placed" and p.names_checked is False, p.notes
+        assert p.verdict == "unmeasured"
