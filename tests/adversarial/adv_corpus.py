@@ -8,19 +8,21 @@ metadata into the expected result, ``test_adversarial`` runs the case for real a
 
 Classes (``CLASSES``, at least five cases each):
 
-* ``injection``: every node is one OpenVINO declines; one node's name carries text crafted to
-  close its profile event early and add kernel events on OpenVINO (onnxruntime-openvino writes
-  node names unescaped; the file stays valid JSON). Varies the payload's node, the text around
-  it, the number and size of the fake events, the fake op names, and whether the real kernel's
-  duration is overwritten by a duplicate key.
+* ``injection``: every node is one OpenVINO declines; the names of a random subset carry text
+  crafted to close their profile event early and claim OpenVINO for the real kernel (at its real
+  ``ts``, so it counts in whichever profiled run it ran), optionally with a duplicate ``dur`` key
+  that JSON readers take over the real one, then add fake OpenVINO subgraph events
+  (onnxruntime-openvino writes node names unescaped; the file stays valid JSON). Varies which
+  nodes, the text around the payload, the number, size and ``ts`` of the fake events, the fake
+  op names.
 * ``injection_cpu``: the same on the ``ort-cpu`` route under onnxruntime 1.19 (no plan, unescaped
-  names): fake events of another provider try to talk a stage that ran wholly on the CPU out of
-  being placed.
+  names): the real kernels claim another provider, to talk a stage that ran wholly on the CPU
+  out of being placed.
 * ``provider_names``: a graph whose plan lists OpenVINO nodes, too few to pass; the payload fakes
   OpenVINO time *and* an event on a provider the plan does not list (so a proof that drops an
   "incomplete" plan decides on the faked time). Varies that provider's name.
-* ``node_counts``: a heavy MatMul (then Relu, Neg) OpenVINO takes, light unary runs it takes, ``k`` light
-  ``Hardmax`` it declines; ``--min-placement`` on either side of the node fraction.
+* ``node_counts``: a heavy MatMul (then Relu, Neg) OpenVINO takes, light unary runs it takes,
+  ``k`` light ``Hardmax`` it declines; ``--min-placement`` on either side of the node fraction.
 * ``cpu_share``: one heavy ``Det`` (declined, >95% of the work) among many light ops OpenVINO
   takes: most nodes on the EP, most time on the CPU.
 * ``device_override``: a simulated device table (an Intel iGPU row the ``ort-openvino`` route
@@ -116,21 +118,39 @@ def _fake_event(name: str, provider: str, op: str, dur: int, ts: int) -> str:
             f'"args":{{"provider":"{provider}","op_name":"{op}"}}}},')
 
 
-def injection_name(rng: random.Random, fakes: list[tuple[str, str, str, int]], *,
-                   zero_real: bool) -> tuple[str, dict[str, Any]]:
-    """A node name that closes its own kernel event early (claiming OpenVINO for it) and adds
-    ``fakes`` = [(event node name, provider, op_name, dur µs)] before a last event that takes the
-    real event's args. onnxruntime appends ``_kernel_time","args" : {...}}`` to it."""
+def injection_name(rng: random.Random, claim: str, fakes: list[tuple[str, str, str, int]], *,
+                   big_dur: int | None) -> tuple[str, dict[str, Any]]:
+    """A node name that closes its own kernel event early, claiming provider ``claim`` for the
+    real kernel (its real ``ts``, so it lands in whichever profiled run it ran in; with
+    ``big_dur``, a duplicate ``dur`` key that JSON readers take over the real one), then adds
+    ``fakes`` = [(event node name, provider, op_name, dur µs)] and a last event that takes the
+    real event's args with ``dur`` 0. onnxruntime appends ``_kernel_time","args" : {...}}``.
+    """
     prefix = "".join(rng.choice("abcdefxyz_") for _ in range(rng.randrange(0, 6)))
     suffix = "".join(rng.choice("abcdefxyz_") for _ in range(rng.randrange(1, 6)))
-    dur_override = ',"dur":0' if zero_real else ""
-    text = (f'{prefix}_kernel_time"{dur_override},"args":{{"provider":"{OV}","op_name":'
+    dur = f',"dur":{big_dur}' if big_dur is not None else ""
+    text = (f'{prefix}_kernel_time"{dur},"args":{{"provider":"{claim}","op_name":'
             f'"{rng.choice(TAKEN_UNARY)}"}}}},')
-    for i, (name, provider, op, dur) in enumerate(fakes):
-        text += _fake_event(name, provider, op, dur, 10 + i)
+    for i, (name, provider, op, fake_dur) in enumerate(fakes):
+        text += _fake_event(name, provider, op, fake_dur, rng.randrange(10, 10**7) + i)
     text += '{"cat":"Node","pid":1,"tid":1,"dur":0,"ts":1,"ph":"X","name":"' + suffix
-    return text, {"prefix": prefix, "suffix": suffix, "fake_events": len(fakes),
-                  "zero_real": zero_real}
+    return text, {"prefix": prefix, "suffix": suffix, "fake_events": len(fakes), "big_dur": big_dur}
+
+
+def _big(rng: random.Random) -> int | None:
+    return rng.randrange(10**6, 10**8) if rng.random() < 0.5 else None
+
+
+def _payloads(rng: random.Random, nodes: list[Node], candidates: list[int], claim: str,
+              fakes: Any) -> tuple[list[int], dict[str, Any]]:
+    """Payloads in a random non-empty subset of ``candidates`` (in place); what was done."""
+    chosen = sorted(rng.sample(candidates, rng.randrange(1, len(candidates) + 1)))
+    metas = []
+    for at in chosen:
+        name, meta = injection_name(rng, claim, fakes(), big_dur=_big(rng))
+        nodes[at] = Node(name, nodes[at].op, nodes[at].taken, nodes[at].work)
+        metas.append(meta)
+    return chosen, {"nodes": chosen, "payloads": metas}
 
 
 def _ov_fakes(rng: random.Random) -> list[tuple[str, str, str, int]]:
@@ -217,27 +237,26 @@ def _heavy_node(op: str, dims: tuple[int, ...], taken: bool) -> Node:
 def _injection(rng: random.Random, i: int) -> Case:
     count = rng.randrange(1, 5)
     nodes = [Node(f"n{j}", DECLINED_LIGHT, False, 32.0) for j in range(count)]
-    at = rng.randrange(count)
-    name, meta = injection_name(rng, _ov_fakes(rng), zero_real=rng.random() < 0.5)
-    nodes[at] = Node(name, DECLINED_LIGHT, False, 32.0)
+    at, meta = _payloads(rng, nodes, list(range(count)), OV, lambda: _ov_fakes(rng))
     mp = round(rng.uniform(0.5, 0.999), 3)
     return Case("injection", str(i), "ort-openvino", mp, tuple(nodes),
-                describe=f"{count} Hardmax, payload in node {at}", payload={**meta, "node": at})
+                describe=f"{count} Hardmax, payloads in nodes {at}", payload=meta)
 
 
 def _injection_cpu(rng: random.Random, i: int) -> Case:
     count = rng.randrange(3, 8)
     nodes = [Node(f"n{j}", rng.choice(TAKEN_UNARY), True, 32.0) for j in range(count)]
-    at = rng.randrange(count)
     other = rng.choice(["OpenVINOExecutionProvider", "CUDAExecutionProvider", "DmlExecutionProvider"])
-    fakes = [(f"fake{j}", other, rng.choice(TAKEN_UNARY), rng.randrange(10**6, 10**8))
-             for j in range(rng.randrange(1, 4))]
-    name, meta = injection_name(rng, fakes, zero_real=rng.random() < 0.5)
-    nodes[at] = Node(name, nodes[at].op, True, 32.0)
+
+    def fakes() -> list[tuple[str, str, str, int]]:
+        return [(f"fake{j}", other, rng.choice(TAKEN_UNARY), rng.randrange(10**6, 10**8))
+                for j in range(rng.randrange(0, 3))]
+
+    at, meta = _payloads(rng, nodes, list(range(count)), other, fakes)
     mp = round(rng.uniform(0.5, 0.99), 3)
     return Case("injection_cpu", str(i), "ort-cpu", mp, tuple(nodes),
-                describe=f"{count} unary ops on the CPU EP, payload in node {at}, fakes on {other}",
-                payload={**meta, "node": at, "provider": other})
+                describe=f"{count} unary ops on the CPU EP, payloads in nodes {at} claiming {other}",
+                payload={**meta, "provider": other})
 
 
 def _provider_names(rng: random.Random, i: int) -> Case:
@@ -251,15 +270,17 @@ def _provider_names(rng: random.Random, i: int) -> Case:
         if nf <= 0.6:
             break
     nodes = _light_nodes(rng, _runs(rng, taken), declined)
-    at = rng.choice([j for j, n in enumerate(nodes) if not n.taken])
-    fakes = [*_ov_fakes(rng), ("other_0", provider, rng.choice(TAKEN_UNARY), rng.randrange(1, 1000))]
-    rng.shuffle(fakes)
-    name, meta = injection_name(rng, fakes, zero_real=rng.random() < 0.5)
-    nodes[at] = Node(name, nodes[at].op, False, nodes[at].work)
+
+    def fakes() -> list[tuple[str, str, str, int]]:
+        out = [*_ov_fakes(rng), ("other_0", provider, rng.choice(TAKEN_UNARY), rng.randrange(1, 1000))]
+        rng.shuffle(out)
+        return out
+
+    at, meta = _payloads(rng, nodes, [j for j, n in enumerate(nodes) if not n.taken], OV, fakes)
     mp = round(rng.uniform(nf + 0.1, 0.999), 3)
     return Case("provider_names", str(i), "ort-openvino", mp, tuple(nodes),
-                describe=f"{taken} taken / {declined} Hardmax, fake provider {provider}",
-                payload={**meta, "node": at, "provider": provider})
+                describe=f"{taken} taken / {declined} Hardmax, payloads in {at}, fake provider {provider}",
+                payload={**meta, "provider": provider})
 
 
 def _node_counts(rng: random.Random, i: int) -> Case:
