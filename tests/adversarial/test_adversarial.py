@@ -34,14 +34,6 @@ CASES = adv_corpus.generate(SEED)
 print(f"\nadversarial corpus seed: {SEED} (set {adv_corpus.SEED_ENV}={SEED} to repeat)")
 
 XFAIL = {
-    "injection": "issue 11: ev1 (the worker runs only node names it checked, or a renamed copy) keeps "
-                 "crafted names out of the profile",
-    "injection_cpu": "issue 11: ev1 (checked or renamed node names) keeps crafted names out of the "
-                     "onnxruntime 1.19 profile",
-    "provider_names": "issue 11: ev1 (name check; conflict table: an event on a provider the plan "
-                      "omits no longer drops a plan that names the target)",
-    "cpu_share": "issue 11: ev1 (time AND node fraction must reach --min-placement; time over "
-                 "profiled runs 2-4)",
     "device_override": "issue 11: ev2 (an --ep-option device_type that selects another device is "
                        "a usage error, exit 64)",
     "device_mismatch": "issue 11: ev2 (device attestation: device_mismatch)",
