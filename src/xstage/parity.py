@@ -902,12 +902,19 @@ def tiebreak_applies(gate: Parity) -> str | None:
 
     Returns:
         None when the gate failed on float criteria only (:data:`FLOAT_RULES`) of a float
-        format; otherwise why the tie-break does not run.
+        format, with no criterion tightened below its default; otherwise why the tie-break
+        does not run.
     """
     if gate.passed:
         return "the comparison passed"
     if gate.fmt == "onnx:a16w8":
         return "A16W8 is not a float format: float64 is not its exact answer"
+    default = DEFAULT_TOLERANCES[(gate.fmt, gate.reference_kind)]
+    tighter = [k for k in gate.non_default
+               if (getattr(gate.tolerance, CRITERIA[k]) > getattr(default, CRITERIA[k])) == (k == "cosine")]
+    if tighter:
+        return (f"the tolerance was tightened ({', '.join(tighter)}): the stated criteria decide, "
+                "not the float64 answer")
     fixed = [m for m in gate.failed_outputs if m.rule not in FLOAT_RULES]
     if fixed:
         return (f"{fixed[0].name} failed on {fixed[0].rule}, a fact float64 evaluation cannot "
