@@ -41,8 +41,9 @@ def test_inference_batchnorm_of_opset_11_uses_the_running_statistics(tmp_path):
         "v": rng.uniform(0.5, 2, 4)}.items()]
     node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=1e-5,
                             momentum=0.9)
-    graph = helper.make_graph([node], "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 3, 3])], inits)
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3, 3])
+    y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 3, 3])
+    graph = helper.make_graph([node], "bn", [x_info], [y_info], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=7)
     path = tmp_path / "bn.onnx"
     onnx.save(model, str(path))
