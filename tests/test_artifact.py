@@ -114,7 +114,10 @@ def test_manifest_names_format_and_component_and_flags_override_or_conflict(tmp_
     art = inspect_artifact(path)
     assert art.component == "vision_tower" and art.format == "onnx:fp32"
     assert art.format_source == "manifest"
-    assert inspect_artifact(path, fmt="onnx:fp16").format_source == "flag"
+    assert inspect_artifact(path, fmt="onnx:fp32").format_source == "flag"
+    with pytest.raises(errors.UsageError, match="--format onnx:fp16 does not match tower.onnx: "
+                       "the graph is onnx:fp32"):
+        inspect_artifact(path, fmt="onnx:fp16")  # a declared format is checked against the graph
     with pytest.raises(errors.UsageError, match="conflicts with the manifest"):
         inspect_artifact(path, component="code2wav")
     where.write_text("{not json")

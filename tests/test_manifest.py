@@ -92,12 +92,30 @@ def test_validate_names_the_manifest(tmp_path):
         validate_manifest([], tmp_path / "m.json")
 
 
+def _fp16_weights(model):
+    """fp16 weights, each cast to float32 where it is used (fp32 I/O): an onnx:fp16 graph."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = model.graph
+    casts = []
+    for init in graph.initializer:
+        if init.data_type == TensorProto.FLOAT:
+            name = init.name
+            init.CopyFrom(numpy_helper.from_array(
+                numpy_helper.to_array(init).astype("float16"), name + "_fp16"))
+            casts.append(helper.make_node("Cast", [name + "_fp16"], [name], to=TensorProto.FLOAT))
+    nodes = casts + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
 def test_fp32_source_from_the_manifest_is_the_reference(tmp_path):
     """An fp16 artifact is gated against its fp32 source, named by the manifest."""
     from xstage.stage import open_stage
 
     fp32 = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "tower-fp32.onnx")
-    path = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "tower.onnx")
+    path = builtin_graphs.write(_fp16_weights(builtin_graphs.mlp()), tmp_path / "tower.onnx")
     write_manifest(path, component="vision_tower", fmt="onnx:fp16", files=[path],
                    source={"kind": "config"}, exporter={}, inputs=[], outputs=[],
                    fp32_source=fp32.name)

@@ -2,12 +2,17 @@
 
 Format and component are inferred from the files themselves — the extension, Q/DQ nodes,
 initializer dtypes, and a manifest beside the graph — and flags override; a flag that
-contradicts what the files say is a usage error rather than a silent choice.
+contradicts what the files say is a usage error rather than a silent choice. A declared format
+(flag or manifest) is checked against the graph: Q/DQ nodes and their activation types for
+``onnx:a16w8``, initializer and input/output dtypes for ``onnx:fp16``/``onnx:fp32``, the
+program's parameter dtypes for ``.pt2`` — because the format picks the gate's tolerance.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +116,7 @@ def _torch_program(path: Path, manifest: dict[str, Any], manifest_file: Path | N
     if component and component != manifest["component"]:
         raise errors.UsageError(f"--component {component} conflicts with the manifest's "
                                 f"{manifest['component']}", remedy="drop --component")
+    _check_declared_pt(path, str(manifest["format"]))
 
     def spec(d: dict[str, Any]) -> IOSpec:
         return IOSpec(d["name"], d["dtype"], tuple(d["shape"]))
@@ -154,6 +160,86 @@ def _onnx_format(model: Any) -> str:
     return "onnx:fp32"
 
 
+def _onnx_facts(model: Any) -> tuple[str, str]:
+    """What the graph is by its own dtypes, and those facts in words (for a mismatch message)."""
+    graph = model.graph
+    qdq = [n for n in graph.node if n.op_type in _QDQ]
+    floats: dict[str, int] = {}
+    for init in graph.initializer:
+        if init.data_type in (1, 10, 11, 16):
+            name = _ONNX_DTYPES[init.data_type]
+            floats[name] = floats.get(name, 0) + 1
+    io = sorted({_ONNX_DTYPES[v.type.tensor_type.elem_type] for v in (*graph.input, *graph.output)
+                 if v.type.tensor_type.elem_type in (1, 10, 11, 16)})
+    inits = ", ".join(f"{n} {t}" for t, n in sorted(floats.items())) or "none"
+    words = (f"{len(qdq)} QuantizeLinear/DequantizeLinear nodes, float initializers: {inits}, "
+             f"float inputs/outputs: {', '.join(io) or 'none'}")
+    if qdq:
+        is_fmt = _onnx_format(model)  # a16w8, or an ArtifactError naming the activation types
+    elif floats:
+        is_fmt = "onnx:fp16" if floats.get("float16", 0) > sum(floats.values()) / 2 else "onnx:fp32"
+    else:
+        is_fmt = "onnx:fp16" if io == ["float16"] else "onnx:fp32"
+    return is_fmt, words
+
+
+def _check_declared_onnx(path: Path, model: Any, fmt: str, source: str) -> None:
+    """A declared format (flag or manifest) must be what the graph's nodes and dtypes say.
+
+    A format chooses the gate's tolerance (A16W8's is ~300x fp32's) and a route's hooks (the
+    OpenVINO f32 pin is skipped for a16w8), so an unchecked declaration would loosen the gate.
+
+    Raises:
+        UsageError: the declaration and the graph disagree (the message says what it is).
+    """
+    if source not in ("flag", "manifest"):
+        return
+    is_fmt, words = _onnx_facts(model)
+    if is_fmt != fmt:
+        said = "--format" if source == "flag" else "the manifest's format"
+        raise errors.UsageError(
+            f"{said} {fmt} does not match {path.name}: the graph is {is_fmt} ({words})",
+            remedy=f"drop the declaration (the graph says {is_fmt}), or pass the graph that "
+                   f"really is {fmt} (xstage quantize / xstage export make one)")
+
+
+#: torch.export's serialized ScalarType codes for the float dtypes a program's weights carry.
+_PT_FLOATS = {6: "float16", 7: "float32", 8: "float64", 13: "bfloat16"}
+
+
+def _check_declared_pt(path: Path, fmt: str) -> None:
+    """A ``.pt2``'s declared format against its program's parameter dtypes.
+
+    The weights' config inside the archive (``*/data/weights/model_weights_config.json``)
+    lists every parameter with its dtype; a program without one is not checked.
+
+    Raises:
+        UsageError: ``pt:fp16`` on float32 weights, or ``pt:fp32`` on float16 ones.
+    """
+    counts: dict[str, int] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for name in archive.namelist():
+                if name.endswith("/data/weights/model_weights_config.json"):
+                    config = json.loads(archive.read(name)).get("config") or {}
+                    for entry in config.values():
+                        code = ((entry or {}).get("tensor_meta") or {}).get("dtype")
+                        if code in _PT_FLOATS:
+                            counts[_PT_FLOATS[code]] = counts.get(_PT_FLOATS[code], 0) + 1
+    except (OSError, zipfile.BadZipFile, ValueError, AttributeError):
+        return  # loading it is the worker's business; it says what is wrong
+    if not counts:
+        return
+    want = "float16" if fmt == "pt:fp16" else "float32"
+    major = max(counts, key=lambda k: counts[k])
+    if major != want and not (fmt == "pt:fp16" and major == "bfloat16"):
+        words = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+        raise errors.UsageError(
+            f"the manifest's format {fmt} does not match {path.name}: its parameters are "
+            f"{words}", remedy="re-export it with xstage export --format matching its weights, "
+            "or fix the manifest")
+
+
 def inspect_artifact(
     path: str | Path, *, fmt: str | None = None, component: str | None = None
 ) -> Artifact:
@@ -191,6 +277,7 @@ def _onnx_graph(path: Path, manifest: dict[str, Any], manifest_file: Path | None
     if manifest_file is not None:
         _check_listed(path, manifest, manifest_file, entries)
     inferred, source = _onnx_format_and_source(path, model, manifest, fmt)
+    _check_declared_onnx(path, model, inferred, source)
     comp = manifest.get("component")
     if component and comp and component != comp:
         raise errors.UsageError(

@@ -28,7 +28,7 @@ CAUSES: dict[RefusalCode, tuple[str, ...]] = {
     RefusalCode.NO_EXPORTED_GRAPH: ("format_not_run_here",),
     RefusalCode.DEVICE_UNREACHABLE: ("no_route", "route_missing"),
     RefusalCode.EP_DECLINED: ("declined", "unmeasured", "provider_swapped", "evidence_conflict"),
-    RefusalCode.NUMERIC_GATE_FAILED: ("tolerance", "nonfinite"),
+    RefusalCode.NUMERIC_GATE_FAILED: ("tolerance", "nonfinite", "elementwise"),
     RefusalCode.BUDGET_EXCEEDS_DEVICE: (
         "over_budget", "peak_over_budget", "capacity_unknown", "peak_unreported"),
 }

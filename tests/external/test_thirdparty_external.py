@@ -140,16 +140,24 @@ def test_third_party_graph_is_placed_gated_and_timed(external, thirdparty, openv
     parity = rec["parity"]
     assert parity["verdict"] == "passed" and parity["reference_kind"] == "same_graph_cpu"
     assert [o["name"] for o in parity["outputs"]] == list(graph.outputs)
-    assert all(o["passed"] and o["criterion"] for o in parity["outputs"])
+    settled = (parity.get("tiebreak") or {}).get("status") == "passed"
+    assert all((o["passed"] or settled) and o["criterion"] for o in parity["outputs"])
     rules = {o["name"]: o["rule"] for o in parity["outputs"]}
     if route == "ort-cpu":  # the same build and options as the reference: bit for bit
         assert all(o["max_abs"] == 0.0 for o in parity["outputs"]), parity["outputs"]
     if (name, route) == ("ppocr-det-v4", "ort-openvino"):
         # A sparse sigmoid map: near zero almost everywhere, so the relative L2 is
-        # ill-conditioned (measured ~3e-3 > 1e-4) and the absolute criterion decides.
+        # ill-conditioned (measured 2.1e-3 > 1e-4) and rule 7's floor would admit it at any
+        # precision; rule 8 refuses it (measured: 163826 of 409600 elements out) and the
+        # float64 tie-break decides: OpenVINO is nearer float64 than the CPU EP (measured
+        # rel_l2 2.1e-05 vs 2.1e-03, max_abs 2.5e-08 vs 1.3e-07).
         (det,) = parity["outputs"]
-        assert rules == {"sigmoid_0.tmp_0": "max_abs"}
+        assert rules == {"sigmoid_0.tmp_0": "elementwise"} and not det["passed"]
         assert det["rel_l2"] > parity["tolerance"]["rel_l2"] and "but max_abs" in det["criterion"]
+        assert parity["tiebreak"]["status"] == "passed" and parity["summary"].startswith(
+            "passed by the float64 tie-break")
+    else:
+        assert parity.get("tiebreak") is None
 
     # Timings: three runs after the warm-ups, compute inside round trip.
     t = rec["timings"]

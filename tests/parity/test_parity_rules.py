@@ -50,12 +50,15 @@ def test_rel_l2_is_computed_in_float64():
 def test_absolute_branch_passes_when_rel_l2_fails():
     """Rule 7, second branch: rel_l2 > t_rel but every element within t_abs·rms(ref) passes.
 
-    A flat error of 5e-4·rms: rel_l2 = 5e-4 > 1e-4, max_abs = 5e-4·rms <= 1e-3·rms.
+    A flat error of 5e-4·rms: rel_l2 = 5e-4 > 1e-4, max_abs = 5e-4·rms <= 1e-3·rms. Rule 8's
+    fp32 bound (1e-5·rms + 1e-4·|r|) refuses that flat error at the defaults: here it is
+    widened to the absolute branch's own bound, so rule 7 decides alone.
     """
     r = np.where(np.arange(1000) % 2, 1.0, -1.0).astype(np.float32)  # rms exactly 1
     y = r + np.float32(5e-4)
-    m = only(compare({"y": y}, {"y": r}, **FP32))
-    assert m.passed and m.rule == "max_abs"
+    assert compare({"y": y}, {"y": r}, **FP32).cause == "elementwise"
+    m = only(compare({"y": y}, {"y": r}, **FP32, tolerance={"elem_a": 1e-3}))
+    assert m.passed and m.rule == "max_abs" and m.n_bad == 0
     assert m.abs_bound == pytest.approx(1e-3)
     assert m.criterion.startswith("rel_l2 5.0e-04 > 1.0e-04 but max_abs 5.0e-04 <= 1.0e-03·rms(ref)=1.0e-03")
 
@@ -292,7 +295,9 @@ def test_to_dict_is_plain_json():
     parity = compare({"a": r, "b": bad, "i": np.arange(3)}, {"a": r, "b": r, "i": np.arange(3)}, **FP32)
     doc = json.loads(json.dumps(parity.to_dict(), allow_nan=False))
     assert doc["verdict"] == "failed" and doc["cause"] == "nonfinite"
-    assert doc["tolerance"] == {"rel_l2": 1e-4, "abs_rms": 1e-3, "min_cosine": 0.999}
+    assert doc["tolerance"] == {"rel_l2": 1e-4, "abs_rms": 1e-3, "min_cosine": 0.999, "elem": 0.0,
+                                "elem_a": 1e-5, "elem_rtol": 1e-4}
+    assert doc["non_default"] == [] and doc["tiebreak"] is None
     assert doc["tolerance_key"] == "onnx:fp32/same_graph_cpu" and doc["tolerance_default"] is True
     assert [o["name"] for o in doc["outputs"]] == ["a", "b", "i"]
     assert doc["outputs"][0]["shape"] == [100]
@@ -344,10 +349,11 @@ def test_rejects_nothing_to_compare():
 def test_explicit_tolerance_object_is_used_as_given():
     """A whole Tolerance replaces the default and is reported as `explicit`."""
     r = ramp()
-    tol = Tolerance(rel_l2=0.5, abs_rms=0.0, min_cosine=-1.0)
+    tol = Tolerance(rel_l2=0.5, abs_rms=0.0, min_cosine=-1.0, elem_rtol=0.5)
     parity = compare({"y": r * np.float32(1.2)}, {"y": r}, **FP32, tolerance=tol)
     assert parity.passed and parity.tolerance is tol and parity.tolerance_source == "explicit"
     assert not parity.tolerance_is_default
+    assert parity.non_default == ("rel_l2", "abs_rms", "cosine", "elem_rtol")
 
 
 def test_byte_order_is_not_a_dtype_mismatch():

@@ -28,6 +28,7 @@ from xstage.record import records_path, write_record
 from xstage.routes import ROUTE_NAMES
 from xstage.stage import open_stage
 from xstage.stage.ledger import Ledger
+from xstage.stage.request import check_criteria
 
 __all__ = ["register"]
 
@@ -56,7 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "take (default 0.5)")
     add_input_flags(p, npz_help="inputs (no pickle); default: synthesized")
     p.add_argument("--reference", metavar="PATH", help="fp32 graph to check against")
-    p.add_argument("--tolerance", type=float, metavar="F", help="relative L2 tolerance override")
+    p.add_argument("--tolerance", metavar="F|K=V,...",
+                   help="the numeric gate's criteria: a number sets rel_l2; or any of "
+                   "rel_l2=X,abs_rms=Y,cosine=Z,elem=B (and elem_a=A,elem_rtol=R); the rest keep "
+                   "their defaults, tighter and looser values both apply")
     p.add_argument("--ep-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an execution provider option (repeatable; wins over the route's hook)")
     p.add_argument("--threads", type=int, metavar="N", help="intra-op threads (both arms)")
@@ -86,6 +90,41 @@ def _ep_options(items: list[str]) -> dict[str, str]:
     return out
 
 
+def parse_tolerance(text: str | None) -> float | dict[str, float] | None:
+    """``--tolerance``: a bare number (rel_l2, as before) or ``KEY=VALUE,...`` criteria.
+
+    Raises:
+        UsageError: not a number and not ``KEY=VALUE`` pairs, a repeated or unknown key, or a
+            value that is not a number (the checks of each value follow in ``open_stage``).
+    """
+    if text is None:
+        return None
+    text = text.strip()
+    if "=" not in text:
+        try:
+            value = float(text)
+        except ValueError:
+            raise errors.UsageError(
+                f"--tolerance {text!r} is neither a number nor KEY=VALUE pairs",
+                remedy="e.g. --tolerance 1e-3 or --tolerance rel_l2=1e-3,elem=1e-4") from None
+        if not value >= 0 or value == float("inf"):
+            raise errors.UsageError(f"--tolerance {text} must be a finite number >= 0")
+        return value
+    criteria: dict[str, float] = {}
+    for item in text.split(","):
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if not sep or not key or not raw:
+            raise errors.UsageError(f"--tolerance: {item!r} is not KEY=VALUE",
+                                    remedy="e.g. --tolerance rel_l2=1e-3,abs_rms=1e-2,cosine=0.999,elem=0")
+        if key in criteria:
+            raise errors.UsageError(f"--tolerance names {key} twice")
+        try:
+            criteria[key] = float(raw)
+        except ValueError:
+            raise errors.UsageError(f"--tolerance {key}={raw!r} is not a number") from None
+    return check_criteria(criteria)
+
+
 def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> None:
     path = write_record(doc, records_path(
         (doc.get("artifact") or {}).get("component"), args.graph or "builtin"))
@@ -107,7 +146,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         stage = open_stage(
             graph, device=args.device, prefer=prefer, route=args.route, offload=args.offload,
             min_placement=args.min_placement, inputs=args.inputs,
-            reference=args.reference or "auto", tolerance=args.tolerance,
+            reference=args.reference or "auto", tolerance=parse_tolerance(args.tolerance),
             ep_options=_ep_options(args.ep_option), threads=args.threads,
             graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
             shapes=parse_shapes(args.shape), dims=parse_dims(args.dim), on_event=out.log,

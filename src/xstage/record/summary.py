@@ -168,13 +168,37 @@ def _proof(doc: Mapping[str, Any]) -> Rows:
 
 def _parity(doc: Mapping[str, Any]) -> Rows:
     parity = doc.get("parity")
-    if not parity:
-        return []
+    if not parity:  # refused: the gate's criteria and tie-break of each gate refusal
+        rows: Rows = []
+        for r in doc["outcome"].get("refusals") or []:
+            gate = (r.get("evidence") or {}).get("parity")
+            if isinstance(gate, Mapping):
+                rows += _gate_extras(gate)
+        return rows
     outputs = parity.get("outputs") or []
     if not outputs or not all("passed" in o and "criterion" in o for o in outputs):
-        return [("parity", verdict_text(parity))]  # case 4
-    return [(f"parity {o['name']}", f"{'passed' if o['passed'] else 'FAILED'}: {o['criterion']}")
-            for o in outputs]  # case 2
+        return [("parity", verdict_text(parity)), *_gate_extras(parity)]  # case 4
+    return [*((f"parity {o['name']}", f"{'passed' if o['passed'] else 'FAILED'}: {o['criterion']}")
+              for o in outputs), *_gate_extras(parity)]  # case 2
+
+
+def _gate_extras(parity: Mapping[str, Any]) -> Rows:
+    """Every gate criterion that is not the default, and the float64 tie-break, when present."""
+    rows: Rows = []
+    changed = parity.get("non_default") or []
+    tol, default = parity.get("tolerance") or {}, parity.get("tolerance_defaults") or {}
+    field = {"cosine": "min_cosine"}
+    if changed:
+        rows.append(("gate criteria", "not the default: " + ", ".join(
+            f"{k}={fmt(tol.get(field.get(k, k)))} (default {fmt(default.get(field.get(k, k)))})"
+            for k in changed)))
+    tiebreak = parity.get("tiebreak")
+    if isinstance(tiebreak, Mapping):
+        detail = tiebreak.get("reason") or "; ".join(
+            f"{o['name']}: stage {fmt(o['stage_rel_l2'])} vs reference {fmt(o['reference_rel_l2'])} "
+            "rel_l2 from float64" for o in tiebreak.get("outputs") or [])
+        rows.append(("float64 tie-break", f"{tiebreak.get('status')}: {detail}"))
+    return rows
 
 
 def _timings(doc: Mapping[str, Any]) -> Rows:

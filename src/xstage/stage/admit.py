@@ -8,7 +8,9 @@ The gates, in order (each one's verdict comes from a pure module; this module on
    the artifact and runs it in one profiled call (an ONNX worker runs it four times: the proof
    times runs 2-4); everything the proof rests on is collected then.
 3. **Proof** (``xstage.evidence``): the stage ran where it was asked.
-4. **Numeric gate** (``xstage.parity``): it computed what the reference computes.
+4. **Numeric gate** (``xstage.parity``): it computed what the reference computes; when the
+   fp32 comparison fails on float criteria, ``xstage.stage.tiebreak`` evaluates the graph in
+   float64 and the stage passes if it is no further from that than the reference is.
 5. **Measured peak** (``xstage.ledger.measured``): the worker's own peak fits the budget.
 
 Whatever fails, one cleanup path (an ``ExitStack``) closes the worker and gives the hold back;
@@ -34,7 +36,7 @@ from xstage.ledger import footprint, measured
 from xstage.planner import Candidate
 from xstage.refusal import Refusal
 from xstage.routes.launch import load_options, open_worker
-from xstage.stage import refusals
+from xstage.stage import refusals, tiebreak
 from xstage.stage.ledger import Holding, Ledger
 
 __all__ = ["Admission", "Setup", "WarmUp", "admit"]
@@ -50,7 +52,7 @@ class Setup:
         reference: the reference arm (``xstage.stage.reference``).
         nodes: the graph's nodes (name, op type), for the ONNX proof; empty for torch.
         min_placement: the fraction of the stage the target must take.
-        tolerance: the gate's relative criterion override, or None.
+        tolerance: the gate's override: a number (rel_l2), a mapping of criteria, or None.
         ep_options: the user's ``--ep-option`` values (they win over a route's hook).
         session: onnxruntime session options (threads, graph optimization level).
         deadlines: per-phase worker deadlines, or None for the defaults.
@@ -65,7 +67,7 @@ class Setup:
     reference: Any
     nodes: tuple[Mapping[str, str], ...]
     min_placement: float
-    tolerance: float | None
+    tolerance: float | Mapping[str, float] | None
     ep_options: Mapping[str, str]
     session: Mapping[str, Any]
     deadlines: Deadlines | None
@@ -129,7 +131,10 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
             return refusals.declined_refusal(cand, proof, warm.worker)
         reference = setup.reference.outputs(setup.feeds)
         gate = parity.compare(warm.outputs, reference, fmt=setup.artifact.format,
-                              reference_kind=setup.reference.kind, tolerance=setup.tolerance)
+                              reference_kind=setup.reference.kind, tolerance=setup.tolerance,
+                              declared={o.name: o.shape for o in setup.artifact.outputs})
+        if gate.verdict != "passed":  # float criteria only: the float64 tie-break may decide
+            gate = tiebreak.settle(gate, setup.artifact, setup.feeds, warm.outputs, reference)
         if gate.verdict != "passed":
             return refusals.gate_refusal(cand, gate, proof, setup.reference.kind, warm.worker)
         memory = warm.info.get("memory") if isinstance(warm.info.get("memory"), dict) else {}

@@ -41,7 +41,8 @@ def open_stage(
     artifact: str | os.PathLike[str], *,
     device: str | None = None, prefer: Sequence[str] | None = None, route: str | None = None,
     offload: bool = False,  # where: one device, devices in order, a pinned route, or offload
-    min_placement: float = 0.5, tolerance: float | None = None,  # the proof's and gate's bars
+    min_placement: float = 0.5,  # the proof's bar; the gate's: rel_l2, or criteria by name
+    tolerance: float | Mapping[str, float] | None = None,
     reference: str | os.PathLike[str] = "auto",
     inputs: Mapping[str, np.ndarray] | str | os.PathLike[str] | None = None,
     shapes: Mapping[str, tuple[int, ...]] | None = None, dims: Mapping[str, int] | None = None,
@@ -55,6 +56,11 @@ def open_stage(
 
     ``offload`` tries every resolved route except the reference arm first, in plan order, and
     the reference arm last (falling through on refusal).
+
+    ``tolerance`` is a number (the relative L2 criterion, as before) or a mapping of
+    ``xstage.parity.CRITERIA`` names (``rel_l2``, ``abs_rms``, ``cosine``, ``elem``,
+    ``elem_a``, ``elem_rtol``) to values; each replaces that criterion's default, tighter or
+    looser, and the rest keep theirs.
 
     Raises:
         Refused: every candidate was refused (``.refusals``, ``.record``).

@@ -42,7 +42,15 @@ REMEDIES: Mapping[tuple[RefusalCode, str], str] = {
         "ops it left on the CPU",
     (_GATE, "tolerance"):
         "look at the decided criterion; for OpenVINO check the precision hint; --tolerance F "
-        "relaxes the relative criterion when the difference is expected",
+        "relaxes the relative criterion when the difference is expected (rel_l2=X,abs_rms=Y,"
+        "cosine=Z,elem=B name each criterion)",
+    (_GATE, "elementwise"):
+        "some elements are wrong while the norm looks fine (a block in lower precision, a wrong "
+        "row): look at the worst element in the criterion; --tolerance elem=B admits a fraction B "
+        "of the elements, elem_a=A and elem_rtol=R widen the bound",
+    (_GATE, "nonfinite"):
+        "NaN or Inf where the reference has none (or the other way round): an overflow in a "
+        "lower precision is the usual cause; no tolerance admits it",
     (_BUDGET, "peak_unreported"):
         "this route's worker does not report the memory of its pool; nothing can confirm the "
         "budget (see docs/memory.md for what each route reports)",
@@ -104,7 +112,7 @@ def gate_refusal(cand: Candidate, gate: Parity, proof: PlacementProof, reference
         code=_GATE, cause=gate.cause or "tolerance", device=cand.device, route=cand.route.name,
         message=f"{_where(cand)} ran the stage and disagreed with the "
                 f"{reference_kind.replace('_', ' ')} reference: {gate.summary}",
-        remedy=REMEDIES[(_GATE, "tolerance")],
+        remedy=REMEDIES.get((_GATE, gate.cause or "tolerance"), REMEDIES[(_GATE, "tolerance")]),
         evidence={"parity": gate.to_dict(), "proof": proof.to_dict(), "worker": dict(worker)})
 
 

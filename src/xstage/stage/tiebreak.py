@@ -1,0 +1,203 @@
+"""The numeric gate's float64 tie-break: the graph evaluated exactly enough to say who is right.
+
+When the fp32 comparison fails on float criteria alone, the stage and the fp32 reference may
+both be right to fp32's precision and still disagree (an ill-conditioned output, a sigmoid map
+near zero). This module evaluates the artifact's graph in float64 with onnx's
+``ReferenceEvaluator`` (every float initializer, input, constant and cast widened to double)
+and hands the answer to :func:`xstage.parity.settle_tiebreak`, which passes the stage only when
+it is no further from float64 than the reference is.
+
+The tie-break is ``unavailable`` (the fp32 verdict stands, the record says why) when:
+
+* the artifact is a torch program: evaluating it in ``.double()`` needs a torch worker of its
+  own, which xstage does not start for this yet;
+* the graph holds more than :data:`MAX_GRAPH_BYTES` (its float64 copy would be twice that);
+* the evaluation passes :data:`TIME_LIMIT_S` (checked between nodes);
+* ``ReferenceEvaluator`` cannot run the graph (an op it does not implement, a custom domain),
+  or an output does not come back as float64.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xstage import parity
+
+__all__ = ["MAX_GRAPH_BYTES", "TIME_LIMIT_S", "Unavailable", "evaluate_float64", "settle"]
+
+#: The largest artifact (weights included) the tie-break evaluates: 256 MiB, 512 MiB in float64,
+#: held beside the stage's own copy only while the tie-break runs.
+MAX_GRAPH_BYTES = 256 * 2**20
+
+#: The longest the evaluation may run. Measured here: PP-OCR det v4 (a 640x640 image, 3.8 MB
+#: of weights) takes 10-16 s in ReferenceEvaluator at float64 (42 s with the VM's 2 cores
+#: shared), PP-OCR rec 1.3 s, the built-ins under 1 s. 120 s is the bound, and a graph that
+#: passes it is ``unavailable``.
+TIME_LIMIT_S = 120.0
+
+_FLOATS = {1, 10, 16}  # FLOAT, FLOAT16, BFLOAT16
+_DOUBLE = 11
+
+
+class Unavailable(Exception):  # noqa: N818 - a state, not an error: the record says "unavailable"
+    """The float64 evaluation cannot run or did not finish; ``str()`` is the reason."""
+
+
+def _widen_tensor(tensor: Any) -> None:
+    from onnx import numpy_helper
+
+    if tensor.data_type in _FLOATS:
+        wide = numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float64), tensor.name)
+        tensor.CopyFrom(wide)
+
+
+def _widen_graph(graph: Any) -> None:
+    """Every float in ``graph`` (and its subgraphs) to double, in place."""
+    from onnx import AttributeProto
+
+    for value in (*graph.input, *graph.output):
+        if value.type.tensor_type.elem_type in _FLOATS:
+            value.type.tensor_type.elem_type = _DOUBLE
+    del graph.value_info[:]  # stale intermediate types; the evaluator does not need them
+    for init in graph.initializer:
+        _widen_tensor(init)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == AttributeProto.TENSOR:
+                _widen_tensor(attr.t)
+            elif attr.type == AttributeProto.GRAPH:
+                _widen_graph(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _widen_graph(sub)
+            elif node.op_type == "Cast" and attr.name == "to" and attr.i in _FLOATS:
+                attr.i = _DOUBLE
+            elif node.op_type == "LayerNormalization" and attr.name == "stash_type":
+                attr.i = _DOUBLE
+        if node.op_type == "Constant":
+            for attr in list(node.attribute):
+                if attr.name in ("value_float", "value_floats"):
+                    values = [attr.f] if attr.name == "value_float" else list(attr.floats)
+                    array = np.array(values if attr.name == "value_floats" else values[0], np.float64)
+                    from onnx import helper, numpy_helper
+
+                    node.attribute.remove(attr)
+                    node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(array)))
+
+
+def _inference_batch_norm() -> type:
+    """BatchNormalization with one output, as inference computes it (running statistics).
+
+    ReferenceEvaluator's opset 9-13 kernel uses the batch's own statistics whenever
+    ``momentum`` is set, and fills it from the schema's default, so every inference BN of an
+    opset-11 graph came out wrong (PP-OCR cls: 1.6 off at the first one). The spec's one-output
+    form is the test mode; this kernel computes it, in the input's precision.
+    """
+    from onnx.reference.op_run import OpRun
+
+    class BatchNormalization(OpRun):  # type: ignore[misc]
+        op_domain = ""
+
+        def _run(self, x, scale, bias, mean, var, epsilon=None, momentum=None,  # type: ignore[no-untyped-def]
+                 training_mode=None, **_unused):
+            shape = (-1,) + (1,) * (x.ndim - 2)
+            eps = 1e-5 if epsilon is None else epsilon
+            y = scale.reshape(shape) * (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) \
+                + bias.reshape(shape)
+            return (y.astype(x.dtype),)
+
+    return BatchNormalization
+
+
+def evaluate_float64(path: Path, feeds: Mapping[str, np.ndarray], *, graph_bytes: int | None = None,
+                     time_limit_s: float = TIME_LIMIT_S) -> dict[str, np.ndarray]:
+    """The ONNX graph at ``path`` evaluated in float64 on ``feeds`` (float feeds widened).
+
+    ``graph_bytes`` is the graph's size with its sidecar files (default: the file's size).
+
+    Raises:
+        Unavailable: the graph is too large, an op cannot be evaluated, the time limit
+            passed, or an output did not come back as float64 (the message says which).
+    """
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    size = path.stat().st_size if graph_bytes is None else graph_bytes
+    if size > MAX_GRAPH_BYTES:
+        raise Unavailable(f"the graph holds {size / 2**20:.0f} MiB, over the tie-break's "
+                          f"{MAX_GRAPH_BYTES // 2**20} MiB limit")
+    try:
+        model = onnx.load(str(path))
+        _widen_graph(model.graph)
+        evaluator = ReferenceEvaluator(model, new_ops=[_inference_batch_norm()])
+    except Exception as exc:  # an op or a domain the evaluator does not know
+        raise Unavailable(f"onnx's ReferenceEvaluator cannot load the graph in float64: "
+                          f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+    deadline = time.monotonic() + time_limit_s
+    for op in getattr(evaluator, "rt_nodes_", []):
+        _deadline(op, deadline, time_limit_s)
+    wide = {n: (a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a)
+            for n, a in feeds.items()}
+    try:
+        values = evaluator.run(None, wide)
+    except Unavailable:
+        raise
+    except Exception as exc:
+        raise Unavailable(f"onnx's ReferenceEvaluator cannot run the graph in float64: "
+                          f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+    names = [o.name for o in model.graph.output]
+    out = {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
+    narrow = [n for n, v in out.items() if v.dtype.kind == "f" and v.dtype != np.float64]
+    if narrow:
+        raise Unavailable(f"the float64 evaluation returned {out[narrow[0]].dtype} for "
+                          f"{narrow[0]} (an op computes in its own precision)")
+    return out
+
+
+def _deadline(op: Any, deadline: float, limit: float) -> None:
+    """Make ``op.run`` raise :class:`Unavailable` once ``deadline`` has passed."""
+    run = op.run
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise Unavailable(f"the float64 evaluation passed its {limit:g} s limit")
+        return run(*args, **kwargs)
+
+    op.run = checked
+
+
+def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
+           outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> parity.Parity:
+    """A failed gate, decided again by the float64 answer where that can change it.
+
+    Args:
+        gate: the fp32 comparison's failed verdict.
+        artifact: the stage's :class:`~xstage.artifact.Artifact` (its graph is evaluated).
+        feeds: the inputs the warm-up ran on.
+        outputs: the stage's outputs.
+        reference: the reference arm's outputs.
+
+    Returns:
+        The gate, passed or still failed, with its ``tiebreak`` recorded (``unavailable``
+        with the reason where it could not run); unchanged where the tie-break does not apply.
+    """
+    if parity.tiebreak_applies(gate) is not None:
+        return gate
+    if artifact.format.startswith("pt:"):
+        return parity.tiebreak_unavailable(
+            gate, "the float64 evaluation of a torch program (.double() in a torch-cpu worker) "
+            "is not built yet", limit_s=TIME_LIMIT_S)
+    started = time.monotonic()
+    try:
+        exact = evaluate_float64(Path(artifact.path), feeds, graph_bytes=artifact.bytes)
+    except Unavailable as exc:
+        return parity.tiebreak_unavailable(gate, str(exc), limit_s=TIME_LIMIT_S,
+                                           max_graph_bytes=MAX_GRAPH_BYTES)
+    return parity.settle_tiebreak(gate, outputs, reference, exact,
+                                  evaluator="onnx.reference.ReferenceEvaluator (float64)",
+                                  seconds=round(time.monotonic() - started, 3))
