@@ -16,12 +16,12 @@ __all__ = ["BASES", "CAUSES", "VERDICTS", "Basis", "Cause", "PlacementProof", "V
 #: The closed verdict set (DESIGN §4).
 VERDICTS = ("placed", "declined", "unmeasured")
 #: The causes a proof can carry (DESIGN §5, ``execution_provider_declined_graph``).
-CAUSES = ("declined", "unmeasured", "provider_swapped")
+CAUSES = ("declined", "unmeasured", "provider_swapped", "outputs_off_device")
 #: What the gate's fraction was computed from.
 BASES = ("plan", "execution")
 
 Verdict = Literal["placed", "declined", "unmeasured"]
-Cause = Literal["declined", "unmeasured", "provider_swapped"]
+Cause = Literal["declined", "unmeasured", "provider_swapped", "outputs_off_device"]
 Basis = Literal["plan", "execution"]
 
 

@@ -94,7 +94,8 @@ def declined_refusal(cand: Candidate, proof: PlacementProof, worker: Mapping[str
         message = (f"{where}: the session does not hold {proof.target_ep} "
                    f"(it holds {', '.join(proof.session_providers) or 'nothing'})")
     elif cause == "unmeasured":
-        message = f"{where}: no usable placement evidence (unmeasured never passes)"
+        why = f" ({proof.notes[-1]})" if proof.notes else ""
+        message = f"{where}: no usable placement evidence{why}; unmeasured never passes"
     else:
         frac = proof.fraction or 0.0
         left = ", ".join(f"{op}×{len(names)}" for op, names in sorted(proof.cpu_nodes.items()))
