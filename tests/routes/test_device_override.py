@@ -13,6 +13,7 @@ from xstage import builtin_graphs, errors, open_stage
 from xstage.device_table import DeviceReport, assemble
 from xstage.host import hardware as hw
 from xstage.record.io import validate_record
+from xstage.record.summary import summary_rows
 from xstage.routes import ROUTE_NAMES, HostInfo, ReasonCode, RouteStatus, get_spec
 from xstage.routes.launch import load_options
 
@@ -93,3 +94,5 @@ def test_a_run_attested_on_another_device_is_refused_device_mismatch(mlp, openvi
         "planned": IGPU, "observed": "cpu", "source": "options_as_applied",
         "detail": "OpenVINO device_type=CPU"}
     assert "ran on cpu, not on gpu_integrated:intel" in refusal["message"]
+    rows = dict(summary_rows(record))
+    assert rows["device"].startswith("cpu (planned gpu_integrated:intel; options_as_applied")
