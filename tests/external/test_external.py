@@ -145,6 +145,7 @@ def test_a_loop_openvino_claims_and_cannot_compile_is_refused(external, openvino
     assert (refusal["code"], refusal["cause"]) == ("execution_provider_declined_graph",
                                                    "ep_compile_failed")
     assert "failed to compile" in refusal["message"] and "Traceback" not in r.stderr
+    assert r.record["device_attestation"]["source"] == "unattested"
 
 
 def test_openvino_told_to_compute_in_bf16_fails_the_gate_naming_the_criterion(

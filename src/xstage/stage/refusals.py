@@ -135,7 +135,10 @@ def compile_refusal(cand: Candidate, art: Artifact, exc: errors.WorkerRaised, lo
         message=f"{_where(cand)}: the EP took {art.path.name} and then failed to compile it: "
                 f"{_first_line(exc.message)}",
         remedy=REMEDIES[(_DECLINED, "ep_compile_failed")] + f" (worker log: {log})",
-        evidence={"error": exc.message[-4000:], "worker": dict(worker)})
+        evidence={"error": exc.message[-4000:], "worker": dict(worker),
+                  "device_attestation": Attestation(
+                      planned=cand.device, observed=None, source="unattested",
+                      detail="the EP failed to compile the stage: nothing ran").to_dict()})
 
 
 def gate_refusal(cand: Candidate, gate: Parity, proof: PlacementProof, reference_kind: str,
