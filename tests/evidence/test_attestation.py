@@ -71,3 +71,6 @@ def test_the_cpu_ep_and_torch_attest_by_the_runtime():
     assert judge(split) == "device_mismatch"
     assert judge(attest(planned="gpu_discrete:nvidia:0", ep="CUDAExecutionProvider",
                         ep_options={"device_id": "0"})) is None
+    other_card = attest(planned="gpu_discrete:nvidia:0", ep="CUDAExecutionProvider",
+                        ep_options={"device_id": "1"})
+    assert other_card.observed == "gpu:nvidia:1" and judge(other_card) == "device_mismatch"

@@ -52,8 +52,9 @@ class Attestation:
 
     Attributes:
         planned: the xstage device id the plan chose (``gpu_integrated:intel``, ``cpu``).
-        observed: the device observed, as ``<class>`` or ``<class>:<vendor>`` (``cpu``,
-            ``gpu:intel``, ``npu``); None when unattested.
+        observed: the device observed, as ``<class>``, ``<class>:<vendor>`` or
+            ``<class>:<vendor>:<index>`` (``cpu``, ``gpu:intel``, ``gpu:nvidia:1``), several
+            joined by commas; None when unattested.
         source: ``runtime``, ``ep_device_api``, ``options_as_applied`` or ``unattested``.
         detail: what the observation rests on, for people (the raw value reported).
     """
@@ -136,8 +137,11 @@ def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] 
                                f"OpenVINO device_type={options['device_type']}")
     if ep is not None and ep in _GPU_BY_ID:
         vendor = _GPU_BY_ID[ep]
-        return Attestation(planned, _observed("gpu", vendor), "options_as_applied",
-                           f"{ep} device_id={options.get('device_id', '0')}")
+        index = options.get("device_id", "0")
+        # The index is comparable with the xstage id's only where the vendor's own numbering is
+        # used on both sides (CUDA, ROCm); DirectML's adapter index is its own.
+        seen = f"gpu:{vendor}:{index}" if vendor and index.isdigit() else _observed("gpu", vendor)
+        return Attestation(planned, seen, "options_as_applied", f"{ep} device_id={index}")
     return Attestation(planned, None, "unattested",
                        f"{ep or 'the runtime'} reports no device it runs on")
 
@@ -147,8 +151,11 @@ def judge(att: Attestation) -> Literal["device_mismatch", "unmeasured"] | None:
     kind, vendor = device_class(att.planned)
     if att.observed is None:
         return None if kind == "cpu" else "unmeasured"
+    planned_index = att.planned.split(":")[2] if att.planned.count(":") == 2 else None
     for one in att.observed.split(","):
-        got, _, got_vendor = one.partition(":")
+        got, got_vendor, got_index = (one.split(":") + ["", ""])[:3]
         if got != kind or (vendor and got_vendor and got_vendor != vendor):
+            return "device_mismatch"
+        if planned_index and got_index and got_index != planned_index:
             return "device_mismatch"
     return None

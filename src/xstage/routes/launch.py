@@ -89,7 +89,8 @@ def _override_error(status: RouteStatus, info: Mapping[str, Any],
     for dev, sel in (info.get("devices") or {}).items():  # a plugin EP: its device selectors
         per_device.setdefault(dev, {"device_type": str((sel or {}).get("device_type") or "")})
     wanted = {k.lower() for k in over.selects}
-    named = [dev for dev, opts in per_device.items()
+    named = [d for d in status.devices if d in over.selects]  # it names an xstage device
+    named += [dev for dev, opts in per_device.items()
              if str((opts or {}).get(over.option, "")).split(".")[0].lower() in wanted]
     if not named:
         named = [d for d in status.devices if (d.split(":")[0].replace("gpu_integrated", "gpu")
@@ -97,7 +98,7 @@ def _override_error(status: RouteStatus, info: Mapping[str, Any],
     if not named and "cpu" in wanted:
         named = ["cpu"]
     choice = (f"--device {' or --device '.join(named)}" if named
-              else f"a --device of class {', '.join(over.selects)}")
+              else f"the --device of {', '.join(over.selects)} (xstage devices lists them)")
     return errors.UsageError(
         f"--ep-option {over.option}={over.value} makes {status.spec.ep} run on "
         f"{', '.join(over.selects)}, but the plan put the stage on {over.planned}: the record, "

@@ -83,9 +83,16 @@ def dml(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, s
 
 
 def cuda(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, str]) -> list[str]:
-    """``gpu_discrete:nvidia:<i>`` → ``device_id=<i>``."""
-    if device and device.count(":") == 2 and "device_id" not in user:
-        opts["device_id"] = device.rsplit(":", 1)[1]
+    """``gpu_discrete:nvidia:<i>`` → ``device_id=<i>``; a user ``device_id`` for another card
+    than the planned one is a usage error (``DeviceOverride``)."""
+    if device and device.count(":") == 2:
+        index = device.rsplit(":", 1)[1]
+        wanted = user.get("device_id")
+        if wanted is not None and wanted != index:
+            raise DeviceOverride("device_id", wanted, (f"{device.rsplit(':', 1)[0]}:{wanted}",),
+                                 device)
+        if wanted is None:
+            opts["device_id"] = index
     return []
 
 
