@@ -27,7 +27,8 @@ class RefusalCode(str, enum.Enum):
 CAUSES: dict[RefusalCode, tuple[str, ...]] = {
     RefusalCode.NO_EXPORTED_GRAPH: ("format_not_run_here",),
     RefusalCode.DEVICE_UNREACHABLE: ("no_route", "route_missing"),
-    RefusalCode.EP_DECLINED: ("declined", "unmeasured", "provider_swapped", "evidence_conflict"),
+    RefusalCode.EP_DECLINED: ("declined", "unmeasured", "provider_swapped", "evidence_conflict",
+                              "device_mismatch", "ep_compile_failed", "outputs_off_device"),
     RefusalCode.NUMERIC_GATE_FAILED: ("tolerance", "nonfinite", "elementwise"),
     RefusalCode.BUDGET_EXCEEDS_DEVICE: (
         "over_budget", "peak_over_budget", "capacity_unknown", "peak_unreported"),

@@ -122,6 +122,56 @@ FALLBACK_MARK = "Falling back to"
 #: Profiled runs of the warm-up call: the proof's time fraction sums runs 2-4.
 PROFILED_RUNS = 4
 
+#: What the runtime's C++ log says when an EP moves work to another device on its own
+#: (OpenVINO: "Model compilation failed at OV NPU. Falling back to OV CPU for execution").
+_LOG_MARKS = ("falling back", "fallback")
+
+
+class _StderrCapture(object):
+    """Copies what the runtime's C++ layer writes to fd 2 while it compiles or first runs.
+
+    onnxruntime's default logger writes there (the OpenVINO EP's CPU-fallback warning among
+    it); the text is passed on to the real stderr (the worker log) afterwards, and the lines
+    that speak of a fallback become evidence.
+    """
+
+    def __init__(self):
+        self.lines = []
+        self._saved = None
+        self._file = None
+
+    def __enter__(self):
+        try:
+            sys.stderr.flush()
+            self._file = tempfile.TemporaryFile()
+            self._saved = os.dup(2)
+            os.dup2(self._file.fileno(), 2)
+        except (OSError, ValueError):
+            self._saved = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is None:
+            return False
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._file.seek(0)
+        data = self._file.read()
+        self._file.close()
+        if data:
+            try:
+                os.write(2, data)
+            except OSError:
+                pass
+        text = data.decode("utf-8", "replace")
+        self.lines = [ln.strip() for ln in text.splitlines()
+                      if any(m in ln.lower() for m in _LOG_MARKS)][:20]
+        return False
+
 
 def load(path, options):
     """Build a session for ``path`` exactly as ``options`` describe; see OrtRuntime.
@@ -161,7 +211,9 @@ def load(path, options):
     bound_device = None
     tee = _Tee(sys.stdout)
     saved, sys.stdout = sys.stdout, tee
+    capture = _StderrCapture()
     try:
+        capture.__enter__()
         if plugin:
             _register_plugin(ort, plugin["module"], plugin.get("registration") or plugin["module"])
             select = plugin.get("select") or {}
@@ -184,6 +236,7 @@ def load(path, options):
             session = ort.InferenceSession(model, sess_options=so, providers=providers,
                                            enable_fallback=0)
     finally:
+        capture.__exit__(None, None, None)
         sys.stdout = saved
         if leftover is not None:  # the session has read it (external data too)
             try:
@@ -203,10 +256,25 @@ def load(path, options):
         "assignment_supported": assignment_supported,
         "bound_device": bound_device,
         "ep_options": dict(ep.get("options") or {}),
+        "ep_options_as_applied": _applied_options(session, ep["name"], ep.get("options")),
+        "runtime_log": list(capture.lines),
         "onnxruntime": ort.__version__,
         "node_names": names,
     }
     return OrtRuntime(ort, session, ep["name"], load_s, bound_device, evidence, tmpdir)
+
+
+def _applied_options(session, name, given):
+    """The EP's options as the session holds them, where it reports them; else as handed over.
+
+    ``get_provider_options()`` answers with the EP's own view for some EPs (CUDA) and an empty
+    dict for others (OpenVINO 1.24): then the options the worker applied are what there is.
+    """
+    try:
+        held = dict((session.get_provider_options() or {}).get(name) or {})
+    except Exception:  # an old build, or a plugin EP the call does not cover
+        held = {}
+    return {str(k): str(v) for k, v in (held or dict(given or {})).items()}
 
 
 def _assignment(session):
@@ -248,9 +316,14 @@ class OrtRuntime:
     def run(self, feeds):
         """Outputs by name, in graph order, for inputs by name."""
         names = [o["name"] for o in self.outputs]
-        for _ in range(self._extra_profiled_runs()):
-            self.session.run(names, feeds)
-        values = self.session.run(names, feeds)
+        if self._profile_dir is not None:  # the first runs: a compiling EP may compile here
+            with _StderrCapture() as capture:
+                for _ in range(self._extra_profiled_runs()):
+                    self.session.run(names, feeds)
+                values = self.session.run(names, feeds)
+            self.evidence["runtime_log"] = self.evidence.get("runtime_log", []) + capture.lines
+        else:
+            values = self.session.run(names, feeds)
         self._after_first_run()
         return dict(zip(names, values))
 

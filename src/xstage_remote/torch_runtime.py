@@ -28,14 +28,23 @@ def _dtype_tag(dtype):
     return str(dtype).replace("torch.", "")
 
 
+#: Higher-order ops a program may hold (control flow): logged themselves, and run through
+#: their dense kernel with the mode still on, so the ops inside their branches and bodies log.
+_HIGHER_ORDER = ("cond", "while_loop", "map_impl", "scan", "associative_scan")
+
+
 class _OpLog(object):
-    """A TorchDispatchMode that counts ops by (name, input devices, output devices)."""
+    """A TorchDispatchMode that counts ops by (name, input devices, output devices), with the
+    time each kind took on the host (a device op's time there is its launch; the device's
+    kernel time comes from the profiler)."""
 
     def __init__(self, torch):
         from torch.utils._python_dispatch import TorchDispatchMode
 
         counts = {}
+        times = {}
         self.counts = counts
+        self.times = times
 
         def devices(obj, out):
             # A 0-d CPU tensor is a scalar a device kernel takes by value (PyTorch allows it
@@ -52,20 +61,71 @@ class _OpLog(object):
                     devices(o, out)
             return out
 
+        def note(name, args, kwargs, result, seconds):
+            ins = tuple(sorted(set(devices((args, kwargs or {}), []))))
+            outs = tuple(sorted(set(devices(result, []))))
+            key = (name, ins, outs)
+            counts[key] = counts.get(key, 0) + 1
+            times[key] = times.get(key, 0.0) + seconds
+
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                t0 = time.perf_counter()
                 result = func(*args, **(kwargs or {}))
-                ins = tuple(sorted(set(devices((args, kwargs or {}), []))))
-                outs = tuple(sorted(set(devices(result, []))))
-                key = (str(func.overloadpacket.__name__), ins, outs)
-                counts[key] = counts.get(key, 0) + 1
+                note(str(func.overloadpacket.__name__), args, kwargs, result,
+                     time.perf_counter() - t0)
                 return result
 
         self.mode = Mode()
+        _register_higher_order(torch, Mode, note)
 
     def records(self):
-        return [{"op": k[0], "in": list(k[1]), "out": list(k[2]), "count": n}
+        return [{"op": k[0], "in": list(k[1]), "out": list(k[2]), "count": n,
+                 "time_us": round(self.times.get(k, 0.0) * 1e6, 3)}
                 for k, n in sorted(self.counts.items())]
+
+
+def _cond_dense(pred, true_fn, false_fn, operands):
+    """``cond``'s own dense kernel refuses to run under a mode: take the branch it would."""
+    return (true_fn if bool(pred) else false_fn)(*operands)
+
+
+def _hop_rule(name, dense, note):
+    if name == "cond":
+        dense = _cond_dense
+
+    def rule(mode, *args, **kwargs):
+        t0 = time.perf_counter()
+        with mode:
+            result = dense(*args, **kwargs)
+        note("hop:" + name, args, kwargs, result, time.perf_counter() - t0)
+        return result
+    return rule
+
+
+def _register_higher_order(torch, mode_class, note):
+    """Teach ``mode_class`` the higher-order ops this torch has (``torch.cond`` otherwise fails
+    under a dispatch mode: "no rule registered for HigherOrderOperator cond").
+
+    Each one is logged as ``hop:<name>`` (control flow: not counted, its time contains its
+    body's) and run through its dense kernel with the mode pushed again, so every op inside
+    its branches, body or mapped function is logged like any other.
+    """
+    try:
+        from torch._C import DispatchKey
+    except ImportError:
+        return
+    for name in _HIGHER_ORDER:
+        hop = getattr(torch.ops.higher_order, name, None)
+        dense = getattr(hop, "py_kernels", {}).get(DispatchKey.CompositeExplicitAutograd) \
+            if hop is not None else None
+        if dense is None or mode_class in getattr(hop, "python_key_table", {}):
+            continue
+
+        try:
+            hop.py_impl(mode_class)(_hop_rule(name, dense, note))
+        except Exception:  # an older torch without mode rules for this op: it stays unhandled
+            continue
 
 
 def load(path, options):

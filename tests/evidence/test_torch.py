@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from xstage.evidence.torch import prove_torch
 
 
@@ -66,3 +68,38 @@ def test_directml_adapter_is_chosen_by_name_never_index_0():
         pick_adapter(names, None)  # no name: never a silent adapter 0
     with pytest.raises(RuntimeError, match="2 matches"):
         pick_adapter(["AMD Radeon", "AMD Radeon"], "AMD Radeon")
+
+
+def _timed(op, ins, outs, n=1, us=10.0):
+    return {"op": op, "in": ins, "out": outs, "count": n, "time_us": us}
+
+
+def test_higher_order_ops_are_control_flow_their_inner_ops_count():
+    ops = [_timed("hop:cond", CPU, CPU), _timed("sin", CPU, CPU, 2), _timed("gt", CPU, CPU)]
+    proof = prove_torch(ops=ops, output_devices=["cpu"], target_device="cpu")
+    assert proof.verdict == "placed" and (proof.nodes_on_target, proof.nodes_total) == (3, 3)
+    assert proof.control_flow_kernels == 1 and any("cond×1" in n for n in proof.notes)
+
+
+def test_nothing_counted_is_unmeasured_not_declined():
+    ops = [_timed("view", CPU, CPU), _timed("hop:while_loop", CPU, CPU)]
+    proof = prove_torch(ops=ops, output_devices=["cpu"], target_device="cpu")
+    assert (proof.verdict, proof.cause, proof.fraction) == ("unmeasured", "unmeasured", None)
+
+
+def test_outputs_off_the_device_have_their_own_cause():
+    proof = prove_torch(ops=[_timed("mm", GPU, GPU)], output_devices=["cpu"],
+                        target_device="cuda")
+    assert (proof.verdict, proof.cause) == ("declined", "outputs_off_device")
+
+
+def test_the_time_fraction_declines_a_stage_whose_work_is_on_the_cpu():
+    """31 of 32 ops on the device, 98% of the time on the CPU: declined at 0.9."""
+    ops = [_timed("add", GPU, GPU, 31, us=31.0), _timed("mm", CPU, CPU, 1, us=2000.0)]
+    kernels = {"device_kernels": 31, "device_time_us": 40.0}
+    proof = prove_torch(ops=ops, output_devices=["cuda:0"], target_device="cuda",
+                        min_placement=0.9, kernels=kernels)
+    assert proof.node_fraction == pytest.approx(31 / 32)
+    assert proof.time_fraction == pytest.approx(40 / 2040)
+    assert (proof.verdict, proof.cause) == ("declined", "declined")
+    assert proof.fraction == proof.time_fraction

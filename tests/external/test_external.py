@@ -38,6 +38,9 @@ def test_openvino_takes_the_mlp_whole(external, graphs, openvino_python):
     assert proof["verdict"] == "placed" and proof["basis"] == "plan"
     assert proof["node_fraction"] == 1.0 and proof["target_ep"] == "OpenVINOExecutionProvider"
     assert any("INFERENCE_PRECISION_HINT=f32" in n for n in r.record["worker"]["notes"])
+    assert r.record["device_attestation"] == {
+        "planned": "cpu", "observed": "cpu", "source": "options_as_applied",
+        "detail": "OpenVINO device_type=CPU"}
 
 
 def _summary_row(stdout: str, key: str) -> str:
@@ -134,16 +137,44 @@ def test_a_node_name_that_forges_openvino_events_cannot_place_a_cpu_graph(extern
     assert proof["cpu_nodes"] == {"Hardmax": [forged]} and proof["timed_runs"] == [2, 3, 4]
 
 
-def test_a_device_the_ep_cannot_open_is_provider_swapped(external, graphs, openvino_python):
-    """device_type=NPU on a machine without one: onnxruntime builds the session without the
-    EP and says nothing; the proof names the swap."""
+def test_an_ep_option_for_another_device_is_a_usage_error(external, graphs, openvino_python):
+    """device_type=NPU for a stage planned on the CPU: no re-planning, no record (issue 11);
+    before, onnxruntime built the session without the EP and the proof named a swap."""
     r = external("--graph", str(graphs["mlp"]), "--route", "ort-openvino",
                  "--ep-option", "device_type=NPU",
+                 env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
+    assert r.code == 64 and r.record is None, r.stderr
+    assert "--ep-option device_type" in r.stderr and "--device" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_loop_openvino_claims_and_cannot_compile_is_refused(external, openvino_python, tmp_path):
+    """OpenVINO takes the Loop at placement, then fails to compile it: exit 2, ep_compile_failed."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import save
+
+    body = h.make_graph(
+        [h.make_node("Identity", ["cond_in"], ["cond_out"]), h.make_node("Add", ["y_in", "one"], ["y_out"])],
+        "body", [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("cond_in", T.BOOL, []),
+                 h.make_tensor_value_info("y_in", T.FLOAT, [4])],
+        [h.make_tensor_value_info("cond_out", T.BOOL, []), h.make_tensor_value_info("y_out", T.FLOAT, [4])],
+        [h.make_tensor("one", T.FLOAT, [1], [1.0])])
+    graph = h.make_graph(
+        [h.make_node("Loop", ["M", "cond", "x"], ["y"], body=body)], "loop",
+        [h.make_tensor_value_info("x", T.FLOAT, [4])], [h.make_tensor_value_info("y", T.FLOAT, [4])],
+        [h.make_tensor("M", T.INT64, [], [3]), h.make_tensor("cond", T.BOOL, [], [True])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    save(model, tmp_path / "loop.onnx")
+    r = external("--graph", str(tmp_path / "loop.onnx"), "--route", "ort-openvino",
                  env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
     assert r.code == 2, r.stderr
     refusal = _refusal(r.record)
     assert (refusal["code"], refusal["cause"]) == ("execution_provider_declined_graph",
-                                                   "provider_swapped")
+                                                   "ep_compile_failed")
+    assert "failed to compile" in refusal["message"] and "Traceback" not in r.stderr
+    assert r.record["device_attestation"]["source"] == "unattested"
 
 
 def test_openvino_told_to_compute_in_bf16_fails_the_gate_naming_the_criterion(

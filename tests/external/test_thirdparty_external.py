@@ -205,22 +205,23 @@ def _silero_on_openvino(external, thirdparty, openvino_python, tmp_path):
                     "--route", "ort-openvino", env=_env("ort-openvino", openvino_python))
 
 
-def test_canonical_silero_vad_fails_to_load_on_ort_openvino_as_an_error(
+def test_canonical_silero_vad_is_refused_ep_compile_failed_on_ort_openvino(
         external, thirdparty, openvino_python, tmp_path):
-    """OpenVINO's CPU plugin refuses the If subgraph's dynamic-rank Parameter at compile time:
-    not a refusal (nothing was placed or measured), an ArtifactError naming the route, exit 1."""
+    """OpenVINO claims the If and its branches, then its CPU plugin refuses the else branch's
+    dynamic-rank Parameter at compile time: the EP's failure after placement, so a refusal
+    (``ep_compile_failed``, exit 2, issue 11), not the ArtifactError (exit 1) it was before."""
     r = _silero_on_openvino(external, thirdparty, openvino_python, tmp_path)
-    assert r.code == 1, r.stderr[-3000:]
+    assert r.code == 2, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
-    first = next(line for line in r.stderr.splitlines() if line.startswith("error: "))
-    assert first.startswith("error: ort-openvino could not load or run silero_vad.onnx: ")
-    assert "Parameter operation with dynamic rank" in r.stderr
-    assert "hint: check the graph loads in that route's onnxruntime (1.24" in r.stderr
     outcome = r.record["outcome"]
-    assert outcome["status"] == "error" and outcome["exit_code"] == 1 and outcome["refusals"] == []
-    assert outcome["error"]["type"] == "ArtifactError"
+    assert outcome["status"] == "refused" and outcome["exit_code"] == 2
+    refusal = outcome["refusals"][-1]
+    assert (refusal["code"], refusal["cause"]) == ("execution_provider_declined_graph",
+                                                   "ep_compile_failed")
+    assert "Parameter operation with dynamic rank" in refusal["message"]
+    assert "--route ort-cpu" in refusal["remedy"]
     _TABLE.append({"graph": "silero-vad", "route": "ort-openvino", "exit": r.code,
-                   "verdict": "- (ArtifactError: load failed)", "basis": "-", "fraction": "-",
+                   "verdict": "- (refused: ep_compile_failed)", "basis": "-", "fraction": "-",
                    "nodes": "-", "left on CPU": "-", "deciding rule per output": "-",
                    "compute p50": "-", "round trip p50": "-"})
 

@@ -13,6 +13,7 @@ import pytest
 
 from xstage.routes import ROUTE_NAMES, get_spec
 from xstage.routes.hooks import VERIFIED, ep_options_for
+from xstage.routes.option_hooks import DeviceOverride
 
 ONNX_ROUTES = [n for n in ROUTE_NAMES if n.startswith("ort-")]
 F32_CPU = json.dumps({"CPU": {"INFERENCE_PRECISION_HINT": "f32"}})
@@ -46,8 +47,25 @@ def test_every_route_returns_strings_and_leaves_its_arguments_alone(route):
 def test_user_options_always_win(route):
     """Whatever a hook fills in, ``--ep-option`` overrides it, key by key."""
     user = {"device_id": "7", "load_config": "{}", "device_type": "CPU", "cache_dir": "/c"}
-    opts, _ = ep_options_for(route, "onnx:fp32", "gpu_discrete:nvidia:1", _base(route), user)
+    # A user option must select the planned device (test_device_override.py): OpenVINO's
+    # device_type=CPU plans the CPU, CUDA's device_id=7 the eighth card.
+    device = "cpu" if route == "ort-openvino" else "gpu_discrete:nvidia:7"
+    opts, _ = ep_options_for(route, "onnx:fp32", device, _base(route), user)
     assert {k: opts[k] for k in user} == user
+
+
+def test_cuda_device_id_for_another_card_is_refused_by_the_hook():
+    with pytest.raises(DeviceOverride) as caught:
+        ep_options_for("ort-cuda", "onnx:fp32", "gpu_discrete:nvidia:0", {}, {"device_id": "1"})
+    assert caught.value.selects == ("gpu_discrete:nvidia:1",)
+    opts, _ = ep_options_for("ort-cuda", "onnx:fp32", "gpu_discrete:nvidia:1", {}, {"device_id": "1"})
+    assert opts["device_id"] == "1"
+
+
+def test_openvino_device_type_for_another_device_is_refused_by_the_hook():
+    with pytest.raises(DeviceOverride) as caught:
+        ep_options_for("ort-openvino", "onnx:fp32", "gpu_integrated:intel", {}, {"device_type": "CPU"})
+    assert caught.value.selects == ("cpu",) and caught.value.option == "device_type"
 
 
 # -- ort-cpu (verified) ----------------------------------------------------------------------------
@@ -77,8 +95,8 @@ def test_openvino_names_the_device_type_that_runs():
     opts, _ = ep_options_for("ort-openvino", "onnx:fp32", "gpu_integrated:intel",
                              {"device_type": "GPU.0"}, None)
     assert json.loads(opts["load_config"]) == {"GPU": {"INFERENCE_PRECISION_HINT": "f32"}}
-    opts, _ = ep_options_for("ort-openvino", "onnx:fp32", "cpu", _base("ort-openvino"),
-                             {"device_type": "GPU"})
+    opts, _ = ep_options_for("ort-openvino", "onnx:fp32", "gpu_integrated:intel",
+                             _base("ort-openvino"), {"device_type": "GPU"})
     assert opts == {"device_type": "GPU", "load_config": F32_GPU}
 
 
@@ -159,11 +177,12 @@ def test_cuda_maps_the_device_index_to_device_id(route):
 @pytest.mark.parametrize("route", ["ort-cuda", "ort-tensorrt"])
 def test_cuda_keeps_the_default_without_an_index_and_the_users_device_id(route):
     """Written from documentation, not run: a device id without an index keeps device_id 0; the
-    user's device_id is never replaced."""
+    user's device_id is never replaced (one for another card than the planned one is a usage
+    error: test_cuda_device_id_for_another_card_is_refused_by_the_hook)."""
     assert ep_options_for(route, "onnx:fp32", "gpu_discrete:nvidia", _base(route), None) == (
         {"device_id": "0"}, [])
     assert ep_options_for(route, "onnx:fp32", None, _base(route), None) == ({"device_id": "0"}, [])
-    assert ep_options_for(route, "onnx:fp32", "gpu_discrete:nvidia:1", _base(route),
+    assert ep_options_for(route, "onnx:fp32", "gpu_discrete:nvidia", _base(route),
                           {"device_id": "3"}) == ({"device_id": "3"}, [])
 
 

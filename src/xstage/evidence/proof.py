@@ -16,13 +16,13 @@ __all__ = ["BASES", "CAUSES", "VERDICTS", "Basis", "Cause", "PlacementProof", "V
 #: The closed verdict set (DESIGN §4).
 VERDICTS = ("placed", "declined", "unmeasured")
 #: The causes a proof can carry (DESIGN §5, ``execution_provider_declined_graph``).
-CAUSES = ("declined", "unmeasured", "provider_swapped", "evidence_conflict")
+CAUSES = ("declined", "unmeasured", "provider_swapped", "evidence_conflict", "outputs_off_device")
 #: Which layer decided (DESIGN §4's table: ``execution (plan incomplete)`` is its case (a);
 #: ``execution`` alone is what records before 0.2 say).
 BASES = ("plan", "execution", "execution (plan incomplete)")
 
 Verdict = Literal["placed", "declined", "unmeasured"]
-Cause = Literal["declined", "unmeasured", "provider_swapped", "evidence_conflict"]
+Cause = Literal["declined", "unmeasured", "provider_swapped", "evidence_conflict", "outputs_off_device"]
 Basis = Literal["plan", "execution", "execution (plan incomplete)"]
 
 

@@ -39,10 +39,13 @@ def build_record(
     timings: Mapping[str, Any] | None = None,
     memory: Mapping[str, Any] | None = None,
     ledger: Mapping[str, Any] | None = None,
+    device_attestation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The versioned record every ``external`` run writes, placed, refused or failed.
 
     ``exit_code`` defaults to the one ``status`` implies (``xstage.exit_codes``).
+    ``device_attestation`` is the attested device of the chosen candidate, or of the last one
+    refused after its worker ran (DESIGN §4 layer 3); None where no worker ran.
     """
     candidates = _candidates(plan, tried)
     chosen = next(({"device": c.device, "route": c.route.name} for c, o, _ in tried
@@ -71,6 +74,7 @@ def build_record(
         "timings": dict(timings) if timings else None,
         "memory": dict(memory) if memory else None,
         "ledger": dict(ledger) if ledger else None,
+        "device_attestation": dict(device_attestation) if device_attestation else None,
     }
 
 

@@ -146,6 +146,8 @@ def _proof(doc: Mapping[str, Any]) -> Rows:
     if str(proof["target_ep"]).startswith("torch:"):  # case 1: the torch profiler's op log
         how = (f"{proof['nodes_on_target']}/{proof['nodes_total']} ops on {proof['target_ep']} "
                f"(op log of the warm-up), {proof.get('copies') or 0} host/device copies")
+        if proof.get("time_fraction") is not None:
+            how += f", {proof['time_fraction']:.1%} of op time"
     elif proof.get("node_basis") and proof.get("node_fraction") is not None:  # records from 0.2 on
         time = proof.get("time_fraction")
         how = (f"{proof['node_fraction']:.1%} of the nodes ({proof['node_basis']}), "
@@ -164,6 +166,16 @@ def _proof(doc: Mapping[str, Any]) -> Rows:
     return [("proof", f"{proof['verdict']}: {how}"),
             ("left on CPU", "; ".join(f"{op}: {', '.join(n)}" for op, n in left.items())
              if left else "nothing")]
+
+
+def _device(doc: Mapping[str, Any]) -> Rows:
+    """The attested device (records from before it existed have none: no row)."""
+    att = doc.get("device_attestation")
+    if not isinstance(att, Mapping):
+        return []
+    seen = att.get("observed") or "unattested"
+    return [("device", f"{seen} (planned {att.get('planned')}; {att.get('source')}"
+                       + (f": {att['detail']}" if att.get("detail") else "") + ")")]
 
 
 def _parity(doc: Mapping[str, Any]) -> Rows:
@@ -264,7 +276,7 @@ def _provenance(doc: Mapping[str, Any]) -> Rows:
 
 
 _SECTIONS: tuple[Callable[[Mapping[str, Any]], Rows], ...] = (
-    _outcome, _stage, _request, _placement, _worker, _proof, _parity, _timings, _memory,
+    _outcome, _stage, _request, _placement, _worker, _proof, _device, _parity, _timings, _memory,
     lambda doc: ledger_rows(doc.get("ledger")), _refusals, _provenance,
 )
 

@@ -19,6 +19,7 @@ from xstage.host import wsl as wsl_mod
 from xstage.host.wsl import WslInfo
 from xstage.routes import RouteStatus
 from xstage.routes.hooks import ep_options_for
+from xstage.routes.option_hooks import DeviceOverride
 
 __all__ = ["load_options", "open_worker", "windows_side_options"]
 
@@ -70,10 +71,39 @@ def load_options(
         }
     else:
         options.update((info.get("device_options") or {}).get(device) or {})
-    merged, notes = ep_options_for(status.spec, fmt, device, options, ep_options)
+    try:
+        merged, notes = ep_options_for(status.spec, fmt, device, options, ep_options)
+    except DeviceOverride as over:
+        raise _override_error(status, info, over) from None
     ep["options"] = merged
     return {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device,
             "profile": profile, "notes": notes}
+
+
+def _override_error(status: RouteStatus, info: Mapping[str, Any],
+                    over: DeviceOverride) -> errors.UsageError:
+    """A user EP option moved the EP off the planned device: name the flag and the ``--device``
+    that selects the device it names (no re-planning: the plan, budget and proof are the
+    planned device's)."""
+    per_device = dict(info.get("device_options") or {})
+    for dev, sel in (info.get("devices") or {}).items():  # a plugin EP: its device selectors
+        per_device.setdefault(dev, {"device_type": str((sel or {}).get("device_type") or "")})
+    wanted = {k.lower() for k in over.selects}
+    named = [d for d in status.devices if d in over.selects]  # it names an xstage device
+    named += [dev for dev, opts in per_device.items()
+             if str((opts or {}).get(over.option, "")).split(".")[0].lower() in wanted]
+    if not named:
+        named = [d for d in status.devices if (d.split(":")[0].replace("gpu_integrated", "gpu")
+                                               .replace("gpu_discrete", "gpu")) in wanted]
+    if not named and "cpu" in wanted:
+        named = ["cpu"]
+    choice = (f"--device {' or --device '.join(named)}" if named
+              else f"the --device of {', '.join(over.selects)} (xstage devices lists them)")
+    return errors.UsageError(
+        f"--ep-option {over.option}={over.value} makes {status.spec.ep} run on "
+        f"{', '.join(over.selects)}, but the plan put the stage on {over.planned}: the record, "
+        "budget and proof would name a device that did not run it",
+        remedy=f"drop --ep-option {over.option}, or ask for that device with {choice}")
 
 
 def _torch_options(status: RouteStatus, *, device: str | None, profile: bool,

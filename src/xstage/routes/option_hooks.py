@@ -15,15 +15,47 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
-__all__ = ["Hook", "cuda", "dml", "none", "openvino", "vitisai"]
+__all__ = ["DeviceOverride", "Hook", "cuda", "dml", "none", "openvino", "vitisai"]
 
 Hook = Callable[[dict[str, str], str, str | None, Mapping[str, str]], list[str]]
+
+
+class DeviceOverride(Exception):
+    """A user EP option that selects another device than the planned one (a usage error).
+
+    Attributes:
+        option: the ``--ep-option`` key (``device_type``).
+        value: what the user gave.
+        selects: the xstage device class it selects (``cpu``, ``gpu``, ``npu``), or the
+            several it lists.
+        planned: the xstage device the plan chose.
+    """
+
+    def __init__(self, option: str, value: str, selects: tuple[str, ...], planned: str) -> None:
+        super().__init__(f"--ep-option {option}={value} selects {', '.join(selects)}, "
+                         f"not the planned {planned}")
+        self.option, self.value, self.selects, self.planned = option, value, selects, planned
+
+
+def _device_kind(device: str) -> str:
+    kind = device.split(":")[0].lower()
+    return "gpu" if kind.startswith("gpu") else kind
+
+
+def _openvino_kinds(device_type: str) -> tuple[str, ...]:
+    """``GPU.1`` → (``gpu``,); ``HETERO:GPU,CPU`` / ``AUTO:NPU,CPU`` → every device listed."""
+    text = device_type.split(":", 1)[1] if ":" in device_type else device_type
+    return tuple(p.strip().split(".")[0].split("(")[0].lower() for p in text.split(",") if p.strip())
 
 
 def openvino(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, str]) -> list[str]:
     """OpenVINO computes fp32 graphs in bf16 on CPUs with AMX (and where bf16 is native)
     unless told otherwise — 12% relative L2 error on a detector with every node placed. For an
     fp32 artifact, ask for f32 inference unless the user chose a precision themselves."""
+    if "device_type" in user and device:  # the user's device_type must select the planned device
+        kinds = _openvino_kinds(user["device_type"])
+        if not kinds or any(k != _device_kind(device) for k in kinds):
+            raise DeviceOverride("device_type", user["device_type"], kinds or ("nothing",), device)
     device_type = user.get("device_type") or opts.get("device_type") or "CPU"  # the one that runs
     if fmt.endswith(":fp32") and "load_config" not in user and "precision" not in user:
         target = device_type.split(".")[0].split(":")[0]
@@ -51,9 +83,16 @@ def dml(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, s
 
 
 def cuda(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, str]) -> list[str]:
-    """``gpu_discrete:nvidia:<i>`` → ``device_id=<i>``."""
-    if device and device.count(":") == 2 and "device_id" not in user:
-        opts["device_id"] = device.rsplit(":", 1)[1]
+    """``gpu_discrete:nvidia:<i>`` → ``device_id=<i>``; a user ``device_id`` for another card
+    than the planned one is a usage error (``DeviceOverride``)."""
+    if device and device.count(":") == 2:
+        index = device.rsplit(":", 1)[1]
+        wanted = user.get("device_id")
+        if wanted is not None and wanted != index:
+            raise DeviceOverride("device_id", wanted, (f"{device.rsplit(':', 1)[0]}:{wanted}",),
+                                 device)
+        if wanted is None:
+            opts["device_id"] = index
     return []
 
 

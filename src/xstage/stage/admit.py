@@ -7,7 +7,10 @@ The gates, in order (each one's verdict comes from a pure module; this module on
 2. **Start and warm up** (``xstage.routes.launch``, ``xstage.client``): the route's worker loads
    the artifact and runs it in one profiled call (an ONNX worker runs it four times: the proof
    times runs 2-4); everything the proof rests on is collected then.
-3. **Proof** (``xstage.evidence``): the stage ran where it was asked.
+3. **Proof** (``xstage.evidence``): the stage ran where it was asked — on the planned EP
+   (``evidence.onnx``/``evidence.torch``) and on the planned device
+   (``evidence.attestation``: conflict case (c), ``device_mismatch``; unattested off the CPU,
+   ``unmeasured``).
 4. **Numeric gate** (``xstage.parity``): it computed what the reference computes; when the
    fp32 comparison fails on float criteria, ``xstage.stage.tiebreak`` evaluates the graph in
    float64 and the stage passes if it is no further from that than the reference is.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -32,6 +36,7 @@ from xstage import errors, evidence, parity
 from xstage import ledger as ledger_mod
 from xstage.artifact import Artifact
 from xstage.client import Deadlines, WorkerClient
+from xstage.evidence import attestation
 from xstage.ledger import footprint, measured
 from xstage.planner import Candidate
 from xstage.refusal import Refusal
@@ -103,6 +108,7 @@ class Admission:
     parity: parity.Parity
     ledger_doc: Mapping[str, Any]
     warm: WarmUp
+    attestation: attestation.Attestation | None = None
     notes: tuple[str, ...] = field(default=())
 
 
@@ -125,10 +131,17 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         return refusals.budget_refusal(cand, fit, measured.record_block(budget, fit, None, spots=spots))
     with ExitStack() as cleanup:
         cleanup.callback(book.release, holding)
-        client, warm = _start_and_warm_up(cand, setup, cleanup)
+        try:
+            client, warm = _start_and_warm_up(cand, setup, cleanup)
+        except _CompileFailed as failed:
+            return failed.refusal
         proof = _prove(setup, warm)
+        attested = _attest(cand, setup, warm, proof)
+        conflict = attestation.judge(attested)
+        if conflict == "device_mismatch" or (conflict and proof.verdict == "placed"):
+            return refusals.attestation_refusal(cand, attested, conflict, proof, warm.worker)
         if proof.verdict != "placed":
-            return refusals.declined_refusal(cand, proof, warm.worker)
+            return refusals.declined_refusal(cand, proof, warm.worker, attested)
         reference = setup.reference.outputs(setup.feeds)
         gate = parity.compare(warm.outputs, reference, fmt=setup.artifact.format,
                               reference_kind=setup.reference.kind, tolerance=setup.tolerance,
@@ -146,7 +159,7 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         cleanup.pop_all()  # admitted: the worker and the hold now belong to the Stage
         return Admission(setup=setup, candidate=cand, client=client, ledger=book, holding=holding,
                          proof=proof, parity=gate, ledger_doc=ledger_doc, warm=warm,
-                         notes=warm.notes)
+                         attestation=attested, notes=warm.notes)
 
 
 def _start_and_warm_up(cand: Candidate, setup: Setup,
@@ -169,12 +182,40 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
         info, profile = client.evidence()
         client.fit_region({**setup.feeds, **outputs})  # symbolic dims: slots sized from real ones
     except errors.WorkerRaised as exc:
+        if _ep_compile_failure(art, options, exc.message):
+            worker = {"hello": client.hello, "log": str(client.log_path)}
+            raise _CompileFailed(refusals.compile_refusal(cand, art, exc, client.log_path,
+                                                          worker)) from exc
         raise refusals.load_failed(cand, art, exc, client.log_path, client.hello) from exc
     worker = {"hello": client.hello, "runtime": dict((client.loaded or {}).get("info") or {}),
               "evidence_sha256": _digest(info, profile)}
     target = options["device"] if art.format.startswith("pt:") else options["ep"]["name"]
     return client, WarmUp(outputs=outputs, timing=timing, info=info, profile=profile,
                           worker=worker, notes=tuple(options.get("notes", [])), target=target)
+
+
+class _CompileFailed(Exception):
+    """The EP claimed nodes and failed to compile them: carries the refusal out of the warm-up."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+#: How onnxruntime names an EP's own failure: its log tag (``[OpenVINO-EP]``) or the fused
+#: subgraph it compiles (``OpenVINOExecutionProvider_OpenVINO-EP-subgraph_2_1``).
+_EP_FAILURE = re.compile(r"\[[A-Za-z]+-EP\]|EP-subgraph_\d+|ExecutionProvider_\w+-subgraph")
+
+
+def _ep_compile_failure(art: Artifact, options: Mapping[str, Any], message: str) -> bool:
+    """A load or first run that failed inside a non-CPU EP compiling what it had claimed.
+
+    The ONNX reference arm already ran the graph on the CPU (``open_stage`` runs it first), so
+    a failure that names the EP's own subgraph or log tag is the EP's, not the graph's.
+    """
+    ep = (options.get("ep") or {}).get("name")
+    return (not art.format.startswith("pt:") and bool(ep) and ep != evidence.CPU_EP
+            and bool(_EP_FAILURE.search(message)))
 
 
 def _prove(setup: Setup, warm: WarmUp) -> evidence.PlacementProof:
@@ -194,6 +235,25 @@ def _prove(setup: Setup, warm: WarmUp) -> evidence.PlacementProof:
         fallback_banner=info.get("fallback_banner"), graph_nodes=list(setup.nodes),
         min_placement=setup.min_placement, ort_version=info.get("onnxruntime"),
         node_names=info.get("node_names") if isinstance(info.get("node_names"), dict) else None)
+
+
+def _attest(cand: Candidate, setup: Setup, warm: WarmUp,
+            proof: evidence.PlacementProof) -> attestation.Attestation:
+    """Rule 3, layer 3: the device the worker's reports attest, against the planned one."""
+    info = warm.info
+    if setup.artifact.format.startswith("pt:"):
+        # torch attests by its tensors: the target device where the proof counted work there.
+        # (Outputs off the device are the proof's own cause, ``outputs_off_device``.)
+        seen = [warm.target] if proof.nodes_on_target else []
+        return attestation.attest(planned=cand.device, torch_devices=seen)
+    log = info.get("runtime_log")
+    bound = info.get("bound_device")
+    applied = info.get("ep_options_as_applied") or info.get("ep_options")
+    return attestation.attest(
+        planned=cand.device, ep=str(info.get("requested_ep") or warm.target),
+        ep_device=bound if isinstance(bound, dict) else None,
+        ep_options=applied if isinstance(applied, dict) else None,
+        runtime_log="\n".join(str(x) for x in log) if isinstance(log, list) else None)
 
 
 def _digest(info: Mapping[str, Any], profile: bytes | None) -> str:

@@ -149,4 +149,6 @@ class Stage:
             tried=self.tried, worker=worker, proof=self.proof.to_dict(),
             parity_doc=self.parity.to_dict(), timings=self.timings,
             memory={"rss_bytes": timing.get("rss"), "peak_bytes": timing.get("peak")},
-            ledger={**self._admission.ledger_doc, "warnings": list(self.warnings)})
+            ledger={**self._admission.ledger_doc, "warnings": list(self.warnings)},
+            device_attestation=(self._admission.attestation.to_dict()
+                                if self._admission.attestation else None))

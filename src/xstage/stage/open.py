@@ -120,9 +120,12 @@ def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None]) -> Sta
             break
     last_ledger = next((r.evidence["ledger"] for r in reversed(refused) if "ledger" in r.evidence),
                        None)
+    attested = next((r.evidence["device_attestation"] for r in reversed(refused)
+                     if "device_attestation" in r.evidence), None)
     record = build_record(argv=(), started=setup.started, request=setup.request,
                           status="refused", refusals=refused,
-                          artifact=setup.artifact, plan=plan, tried=tried, ledger=last_ledger)
+                          artifact=setup.artifact, plan=plan, tried=tried, ledger=last_ledger,
+                          device_attestation=attested)
     raise refusals.refused(refused, setup.artifact, record)
 
 

@@ -15,13 +15,14 @@ from typing import Any
 from xstage import errors
 from xstage.artifact import Artifact
 from xstage.evidence import PlacementProof
+from xstage.evidence.attestation import Attestation
 from xstage.ledger import Fit, Measured
 from xstage.parity import Parity
 from xstage.planner import Candidate
 from xstage.refusal import Refusal, RefusalCode
 
-__all__ = ["REMEDIES", "budget_refusal", "declined_refusal", "gate_refusal", "load_failed",
-           "peak_refusal", "refused"]
+__all__ = ["REMEDIES", "attestation_refusal", "budget_refusal", "compile_refusal",
+           "declined_refusal", "gate_refusal", "load_failed", "peak_refusal", "refused"]
 
 _DECLINED, _GATE, _BUDGET = (RefusalCode.EP_DECLINED, RefusalCode.NUMERIC_GATE_FAILED,
                              RefusalCode.BUDGET_EXCEEDS_DEVICE)
@@ -37,6 +38,16 @@ REMEDIES: Mapping[tuple[RefusalCode, str], str] = {
         "onnxruntime's plan put nodes on the EP but its profile could not confirm it (a kernel "
         "name that is not the graph's, or no kernel time); see the record's proof notes and "
         "report it with the record",
+    (_DECLINED, "device_mismatch"):
+        "the EP ran on another device than the planned one: drop the --ep-option that moves it, "
+        "or ask for that device with --device; the worker log shows the EP's own messages",
+    (_DECLINED, "ep_compile_failed"):
+        "the EP claimed nodes it then failed to compile: run the stage on another route "
+        "(--route ort-cpu) or device, or change the graph so the EP does not take the op the message names "
+        "(Loop and If bodies are the usual ones)",
+    (_DECLINED, "outputs_off_device"):
+        "the program returns tensors from another device than the stage's: move the outputs "
+        "to the device in the module (or drop the .cpu()/.to() before returning) and export again",
     (_DECLINED, "declined"):
         "lower --min-placement to accept the split, or change the graph so the EP takes the "
         "ops it left on the CPU",
@@ -81,15 +92,22 @@ def peak_refusal(cand: Candidate, measured: Measured, ledger_doc: Mapping[str, A
                    evidence={"ledger": dict(ledger_doc), "worker": dict(worker)})
 
 
-def declined_refusal(cand: Candidate, proof: PlacementProof, worker: Mapping[str, Any]) -> Refusal:
+def declined_refusal(cand: Candidate, proof: PlacementProof, worker: Mapping[str, Any],
+                     attested: Attestation | None = None) -> Refusal:
     """The proof did not show the stage on the device (declined, swapped or unmeasured)."""
     cause = proof.cause or "unmeasured"
     where = _where(cand)
-    if cause == "provider_swapped":
+    if cause == "outputs_off_device":
+        stray = next((n for n in proof.notes if n.startswith("outputs came back")), "")
+        message = (f"{where}: the stage's outputs are not on {cand.device}"
+                   f"{': ' + stray if stray else ''} (its ops may have run there; what it "
+                   "returns did not)")
+    elif cause == "provider_swapped":
         message = (f"{where}: the session does not hold {proof.target_ep} "
                    f"(it holds {', '.join(proof.session_providers) or 'nothing'})")
     elif cause == "unmeasured":
-        message = f"{where}: no usable placement evidence (unmeasured never passes)"
+        why = f" ({proof.notes[-1]})" if proof.notes else ""
+        message = f"{where}: no usable placement evidence{why}; unmeasured never passes"
     elif cause == "evidence_conflict":
         message = (f"{where}: the plan puts nodes on {proof.target_ep}, but the profile cannot "
                    "confirm it (evidence_conflict; never passes)")
@@ -100,9 +118,43 @@ def declined_refusal(cand: Candidate, proof: PlacementProof, worker: Mapping[str
         message = (f"{where}: {proof.target_ep} took {frac:.1%} by {by} "
                    f"(needs {proof.min_placement:.1%}); left on the CPU: {left or 'nothing'}")
     remedy = REMEDIES.get((_DECLINED, cause), REMEDIES[(_DECLINED, "declined")])
+    extra = {"device_attestation": attested.to_dict()} if attested else {}
     return Refusal(code=_DECLINED, cause=cause, device=cand.device, route=cand.route.name,
                    message=message, remedy=remedy,
-                   evidence={**proof.to_dict(), "worker": dict(worker)})
+                   evidence={**proof.to_dict(), **extra, "worker": dict(worker)})
+
+
+def attestation_refusal(cand: Candidate, attested: Attestation, cause: str,
+                        proof: PlacementProof, worker: Mapping[str, Any]) -> Refusal:
+    """Conflict case (c): the device attested is not the planned one, or nothing attests it."""
+    where = _where(cand)
+    if cause == "device_mismatch":
+        message = (f"{where}: the stage ran on {attested.observed}, not on {cand.device} "
+                   f"(attested by {attested.source}: {attested.detail})")
+        remedy = REMEDIES[(_DECLINED, "device_mismatch")]
+    else:
+        message = (f"{where}: nothing attests which device ran the stage ({attested.detail}); "
+                   "unmeasured never passes")
+        remedy = ("this route's runtime reports no device; run it where the EP-device API "
+                  "(onnxruntime >= 1.23) binds the device, or use a route that reports one")
+    return Refusal(code=_DECLINED, cause=cause, device=cand.device, route=cand.route.name,
+                   message=message, remedy=remedy,
+                   evidence={**proof.to_dict(), "device_attestation": attested.to_dict(),
+                             "worker": dict(worker)})
+
+
+def compile_refusal(cand: Candidate, art: Artifact, exc: errors.WorkerRaised, log: object,
+                    worker: Mapping[str, Any]) -> Refusal:
+    """The EP accepted nodes at placement, then failed to compile them: a refusal, not an error."""
+    return Refusal(
+        code=_DECLINED, cause="ep_compile_failed", device=cand.device, route=cand.route.name,
+        message=f"{_where(cand)}: the EP took {art.path.name} and then failed to compile it: "
+                f"{_first_line(exc.message)}",
+        remedy=REMEDIES[(_DECLINED, "ep_compile_failed")] + f" (worker log: {log})",
+        evidence={"error": exc.message[-4000:], "worker": dict(worker),
+                  "device_attestation": Attestation(
+                      planned=cand.device, observed=None, source="unattested",
+                      detail="the EP failed to compile the stage: nothing ran").to_dict()})
 
 
 def gate_refusal(cand: Candidate, gate: Parity, proof: PlacementProof, reference_kind: str,

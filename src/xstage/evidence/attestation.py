@@ -1,0 +1,161 @@
+"""Device attestation (DESIGN §4, layer 3; conflict case (c)): which device did the work. Pure.
+
+The proof's other layers say which *EP* ran a stage; this one says which *device* that EP ran
+it on. The worker reports what it can, and :func:`attest` takes the strongest report, in order:
+
+1. ``runtime``: the runtime's own report of where the work ran — the torch tensors' and
+   kernels' device, the CPU EP (it has no other device), or OpenVINO's own warning that it
+   recompiled the model on its CPU plugin ("Model compilation failed at OV NPU. Falling back
+   to OV CPU for execution": the EP's internal CPU fallback, which onnxruntime-openvino has no
+   EP-scoped switch for — ``session.disable_cpu_ep_fallback`` also forbids onnxruntime's CPU
+   EP for the nodes the EP leaves — so it is detected here, not disabled).
+2. ``ep_device_api``: the EP device the session was bound to through onnxruntime's EP-device
+   API (``add_provider_for_devices``, ORT >= 1.23): its hardware type and vendor.
+3. ``options_as_applied``: the EP options the worker handed the EP — OpenVINO's
+   ``device_type``, a GPU EP's ``device_id`` — where the EP binds by them.
+4. ``unattested``: none of these.
+
+:func:`judge` turns the attestation into the proof's answer: ``device_mismatch`` when the
+observed device class (and vendor, where both are known) is not the planned one;
+``unmeasured`` when nothing attests a device other than the CPU (on the CPU it is allowed and
+recorded); None when the planned device is attested.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["FALLBACK_MARK", "SOURCES", "Attestation", "Source", "attest", "device_class",
+           "judge", "openvino_devices"]
+
+Source = Literal["runtime", "ep_device_api", "options_as_applied", "unattested"]
+#: The attestation sources, strongest first.
+SOURCES: tuple[Source, ...] = ("runtime", "ep_device_api", "options_as_applied", "unattested")
+#: OpenVINO EP's warning when it recompiles an NPU model on its CPU plugin (backend_manager.cc).
+FALLBACK_MARK = "Falling back to OV CPU"
+
+_CPU_EP = "CPUExecutionProvider"
+#: Built-in EPs whose ``device_id`` option picks a GPU, and the vendor it implies (None: any).
+_GPU_BY_ID: Mapping[str, str | None] = {
+    "CUDAExecutionProvider": "nvidia", "TensorrtExecutionProvider": "nvidia",
+    "ROCMExecutionProvider": "amd", "MIGraphXExecutionProvider": "amd",
+    "DmlExecutionProvider": None,
+}
+_TORCH_CLASS = {"cpu": "cpu", "cuda": "gpu", "privateuseone": "gpu", "xpu": "gpu", "mps": "gpu"}
+
+
+@dataclass(frozen=True)
+class Attestation:
+    """Which device the stage was planned on, which one was observed, and what says so.
+
+    Attributes:
+        planned: the xstage device id the plan chose (``gpu_integrated:intel``, ``cpu``).
+        observed: the device observed, as ``<class>``, ``<class>:<vendor>`` or
+            ``<class>:<vendor>:<index>`` (``cpu``, ``gpu:intel``, ``gpu:nvidia:1``), several
+            joined by commas; None when unattested.
+        source: ``runtime``, ``ep_device_api``, ``options_as_applied`` or ``unattested``.
+        detail: what the observation rests on, for people (the raw value reported).
+    """
+
+    planned: str
+    observed: str | None
+    source: Source
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's ``device_attestation`` block."""
+        return {"planned": self.planned, "observed": self.observed, "source": self.source,
+                "detail": self.detail}
+
+
+def device_class(device: str) -> tuple[str, str | None]:
+    """An xstage device id's class and vendor: ``gpu_discrete:nvidia:0`` → (``gpu``, ``nvidia``)."""
+    kind, _, rest = device.partition(":")
+    vendor = rest.split(":")[0] or None if rest else None
+    if kind.startswith("gpu"):
+        kind = "gpu"
+    return kind.lower(), vendor.lower() if vendor else None
+
+
+def openvino_devices(device_type: str) -> tuple[str, ...]:
+    """The device classes an OpenVINO ``device_type`` names: ``GPU.1`` → (``gpu``,);
+    ``HETERO:GPU,CPU`` and ``AUTO:NPU,CPU`` → every device listed, in order."""
+    text = device_type.strip()
+    if ":" in text:
+        text = text.split(":", 1)[1]
+    out = []
+    for part in text.split(","):
+        name = part.strip().split(".")[0].split("(")[0].upper()
+        if name:
+            out.append(name.lower())
+    return tuple(out)
+
+
+def _observed(kind: str, vendor: str | None) -> str:
+    return f"{kind}:{vendor}" if vendor else kind
+
+
+def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] | None = None,
+           ep_options: Mapping[str, Any] | None = None, runtime_log: str | None = None,
+           torch_devices: Sequence[str] | None = None) -> Attestation:
+    """The strongest report of the device that ran the stage (module docstring, 1–4).
+
+    Args:
+        planned: the xstage device id the plan chose.
+        ep: the ONNX EP the session was asked for (None for torch).
+        ep_device: the EP device bound through the EP-device API (``type``, ``vendor``).
+        ep_options: the EP options as the worker applied them.
+        runtime_log: what the runtime wrote while it compiled and ran the stage.
+        torch_devices: the devices of a torch stage's outputs and device kernels.
+    """
+    if torch_devices:
+        torch_kinds = sorted({_TORCH_CLASS.get(d.split(":")[0], d.split(":")[0])
+                              for d in torch_devices})
+        observed = ",".join(torch_kinds)
+        return Attestation(planned, observed, "runtime",
+                           f"torch tensors on {', '.join(sorted(set(torch_devices)))}")
+    if ep == _CPU_EP:
+        return Attestation(planned, "cpu", "runtime", "the CPU EP runs only on the host CPU")
+    if runtime_log and FALLBACK_MARK in runtime_log:
+        return Attestation(planned, "cpu", "runtime",
+                           "OpenVINO recompiled the model on its CPU plugin "
+                           f"(its log: {FALLBACK_MARK!r})")
+    if ep_device:
+        kind = str(ep_device.get("type") or "").rsplit(".", 1)[-1].lower()
+        vendor = str(ep_device.get("vendor") or "").split()[0].lower() or None
+        if kind:
+            return Attestation(planned, _observed(kind, vendor), "ep_device_api",
+                               f"bound EP device: type {ep_device.get('type')}, vendor "
+                               f"{ep_device.get('vendor')}")
+    options = {str(k): str(v) for k, v in (ep_options or {}).items()}
+    if "device_type" in options and ep and "OpenVINO" in ep:
+        kinds = openvino_devices(options["device_type"])
+        if kinds:
+            return Attestation(planned, ",".join(kinds), "options_as_applied",
+                               f"OpenVINO device_type={options['device_type']}")
+    if ep is not None and ep in _GPU_BY_ID:
+        vendor = _GPU_BY_ID[ep]
+        index = options.get("device_id", "0")
+        # The index is comparable with the xstage id's only where the vendor's own numbering is
+        # used on both sides (CUDA, ROCm); DirectML's adapter index is its own.
+        seen = f"gpu:{vendor}:{index}" if vendor and index.isdigit() else _observed("gpu", vendor)
+        return Attestation(planned, seen, "options_as_applied", f"{ep} device_id={index}")
+    return Attestation(planned, None, "unattested",
+                       f"{ep or 'the runtime'} reports no device it runs on")
+
+
+def judge(att: Attestation) -> Literal["device_mismatch", "unmeasured"] | None:
+    """Conflict case (c): None when the planned device is attested (or the CPU, unattested)."""
+    kind, vendor = device_class(att.planned)
+    if att.observed is None:
+        return None if kind == "cpu" else "unmeasured"
+    planned_index = att.planned.split(":")[2] if att.planned.count(":") == 2 else None
+    for one in att.observed.split(","):
+        got, got_vendor, got_index = (one.split(":") + ["", ""])[:3]
+        if got != kind or (vendor and got_vendor and got_vendor != vendor):
+            return "device_mismatch"
+        if planned_index and got_index and got_index != planned_index:
+            return "device_mismatch"
+    return None
