@@ -33,13 +33,9 @@ adv_corpus.SEED = SEED  # for the table (conftest)
 CASES = adv_corpus.generate(SEED)
 print(f"\nadversarial corpus seed: {SEED} (set {adv_corpus.SEED_ENV}={SEED} to repeat)")
 
-XFAIL = {
-    "device_override": "issue 11: ev2 (an --ep-option device_type that selects another device is "
-                       "a usage error, exit 64)",
-    "device_mismatch": "issue 11: ev2 (device attestation: device_mismatch)",
-    "torch": "issue 11: ev2 (torch higher-order ops logged with the ops inside them; nothing "
-             "counted is unmeasured)",
-}
+#: Classes a known gap still fails (strict: each must fail until fixed). Empty: every class of
+#: issue 11 holds.
+XFAIL: dict[str, str] = {}
 
 
 class SpecMismatch(AssertionError):
@@ -161,8 +157,7 @@ def run_case(case: adv_corpus.Case, graph: Path, report: device_table.DeviceRepo
     record = tmp_path / "record.json"
     argv = ["external", "--graph", str(graph), "--route", case.route,
             "--min-placement", str(case.min_placement), "--runs", "1", "--json", str(record)]
-    if case.planned_device != "cpu":
-        argv += ["--device", case.planned_device]
+    argv += ["--device", case.planned_device]  # with a simulated iGPU, a pinned route would prefer it
     for key, value in case.ep_options.items():
         argv += ["--ep-option", f"{key}={value}"]
     capsys.readouterr()

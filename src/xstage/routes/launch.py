@@ -97,8 +97,13 @@ def _override_error(status: RouteStatus, info: Mapping[str, Any],
                                                .replace("gpu_discrete", "gpu")) in wanted]
     if not named and "cpu" in wanted:
         named = ["cpu"]
-    choice = (f"--device {' or --device '.join(named)}" if named
-              else f"the --device of {', '.join(over.selects)} (xstage devices lists them)")
+    listed = bool(named)
+    if not named:  # a device this machine does not list: the ids the route's spec could drive
+        named = [f"{kind}:{vendor}" if vendor else kind for kind, vendor in status.spec.drives
+                 if kind.split("_")[0] in wanted]
+    choice = (f"--device {' or --device '.join(dict.fromkeys(named or over.selects))}"
+              + ("" if listed else " (this machine lists no such device: xstage devices shows "
+                 "what it has)"))
     return errors.UsageError(
         f"--ep-option {over.option}={over.value} makes {status.spec.ep} run on "
         f"{', '.join(over.selects)}, but the plan put the stage on {over.planned}: the record, "

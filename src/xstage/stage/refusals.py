@@ -137,10 +137,14 @@ def attestation_refusal(cand: Candidate, attested: Attestation, cause: str,
                    "unmeasured never passes")
         remedy = ("this route's runtime reports no device; run it where the EP-device API "
                   "(onnxruntime >= 1.23) binds the device, or use a route that reports one")
+    # The EP's own proof may have placed the stage; on the wrong device that is no placement:
+    # the evidence's verdict is the refusal's (the EP-level one is kept as ``ep_verdict``).
+    verdict = "declined" if cause == "device_mismatch" else "unmeasured"
     return Refusal(code=_DECLINED, cause=cause, device=cand.device, route=cand.route.name,
                    message=message, remedy=remedy,
-                   evidence={**proof.to_dict(), "device_attestation": attested.to_dict(),
-                             "worker": dict(worker)})
+                   evidence={**proof.to_dict(), "verdict": verdict, "cause": cause,
+                             "ep_verdict": proof.verdict,
+                             "device_attestation": attested.to_dict(), "worker": dict(worker)})
 
 
 def compile_refusal(cand: Candidate, art: Artifact, exc: errors.WorkerRaised, log: object,
