@@ -55,3 +55,13 @@ def test_it_runs_on_src_by_default():
     done = _run()
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 10 and "src/xstage/" in done.stdout
+
+
+def test_the_source_keeps_its_function_limits():
+    """Issue 10's limits, kept: no function in src/ over 100 lines, open_stage at most 60."""
+    src = SCRIPT.parents[1] / "src"
+    done = _run("5", "--root", str(src), "--max", "100")
+    assert done.returncode == 0, done.stdout + done.stderr
+    listing = _run("100000", "--root", str(src)).stdout.splitlines()
+    open_stage = [line for line in listing if line.endswith(" open_stage")]
+    assert open_stage and int(open_stage[0].split()[0]) <= 60, open_stage

@@ -54,13 +54,9 @@ def open_stage(
 ) -> Stage:
     """Open ``artifact`` where the plan and the evidence allow; see the module docstring.
 
-    ``offload`` tries every resolved route except the reference arm first, in plan order, and
-    the reference arm last (falling through on refusal).
-
-    ``tolerance`` is a number (the relative L2 criterion, as before) or a mapping of
-    ``xstage.parity.CRITERIA`` names (``rel_l2``, ``abs_rms``, ``cosine``, ``elem``,
-    ``elem_a``, ``elem_rtol``) to values; each replaces that criterion's default, tighter or
-    looser, and the rest keep theirs.
+    ``offload``: every resolved route but the reference arm first, in plan order, and the
+    reference arm last. ``tolerance``: a number (relative L2) or ``xstage.parity.CRITERIA``
+    names to values, each replacing that criterion's default, tighter or looser.
 
     Raises:
         Refused: every candidate was refused (``.refusals``, ``.record``).
