@@ -107,6 +107,19 @@ def test_a_name_outside_the_forms_fails(event, op, provider):
     assert not check_names([(event, op, provider)], names).passed
 
 
+def test_nodes_onnxruntime_adds_for_an_fp16_graph_on_the_cpu_ep():
+    """An fp16 tower on the CPU EP (onnxruntime 1.32, tests/export's towers): casts it inserts
+    around kernels it lacks in fp16, Softmax's inlined body, and unnamed plan entries."""
+    names = session_names([{"name": "softmax", "op_type": "Softmax"}], None)
+    entries = [("InsertedPrecisionFreeCast_linear", "Cast", CPU), ("ReduceMax_227", "ReduceMax", CPU),
+               ("Exp_229", "Exp", CPU), ("", "ReduceSum", None)]
+    assert check_names(entries, names).passed
+    for bad in [("InsertedPrecisionFreeCast_linear", "Relu", CPU),  # not a cast
+                ('InsertedPrecisionFreeCast_a"b', "Cast", CPU),  # an unsafe value name
+                ("ReduceMax_227", "Exp", CPU)]:  # <op>_<i> whose op is not <op>
+        assert not check_names([bad], names).passed, bad
+
+
 def _inject(name: str) -> tuple[str, list[dict[str, str]]]:
     """ov124_none as onnxruntime <= 1.30 would write it had its one node been named to forge events.
 

@@ -32,6 +32,13 @@ reported with a safe name
 ``<name>_new_reshape``                                ``node_Reshape_94_new_reshape`` (1.32 vision)
 ``_if_then_branch_<op>`` (an If on a constant)        ``_if_then_branch_Neg`` (1.32 conv)
 ``<if>_then_branch__Inline_<k>__<name>``              the third-party ``silero-vad`` (1.32)
+``InsertedPrecisionFreeCast_<value>``, op ``Cast``:   an fp16 tower on the CPU EP (1.32): the
+a cast onnxruntime inserts around an op the EP has    ``<value>`` must be a safe name (value
+no kernel for in that type                            names are not renamed)
+``<op>_<i>``, ``op_name`` ``<op>``: a node of a        ``ReduceMax_227``, ``Exp_229`` (Softmax's
+function body onnxruntime inlined (no such node in    body, fp16 on the CPU EP, 1.32)
+the graph)
+an empty plan name: a node onnxruntime added          the same run's plan
 ==================================================  ==========================================
 
 Any other name — or a name whose ``op_name`` disagrees (a plain ``<name>`` whose op is not the
@@ -64,6 +71,7 @@ _FUSION = re.compile(r"^(?P<base>.*)/(?P<fusion>[A-Za-z][A-Za-z0-9]*)/?$")
 _INLINED = re.compile(r"^(?P<node>.+?)_(?:then|else)_branch__Inline_\d+__(?P<inner>.+)$")
 _FOLDED_IF = re.compile(r"^_if_(?:then|else)_branch_(?P<op>[A-Za-z][A-Za-z0-9]*)$")  # an If on a constant
 _NCHWC = "_nchwc"  # onnxruntime's NCHWc transformer: <output value>_nchwc
+_INSERTED_CAST = "InsertedPrecisionFreeCast_"  # onnxruntime's InsertCastTransformer: <value>
 _KEPT_NAME_PREFIXES = ("Fused", "Nhwc")  # a rewrite that keeps the node's name: Conv -> FusedConv
 _NEW_RESHAPE = "_new_reshape"  # onnxruntime's reshape rewrite: <node>_new_reshape
 _SUBGRAPH = re.compile(r"^(?P<ep_type>[A-Za-z][A-Za-z0-9]*ExecutionProvider)_"
@@ -216,11 +224,16 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
         return names.values[plain[: -len(_NCHWC)]], ""  # the node that produces that value
     if not fused and plain.endswith(_NEW_RESHAPE) and plain[: -len(_NEW_RESHAPE)] in names.nodes:
         return names.nodes[plain[: -len(_NEW_RESHAPE)]][1], ""
+    if (not fused and depth == 0 and op == "Cast" and plain.startswith(_INSERTED_CAST)
+            and SAFE_NAME.fullmatch(plain[len(_INSERTED_CAST):])):
+        return INSERTED + op, ""  # a cast onnxruntime put around a kernel it lacks in that type
     unnamed = _UNNAMED.match(plain)
     if not fused and unnamed and unnamed.group("op") in names.unnamed_ops:
         if op and op != unnamed.group("op") and depth == 0:
             return None, f"{name!r} is an unnamed {unnamed.group('op')} but its op is {op!r}"
         return plain, ""
+    if not fused and unnamed and depth == 0 and op == unnamed.group("op") and op not in _CONTROL_FLOW:
+        return INSERTED + op, ""  # a node of a function body onnxruntime inlined (Softmax's)
     return None, f"{name!r} is neither a checked node name nor a form onnxruntime derives from one"
 
 
@@ -243,7 +256,7 @@ def check_names(entries: Iterable[tuple[str, str, str | None]], names: SessionNa
         if (name, op, provider) in seen:  # the same kernel in another run
             continue
         seen.add((name, op, provider))
-        if name == "" and op and (op in names.unnamed_ops or op.startswith("Memcpy")):  # unnamed, in a plan
+        if name == "" and provider is None:  # a plan entry with no name: an unnamed or added node
             originals[name] = ""
             continue
         original, why = _resolve(name, op or "", provider, names)
