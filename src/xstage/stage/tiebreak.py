@@ -59,7 +59,12 @@ def _widen_tensor(tensor: Any) -> None:
 
 
 def _widen_graph(graph: Any) -> None:
-    """Every float in ``graph`` (and its subgraphs) to double, in place."""
+    """Every float in ``graph`` (and its subgraphs) to double, in place.
+
+    LayerNormalization's ``stash_type`` stays as it is: ReferenceEvaluator implements only
+    stash_type 1, and computes it in the input's precision (float64 here); widening it made
+    every graph with a LayerNormalization ``unavailable``.
+    """
     from onnx import AttributeProto
 
     for value in (*graph.input, *graph.output):
@@ -78,8 +83,6 @@ def _widen_graph(graph: Any) -> None:
                 for sub in attr.graphs:
                     _widen_graph(sub)
             elif node.op_type == "Cast" and attr.name == "to" and attr.i in _FLOATS:
-                attr.i = _DOUBLE
-            elif node.op_type == "LayerNormalization" and attr.name == "stash_type":
                 attr.i = _DOUBLE
         if node.op_type == "Constant":
             for attr in list(node.attribute):
