@@ -6,9 +6,12 @@ Loading: ``torch.export.load``; a program is moved to its device with
 ``.module().to()`` leaves device arguments baked into nodes), and otherwise must have been
 exported on its target device. No ``.eval()`` on the loaded module (older builds reject it).
 Option ``float64`` (the numeric gate's tie-break, CPU only): the program's floating
-parameters, buffers and constants are widened to float64 and it runs on float64 inputs under
-a dispatch mode that fails the call, naming the op, when any op still returns a narrower
-float (a dtype hard-coded in the program that the conversion cannot reach).
+parameters, buffers and constants are widened to float64, so is every float dtype its graph
+names (casts, factories, the ``_assert_tensor_metadata`` checks a ``.to(dtype)`` leaves; as
+the ONNX tie-break widens its Casts; a ``view(dtype)`` bitcast is left alone), the default
+dtype is float64 during the run, and it runs on float64 inputs under a dispatch mode that
+fails the call, naming the op, when any op still returns a narrower float (what the
+conversion cannot reach).
 Inputs are taken by name in the program's own signature order; outputs are named by the
 client (the manifest) or ``output_<i>``. A TorchScript file is refused with the remedy.
 
@@ -195,9 +198,23 @@ def _widen(torch, module):
     """Parameters, buffers and every floating tensor a ``get_attr`` node reads (lifted
     constants are plain attributes, which ``.to()`` does not reach) to float64, in place."""
     module.to(torch.float64)
+    narrow = (torch.float32, torch.float16, torch.bfloat16)
+
+    def wide(value):
+        if isinstance(value, torch.dtype) and value in narrow:
+            return torch.float64
+        if isinstance(value, (list, tuple)):
+            return type(value)(wide(v) for v in value)
+        return value
+
     for sub in module.modules():
         graph = getattr(sub, "graph", None)
+        changed = False
         for node in getattr(graph, "nodes", ()):
+            if node.op == "call_function" and str(node.target) != "aten.view.dtype":
+                args, kwargs = wide(node.args), dict((k, wide(v)) for k, v in node.kwargs.items())
+                if args != node.args or kwargs != dict(node.kwargs):
+                    node.args, node.kwargs, changed = args, kwargs, True
             if node.op != "get_attr":
                 continue
             owner, _, leaf = node.target.rpartition(".")
@@ -209,6 +226,8 @@ def _widen(torch, module):
                     value.data = value.data.double()
                 else:
                     setattr(holder, leaf, value.double())
+        if changed:
+            sub.recompile()
 
 
 class _Float64Check(object):
@@ -371,8 +390,13 @@ class TorchRuntime(object):
         torch = self.torch
         args = [a.double() if a.is_floating_point() else a for a in args]
         check = _Float64Check(torch)
-        with torch.no_grad(), check.mode:
-            result = self.module(*args)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            with torch.no_grad(), check.mode:
+                result = self.module(*args)
+        finally:
+            torch.set_default_dtype(default)
         if check.found:
             raise RuntimeError("the program computes %s in %s in its float64 run (a dtype "
                                "hard-coded in the program)" % check.found[0])

@@ -5,9 +5,11 @@ ill-conditioned in fp32: computed naively, the mean's rounding (up to half an ul
 4.9e-4) lands on outputs of scale 1e-2. Computed on ``x - x[0]`` first (exact in fp32), the same
 function is right to fp32's precision. So the two programs disagree far beyond rule 7, and
 float64 says which one is right: the shifted stage passes against the naive reference, the
-naive stage fails against the shifted one, and a program that hard-codes a float32 tensor
-(``linspace(..., dtype=float32)``) cannot be widened, so its tie-break is ``unavailable``.
-Each program carries a parameter, a buffer and a lifted constant, which the widening reaches.
+naive stage fails against the shifted one. Each program carries a parameter, a buffer and a
+lifted constant, which the widening reaches; dtypes the graph names (``.to(float16)``,
+``linspace(..., dtype=float32)``) are widened too, as the ONNX tie-break widens Casts. A
+program that is float32 by construction (a bf16 rounding by bit trick, ``view(int32)``) cannot
+be widened: its tie-break is ``unavailable``, naming the op.
 """
 
 from __future__ import annotations
@@ -48,11 +50,18 @@ class Shifted(Base):
 
 class Narrow(Shifted):
     def forward(self, x):
-        return super().forward(x) + torch.linspace(0, 0, 256, dtype=torch.float32)
+        y = super().forward(x)  # rounded to bf16 by a bit trick: float32 by construction
+        return (y.view(torch.int32) & -65536).view(torch.float32)
+
+class Casts(Shifted):
+    def forward(self, x):
+        return super().forward(x).to(torch.float16).float() * 0 + super().forward(x) \
+            + torch.linspace(0, 0, 256, dtype=torch.float32)
 
 out = Path(sys.argv[1])
 x = torch.randn(4, 256) * 1e-2 + 1e4
-for name, mod in [("naive", Naive()), ("shifted", Shifted()), ("narrow", Narrow())]:
+for name, mod in [("naive", Naive()), ("shifted", Shifted()), ("narrow", Narrow()),
+                  ("casts", Casts())]:
     path = out / (name + ".pt2")
     torch.export.save(torch.export.export(mod, (x,)), str(path))
     write_manifest(path, component="ill-" + name, fmt="pt:fp32", files=[path],
@@ -117,4 +126,12 @@ def test_a_hard_coded_float32_makes_the_torch_tiebreak_unavailable(export_python
     gate = _refused_gate(doc)
     tiebreak = gate["tiebreak"]
     assert gate["verdict"] == "failed" and tiebreak["status"] == "unavailable"
-    assert "linspace" in tiebreak["reason"] and "float32" in tiebreak["reason"]
+    assert "computes view in float32" in tiebreak["reason"]
+
+
+def test_dtypes_the_graph_names_are_widened(export_python, programs, tmp_path):
+    """``.to(float16)`` and a float32 ``linspace`` in the graph run in float64: unwidened,
+    either one would return a narrower float and make the tie-break ``unavailable``."""
+    done, doc = _external(export_python, programs, "casts", "naive", tmp_path / "r.json")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert doc["parity"]["tiebreak"]["status"] == "passed"

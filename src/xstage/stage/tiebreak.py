@@ -9,10 +9,11 @@ it is no further from float64 than the reference is.
 
 The tie-break is ``unavailable`` (the fp32 verdict stands, the record says why) when:
 
-* a torch program (evaluated in a ``torch-cpu`` worker: parameters, buffers, constants and
-  inputs widened to float64, see ``xstage_remote.torch_runtime``) cannot run there: torch-cpu
-  is missing, the program hard-codes a narrower float somewhere the widening cannot reach (the
-  worker names the op), or the load or the call passes :data:`TIME_LIMIT_S`;
+* a torch program (evaluated in a ``torch-cpu`` worker: parameters, buffers, constants, the
+  dtypes its graph names and its inputs widened to float64, see
+  ``xstage_remote.torch_runtime``) cannot run there: torch-cpu is missing, the program computes
+  a narrower float somewhere the widening cannot reach (the worker names the op), or the load
+  or the call passes :data:`TIME_LIMIT_S`;
 * the graph holds more than :data:`MAX_GRAPH_BYTES` (its float64 copy would be twice that);
 * the evaluation passes :data:`TIME_LIMIT_S` (checked between nodes);
 * ``ReferenceEvaluator`` cannot run the graph (an op it does not implement, a custom domain),
