@@ -5,6 +5,13 @@ Loading: ``torch.export.load``; a program is moved to its device with
 ``torch.export.passes.move_to_device_pass`` where the torch has it (>= 2.5; plain
 ``.module().to()`` leaves device arguments baked into nodes), and otherwise must have been
 exported on its target device. No ``.eval()`` on the loaded module (older builds reject it).
+Option ``float64`` (the numeric gate's tie-break, CPU only): the program's floating
+parameters, buffers and constants are widened to float64, so is every float dtype its graph
+names (casts, factories, the ``_assert_tensor_metadata`` checks a ``.to(dtype)`` leaves; as
+the ONNX tie-break widens its Casts; a ``view(dtype)`` bitcast is left alone), the default
+dtype is float64 during the run, and it runs on float64 inputs under a dispatch mode that
+fails the call, naming the op, when any op still returns a narrower float (what the
+conversion cannot reach).
 Inputs are taken by name in the program's own signature order; outputs are named by the
 client (the manifest) or ``output_<i>``. A TorchScript file is refused with the remedy.
 
@@ -170,8 +177,91 @@ def load(path, options):
                 "and the program's weights are on %s: export the program on %s"
                 % (torch.__version__, sorted(weights), device))
     module = program.module()
-    return TorchRuntime(torch, program, module, device, time.perf_counter() - t0, moved,
-                        options.get("output_names"), bool(options.get("profile")))
+    if options.get("float64"):
+        if device.type != "cpu":
+            raise ValueError("the float64 evaluation runs on cpu only, not %s" % device)
+        _widen(torch, module)
+    runtime = TorchRuntime(torch, program, module, device, time.perf_counter() - t0, moved,
+                           options.get("output_names"), bool(options.get("profile")))
+    if options.get("float64"):
+        runtime.float64 = True
+        for spec in runtime.outputs:
+            if spec["dtype"] in _NARROW:
+                spec["dtype"] = "float64"
+    return runtime
+
+
+_NARROW = ("float32", "float16", "bfloat16")
+
+
+def _widen(torch, module):
+    """Parameters, buffers and every floating tensor a ``get_attr`` node reads (lifted
+    constants are plain attributes, which ``.to()`` does not reach) to float64, in place."""
+    module.to(torch.float64)
+    narrow = (torch.float32, torch.float16, torch.bfloat16)
+
+    def wide(value):
+        if isinstance(value, torch.dtype) and value in narrow:
+            return torch.float64
+        if isinstance(value, (list, tuple)):
+            return type(value)(wide(v) for v in value)
+        return value
+
+    for sub in module.modules():
+        graph = getattr(sub, "graph", None)
+        changed = False
+        for node in getattr(graph, "nodes", ()):
+            if node.op == "call_function" and str(node.target) != "aten.view.dtype":
+                args, kwargs = wide(node.args), dict((k, wide(v)) for k, v in node.kwargs.items())
+                if args != node.args or kwargs != dict(node.kwargs):
+                    node.args, node.kwargs, changed = args, kwargs, True
+            if node.op != "get_attr":
+                continue
+            owner, _, leaf = node.target.rpartition(".")
+            holder = sub.get_submodule(owner) if owner else sub
+            value = getattr(holder, leaf, None)
+            if isinstance(value, torch.Tensor) and value.is_floating_point() \
+                    and value.dtype != torch.float64:
+                if isinstance(value, torch.nn.Parameter):
+                    value.data = value.data.double()
+                else:
+                    setattr(holder, leaf, value.double())
+        if changed:
+            sub.recompile()
+
+
+class _Float64Check(object):
+    """A TorchDispatchMode that notes the first op returning a float narrower than float64."""
+
+    def __init__(self, torch):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        found = []
+        self.found = found
+
+        def narrow(obj):
+            if isinstance(obj, torch.Tensor):
+                return _dtype_tag(obj.dtype) if _dtype_tag(obj.dtype) in _NARROW else None
+            if isinstance(obj, (list, tuple)):
+                for o in obj:
+                    hit = narrow(o)
+                    if hit:
+                        return hit
+            return None
+
+        def note(name, args, kwargs, result, seconds):
+            hit = narrow(result)
+            if hit and not found:
+                found.append((name, hit))
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                result = func(*args, **(kwargs or {}))
+                note(str(func.overloadpacket.__name__), args, kwargs, result, 0.0)
+                return result
+
+        self.mode = Mode()
+        _register_higher_order(torch, Mode, note)
 
 
 def pick_adapter(names, wanted):
@@ -276,11 +366,14 @@ class TorchRuntime(object):
                          "target_device_type": device.type, "moved": moved,
                          "cuda": getattr(torch.version, "cuda", None)}
         self.profile_text = None
+        self.float64 = False
 
     def run(self, feeds):
         torch = self.torch
         args = [torch.from_numpy(np.ascontiguousarray(feeds[n])).to(self.device)
                 for n in self._input_names]
+        if self.float64:
+            return self._run_float64(args)
         with torch.no_grad():
             if self._profile:
                 self._profile = False
@@ -291,6 +384,29 @@ class TorchRuntime(object):
         out = {}
         for spec, value in zip(self.outputs, values):
             out[spec["name"]] = value.detach().to("cpu").numpy()
+        return out
+
+    def _run_float64(self, args):
+        torch = self.torch
+        args = [a.double() if a.is_floating_point() else a for a in args]
+        check = _Float64Check(torch)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            with torch.no_grad(), check.mode:
+                result = self.module(*args)
+        finally:
+            torch.set_default_dtype(default)
+        if check.found:
+            raise RuntimeError("the program computes %s in %s in its float64 run (a dtype "
+                               "hard-coded in the program)" % check.found[0])
+        values = result if isinstance(result, (list, tuple)) else [result]
+        out = {}
+        for spec, value in zip(self.outputs, values):
+            if value.is_floating_point() and value.dtype != torch.float64:
+                raise RuntimeError("the float64 run returned %s for %s"
+                                   % (_dtype_tag(value.dtype), spec["name"]))
+            out[spec["name"]] = value.detach().numpy()
         return out
 
     def run_into(self, feeds, out_views):

@@ -89,3 +89,20 @@ def test_an_fp16_graph_is_widened_whole(tmp_path: Path):
     path = builtin_graphs.write(half, tmp_path / "half.onnx")
     out = tiebreak.evaluate_float64(path, {"x": np.ones((8, 32), np.float16)})
     assert out["y"].dtype == np.float64
+
+
+def test_layer_normalization_evaluates_in_float64(tmp_path):
+    """Widening LayerNormalization's stash_type to double made ReferenceEvaluator refuse it
+    (it implements stash_type 1 only, in the input's precision): every transformer graph's
+    tie-break was ``unavailable``."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), n) for n in "sb"]
+    node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], epsilon=1e-5, stash_type=1)
+    graph = helper.make_graph([node], "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], inits)
+    path = tmp_path / "ln.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    (ref,) = ort.InferenceSession(str(path)).run(None, {"x": x})
+    exact = tiebreak.evaluate_float64(path, {"x": x})["y"]
+    assert exact.dtype == np.float64 and np.max(np.abs(exact - ref)) < 1e-5

@@ -147,7 +147,8 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
                               reference_kind=setup.reference.kind, tolerance=setup.tolerance,
                               declared={o.name: o.shape for o in setup.artifact.outputs})
         if gate.verdict != "passed":  # float criteria only: the float64 tie-break may decide
-            gate = tiebreak.settle(gate, setup.artifact, setup.feeds, warm.outputs, reference)
+            gate = tiebreak.settle(gate, setup.artifact, setup.feeds, warm.outputs, reference,
+                                   setup.reference)
         if gate.verdict != "passed":
             return refusals.gate_refusal(cand, gate, proof, setup.reference.kind, warm.worker)
         memory = warm.info.get("memory") if isinstance(warm.info.get("memory"), dict) else {}

@@ -19,6 +19,7 @@ import numpy as np
 
 from xstage import errors
 from xstage.artifact import Artifact
+from xstage.client import Deadlines
 from xstage.device_table import DeviceReport
 from xstage.routes import reference_spec
 from xstage.routes.launch import load_options, open_worker
@@ -95,7 +96,8 @@ class TorchReference:
         one for nothing.
         """
 
-    def _worker(self):  # type: ignore[no-untyped-def]
+    def _worker(self, path: Path | None = None, deadlines: Deadlines | None = None,  # type: ignore[no-untyped-def]
+                **extra: Any):
         status = self._report.route(reference_spec("torch").name)
         if not status.resolved:
             raise errors.RouteMissing(
@@ -103,10 +105,10 @@ class TorchReference:
                 f"is missing here: {status.reason}",
                 reason_code=status.reason_code.value if status.reason_code else "unknown",
                 remedy=status.remedy or "set XSTAGE_PYTHON_TORCH_CPU to an interpreter with torch")
-        client = open_worker(status)
+        client = open_worker(status, deadlines=deadlines)
         try:
-            client.load(self.path, runtime="torch",
-                        options=load_options(status, output_names=self._names))
+            client.load(path or self.path, runtime="torch",
+                        options={**load_options(status, output_names=self._names), **extra})
         except BaseException:
             client.close()
             raise
@@ -121,6 +123,24 @@ class TorchReference:
             finally:
                 client.close()
         return self._outputs
+
+    def float64_outputs(self, path: Path, feeds: Mapping[str, np.ndarray],
+                        time_limit_s: float) -> dict[str, np.ndarray]:
+        """The program at ``path`` run in float64 on torch-cpu (the gate's tie-break).
+
+        Its parameters, buffers and constants are widened and its float inputs too; the worker
+        fails the call, naming the op, where the program still computes a narrower float.
+
+        Raises:
+            RouteMissing: torch-cpu is not available here.
+            WorkerRaised: the program cannot run in float64 (the message says why).
+        """
+        limit = Deadlines(load=time_limit_s, warmup=time_limit_s, call=time_limit_s)
+        client = self._worker(path, limit, float64=True, profile=False)
+        try:
+            return client.run(feeds)
+        finally:
+            client.close()
 
     def time(self, feeds: Mapping[str, np.ndarray], runs: int) -> list[float]:
         """Seconds per call of the torch-cpu worker, ``runs`` times after one warm call."""

@@ -9,8 +9,11 @@ it is no further from float64 than the reference is.
 
 The tie-break is ``unavailable`` (the fp32 verdict stands, the record says why) when:
 
-* the artifact is a torch program: evaluating it in ``.double()`` needs a torch worker of its
-  own, which xstage does not start for this yet;
+* a torch program (evaluated in a ``torch-cpu`` worker: parameters, buffers, constants, the
+  dtypes its graph names and its inputs widened to float64, see
+  ``xstage_remote.torch_runtime``) cannot run there: torch-cpu is missing, the program computes
+  a narrower float somewhere the widening cannot reach (the worker names the op), or the load
+  or the call passes :data:`TIME_LIMIT_S`;
 * the graph holds more than :data:`MAX_GRAPH_BYTES` (its float64 copy would be twice that);
 * the evaluation passes :data:`TIME_LIMIT_S` (checked between nodes);
 * ``ReferenceEvaluator`` cannot run the graph (an op it does not implement, a custom domain),
@@ -57,7 +60,12 @@ def _widen_tensor(tensor: Any) -> None:
 
 
 def _widen_graph(graph: Any) -> None:
-    """Every float in ``graph`` (and its subgraphs) to double, in place."""
+    """Every float in ``graph`` (and its subgraphs) to double, in place.
+
+    LayerNormalization's ``stash_type`` stays as it is: ReferenceEvaluator implements only
+    stash_type 1, and computes it in the input's precision (float64 here); widening it made
+    every graph with a LayerNormalization ``unavailable``.
+    """
     from onnx import AttributeProto
 
     for value in (*graph.input, *graph.output):
@@ -76,8 +84,6 @@ def _widen_graph(graph: Any) -> None:
                 for sub in attr.graphs:
                     _widen_graph(sub)
             elif node.op_type == "Cast" and attr.name == "to" and attr.i in _FLOATS:
-                attr.i = _DOUBLE
-            elif node.op_type == "LayerNormalization" and attr.name == "stash_type":
                 attr.i = _DOUBLE
         if node.op_type == "Constant":
             for attr in list(node.attribute):
@@ -171,8 +177,34 @@ def _deadline(op: Any, deadline: float, limit: float) -> None:
     op.run = checked
 
 
+def _torch_float64(arm: Any, artifact: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The torch program evaluated in float64 by the reference arm's torch-cpu worker.
+
+    Raises:
+        Unavailable: no torch arm, torch-cpu missing, or the worker could not run the program
+            in float64 (the message says why).
+    """
+    from xstage import errors
+
+    if arm is None or not hasattr(arm, "float64_outputs"):
+        raise Unavailable("the float64 evaluation of a torch program needs the torch-cpu "
+                          "reference arm, which this comparison does not have")
+    if artifact.bytes > MAX_GRAPH_BYTES:
+        raise Unavailable(f"the program holds {artifact.bytes / 2**20:.0f} MiB, over the "
+                          f"tie-break's {MAX_GRAPH_BYTES // 2**20} MiB limit")
+    try:
+        return dict(arm.float64_outputs(Path(artifact.path), feeds, TIME_LIMIT_S))
+    except (errors.CallTimeout, errors.WarmupTimeout) as exc:
+        raise Unavailable(f"the float64 evaluation passed its {TIME_LIMIT_S:g} s limit") from exc
+    except errors.WorkerRaised as exc:
+        raise Unavailable(f"torch-cpu cannot run the program in float64: {exc.message[:300]}") from exc
+    except errors.XstageError as exc:
+        raise Unavailable(f"torch-cpu cannot run the program in float64: {str(exc)[:300]}") from exc
+
+
 def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
-           outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> parity.Parity:
+           outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
+           arm: Any = None) -> parity.Parity:
     """A failed gate, decided again by the float64 answer where that can change it.
 
     Args:
@@ -181,6 +213,8 @@ def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
         feeds: the inputs the warm-up ran on.
         outputs: the stage's outputs.
         reference: the reference arm's outputs.
+        arm: the reference arm (:mod:`xstage.stage.reference`); a torch program is evaluated in
+            float64 by its ``float64_outputs``.
 
     Returns:
         The gate, passed or still failed, with its ``tiebreak`` recorded (``unavailable``
@@ -188,16 +222,15 @@ def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
     """
     if parity.tiebreak_applies(gate) is not None:
         return gate
-    if artifact.format.startswith("pt:"):
-        return parity.tiebreak_unavailable(
-            gate, "the float64 evaluation of a torch program (.double() in a torch-cpu worker) "
-            "is not built yet", limit_s=TIME_LIMIT_S)
+    torch = artifact.format.startswith("pt:")
     started = time.monotonic()
     try:
-        exact = evaluate_float64(Path(artifact.path), feeds, graph_bytes=artifact.bytes)
+        exact = _torch_float64(arm, artifact, feeds) if torch else \
+            evaluate_float64(Path(artifact.path), feeds, graph_bytes=artifact.bytes)
     except Unavailable as exc:
         return parity.tiebreak_unavailable(gate, str(exc), limit_s=TIME_LIMIT_S,
                                            max_graph_bytes=MAX_GRAPH_BYTES)
-    return parity.settle_tiebreak(gate, outputs, reference, exact,
-                                  evaluator="onnx.reference.ReferenceEvaluator (float64)",
+    evaluator = "torch-cpu, the program widened to float64" if torch else \
+        "onnx.reference.ReferenceEvaluator (float64)"
+    return parity.settle_tiebreak(gate, outputs, reference, exact, evaluator=evaluator,
                                   seconds=round(time.monotonic() - started, 3))
