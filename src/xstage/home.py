@@ -103,6 +103,7 @@ def locked(path: str | os.PathLike[str]) -> Iterator[None]:
         if sys.platform == "win32":
             import msvcrt
 
+            handle.seek(0)  # the lock is on byte 0, whatever the file holds
             while True:
                 try:
                     msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
