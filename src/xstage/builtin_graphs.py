@@ -72,24 +72,24 @@ def slice_graph(n_in: int, n_out: int, dtype: int = TensorProto.FLOAT) -> onnx.M
 
 
 def write(model: onnx.ModelProto, path: str | Path) -> Path:
-    """Save atomically (temp + rename) and return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    onnx.save(model, tmp)
-    tmp.replace(path)
-    return path
+    """Save atomically (a unique temp name beside ``path``, then one rename) and return the
+    path: two processes writing it at once each rename a complete graph."""
+    from xstage.home import atomic_write
+
+    return atomic_write(path, model.SerializeToString())
 
 
 def builtin_stage() -> Path:
     """The built-in stage ``xstage external`` runs without ``--graph``: an MLP of 6 layers,
     512 wide, on a batch of 64 (about 0.1 GFLOP, a few milliseconds on one CPU core), written
     once into the cache."""
-    from xstage.home import cache_dir
+    from xstage.home import cache_dir, locked
 
     path = cache_dir() / "builtin" / "mlp-512x6-b64.onnx"
     if not path.exists():
-        write(mlp(width=512, depth=6, batch=64, seed=7), path)
+        with locked(path.with_name(f".{path.name}.lock")):  # one process builds, the rest wait
+            if not path.exists():
+                write(mlp(width=512, depth=6, batch=64, seed=7), path)
     return path
 
 

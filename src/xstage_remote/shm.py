@@ -91,7 +91,28 @@ __all__ = [
 MAGIC = b"XSR1"
 VERSION = 1
 #: The documented ceiling of one region; stages whose declared I/O exceed it go inline.
-MAX_REGION_BYTES = int(os.environ.get("XSTAGE_MAX_REGION_BYTES", 4 << 30))
+#: Malformed ``XSTAGE_*`` numbers read below, one line each (the default is used meanwhile);
+#: the client refuses to start a worker while this is not empty.
+ENV_PROBLEMS = []
+
+
+def _env_number(name, default, cast, example):
+    """The number in environment variable ``name``, or ``default`` (noting a malformed one)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = cast(raw.strip())
+        if not value >= 0 or value == float("inf"):
+            raise ValueError
+        return value
+    except ValueError:
+        ENV_PROBLEMS.append("%s=%r is not a number >= 0: unset it or set e.g. %s=%s"
+                            % (name, raw, name, example))
+        return default
+
+
+MAX_REGION_BYTES = _env_number("XSTAGE_MAX_REGION_BYTES", 4 << 30, int, "4294967296")
 MAX_SLOTS = 1024
 DESC_OFF = 256
 DESC = struct.Struct("<BBHIQ" + "Q" * MAX_RANK)  # 272 bytes
@@ -118,16 +139,16 @@ STATUS_INLINE = 2
 SPIN = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 #: Long enough to cover a small call's round trip (tens of µs) many times over; short
 #: enough that an idle worker sleeps almost at once. Each yield costs ~0.3-1 µs here.
-SPIN_SECONDS = float(os.environ.get("XSTAGE_SPIN_SECONDS", "0.002"))
+SPIN_SECONDS = _env_number("XSTAGE_SPIN_SECONDS", 0.002, float, "0.002")
 #: An idle worker spins this long after answering, then sleeps: long enough for a caller that
 #: calls again at once (back-to-back calls cost tens of µs between them), short enough not to
 #: burn a core the caller's own work needs between calls.
-WORKER_SPIN_SECONDS = float(os.environ.get("XSTAGE_WORKER_SPIN_SECONDS", "0.0003"))
+WORKER_SPIN_SECONDS = _env_number("XSTAGE_WORKER_SPIN_SECONDS", 0.0003, float, "0.0003")
 #: A caller does not spin while the worker computes a call expected to take longer than this:
 #: on a small machine its spinning would steal a core from the runtime's own threads (measured
 #: here: a 0.5 ms call took 1.5 ms round trip with the caller spinning, 0.55 ms without); the
 #: doorbell's wake-up (~20-50 µs) is small against such a call.
-LONG_CALL_SECONDS = float(os.environ.get("XSTAGE_LONG_CALL_SECONDS", "0.0002"))
+LONG_CALL_SECONDS = _env_number("XSTAGE_LONG_CALL_SECONDS", 0.0002, float, "0.0002")
 #: Bounds the cost of the flag race described above.
 FIRST_BLOCK_SECONDS = 0.001
 

@@ -9,6 +9,7 @@ that died); 64 usage error. Every run but a usage error writes a record under
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "their defaults, tighter and looser values both apply")
     p.add_argument("--ep-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an execution provider option (repeatable; wins over the route's hook)")
-    p.add_argument("--threads", type=int, metavar="N", help="intra-op threads (both arms)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="intra-op threads (both arms), 1 to the CPU count; 0 the default")
     p.add_argument("--graph-opt-level", metavar="L",
                    choices=["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED",
                             "ORT_ENABLE_ALL"], help="onnxruntime graph optimization level")
@@ -125,20 +127,69 @@ def parse_tolerance(text: str | None) -> float | dict[str, float] | None:
     return check_criteria(criteria)
 
 
-def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> None:
+def _check_out_path(flag: str, value: str | None, example: str) -> None:
+    """A file flag's path, checked before anything runs: not a folder, in a writable folder.
+
+    Raises:
+        UsageError: the path is a folder, or its folder is missing or not writable.
+    """
+    if not value:
+        return
+    path = Path(value)
+    if path.is_dir():
+        raise errors.UsageError(f"{flag} {value} is a folder, not a file",
+                                remedy=f"name a file in it, e.g. {flag} {path / example}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise errors.UsageError(f"{flag} {value}: the folder {folder} does not exist",
+                                remedy=f"create it first (mkdir -p {folder}) or choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise errors.UsageError(f"{flag} {value}: the folder {folder} is not writable",
+                                remedy="choose a path in a folder you can write")
+
+
+def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> Path:
+    """The record under ``XSTAGE_HOME/records`` first, then ``--json``'s copy.
+
+    Raises:
+        XstageError: ``--json`` could not be written (the home record already was).
+    """
     path = write_record(doc, records_path(
         (doc.get("artifact") or {}).get("component"), args.graph or "builtin"))
     out.log(f"record: {path}")
-    if args.json_path:
-        write_record(doc, args.json_path)
     if out.verbosity >= 0:
         out.err.print(f"record written to {path}", markup=False, highlight=False)
+    if args.json_path:
+        try:
+            write_record(doc, args.json_path)
+        except OSError as exc:
+            raise errors.XstageError(
+                f"could not write --json {args.json_path}: {exc.strerror or exc}",
+                remedy=f"the record is at {path}; choose a writable --json path") from None
+    return path
+
+
+def _save_outputs(stage: Any, target: str, record: Path) -> None:
+    """``--save-outputs``: one run's outputs, after the record is safe.
+
+    Raises:
+        XstageError: the file could not be written (the record already was).
+    """
+    outputs = stage(stage.inputs)
+    try:
+        np.savez(target, **outputs)
+    except OSError as exc:
+        raise errors.XstageError(
+            f"could not write --save-outputs {target}: {exc.strerror or exc}",
+            remedy=f"the record is at {record}; choose a writable --save-outputs path") from None
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     argv = ["xstage", *sys.argv[1:]]
     if args.runs < 1 or args.warmup < 0:
         raise errors.UsageError("--runs must be >= 1 and --warmup >= 0")
+    _check_out_path("--json", args.json_path, "record.json")
+    _check_out_path("--save-outputs", args.save_outputs, "outputs.npz")
     graph = (Path(args.graph) if args.graph
              else builtin_artifact(args.builtin) if args.builtin else builtin_stage())
     prefer = [p for p in args.prefer.split(",") if p] if args.prefer else None
@@ -173,10 +224,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
             task = bar.add_task("runs", total=args.runs)
             stage.measure(runs=args.runs, warmup=args.warmup, compare_cpu=args.compare_cpu,
                           progress=lambda n: bar.update(task, completed=n))
-        if args.save_outputs:
-            outputs = stage(stage.inputs)
-            np.savez(args.save_outputs, **outputs)
         doc = stage.record(argv=argv)
-    _write(doc, args, out)
-    show_summary(doc, out, title="xstage external")
+        path = _write(doc, args, out)  # the record first: a failed --save-outputs keeps it
+        show_summary(doc, out, title="xstage external")
+        if args.save_outputs:
+            _save_outputs(stage, args.save_outputs, path)
     return EXIT_OK

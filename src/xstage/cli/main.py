@@ -22,6 +22,7 @@ __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
 _EPILOG = f"""environment:
   XSTAGE_HOME      state root (envs/, cache/, records/, logs/); default: the user data dir
   XSTAGE_DEBUG=1   show tracebacks for known errors too
+  XSTAGE_LOG_KEEP  worker logs kept: N newest, Nd days, both (default 100,30d), or all
   XSTAGE_PYTHON_<ROUTE>  interpreter for one route, e.g. XSTAGE_PYTHON_ORT_OPENVINO
 
 exit codes: {EXIT_OK} ok, {EXIT_ERROR} error, {EXIT_REFUSED} refused (a record is still written), \

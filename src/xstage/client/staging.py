@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import xstage_remote
-from xstage.home import cache_dir
+from xstage.home import cache_dir, locked
 
 __all__ = ["BOOTSTRAP", "local_hash", "staged_root", "worker_argv"]
 
@@ -40,13 +40,18 @@ def staged_root() -> Path:
     if (root / "xstage_remote" / "__init__.py").is_file():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".stage-", dir=root.parent))
-    src = Path(xstage_remote.__file__).parent
-    shutil.copytree(src, tmp / "xstage_remote", ignore=shutil.ignore_patterns("__pycache__"))
-    try:
-        os.replace(tmp, root)
-    except OSError:  # another process staged the same hash first
-        shutil.rmtree(tmp, ignore_errors=True)
+    with locked(root.parent / f".{root.name}.lock"):  # one process copies, the rest wait
+        if (root / "xstage_remote" / "__init__.py").is_file():
+            return root
+        tmp = Path(tempfile.mkdtemp(prefix=".stage-", dir=root.parent))
+        src = Path(xstage_remote.__file__).parent
+        try:
+            shutil.copytree(src, tmp / "xstage_remote", ignore=shutil.ignore_patterns("__pycache__"))
+            if root.exists():  # a copy left half-made by a process killed before the lock existed
+                shutil.rmtree(root, ignore_errors=True)
+            os.replace(tmp, root)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return root
 
 

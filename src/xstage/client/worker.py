@@ -31,7 +31,7 @@ import numpy as np
 from xstage import errors
 from xstage.client.deadlines import Deadlines
 from xstage.client.staging import local_hash, worker_argv
-from xstage.home import logs_dir
+from xstage.home import LOG_KEEP_DEFAULT, logs_dir, prune_logs
 from xstage.signature import check_inputs
 from xstage_remote import PROTOCOL_VERSION, shm, wire
 
@@ -60,6 +60,22 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with status {code}"
+
+
+def _settings_usable() -> None:
+    """Refuse to start a worker on a malformed ``XSTAGE_*`` setting; prune old logs.
+
+    Raises:
+        UsageError: a malformed ``XSTAGE_MAX_REGION_BYTES``, ``XSTAGE_SPIN_SECONDS`` (…) or
+            ``XSTAGE_LOG_KEEP`` (the message names the variable and a valid value).
+    """
+    if shm.ENV_PROBLEMS:
+        raise errors.UsageError(shm.ENV_PROBLEMS[0])
+    try:
+        prune_logs()
+    except ValueError as exc:
+        raise errors.UsageError(str(exc), remedy="unset XSTAGE_LOG_KEEP for the default, "
+                                f"{LOG_KEEP_DEFAULT}") from None
 
 
 class WorkerClient:
@@ -169,6 +185,7 @@ class WorkerClient:
             return self.hello
 
     def _spawn(self) -> None:
+        _settings_usable()
         secret = secrets.token_hex(16)
         self._secret = secret
         self.log_path = logs_dir() / (

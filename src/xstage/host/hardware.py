@@ -607,7 +607,7 @@ def _windows_cached(proc: Path, refresh: bool) -> str | None:
     """``run_windows_query`` once per boot (``cache/hardware/``), unless ``refresh``."""
     import hashlib
 
-    from xstage.home import cache_dir
+    from xstage.home import atomic_write, cache_dir
 
     try:
         boot = (proc / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
@@ -618,8 +618,7 @@ def _windows_cached(proc: Path, refresh: bool) -> str | None:
         return path.read_text()
     text = run_windows_query()
     if text is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        atomic_write(path, text.encode())
     return text
 
 

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from xstage._version import __version__
 from xstage.errors import EnvError, UsageError
-from xstage.home import envs_dir
+from xstage.home import envs_dir, locked
 from xstage.host.info import HostInfo, host_cpu_vendor
 from xstage.routes.specs import RouteSpec, get_spec
 
@@ -421,12 +421,20 @@ def create(
     if the_plan.action != "build" or the_plan.base_python is None:
         raise EnvError(f"nothing to build for {the_plan.route} ({the_plan.action})")
     target = the_plan.target
-    if target.exists() and not force:
-        raise EnvError(
-            f"an environment for {the_plan.route} already exists at {target}",
-            remedy=f"xstage env create {the_plan.route} --force, or xstage env remove {the_plan.route}",
-        )
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Two `env create` of one route at once: the second waits for the first, then finds its env.
+    with locked(target.parent / f".{target.name}.lock"):
+        if target.exists() and not force:
+            raise EnvError(
+                f"an environment for {the_plan.route} already exists at {target}",
+                remedy=f"xstage env create {the_plan.route} --force, or xstage env remove {the_plan.route}",
+            )
+        return _build(the_plan, target, say)
+
+
+def _build(the_plan: EnvPlan, target: Path, say: Callable[[str], None]) -> EnvInfo:
+    """``create``'s work, under the route's lock: a venv in a temp folder, renamed into place."""
+    assert the_plan.base_python is not None
     tmp = Path(tempfile.mkdtemp(prefix=f".{the_plan.route}-build-", dir=target.parent))
     try:
         say(f"creating a venv with Python {the_plan.python_version} ({the_plan.base_python})")
@@ -510,9 +518,10 @@ def remove(route: str) -> Path:
     if "/" in route or "\\" in route or route.startswith("."):
         raise EnvError(f"not a route name: {route!r}")
     target = env_dir(route)
-    if not target.is_dir():
-        raise EnvError(f"no environment for {route} under {envs_dir()}", remedy="xstage env list")
-    trash = target.with_name(f".{route}-removing-{os.getpid()}")
-    os.replace(target, trash)
+    with locked(target.parent / f".{target.name}.lock"):  # not while `env create` renames it
+        if not target.is_dir():
+            raise EnvError(f"no environment for {route} under {envs_dir()}", remedy="xstage env list")
+        trash = target.with_name(f".{route}-removing-{os.getpid()}")
+        os.replace(target, trash)
     shutil.rmtree(trash, ignore_errors=True)
     return target

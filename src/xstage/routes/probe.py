@@ -28,7 +28,7 @@ from typing import Any
 import xstage_remote
 from xstage._version import __version__
 from xstage.client import staging as remote_pkg
-from xstage.home import cache_dir
+from xstage.home import atomic_write, cache_dir
 
 __all__ = [
     "PROBE_TIMEOUT_S",
@@ -159,11 +159,8 @@ def _read_cache(key: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _write_cache(key: dict[str, Any], data: dict[str, Any]) -> None:
-    path = _cache_file(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, "probe": data, "written": time.time()}, sort_keys=True))
-    os.replace(tmp, path)
+    doc = json.dumps({"key": key, "probe": data, "written": time.time()}, sort_keys=True)
+    atomic_write(_cache_file(key), doc.encode())
 
 
 def _tail(text: str) -> str:

@@ -70,8 +70,7 @@ def open_stage(
         device=device, prefer=prefer, route=route, offload=offload, min_placement=min_placement,
         tolerance=tolerance, ep_options=ep_options, threads=threads,
         graph_opt_level=graph_opt_level, inputs=inputs, seed=SEED)
-    if not 0.0 <= min_placement <= 1.0:
-        raise errors.UsageError(f"--min-placement {min_placement} is outside [0, 1]")
+    _check_numbers(min_placement, threads)
     art: Artifact | None = None
     try:
         art = inspect_artifact(artifact, fmt=fmt, component=component)
@@ -123,6 +122,25 @@ def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None]) -> Sta
                           artifact=setup.artifact, plan=plan, tried=tried, ledger=last_ledger,
                           device_attestation=attested)
     raise refusals.refused(refused, setup.artifact, record)
+
+
+def _check_numbers(min_placement: float, threads: int | None) -> None:
+    """The numeric arguments checked before anything runs.
+
+    Raises:
+        UsageError: ``min_placement`` outside [0, 1]; ``threads`` below 0 (0: the runtime's
+            default) or above this machine's CPU count (more threads than CPUs only slows a
+            stage: 2048 took 76 s).
+    """
+    if not 0.0 <= min_placement <= 1.0:
+        raise errors.UsageError(f"--min-placement {min_placement} is outside [0, 1]")
+    if threads is None:
+        return
+    cpus = os.cpu_count() or 1
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= cpus:
+        raise errors.UsageError(
+            f"--threads {threads} is outside 0..{cpus} (this machine's CPU count)",
+            remedy=f"give a whole number from 1 to {cpus}, or 0 for the runtime's default")
 
 
 def _session_options(threads: int | None, graph_opt_level: str | None) -> dict[str, Any]:

@@ -1,0 +1,406 @@
+"""Stress xstage past what CI runs (issue 13): frames into a live worker, calls with random
+interrupts, concurrent opens across processes on one fresh home. Not in CI; the results and
+the command are in docs/reliability.md.
+
+    PYTHONPATH=src python3 scripts/stress.py                      # the full counts
+    PYTHONPATH=src python3 scripts/stress.py --frames 2000 --calls 2000 --opens 8 --procs 2
+
+Three parts, each on its own fresh ``XSTAGE_HOME`` and ``TMPDIR`` (so leftovers are ours):
+
+* ``frames``: a live ``ort-cpu`` worker (``WorkerClient``, inline frames) takes N frames:
+  pings, runs checked against onnxruntime in this process, well-formed frames the worker must
+  refuse with an ``error`` reply and stay up (unknown op, missing/extra/misnamed tensors, wrong
+  dtype or shape, a missing graph), and ``--mutated`` byte-flipped frames, after each of which
+  the worker must answer, close (fail closed), or wait for bytes it was promised (then the
+  deadline kills it); a closed or killed worker is replaced. Hostile frames go through the
+  client's socket: the one place this script reaches past the public API.
+* ``calls``: a stage from ``open_stage`` takes N calls with fresh random inputs, each output
+  checked against onnxruntime in this process; about ``--interrupt-rate`` of them get a SIGINT
+  at a random moment. A wrong output (a stale reply) is counted, never tolerated silently; a
+  stage that closes itself (``StageClosed``, ``WorkerError``) is reopened and counted.
+* ``opens``: ``--procs`` processes, ``--opens`` threads in all, released together on a fresh
+  home, each ``open_stage`` of the built-in stage (first use of every cached thing), one call,
+  close. Each must end placed, refused (its cause), or a timeout or error naming its cause.
+
+After all three: no process left that this run started, no descriptor more than at the start,
+no ``/dev/shm/xstage-*`` name from our processes, no ``xstage-profile-*`` folder in our TMPDIR,
+and the caches whole (built-in graph, staged worker package, probes, every record valid).
+Prints one JSON document; exit 0 when every check holds, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+_children: list[int] = []
+SRC = HERE.parent / "src"
+
+
+def _tiny_graph(folder: Path) -> Path:
+    from xstage import builtin_graphs
+
+    return builtin_graphs.write(builtin_graphs.mlp(width=16, depth=2, batch=2, seed=3),
+                                folder / "tiny.onnx")
+
+
+def _reference(graph: Path):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
+    return lambda feeds: sess.run(None, feeds)
+
+
+def _close_match(got, want) -> bool:
+    return len(got) == len(want) and all(
+        np.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(got, want, strict=True))
+
+
+# ---------------------------------------------------------------------------- frames
+
+
+def _hostile(rng: random.Random, x: np.ndarray):
+    """A well-formed frame the worker must refuse with an ``error`` reply: (kind, header, arrays).
+
+    (A frame the wire itself rejects is refused by the client's own encoder before it leaves,
+    so those reach the worker only as ``--mutated`` bytes.)
+    """
+    kind = rng.choice(["misnamed", "extra", "dtype", "shape", "missing_graph"])
+    if kind == "misnamed":
+        return kind, {"op": "run"}, {"y": x}
+    if kind == "extra":
+        return kind, {"op": "run"}, {"x": x, "z": x}
+    if kind == "dtype":
+        return kind, {"op": "run"}, {"x": x.astype(np.float64)}
+    if kind == "shape":
+        return kind, {"op": "run"}, {"x": np.zeros((3, 16), np.float32)}
+    return kind, {"op": "load", "runtime": "ort", "path": "/nonexistent/g.onnx", "options": {}}, None
+
+
+def _frames(n: int, mutated: int, graph: Path, seed: int) -> dict:
+    from xstage import Deadlines, WorkerClient, errors
+    from xstage_remote import wire
+
+    rng = random.Random(seed)
+    ref = _reference(graph)
+    counts: collections.Counter[str] = collections.Counter()
+    wrong = 0
+    mutate_at = set(rng.sample(range(n), min(mutated, n)))
+
+    def fresh() -> WorkerClient:
+        client = WorkerClient(sys.executable, route="ort-cpu", shm_mode="off",
+                              deadlines=Deadlines(call=5.0, load=60.0))
+        client.start()
+        client.load(graph)
+        return client
+
+    client = fresh()
+    restarts = 0
+    for i in range(n):
+        x = np.asarray(rng.random() * np.ones((2, 16)), np.float32) + np.float32(i % 7)
+        try:
+            if i in mutate_at:
+                base = wire.encode_frame({"op": "run", "id": 10**9 + i}, {"x": x})
+                data = bytearray(b"".join(bytes(p) for p in base))
+                for _ in range(rng.randint(1, 4)):
+                    data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+                client._ctl.sendall(bytes(data))
+                try:
+                    client._recv("call", 2.0)
+                    client.ping()  # still in step?
+                    counts["mutated: answered"] += 1
+                except errors.CallTimeout:
+                    counts["mutated: worker waited for promised bytes (killed at the deadline)"] += 1
+                except errors.WorkerDied:
+                    counts["mutated: worker closed (fail closed)"] += 1
+                except errors.ProtocolError as exc:
+                    counts[f"mutated: protocol error ({str(exc).split(':')[-1].strip()[:40]})"] += 1
+                except errors.WorkerRaised:
+                    counts["mutated: answered with an error"] += 1
+                if client.state.value != "ready":
+                    client.close()
+                    client = fresh()
+                    restarts += 1
+                continue
+            r = rng.random()
+            if r < 0.3:
+                client.ping()
+                counts["ping"] += 1
+            elif r < 0.6:
+                got = client.run({"x": x})
+                counts["run"] += 1
+                if not _close_match(list(got.values()), ref({"x": x})):
+                    wrong += 1
+            else:
+                kind, header, arrays = _hostile(rng, x)
+                rid = client._take_id()
+                client._send(dict(header, id=rid), arrays)
+                frame = client._recv("call", 5.0)
+                counts[f"hostile {kind}: {frame.op}"] += 1
+                if kind == "missing_graph":  # the failed load must not unload the good one
+                    client.load(graph)
+        except errors.XstageError as exc:
+            counts[f"unexpected {type(exc).__name__}: {exc.message[:80]}"] += 1
+            client.close()
+            client = fresh()
+            restarts += 1
+    client.close()
+    return {"frames": n, "mutated": len(mutate_at), "outcomes": dict(sorted(counts.items())),
+            "wrong_outputs": wrong, "worker_restarts": restarts}
+
+
+# ---------------------------------------------------------------------------- calls
+
+
+def _calls(n: int, rate: float, graph: Path, seed: int) -> dict:
+    from xstage import Deadlines, errors, open_stage
+
+    rng = random.Random(seed)
+    nrng = np.random.default_rng(seed)
+    ref = _reference(graph)
+    counts: collections.Counter[str] = collections.Counter()
+    deadlines = Deadlines(call=10.0)
+    stage = open_stage(graph, route="ort-cpu", deadlines=deadlines)
+    main = threading.get_ident()
+    timer: threading.Timer | None = None
+    reopened = 0
+    for _ in range(n):
+        checked = False
+        try:
+            x = nrng.standard_normal((2, 16)).astype(np.float32)
+            if rng.random() < rate:
+                timer = threading.Timer(rng.uniform(0, 300e-6),
+                                        lambda: signal.pthread_kill(main, signal.SIGINT))
+                timer.start()
+            got = stage({"x": x})
+            if _close_match(list(got.values()), ref({"x": x})):
+                counts["right"] += 1
+            else:
+                counts["WRONG (a stale or altered output)"] += 1
+            checked = True
+            if timer is not None:
+                timer.join()
+                timer = None
+        except KeyboardInterrupt:  # after the check: that call was counted above
+            counts["interrupted after the call returned" if checked else "interrupted in the call"] += 1
+            if timer is not None:
+                timer.join()
+                timer = None
+        except (errors.StageClosed, errors.WorkerError) as exc:
+            counts[f"stage closed itself: {type(exc).__name__}"] += 1
+            stage.close()
+            stage = open_stage(graph, route="ort-cpu", deadlines=deadlines)
+            reopened += 1
+        except errors.XstageError as exc:
+            counts[f"error {type(exc).__name__}: {exc.message[:80]}"] += 1
+    try:
+        stage.close()
+    except KeyboardInterrupt:
+        stage.close()
+    return {"calls": n, "interrupt_rate": rate, "outcomes": dict(sorted(counts.items())),
+            "reopened": reopened}
+
+
+# ---------------------------------------------------------------------------- opens
+
+
+def _opener(barrier: Path, threads: int) -> None:
+    """One of the ``opens`` processes: ``threads`` opens of the built-in stage, released together."""
+    from xstage import Deadlines, Refused, errors, open_stage
+    from xstage.builtin_graphs import builtin_stage
+
+    gate = threading.Barrier(threads)
+    lines: list[str] = []
+
+    def one() -> None:
+        gate.wait()
+        while not (barrier / "go").exists():
+            time.sleep(0.001)
+        try:
+            with open_stage(builtin_stage(), route="ort-cpu", deadlines=Deadlines(
+                    spawn=120, hello=120, load=300, warmup=300, call=120, shutdown=10)) as stage:
+                stage(stage.inputs)
+            lines.append("placed")
+        except Refused as exc:
+            lines.append("refused: " + ", ".join(sorted({f"{r.code.value}/{r.cause}" for r in exc.refusals})))
+        except errors.WorkerTimeout as exc:
+            lines.append(f"timeout: {type(exc).__name__}")
+        except errors.XstageError as exc:
+            lines.append(f"error: {type(exc).__name__}: {exc.message[:100]}")
+        except Exception as exc:  # counted as a failure of the run: a bug, not a named cause
+            lines.append(f"UNNAMED {type(exc).__name__}: {exc}")
+
+    workers = [threading.Thread(target=one) for _ in range(threads)]
+    (barrier / f"ready-{os.getpid()}").write_text("")
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    print(json.dumps(lines))
+
+
+def _opens(total: int, procs: int, timeout: float) -> dict:
+    barrier = Path(tempfile.mkdtemp(prefix="barrier-"))
+    shares = [total // procs + (1 if i < total % procs else 0) for i in range(procs)]
+    children = [subprocess.Popen([sys.executable, __file__, "--_opener", str(barrier), str(k)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for k in shares if k]
+    _children.extend(c.pid for c in children)
+    until = time.monotonic() + 120
+    while len(list(barrier.glob("ready-*"))) < len(children) and time.monotonic() < until:
+        time.sleep(0.01)
+    time.sleep(0.5)  # every thread at its gate
+    started = time.monotonic()
+    (barrier / "go").write_text("")
+    outcomes: collections.Counter[str] = collections.Counter()
+    tracebacks = 0
+    for child in children:
+        try:
+            out, err = child.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))
+            outcomes.update(json.loads(out.strip().splitlines()[-1]) if out.strip() else [
+                f"process ended {child.returncode} without a result"])
+            tracebacks += err.count("Traceback")
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            outcomes["process killed at the script's timeout"] += 1
+    return {"opens": total, "processes": len(children), "outcomes": dict(sorted(outcomes.items())),
+            "tracebacks": tracebacks, "seconds": round(time.monotonic() - started, 1)}
+
+
+# ---------------------------------------------------------------------------- leaks and caches
+
+
+def _ours(home: Path) -> list[int]:
+    """Processes alive now whose environment names this run's home (workers, openers)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.pid != os.getpid() and proc.environ().get("XSTAGE_HOME", "").startswith(str(home)):
+                found.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _fds() -> dict[str, str]:
+    """This process's open descriptors and what each points at."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+    return out
+
+
+def _caches(home: Path) -> dict:
+    import onnx
+
+    import xstage_remote
+    from xstage.record import read_record
+
+    problems = []
+    for graph in (home / "cache" / "builtin").glob("*.onnx"):
+        try:
+            onnx.checker.check_model(onnx.load(str(graph)))
+        except Exception as exc:
+            problems.append(f"{graph.name}: {exc}")
+    src = Path(xstage_remote.__file__).parent
+    for root in (home / "cache" / "remote").glob("[!.]*"):
+        for f in src.rglob("*.py"):
+            if (root / "xstage_remote" / f.relative_to(src)).read_bytes() != f.read_bytes():
+                problems.append(f"staged {f.name} differs")
+    for probe in (home / "cache" / "probes").glob("*.json"):
+        try:
+            json.loads(probe.read_text())
+        except ValueError as exc:
+            problems.append(f"probe {probe.name}: {exc}")
+    records = list((home / "records").glob("*.json"))
+    for rec in records:
+        try:
+            read_record(rec)
+        except Exception as exc:
+            problems.append(f"record {rec.name}: {exc}")
+    temps = [p.name for p in home.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".stage-")]
+    return {"problems": problems + [f"temp file left: {t}" for t in temps], "records": len(records)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--frames", type=int, default=100_000)
+    parser.add_argument("--mutated", type=int, default=200, help="byte-flipped frames among them")
+    parser.add_argument("--calls", type=int, default=100_000)
+    parser.add_argument("--interrupt-rate", type=float, default=0.01)
+    parser.add_argument("--opens", type=int, default=100)
+    parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--opens-timeout", type=float, default=1200.0)
+    parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--only", choices=["frames", "calls", "opens"], action="append")
+    parser.add_argument("--_opener", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args._opener:
+        _opener(Path(args._opener[0]), int(args._opener[1]))
+        return 0
+    parts = args.only or ["frames", "calls", "opens"]
+    scratch = Path(tempfile.mkdtemp(prefix="xstage-stress-"))
+    home, tmp = scratch / "home", scratch / "tmp"
+    tmp.mkdir()
+    os.environ.update(XSTAGE_HOME=str(home), TMPDIR=str(tmp))
+    tempfile.tempdir = None
+    graph = _tiny_graph(scratch)
+    _reference(graph)({"x": np.zeros((2, 16), np.float32)})  # onnxruntime's own files, opened once
+    fds0 = _fds()
+    report: dict = {"command": " ".join(["scripts/stress.py", *(argv or sys.argv[1:])]),
+                    "cpus": os.cpu_count()}
+    pids_seen = {os.getpid()}  # and the openers, once started (_children)
+    for part in parts:
+        started = time.monotonic()
+        if part == "frames":
+            report["frames"] = _frames(args.frames, args.mutated, graph, args.seed)
+        elif part == "calls":
+            report["calls"] = _calls(args.calls, args.interrupt_rate, graph, args.seed)
+        else:
+            report["opens"] = _opens(args.opens, args.procs, args.opens_timeout)
+        report[part]["seconds"] = round(time.monotonic() - started, 1)
+    time.sleep(1.0)  # workers told to leave are given their shutdown deadline
+    ours = pids_seen | set(_children)
+    shm_left = [p.name for p in Path("/dev/shm").glob("xstage-*") if int(p.name.split("-")[1]) in ours]
+    report["leaks"] = {
+        "processes": _ours(scratch),
+        "descriptors": sorted(set(_fds().items()) - set(fds0.items())),
+        "dev_shm_names": shm_left,
+        "profile_temp_folders": sorted(p.name for p in tmp.glob("xstage-profile-*")),
+    }
+    report["caches"] = _caches(home)
+    bad = (report["leaks"]["processes"] or report["leaks"]["descriptors"]
+           or report["leaks"]["dev_shm_names"] or report["leaks"]["profile_temp_folders"]
+           or report["caches"]["problems"]
+           or report.get("frames", {}).get("wrong_outputs")
+           or any("WRONG" in k for k in report.get("calls", {}).get("outcomes", {}))
+           or any(k.startswith(("UNNAMED", "process")) for k in report.get("opens", {}).get("outcomes", {}))
+           or report.get("opens", {}).get("tracebacks"))
+    report["verdict"] = "fail" if bad else "pass"
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
