@@ -255,11 +255,18 @@ def test_an_attacker_in_the_middle_fails_closed(big_slice: Path, wrapper: str, m
             w.start()
             w.load(big_slice)
             rng = np.random.default_rng(7)
-            with pytest.raises(errors.RemoteProtocolError) as info:
+            raised = None
+            try:
                 for _ in range(2):
                     x = rng.standard_normal(N).astype(np.float32)
                     returned.append((x, w.run({"x": x})["y"]))
-            assert check in str(info.value)
+            except errors.RemoteProtocolError as exc:
+                raised = exc
+            altered = [int(np.count_nonzero(y.view(np.uint32) != x.view(np.uint32)))
+                       for x, y in returned]
+            assert raised is not None, (
+                f"{mode}: no error; the calls returned with {altered} values altered")
+            assert check in str(raised)
         finally:
             w.close()
     finally:
