@@ -241,12 +241,17 @@ class WorkerClient:
                 listener, self._secret, None if total is None else time.monotonic() + total,
                 alive=lambda: self._proc is not None and self._proc.poll() is None)
         except connect_back.NoPeer as exc:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise self._died() from None
-            if exc.last_failure is not None:
+            exited = self._proc is not None and self._proc.poll() is not None
+            if exc.last_failure is not None:  # a failed handshake says more than the exit
                 raise errors.RemoteProtocolError(
-                    f"no peer completed the connect-back handshake; the last one failed: "
-                    f"{exc.last_failure}") from None
+                    "no peer completed the connect-back handshake"
+                    + (f" and the worker {_describe_exit(self._proc.returncode)}"
+                       if exited and self._proc is not None else "")
+                    + f"; the last one failed: {exc.last_failure}",
+                    remedy=f"see the worker's log {self.log_path} (its side of the check)"
+                    if exited else None) from None
+            if exited:
+                raise self._died() from None
             timeout_cls = errors.SpawnTimeout if exc.reached == "accept" else errors.HelloTimeout
             raise timeout_cls(total or 0, pid=self.pid, log_tail=self.log_tail()) from None
         self._channel = won.channel
