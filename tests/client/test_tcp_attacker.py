@@ -5,8 +5,9 @@ another local user. It sits in the middle of the worker's connection (``mitm_wra
 points the worker at it, as if it had won the port) and relays byte-exact, or tampers,
 injects, replays or reorders the worker's frames. A byte-exact relay may succeed but only
 with the worker's true outputs; every other attack fails closed with a ``ProtocolError``
-naming the check. A second attacker connects to the client's listener first and tries to
-pass for the worker; the listener keeps accepting and the real worker still wins.
+naming the check; a request replayed to the worker ends the worker with the check in its
+log. A second attacker connects to the client's listener first and tries to pass for the
+worker; the listener keeps accepting and the real worker still wins.
 
 Needs root (to become uid 65534); everything is loopback and bounded: the attacker runs
 under ``alarm(60)``, the client under short deadlines, and the test kills both at the end.
@@ -114,11 +115,18 @@ def _middle(listener: socket.socket, mode: str) -> None:
     worker, _ = listener.accept()
     client = socket.create_connection(("127.0.0.1", real_port))
 
-    def upstream() -> None:  # client → worker, byte-exact
+    def upstream() -> None:  # client → worker: byte-exact, or the first run sent twice
         try:
+            if mode == "replay-to-worker":
+                worker.sendall(_records(client, False)[0])  # auth
+                k = 0
+                while True:
+                    data = b"".join(_records(client, True))
+                    worker.sendall(data + (data if k == 1 else b""))  # 0 load, 1 first run
+                    k += 1
             while data := client.recv(1 << 20):
                 worker.sendall(data)
-        except OSError:
+        except (EOFError, OSError):
             pass
         finally:
             worker.close()
@@ -286,5 +294,29 @@ def test_a_peer_that_connects_first_does_not_win(big_slice: Path) -> None:
             # client refused its hello and kept listening.
             print("refused before the worker won:", w.refused_peers)
             assert all("proof" in r or "Peer" in r or "hash" in r for r in w.refused_peers)
+    finally:
+        _end(pid)
+
+
+def test_a_request_replayed_to_the_worker_ends_it_with_the_check_named(big_slice: Path,
+                                                                        wrapper: str) -> None:
+    """The other direction: the attacker sends the client's first run twice. The worker runs
+    it once, answers, refuses the copy (status 65, the check in its log), and the client's
+    next call fails with that log; no call returns anything but the worker's own outputs."""
+    pid, port = _spawn_attacker("replay-to-worker")
+    env = dict(os.environ, XSTAGE_ATTACK_PORT=str(port))
+    try:
+        w = WorkerClient(wrapper, transport="tcp", env=env, deadlines=DEADLINES)
+        try:
+            w.start()
+            w.load(big_slice)
+            x = np.arange(N, dtype=np.float32)
+            np.testing.assert_array_equal(w.run({"x": x})["y"], x)
+            with pytest.raises(errors.WorkerDied) as info:
+                w.run({"x": x + 1})
+            assert info.value.exit_status == 65
+            assert "frame sequence check failed (replay)" in info.value.log_tail
+        finally:
+            w.close()
     finally:
         _end(pid)
