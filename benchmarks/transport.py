@@ -12,8 +12,14 @@ would otherwise flush the caches the first phase lives in, which measures the ne
                   (onnxruntime's Slice); *overhead* is the round trip minus that.
 * ``xstage-out``— the same with ``out=`` (a preallocated output, as the floor has).
 * ``inline``    — the same worker with the region off: tensors inline on the control socket.
+* ``tcp-auth``  — the same worker over the TCP connect-back (``transport="tcp"``): inline
+                  frames as authenticated records, HMAC-SHA256 on every one (docs/security.md).
 * ``tcp``       — a TCP-loopback stream to an echo process carrying the same bytes.
 * ``mp-pickle`` — ``multiprocessing`` with pickled numpy arrays to a child process.
+
+Each row also carries ``mac_us_per_mib``: HMAC-SHA256 over 1 MiB in this process, the single-core
+rate of the MAC the ``tcp-auth`` arm pays on each end, measured in the same run; and per arm
+``gbps_each_way``: input bytes over half the overhead.
 
 For the shared-memory arms the overhead is split into the caller's two copies (``copies``,
 as the client measures them) and the rest: the copies alone show how far the floor — a copy
@@ -25,6 +31,8 @@ Run: ``python benchmarks/transport.py [--json] [--rounds N]``. Not a test: nothi
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import multiprocessing as mp
 import os
@@ -86,8 +94,8 @@ class Arm:
 
 
 def _xstage_arm(name: str, graph: Path, x: np.ndarray, n_out: int, *, shm_mode: str,
-                use_out: bool) -> Arm:
-    client = WorkerClient(sys.executable, shm_mode=shm_mode)
+                use_out: bool, transport: str = "local") -> Arm:
+    client = WorkerClient(sys.executable, shm_mode=shm_mode, transport=transport)
     client.start()
     client.load(graph)
     out = {"y": np.empty(n_out, np.float32)} if use_out else None
@@ -159,7 +167,19 @@ def _floor_arm(x: np.ndarray, n_out: int) -> Arm:
 
 
 # --------------------------------------------------------------------------- run
-ARMS = ("xstage", "xstage-out", "inline", "tcp", "mp-pickle")
+ARMS = ("xstage", "xstage-out", "inline", "tcp-auth", "tcp", "mp-pickle")
+
+
+def mac_us_per_mib(repeats: int = 30) -> float:
+    """Median µs of HMAC-SHA256 over 1 MiB on one core (the tcp-auth arm's MAC)."""
+    data = os.urandom(1 << 20)
+    key = os.urandom(32)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        hmac.new(key, data, hashlib.sha256).digest()
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times) / 1e3
 
 
 def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS) -> list[dict]:
@@ -174,6 +194,9 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS) ->
                                                                   shm_mode="auto", use_out=True),
             "inline": lambda g=graph, x=x, n=n_out: _xstage_arm("inline", g, x, n, shm_mode="off",
                                                               use_out=False),
+            "tcp-auth": lambda g=graph, x=x, n=n_out: _xstage_arm("tcp-auth", g, x, n,
+                                                                shm_mode="off", use_out=False,
+                                                                transport="tcp"),
             "tcp": lambda x=x, n=n_out: _tcp_arm(x, n),
             "mp-pickle": lambda x=x, n=n_out: _mp_arm(x, n),
         }
@@ -201,7 +224,7 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS) ->
                 arm.close()
         floor = statistics.median(arms[0].rt)
         row = {"payload": label, "bytes_in": n_in * 4, "bytes_out": n_out * 4,
-               "floor_us": floor / 1e3, "arms": {}}
+               "floor_us": floor / 1e3, "mac_us_per_mib": mac_us_per_mib(), "arms": {}}
         for arm in arms[1:]:
             over = [r - w for r, w in zip(arm.rt, arm.worker, strict=True)]
             med_over = statistics.median(over)
@@ -211,6 +234,7 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS) ->
                 "overhead_us": med_over / 1e3,
                 "half_round_trip_us": med_over / 2e3,
                 "ratio_vs_memcpy": med_over / floor if floor else None,
+                "gbps_each_way": n_in * 4 / (med_over / 2) if med_over > 0 else None,
                 "samples": len(arm.rt),
             }
             if arm.copies:
@@ -229,7 +253,7 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS) ->
 
 #: Arms that move megabytes through sockets or pickle flush the caches the shared-memory arms
 #: live in, so they are interleaved with their own floor in a second phase of the same run.
-PHASES = (("xstage", "xstage-out"), ("inline", "tcp", "mp-pickle"))
+PHASES = (("xstage", "xstage-out"), ("inline", "tcp-auth", "tcp", "mp-pickle"))
 
 
 def main() -> None:
@@ -261,13 +285,15 @@ def main() -> None:
         print(json.dumps(doc, indent=2))
         return
     print(f"{'payload':<18}{'arm':<12}{'round trip':>12}{'worker':>10}{'overhead':>10}"
-          f"{'half RTT':>10}{'× floor':>9}{'copies':>10}{'× floor':>9}{'rest':>9}")
+          f"{'half RTT':>10}{'× floor':>9}{'GB/s':>7}{'copies':>10}{'× floor':>9}{'rest':>9}")
     for row in results:
-        print(f"{row['payload']:<18}{'floor':<12}{row['floor_us']:>10.1f}µs")
+        print(f"{row['payload']:<18}{'floor':<12}{row['floor_us']:>10.1f}µs   "
+              f"(HMAC-SHA256: {row['mac_us_per_mib']:.0f} µs/MiB, "
+              f"{(1 << 20) / row['mac_us_per_mib'] / 1e3:.2f} GB/s on one core)")
         for name, a in row["arms"].items():
             line = (f"{'':<18}{name:<12}{a['round_trip_us']:>10.1f}µs{a['worker_us']:>8.1f}µs"
                     f"{a['overhead_us']:>8.1f}µs{a['half_round_trip_us']:>8.1f}µs"
-                    f"{a['ratio_vs_memcpy']:>9.2f}")
+                    f"{a['ratio_vs_memcpy']:>9.2f}{a['gbps_each_way'] or 0:>7.2f}")
             if "copies_us" in a:
                 line += (f"{a['copies_us']:>8.1f}µs{a['copies_vs_memcpy']:>9.2f}"
                          f"{a['rest_us']:>7.1f}µs")

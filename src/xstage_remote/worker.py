@@ -43,8 +43,9 @@ def _watchdog(fd):
 
 
 class Worker:
-    def __init__(self, sock, bell):
+    def __init__(self, sock, bell, channel=None):
         self.sock = sock
+        self.channel = channel  # authenticated records (TCP connect-back), else plain frames
         self.bell = shm_mod.Doorbell(bell) if bell is not None else None
         self.runtime = None
         self.region = None
@@ -53,7 +54,15 @@ class Worker:
 
     # ---------------------------------------------------------------- replies
     def send(self, header, arrays=None):
-        wire.send_frame(self.sock, header, arrays)
+        if self.channel is not None:
+            self.channel.send(header, arrays)
+        else:
+            wire.send_frame(self.sock, header, arrays)
+
+    def recv(self):
+        if self.channel is not None:
+            return self.channel.recv()
+        return wire.recv_frame(self.sock)
 
     def send_error(self, rid, exc):
         self.send({"op": "error", "id": rid, "kind": type(exc).__name__,
@@ -199,7 +208,7 @@ class Worker:
                 if state == "closed":
                     return EXIT_ORPHANED
             try:
-                frame = wire.recv_frame(self.sock)
+                frame = self.recv()
             except wire.PeerClosed:
                 return EXIT_ORPHANED
             op = frame.op
@@ -218,7 +227,7 @@ class Worker:
                 self.send_error(frame.id, exc)
 
 
-def hello(secret):
+def hello(secret, nonce=None):
     pid = os.getpid()
     versions = {"python": platform.python_version(), "numpy": np.__version__}
     try:
@@ -227,12 +236,34 @@ def hello(secret):
         versions["onnxruntime"] = onnxruntime.__version__
     except Exception:
         pass
-    return {"op": "hello", "id": 0, "v": PROTOCOL_VERSION, "features": FEATURES,
-            "package_hash": package_hash(), "auth": wire.auth_token(secret, pid),
-            "worker": {"pid": pid, "executable": sys.executable,
-                       "implementation": platform.python_implementation(),
-                       "platform": sys.platform, "machine": platform.machine(),
-                       "versions": versions}}
+    header = {"op": "hello", "id": 0, "v": PROTOCOL_VERSION, "features": FEATURES,
+              "package_hash": package_hash(), "auth": wire.auth_token(secret, pid),
+              "worker": {"pid": pid, "executable": sys.executable,
+                         "implementation": platform.python_implementation(),
+                         "platform": sys.platform, "machine": platform.machine(),
+                         "versions": versions}}
+    if nonce is not None:
+        header["nonce"] = nonce
+    return header
+
+
+def handshake(sock, secret):
+    """The worker's half of the TCP handshake (docs/security.md); returns the Channel.
+
+    Sends the hello with a fresh nonce, checks the client's proof over both nonces and this
+    hello, answers with its own proof; every frame after that is authenticated.
+    """
+    header = hello(secret, wire.new_nonce())
+    wire.send_frame(sock, header)
+    frame = wire.recv_frame(sock, max_payload=0)
+    if frame.op != "auth" or frame.id != 0:
+        raise wire.ProtocolError("handshake: expected auth #0, the client sent %s #%d"
+                                 % (frame.op, frame.id))
+    digest = wire.transcript(header, frame.header["nonce"])
+    wire.check_proof(secret, "client", digest, frame.header["proof"])
+    wire.send_frame(sock, {"op": "auth_ok", "id": 0,
+                           "proof": wire.proof(secret, "worker", digest)})
+    return wire.Channel(sock, secret, digest, "worker")
 
 
 def main(argv):
@@ -253,19 +284,22 @@ def main(argv):
         sys.stderr.write("xstage worker: no secret on stdin; refusing to start\n")
         sys.exit(64)
     threading.Thread(target=_watchdog, args=(0,), daemon=True, name="xstage-watchdog").start()
-    if args.connect:
-        host, _, port = args.connect.rpartition(":")
-        sock = socket.create_connection((host, int(port)), timeout=60)
-        sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        bell = None
-    else:
-        sock = socket.socket(fileno=args.ctl_fd)
-        bell = socket.socket(fileno=args.bell_fd) if args.bell_fd is not None else None
-    worker = Worker(sock, bell)
-    worker.send(hello(secret))
     try:
+        if args.connect:
+            host, _, port = args.connect.rpartition(":")
+            sock = socket.create_connection((host, int(port)), timeout=60)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            channel = handshake(sock, secret)  # under the 60 s connect timeout
+            sock.settimeout(None)
+            worker = Worker(sock, None, channel)
+        else:
+            sock = socket.socket(fileno=args.ctl_fd)
+            bell = socket.socket(fileno=args.bell_fd) if args.bell_fd is not None else None
+            worker = Worker(sock, bell)
+            worker.send(hello(secret))
         code = worker.serve()
+    except wire.PeerClosed:
+        code = EXIT_ORPHANED
     except (wire.ProtocolError, OSError) as exc:
         sys.stderr.write("xstage worker: %s: %s\n" % (type(exc).__name__, exc))
         code = 65

@@ -34,6 +34,8 @@ VALID = {
     "shutdown": {"op": "shutdown", "id": 5},
     "bye": {"op": "bye", "id": 5},
     "error": {"op": "error", "id": 3, "kind": "ValueError", "message": "bad input"},
+    "auth": {"op": "auth", "id": 0, "nonce": "ab" * 32, "proof": "cd" * 32},
+    "auth_ok": {"op": "auth_ok", "id": 0, "proof": "cd" * 32},
 }
 
 #: A value of the wrong JSON type for each field type in ``wire.OPS``.
@@ -261,7 +263,7 @@ def test_rejects_huge_integer_literal(parse):
 @pytest.mark.parametrize("op", ["pickle", "__reduce__", "PING", ""])
 def test_rejects_unknown_op(parse, op):
     """An op not in ``OPS`` is refused and the known ops are listed."""
-    with rejects(f"unknown op {op!r} (known: attach, attached, bye, error"):
+    with rejects(f"unknown op {op!r} (known: attach, attached, auth, auth_ok, bye, error"):
         parse({"op": op, "id": 1})
 
 

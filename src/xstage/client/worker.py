@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from xstage import errors
+from xstage.client import connect_back
 from xstage.client.deadlines import Deadlines
 from xstage.client.staging import local_hash, worker_argv
 from xstage.home import LOG_KEEP_DEFAULT, logs_dir, prune_logs
@@ -143,6 +144,9 @@ class WorkerClient:
         self._lock = threading.RLock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
+        self._channel: wire.Channel | None = None  # authenticated records (tcp transport)
+        self._tcp_hello: dict[str, Any] | None = None
+        self.refused_peers: list[str] = []
         self._bell: shm.Doorbell | None = None
         self._stdin: Any = None
         self._region: shm.Region | None = None
@@ -242,29 +246,48 @@ class WorkerClient:
         self._bell = shm.Doorbell(bell_parent) if bell_parent is not None else None
 
     def _accept(self, listener: socket.socket) -> socket.socket:
-        """The worker's connect-back; the hello that follows proves it holds the secret."""
-        import select
+        """The worker's connect-back: the first peer to complete the handshake.
 
+        The rest are closed; the winner's hello is checked like a local one, and every later
+        frame is authenticated.
+        """
+        spawn, hello = self.deadlines.spawn, self.deadlines.hello
+        total = None if spawn is None or hello is None else spawn + hello
         try:
-            readable, _, _ = select.select([listener], [], [], self.deadlines.spawn)
-            if not readable:
-                raise errors.SpawnTimeout(self.deadlines.spawn or 0, pid=self.pid,
-                                          log_tail=self.log_tail())
-            conn, _ = listener.accept()
-        finally:
-            listener.close()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return conn
+            won = connect_back.accept_authenticated(
+                listener, self._secret, None if total is None else time.monotonic() + total,
+                alive=lambda: self._proc is not None and self._proc.poll() is None)
+        except connect_back.NoPeer as exc:
+            exited = self._proc is not None and self._proc.poll() is not None
+            if exc.last_failure is not None:  # a failed handshake says more than the exit
+                raise errors.RemoteProtocolError(
+                    "no peer completed the connect-back handshake"
+                    + (f" and the worker {_describe_exit(self._proc.returncode)}"
+                       if exited and self._proc is not None else "")
+                    + f"; the last one failed: {exc.last_failure}",
+                    remedy=f"see the worker's log {self.log_path} (its side of the check)"
+                    if exited else None) from None
+            if exited:
+                raise self._died() from None
+            timeout_cls = errors.SpawnTimeout if exc.reached == "accept" else errors.HelloTimeout
+            raise timeout_cls(total or 0, pid=self.pid, log_tail=self.log_tail()) from None
+        self._channel = won.channel
+        self._tcp_hello = won.hello
+        self.refused_peers = won.refused  # peers closed before the worker won (diagnostics)
+        return won.sock
 
     def _await_hello(self) -> dict[str, Any]:
         assert self._ctl is not None and self._proc is not None
         import select
 
         spawn_s = self.deadlines.spawn
-        readable, _, _ = select.select([self._ctl], [], [], spawn_s)
-        if not readable:
-            raise errors.SpawnTimeout(spawn_s or 0, pid=self.pid, log_tail=self.log_tail())
-        frame = self._recv("hello", self.deadlines.hello)
+        if self._tcp_hello is not None:  # already read and proved by the handshake
+            frame = wire.Frame(self._tcp_hello, b"", [])
+        else:
+            readable, _, _ = select.select([self._ctl], [], [], spawn_s)
+            if not readable:
+                raise errors.SpawnTimeout(spawn_s or 0, pid=self.pid, log_tail=self.log_tail())
+            frame = self._recv("hello", self.deadlines.hello)
         if frame.op != "hello":
             raise errors.RemoteProtocolError(f"first frame is {frame.op!r}, expected hello")
         h = frame.header
@@ -333,6 +356,7 @@ class WorkerClient:
             if closer is not None:
                 closer.close()
         self._ctl = None
+        self._channel = None
         self._bell = None
         if self._stdin is not None:
             with contextlib.suppress(OSError):
@@ -410,15 +434,17 @@ class WorkerClient:
             raise errors.LocalProtocolError(str(exc)) from exc
         with self._boundary("call", None):
             self._ctl.settimeout(None)
-            for part in parts:
-                self._ctl.sendall(part)
+            if self._channel is not None:
+                self._channel.send_parts(parts)
+            else:
+                wire.send_parts(self._ctl, parts)
 
     def _recv(self, phase: str, seconds: float | None) -> wire.Frame:
         if self._ctl is None:
             raise errors.StageClosed(f"worker is {self.state.value}")
         with self._boundary(phase, seconds):
             self._ctl.settimeout(seconds)
-            frame = wire.recv_frame(self._ctl)
+            frame = self._channel.recv() if self._channel is not None else wire.recv_frame(self._ctl)
         return frame
 
     def _expect(self, frame: wire.Frame, op: str, rid: int) -> wire.Frame:

@@ -1,0 +1,158 @@
+"""The TCP handshake's proofs and the authenticated records (docs/wire.md, docs/security.md).
+
+In one process over a socketpair: both directions, small frames (one record) and large ones
+(head + 256 KiB payload records). Every attack on a record fails with a ``ProtocolError``
+naming its check; the process-level attacker is ``tests/client/test_tcp_attacker.py``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from xstage_remote import wire
+
+SECRET = "5e" * 16
+
+
+class Tap:
+    """A socket that keeps what each send call wrote (``sends``), and can be muted."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sends: list[bytes] = []
+        self.mute = False
+
+    def sendall(self, data: bytes) -> None:
+        self.sends.append(bytes(data))
+        if not self.mute:
+            self.sock.sendall(data)
+
+    def sendmsg(self, buffers) -> int:  # type: ignore[no-untyped-def]
+        data = b"".join(bytes(x) for x in buffers)
+        self.sendall(data)
+        return len(data)
+
+    def recv_into(self, *args):  # type: ignore[no-untyped-def]
+        return self.sock.recv_into(*args)
+
+
+def _pair(role_a: str = "client", role_b: str = "worker"):
+    hello = {"op": "hello", "id": 0, "nonce": wire.new_nonce()}
+    digest = wire.transcript(hello, wire.new_nonce())
+    a, b = socket.socketpair()
+    a.settimeout(10)
+    b.settimeout(10)
+    ta, tb = Tap(a), Tap(b)
+    return wire.Channel(ta, SECRET, digest, role_a), wire.Channel(tb, SECRET, digest, role_b), \
+        ta, tb
+
+
+def _wire_bytes(header, arrays=None) -> list[bytes]:
+    """The bytes one frame becomes, as a client channel sends it (not delivered)."""
+    tx, _, a, _ = _pair()
+    a.mute = True
+    tx.send(header, arrays)
+    return [b"".join(a.sends)]
+
+
+def test_both_directions_round_trip_small_and_large() -> None:
+    client, worker, _, _ = _pair()
+    small = {"x": np.arange(16, dtype=np.float32)}
+    large = {"x": np.arange(300_000, dtype=np.float32), "y": np.ones(70_000, np.int64)}
+    for arrays in (small, large, small):
+        t = threading.Thread(target=client.send, args=({"op": "run", "id": 1}, arrays))
+        t.start()
+        frame = worker.recv()
+        t.join(10)
+        for name, value in arrays.items():
+            np.testing.assert_array_equal(frame.arrays()[name], value)
+        worker.send({"op": "pong", "id": 1})
+        assert client.recv().op == "pong"
+    large_bytes = 300_000 * 4 + 70_000 * 8
+    records = 1 + (1 + -(-large_bytes // wire.CHUNK_BYTES)) + 1  # small, head + payload, small
+    assert client.sent == worker.received == records
+
+
+def _feed(data: bytes, role: str = "worker"):
+    """A receiving channel of ``role`` whose peer wrote ``data`` and closed."""
+    _, rx, a, _ = _pair("client", role)
+    a.sock.sendall(data)
+    a.sock.close()
+    return rx
+
+
+def test_a_flipped_bit_fails_as_mac() -> None:
+    (data,) = _wire_bytes({"op": "run", "id": 1}, {"x": np.zeros(8, np.float32)})
+    bad = bytearray(data)
+    bad[-wire.TRAILER_BYTES - 1] ^= 1
+    with pytest.raises(wire.ProtocolError, match=r"frame integrity check failed \(mac\)"):
+        _feed(bytes(bad)).recv()
+
+
+def test_a_forged_frame_fails_as_mac() -> None:
+    forged = b"".join(wire.encode_frame({"op": "run", "id": 1}, {"x": np.zeros(8, np.float32)}))
+    forged += wire.COUNTER.pack(0) + bytes(wire.TAG_BYTES)
+    with pytest.raises(wire.ProtocolError, match=r"frame integrity check failed \(mac\)"):
+        _feed(forged).recv()
+
+
+def test_a_replayed_record_fails_as_replay() -> None:
+    tx, rx, a, _ = _pair()
+    tx.send({"op": "ping", "id": 1})
+    assert rx.recv().op == "ping"
+    tx.send({"op": "ping", "id": 2})
+    assert rx.recv().id == 2
+    a.sock.sendall(a.sends[-1])  # the authentic second record, again
+    with pytest.raises(wire.ProtocolError, match=r"frame sequence check failed \(replay\)"):
+        rx.recv()
+
+
+def test_reordered_payload_records_fail_as_reorder() -> None:
+    tx, rx, a, b = _pair()
+    a.mute = True
+    tx.send({"op": "run", "id": 1}, {"x": np.arange(200_000, dtype=np.float32)})
+    head, first, second, *rest = a.sends
+
+    def write() -> None:
+        try:
+            a.sock.sendall(head + second + first + b"".join(rest))
+        except OSError:
+            pass  # the reader stopped at the check and closed
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    with pytest.raises(wire.ProtocolError, match=r"frame sequence check failed \(reorder\)"):
+        rx.recv()
+    b.sock.close()
+    writer.join(10)
+
+
+def test_the_other_directions_key_does_not_verify() -> None:
+    """A record the worker sent, reflected back to the worker, is not the client's."""
+    _, worker, a, _ = _pair()
+    worker.send({"op": "pong", "id": 1})
+    reflected = a.sock.recv(65536)
+    with pytest.raises(wire.ProtocolError, match=r"frame integrity check failed \(mac\)"):
+        _feed(reflected, "worker").recv()
+
+
+def test_proofs_are_bound_to_both_nonces_and_the_role() -> None:
+    hello = {"op": "hello", "id": 0, "nonce": wire.new_nonce(), "worker": {"pid": 7}}
+    nc = wire.new_nonce()
+    t = wire.transcript(hello, nc)
+    wire.check_proof(SECRET, "client", t, wire.proof(SECRET, "client", t))
+    for other in (wire.transcript(hello, wire.new_nonce()),
+                  wire.transcript(dict(hello, nonce=wire.new_nonce()), nc),
+                  wire.transcript(dict(hello, worker={"pid": 8}), nc)):
+        with pytest.raises(wire.ProtocolError, match=r"handshake check failed \(proof\)"):
+            wire.check_proof(SECRET, "client", other, wire.proof(SECRET, "client", t))
+    with pytest.raises(wire.ProtocolError, match=r"handshake check failed \(proof\)"):
+        wire.check_proof(SECRET, "worker", t, wire.proof(SECRET, "client", t))
+    with pytest.raises(wire.ProtocolError, match=r"handshake check failed \(proof\)"):
+        wire.check_proof("another secret", "client", t, wire.proof(SECRET, "client", t))
+    with pytest.raises(wire.ProtocolError, match="nonce is not 64 hex digits"):
+        wire.transcript(dict(hello, nonce="00"), nc)
