@@ -33,6 +33,18 @@ FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin", "evidence"]
 EXIT_ORPHANED = 70
 
 
+def _seconds_from_env(name, default):
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if 0 < value < float("inf") else default
+
+
+#: How long ``attach`` waits for the region's descriptor after the frame (it is sent at once).
+ATTACH_FD_SECONDS = _seconds_from_env("XSTAGE_ATTACH_FD_SECONDS", 10.0)
+
+
 def _watchdog(fd):
     try:
         while os.read(fd, 1):
@@ -43,8 +55,9 @@ def _watchdog(fd):
 
 
 class Worker:
-    def __init__(self, sock, bell):
+    def __init__(self, sock, bell, generation=1):
         self.sock = sock
+        self.generation = generation
         self.bell = shm_mod.Doorbell(bell) if bell is not None else None
         self.runtime = None
         self.region = None
@@ -53,7 +66,14 @@ class Worker:
 
     # ---------------------------------------------------------------- replies
     def send(self, header, arrays=None):
-        wire.send_frame(self.sock, header, arrays)
+        wire.send_frame(self.sock, wire.with_generation(header, self.generation), arrays)
+
+    def check_generation(self, frame):
+        """A request for another generation is fatal: it was meant for another worker."""
+        gen = frame.header.get(wire.GEN_FIELD)
+        if gen != self.generation:
+            raise wire.ProtocolError("request %s #%d carries gen %r, this worker is generation %d"
+                                     % (frame.op, frame.id, gen, self.generation))
 
     def send_error(self, rid, exc):
         self.send({"op": "error", "id": rid, "kind": type(exc).__name__,
@@ -83,8 +103,19 @@ class Worker:
         if self.bell is None:
             raise wire.ProtocolError("attach: this worker has no doorbell (connected over TCP)")
         if spec.get("kind") == "memfd":
-            _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+            # The descriptor follows the frame at once; a client that never sends it must not
+            # hold this worker forever.
+            self.sock.settimeout(ATTACH_FD_SECONDS)
+            try:
+                _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+            except socket.timeout:
+                raise wire.ProtocolError("attach: no region descriptor within %gs of the frame"
+                                         % ATTACH_FD_SECONDS) from None
+            finally:
+                self.sock.settimeout(None)
             if len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
                 raise wire.ProtocolError("attach: expected one descriptor, got %d" % len(fds))
             target = fds[0]
         elif spec.get("kind") == "named":
@@ -93,7 +124,7 @@ class Worker:
                 raise wire.ProtocolError("attach: named region without a name")
         else:
             raise wire.ProtocolError("attach: unknown region kind %r" % (spec.get("kind"),))
-        region = shm_mod.Region.attach(target, size, slots)
+        region = shm_mod.Region.attach(target, size, slots, self.generation)
         if self.region is not None:  # a resized region replaces the old one
             self.region.close()
             if hasattr(self.runtime, "unbind"):
@@ -148,6 +179,9 @@ class Worker:
 
     def on_shm_call(self, seq):
         region = self.region
+        if region.req_gen() != self.generation:
+            raise wire.ProtocolError("shared-region request #%d carries gen %d, this worker is "
+                                     "generation %d" % (seq, region.req_gen(), self.generation))
         try:
             feeds = {}
             for s in self.in_slots:
@@ -189,12 +223,12 @@ class Worker:
         while True:
             if self.region is not None:
                 region = self.region
-                want = region.resp_seq() + 1
+                last = region.resp_id()
                 state = self.bell.wait(
-                    lambda r=region, w=want: r.req_seq() == w, None, watch=[self.sock],
+                    lambda r=region, w=last: r.req_id() != w, None, watch=[self.sock],
                     spin=shm_mod.WORKER_SPIN_SECONDS)
                 if state == "ready":
-                    self.on_shm_call(want)
+                    self.on_shm_call(region.req_id())
                     continue
                 if state == "closed":
                     return EXIT_ORPHANED
@@ -203,6 +237,7 @@ class Worker:
             except wire.PeerClosed:
                 return EXIT_ORPHANED
             op = frame.op
+            self.check_generation(frame)
             if op == "shutdown":
                 self.send({"op": "bye", "id": frame.id})
                 return 0
@@ -218,7 +253,7 @@ class Worker:
                 self.send_error(frame.id, exc)
 
 
-def hello(secret):
+def hello(secret, generation=1):
     pid = os.getpid()
     versions = {"python": platform.python_version(), "numpy": np.__version__}
     try:
@@ -227,7 +262,7 @@ def hello(secret):
         versions["onnxruntime"] = onnxruntime.__version__
     except Exception:
         pass
-    return {"op": "hello", "id": 0, "v": PROTOCOL_VERSION, "features": FEATURES,
+    return {"op": "hello", "id": 0, "gen": generation, "v": PROTOCOL_VERSION, "features": FEATURES,
             "package_hash": package_hash(), "auth": wire.auth_token(secret, pid),
             "worker": {"pid": pid, "executable": sys.executable,
                        "implementation": platform.python_implementation(),
@@ -240,6 +275,8 @@ def main(argv):
     parser.add_argument("--ctl-fd", type=int, help="inherited control socket (same kernel)")
     parser.add_argument("--bell-fd", type=int, help="inherited doorbell socket (same kernel)")
     parser.add_argument("--connect", help="host:port to connect back to (across kernels)")
+    parser.add_argument("--generation", type=int, default=1,
+                        help="this worker's generation (1 for a stage's first worker)")
     args = parser.parse_args(argv)
     stdin = os.fdopen(0, "rb", buffering=0, closefd=False)
     line = b""
@@ -262,8 +299,11 @@ def main(argv):
     else:
         sock = socket.socket(fileno=args.ctl_fd)
         bell = socket.socket(fileno=args.bell_fd) if args.bell_fd is not None else None
-    worker = Worker(sock, bell)
-    worker.send(hello(secret))
+    if not 1 <= args.generation <= wire.MAX_GENERATION:
+        sys.stderr.write("xstage worker: --generation %d is outside [1, 2^32)\n" % args.generation)
+        sys.exit(64)
+    worker = Worker(sock, bell, args.generation)
+    worker.send(hello(secret, args.generation))
     try:
         code = worker.serve()
     except (wire.ProtocolError, OSError) as exc:
