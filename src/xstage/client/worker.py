@@ -561,8 +561,12 @@ class WorkerClient:
         self._repair()
         rid = self._take_id()
         header = dict(header, id=rid)
-        self._send(header, arrays, phase)
-        self._pending = ("frame", rid)
+        self._pending = ("frame", rid)  # before the send: no window where it is sent, unmarked
+        try:
+            self._send(header, arrays, phase)
+        except BaseException:
+            self._pending = None  # not sent, or half sent and the worker ended (_break)
+            raise
         seconds = getattr(self.deadlines, phase)
         frame = self._recv(phase, seconds)
         self._pending = None
