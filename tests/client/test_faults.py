@@ -41,8 +41,8 @@ from xstage_remote import shm, wire
 HARD_TIMEOUT = 120  # seconds a scenario may take before it counts as hung
 
 
-def tagged_slow_graph(rows: int, n: int = 1024, depth: int = 24) -> onnx.ModelProto:
-    """``y = x`` (rows x 1024 float32) and ``z``, a second or more of MatMul seeded by ``x``.
+def tagged_slow_graph(rows: int, n: int = 1024, depth: int = 120) -> onnx.ModelProto:
+    """``y = x`` (rows x 1024 float32) and ``z``, seconds of MatMul seeded by ``x``.
 
     The slow branch depends on ``x`` (so nothing is folded away) while ``x`` keeps the size
     under test: 256 rows are 1 MiB, 4 rows 16 KiB.
@@ -98,8 +98,17 @@ _INTERRUPT = textwrap.dedent(
     w.start()
     w.load(path)
     w.run({"x": b})  # warm: the interrupt lands in a real call, not in a first-run compile
-    timer = threading.Timer(0.4, os.kill, args=(os.getpid(), signal.SIGINT))
-    timer.start()
+    idle(w.pid)
+    proc = psutil.Process(w.pid)
+    base = sum(proc.cpu_times()[:2])
+
+    def interrupt():
+        # SIGINT once the worker is computing call A (the call lasts seconds), like Ctrl-C.
+        while sum(proc.cpu_times()[:2]) - base < 0.1:
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
     try:
         w.run({"x": a})
         outcome = {"outcome": "not-interrupted"}
@@ -118,7 +127,6 @@ _INTERRUPT = textwrap.dedent(
             outcome = {"outcome": "closed", "message": str(exc)}
         except Exception as exc:
             outcome = {"outcome": "error", "message": "%s: %s" % (type(exc).__name__, exc)}
-    timer.cancel()
     print(json.dumps(outcome), flush=True)
     w.close()
     """
