@@ -752,22 +752,28 @@ class WorkerClient:
         deadline = None if seconds is None else time.monotonic() + seconds
         # Spin only for calls expected to be short (see shm.LONG_CALL_SECONDS).
         spin = 0.0 if self._expected_s > shm.LONG_CALL_SECONDS else None
-        state = self._bell.wait(lambda: region.answered(rid), deadline, watch=[self._ctl],
+        # The spin checks the id alone (one read); the generation is checked once, after.
+        state = self._bell.wait(lambda: region.resp_id() == rid, deadline, watch=[self._ctl],
                                 spin=spin)
         if state == "timeout":
             self._call_timeout(phase, seconds)
-        if state in ("closed", "watch") and not region.answered(rid):
+        if state in ("closed", "watch") and region.resp_id() != rid:
             # The worker either died or sent a frame ahead of its response (error, inline).
             if self._close_requested:
                 raise self._closed_under_call()
             frame = self._recv(phase, seconds)
-            if not region.answered(rid):
-                self._bell.wait(lambda: region.answered(rid), deadline, spin=0)
+            if region.resp_id() != rid:
+                self._bell.wait(lambda: region.resp_id() == rid, deadline, spin=0)
             return self._finish_shm(region, rid, frame, out)
         return self._finish_shm(region, rid, None, out)
 
     def _finish_shm(self, region: shm.Region, rid: int, frame: wire.Frame | None,
                     out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not region.answered(rid):
+            self._abort()
+            raise errors.RemoteProtocolError(
+                f"the region's response #{region.resp_id()} carries gen {region.resp_gen()}, "
+                f"expected #{rid} of generation {self.generation}")
         status, worker_ns, rss, peak = region.response()
         self._expected_s = 0.7 * self._expected_s + 0.3 * worker_ns / 1e9
         timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak,
