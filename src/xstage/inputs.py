@@ -122,8 +122,35 @@ def synthesize(
                         f"(declared {tuple(spec.shape)})",
                         remedy=f"fix it with {hint}, or pass --inputs FILE.npz")
             shape = tuple(resolved)
+        _check_size(spec, shape)
         out[spec.name] = _random(rng, spec, shape)
     return out
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_size(spec: IOSpec, shape: tuple[int, ...]) -> None:
+    """Refuse, before allocating, an input larger than half this machine's memory.
+
+    Synthesizing needs the array and a float64 draw of the same count, so such an input
+    would end in a raw ``MemoryError`` (or the OOM killer) before any budget is checked.
+    """
+    count = 1
+    for d in shape:
+        count *= int(d)
+    need = count * 8  # the float64 draw, the larger of the two arrays
+    memory = _memory_bytes()
+    limit = memory // 2 if memory else 1 << 40
+    if need > limit:
+        raise errors.UsageError(
+            f"input {spec.name!r} of shape {tuple(shape)} would take {need:,} bytes to "
+            f"synthesize, more than half this machine's memory ({limit * 2:,} bytes)",
+            remedy="give smaller sizes with --shape/--dim, or pass --inputs FILE.npz")
 
 
 def _random(rng: np.random.Generator, spec: IOSpec, shape: tuple[int, ...]) -> np.ndarray:

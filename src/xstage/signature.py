@@ -15,15 +15,34 @@ import numpy as np
 from xstage import errors
 from xstage_remote import wire
 
-__all__ = ["check_inputs"]
+__all__ = ["check_inputs", "wire_order"]
 
 
 def _field(decl: Any, key: str) -> Any:
     return decl[key] if isinstance(decl, Mapping) else getattr(decl, key)
 
 
-def check_inputs(inputs: Mapping[str, np.ndarray], declared: Sequence[Any]) -> None:
+def wire_order(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``inputs`` with every big-endian (or non-native) array converted to little-endian.
+
+    The wire is little-endian (docs/wire.md), and both arms of the numeric gate must compute
+    on the same values: the conversion happens once, here, at the boundary. Arrays already in
+    order pass through uncopied.
+    """
+    out = {}
+    for name, arr in inputs.items():
+        order = arr.dtype.byteorder
+        if order == ">" or (order == "=" and not np.little_endian):
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        out[name] = arr
+    return out
+
+
+def check_inputs(inputs: Mapping[str, np.ndarray], declared: Sequence[Any]) -> dict[str, np.ndarray]:
     """Raise ``InputError`` naming what was expected when ``inputs`` do not fit ``declared``.
+
+    Returns the inputs in wire byte order (``wire_order``): a big-endian array of a declared
+    dtype converts, any dtype off the wire's whitelist is refused by name.
 
     ``declared`` holds objects or mappings with ``name``, ``dtype`` (a wire tag) and ``shape``
     (ints for fixed dimensions, strings for symbolic ones).
@@ -59,3 +78,4 @@ def check_inputs(inputs: Mapping[str, np.ndarray], declared: Sequence[Any]) -> N
                 f"input {name!r} has shape {tuple(arr.shape)}, the stage expects {shape}",
                 remedy="symbolic dimensions (names) accept any size; fixed ones must match",
             )
+    return wire_order(inputs)

@@ -12,8 +12,8 @@ import os
 
 __all__ = ["PROTOCOL_VERSION", "package_hash"]
 
-#: Bumped on any incompatible change to docs/wire.md.
-PROTOCOL_VERSION = 1
+#: Bumped on any incompatible change to docs/wire.md (2: request ids and generations).
+PROTOCOL_VERSION = 2
 
 _HASH = None
 

@@ -173,7 +173,50 @@ class _StderrCapture(object):
         return False
 
 
+PROFILE_PREFIX = "xstage-profile-"
+
+
+def _sweep_stale_profiles():
+    """Remove ``$TMPDIR/xstage-profile-<pid>-*`` folders whose worker is gone (it died
+    before its first run ended profiling and removed its own). POSIX only: on Windows
+    ``os.kill(pid, 0)`` would end the process, not test it."""
+    if os.name != "posix":
+        return
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for entry in names:
+        if not entry.startswith(PROFILE_PREFIX):
+            continue
+        pid = entry[len(PROFILE_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+        except (OSError, OverflowError):
+            continue
+
+
 def load(path, options):
+    """``_load`` with a profile folder of its own, removed when the load fails; stale
+    folders of dead workers are swept first."""
+    tmpdir = None
+    if options.get("profile"):
+        _sweep_stale_profiles()
+        tmpdir = tempfile.mkdtemp(prefix="%s%d-" % (PROFILE_PREFIX, os.getpid()))
+    try:
+        return _load(path, options, tmpdir)
+    except BaseException:
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        raise
+
+
+def _load(path, options, tmpdir):
     """Build a session for ``path`` exactly as ``options`` describe; see OrtRuntime.
 
     Strict: the requested EP (plus the CPU EP, which onnxruntime needs for what the EP leaves),
@@ -190,9 +233,7 @@ def load(path, options):
 
     ep = options.get("ep") or {"name": "CPUExecutionProvider"}
     so = _session_options(ort, options.get("session") or {})
-    tmpdir = None
-    if options.get("profile"):
-        tmpdir = tempfile.mkdtemp(prefix="xstage-profile-")
+    if tmpdir is not None:
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmpdir, "profile")
     assignment_supported = _version(ort.__version__) >= (1, 24) and hasattr(

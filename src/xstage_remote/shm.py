@@ -5,15 +5,17 @@ inputs and outputs then), handed over once (a memfd passed over the control sock
 named file under /dev/shm unlinked as soon as both ends hold it), and used for every call
 after. On this path the control socket carries only errors, inline fallbacks and liveness.
 
-Layout (integers little-endian, offsets in bytes)::
+Layout v2 (integers little-endian, offsets in bytes)::
 
       0 +--------------------------------------------------+
-        | magic "XSR1" u32 version | u64 size | u32 n_slots |   identity (client, once)
+        | "XSR1" | u32 version | u64 size | u32 n_slots     |   identity (client, once)
+        | u32 generation | u32 n_sets                      |
      64 +--------------------------------------------------+
-        | req_seq u64 | client_asleep u32 | client_cpu u32 |   client writes
+        | req_id u64 | client_asleep u32 | client_cpu u32 |   client writes (set 0)
+        | req_gen u32                                      |
     128 +--------------------------------------------------+
-        | resp_seq u64 | status u32 | pad | worker_ns u64  |   worker writes
-        | rss u64 | peak u64 | worker_asleep u32 | worker_cpu u32 |
+        | resp_id u64 | status u32 | pad | worker_ns u64   |   worker writes (set 0)
+        | rss u64 | peak u64 | worker_asleep u32 | worker_cpu u32 | resp_gen u32 |
     256 +--------------------------------------------------+
         | descriptor[0] .. descriptor[n_slots-1]           |   272 B each:
         |   u8 dtype code, u8 rank, u16 pad, u32 pad,      |   inputs: client writes
@@ -22,17 +24,28 @@ Layout (integers little-endian, offsets in bytes)::
         | slot data, each slot aligned to 64 B             |
    size +--------------------------------------------------+
 
-Who may touch what, by the two sequence numbers (one call in flight at a time)::
+Every slot belongs to a *slot set* (its ``set`` field): the inputs and outputs of one request
+in flight. There is one set for now (``n_sets == 1``); the control block above is set 0's.
+
+Who may touch what, by the two request ids (one call in flight per set)::
 
     state       condition                 owner of slots+descriptors  next move
-    IDLE        req_seq == resp_seq       client                      client writes inputs,
-                                                                      then req_seq += 1, rings
-    REQUESTED   req_seq == resp_seq + 1   worker                      worker runs, writes
+    IDLE        req_id == resp_id         client                      client writes inputs,
+                                                                      then req_gen, req_id
+                                                                      (a fresh id), rings
+    REQUESTED   req_id != resp_id         worker                      worker runs, writes
                                                                       outputs + status, then
-                                                                      resp_seq = req_seq, rings
+                                                                      resp_gen, resp_id =
+                                                                      req_id, rings
 
-NOTE (ordering): every publisher writes data and descriptors *before* the sequence number,
-and every reader reads the sequence number *before* the data. x86-64 keeps stores in order
+A request id is the client's per-stage request counter (the same ids its frames carry, never
+reused), so a reply left over from an interrupted call can never be taken for a later call's:
+the client accepts a response only when ``resp_id`` is the id it published and ``resp_gen``
+its worker's generation. The region carries the generation it was made for; a worker refuses
+a region, and a request, of another generation.
+
+NOTE (ordering): every publisher writes data and descriptors *before* the request id,
+and every reader reads the request id *before* the data. x86-64 keeps stores in order
 and loads in order, so a spinning reader that sees the new number sees the data. Weaker
 CPUs do not promise that and Python has no fence: there ``SPIN`` is off and the reader
 blocks on the doorbell, whose send/recv pair orders memory in the kernel.
@@ -72,7 +85,7 @@ import time
 
 import numpy as np
 
-from .wire import CODE_DTYPES, DTYPE_CODES, DTYPES, MAX_RANK, ProtocolError, dtype_of_tag
+from .wire import CODE_DTYPES, DTYPE_CODES, DTYPES, MAX_DIM, MAX_RANK, ProtocolError, dtype_of_tag
 
 __all__ = [
     "DATA_ALIGN",
@@ -89,7 +102,11 @@ __all__ = [
 ]
 
 MAGIC = b"XSR1"
-VERSION = 1
+#: 2: request ids and generations in the control block, slot sets in the slot table.
+VERSION = 2
+#: Slot sets in one region (requests in flight at once); issue 15 raises it.
+MAX_SETS = 1
+MAX_GENERATION = (1 << 32) - 1
 #: The documented ceiling of one region; stages whose declared I/O exceed it go inline.
 #: Malformed ``XSTAGE_*`` numbers read below, one line each (the default is used meanwhile);
 #: the client refuses to start a worker while this is not empty.
@@ -121,10 +138,12 @@ PAGE = 4096
 
 OFF_REQ_SEQ = 64
 OFF_CLIENT_ASLEEP = 72
+OFF_REQ_GEN = 80
 OFF_RESP_SEQ = 128
 OFF_STATUS = 136
 OFF_WORKER_NS = 144
 OFF_WORKER_ASLEEP = 168
+OFF_RESP_GEN = 176
 #: Each side's CPU (+1; 0 unknown) sits just after its asleep flag; see "Shared CPU" above.
 CPU_AFTER_FLAG = 4
 #: The caller moves off the worker's CPU at most this often (a move costs ~10-30 µs, a
@@ -154,7 +173,7 @@ FIRST_BLOCK_SECONDS = 0.001
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-_HEAD = struct.Struct("<4sIQI")
+_HEAD = struct.Struct("<4sIQIII")
 _RESPONSE = struct.Struct("<IIQQQ")
 
 
@@ -195,7 +214,7 @@ def plan_layout(inputs, outputs):
     slots = []
     for name, role, tag, cap in specs:
         slots.append({"name": name, "role": role, "dtype": tag, "capacity": int(cap),
-                      "offset": cursor})
+                      "offset": cursor, "set": 0})
         cursor = _align(cursor + max(int(cap), 1), DATA_ALIGN)
     size = _align(cursor, PAGE)
     if size > MAX_REGION_BYTES:
@@ -203,8 +222,15 @@ def plan_layout(inputs, outputs):
     return slots, size
 
 
+_SLOT_KEYS = {"name", "role", "dtype", "capacity", "offset", "set"}
+
+
 def validate_layout(size, slots):
-    """Check a slot table received from the peer before mapping anything."""
+    """Check a slot table received from the peer before mapping anything.
+
+    Every malformed table raises ``ProtocolError`` (never ``TypeError``/``ValueError``): the
+    table is JSON from the peer, so any field may hold any JSON value.
+    """
     if type(size) is not int or size <= 0 or size > MAX_REGION_BYTES:
         raise ProtocolError("region size %r is outside (0, %d]" % (size, MAX_REGION_BYTES))
     if not isinstance(slots, list) or not slots or len(slots) > MAX_SLOTS:
@@ -213,20 +239,23 @@ def validate_layout(size, slots):
     seen = set()
     end = data_off
     for i, s in enumerate(slots):
-        if not isinstance(s, dict) or set(s) != {"name", "role", "dtype", "capacity", "offset"}:
-            raise ProtocolError("region slot %d must have name, role, dtype, capacity, offset" % i)
-        key = (s["role"], s["name"])
-        if s["role"] not in ("in", "out") or not isinstance(s["name"], str) or key in seen:
-            raise ProtocolError("region slot %d: bad or duplicate role/name %r" % (i, key))
-        seen.add(key)
-        if s["dtype"] not in DTYPES:
-            raise ProtocolError("region slot %r: dtype %r not on the whitelist" % (s["name"], s["dtype"]))
+        if not isinstance(s, dict) or set(s) != _SLOT_KEYS:
+            raise ProtocolError("region slot %d must have exactly %s" % (i, ", ".join(sorted(_SLOT_KEYS))))
+        name, role = s["name"], s["role"]
+        if not isinstance(name, str) or not isinstance(role, str) or role not in ("in", "out") \
+                or (role, name) in seen:
+            raise ProtocolError("region slot %d: bad or duplicate role/name %r" % (i, (role, name)))
+        seen.add((role, name))
+        if type(s["set"]) is not int or not 0 <= s["set"] < MAX_SETS:
+            raise ProtocolError("region slot %r: set %r is outside [0, %d)" % (name, s["set"], MAX_SETS))
+        if not isinstance(s["dtype"], str) or s["dtype"] not in DTYPES:
+            raise ProtocolError("region slot %r: dtype %r not on the whitelist" % (name, s["dtype"]))
         cap, off = s["capacity"], s["offset"]
         if type(cap) is not int or type(off) is not int or cap < 0 or off % DATA_ALIGN:
-            raise ProtocolError("region slot %r: capacity/offset invalid" % (s["name"],))
+            raise ProtocolError("region slot %r: capacity/offset invalid" % (name,))
         if off < end or off + cap > size:
             raise ProtocolError("region slot %r at [%d, %d) overlaps or leaves the region"
-                                % (s["name"], off, off + cap))
+                                % (name, off, off + cap))
         end = off + cap
     return data_off
 
@@ -238,8 +267,9 @@ class Region:
     ``__del__`` (unmapping under live numpy views raises, so close tolerates it).
     """
 
-    def __init__(self, mm, size, slots, kind, name=None, creator=False):
+    def __init__(self, mm, size, slots, kind, name=None, creator=False, generation=1):
         self.mm = mm
+        self.generation = generation
         self.size = size
         self.slots = slots
         self.kind = kind
@@ -253,14 +283,16 @@ class Region:
 
     # ------------------------------------------------------------------ creation / attach
     @classmethod
-    def create(cls, size, slots, kind="auto"):
-        """Make a region: an anonymous memfd where the OS allows, else a named file."""
+    def create(cls, size, slots, kind="auto", generation=1):
+        """Make a region for one worker generation: a memfd where the OS allows, else a
+        named file (stale names of dead creators are swept first)."""
         if kind == "auto":
             kind = "memfd" if hasattr(os, "memfd_create") else "named"
         if kind == "memfd":
             fd = os.memfd_create("xstage-region", os.MFD_CLOEXEC)
             name = None
         elif kind == "named":
+            sweep_stale_names()
             name = "/dev/shm/xstage-%d-%s" % (os.getpid(), os.urandom(6).hex())
             fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         else:
@@ -273,15 +305,21 @@ class Region:
             if name:
                 _unlink(name)
             raise
-        region = cls(mm, size, slots, kind, name, creator=True)
+        region = cls(mm, size, slots, kind, name, creator=True, generation=generation)
         region.fd = fd
-        _HEAD.pack_into(mm, 0, MAGIC, VERSION, size, len(slots))
+        _HEAD.pack_into(mm, 0, MAGIC, VERSION, size, len(slots), generation, MAX_SETS)
         return region
 
     @classmethod
-    def attach(cls, fd_or_name, size, slots):
-        """Map a region the peer made; validates the slot table first, then the identity."""
-        validate_layout(size, slots)
+    def attach(cls, fd_or_name, size, slots, generation=1):
+        """Map a region the peer made for ``generation``; validates the slot table first,
+        then the identity (a region of another generation is refused)."""
+        try:
+            validate_layout(size, slots)
+        except ProtocolError:
+            if not isinstance(fd_or_name, str):
+                os.close(fd_or_name)
+            raise
         if isinstance(fd_or_name, str):
             if not fd_or_name.startswith("/dev/shm/xstage-") or "/" in fd_or_name[9:]:
                 raise ProtocolError("region name %r is not an xstage region" % (fd_or_name,))
@@ -298,12 +336,17 @@ class Region:
             os.close(fd)
         if name:
             _unlink(name)  # both ends hold it now: the name has done its job
-        magic, version, got_size, n = _HEAD.unpack_from(mm, 0)
-        if magic != MAGIC or version != VERSION or got_size != size or n != len(slots):
+        magic, version, got_size, n, gen, n_sets = _HEAD.unpack_from(mm, 0)
+        if magic != MAGIC or version != VERSION or got_size != size or n != len(slots) \
+                or n_sets != MAX_SETS:
             mm.close()
-            raise ProtocolError("region identity %r v%d size %d n %d does not match the table"
-                                % (magic, version, got_size, n))
-        return cls(mm, size, slots, kind, name)
+            raise ProtocolError("region identity %r v%d size %d n %d sets %d does not match the "
+                                "table (v%d)" % (magic, version, got_size, n, n_sets, VERSION))
+        if gen != generation:
+            mm.close()
+            raise ProtocolError("region generation %d, this worker is generation %d (a region is "
+                                "never reused across generations)" % (gen, generation))
+        return cls(mm, size, slots, kind, name, generation=generation)
 
     def handed_over(self):
         """The creator's half of "unlinked as soon as both ends hold it"."""
@@ -330,20 +373,32 @@ class Region:
         return self._closed
 
     # ------------------------------------------------------------------ control block
-    def req_seq(self):
+    def req_id(self):
         return _U64.unpack_from(self.mm, OFF_REQ_SEQ)[0]
 
-    def resp_seq(self):
+    def resp_id(self):
         return _U64.unpack_from(self.mm, OFF_RESP_SEQ)[0]
 
-    def publish_request(self, seq):
-        # NOTE: inputs and descriptors are already written; the number goes last.
-        _U64.pack_into(self.mm, OFF_REQ_SEQ, seq)
+    def req_gen(self):
+        return _U32.unpack_from(self.mm, OFF_REQ_GEN)[0]
 
-    def publish_response(self, seq, status, worker_ns, rss=0, peak=0):
-        # NOTE: outputs and descriptors first, then status and stats, the number last.
+    def resp_gen(self):
+        return _U32.unpack_from(self.mm, OFF_RESP_GEN)[0]
+
+    def answered(self, rid):
+        """True when the published response answers request ``rid`` of this generation."""
+        return self.resp_id() == rid and self.resp_gen() == self.generation
+
+    def publish_request(self, rid):
+        # NOTE: inputs and descriptors are already written; the generation, then the id last.
+        _U32.pack_into(self.mm, OFF_REQ_GEN, self.generation)
+        _U64.pack_into(self.mm, OFF_REQ_SEQ, rid)
+
+    def publish_response(self, rid, status, worker_ns, rss=0, peak=0):
+        # NOTE: outputs and descriptors first, then status and stats, the id last.
         _RESPONSE.pack_into(self.mm, OFF_STATUS, status, 0, worker_ns, rss, peak)
-        _U64.pack_into(self.mm, OFF_RESP_SEQ, seq)
+        _U32.pack_into(self.mm, OFF_RESP_GEN, self.generation)
+        _U64.pack_into(self.mm, OFF_RESP_SEQ, rid)
 
     def set_flag(self, off, value):
         _U32.pack_into(self.mm, off, value)
@@ -411,8 +466,14 @@ class Region:
             raise ProtocolError("slot %r: rank %d exceeds %d" % (name, rank, MAX_RANK))
         shape = tuple(fields[5:5 + rank])
         count = 1
+        span = DTYPES[tag][1]
         for d in shape:
+            if d > MAX_DIM:  # a zero beside huge dimensions would pass the byte count
+                raise ProtocolError("slot %r: dimension %d exceeds %d" % (name, d, MAX_DIM))
             count *= d
+            span *= d or 1
+        if span > (1 << 63) - 1:  # numpy refuses such a shape even when it is empty
+            raise ProtocolError("slot %r: shape %s spans more than 2^63 - 1 bytes" % (name, shape))
         if count * DTYPES[tag][1] != nbytes or nbytes > slot["capacity"]:
             raise ProtocolError("slot %r: nbytes %d does not match shape %s or exceeds capacity %d"
                                 % (name, nbytes, shape, slot["capacity"]))
@@ -443,6 +504,27 @@ class Region:
             self._views.clear()
         self._views[key] = view
         return view
+
+
+def sweep_stale_names():
+    """Unlink ``/dev/shm/xstage-<pid>-*`` names whose creator is gone (it died during the
+    hand-over, before either end could unlink); best effort, Linux only."""
+    if os.name != "posix":
+        return
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for entry in names:
+        parts = entry.split("-")
+        if len(parts) != 3 or parts[0] != "xstage" or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            _unlink("/dev/shm/" + entry)
+        except (PermissionError, OverflowError, OSError):
+            continue
 
 
 def _unlink(name):

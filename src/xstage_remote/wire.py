@@ -38,6 +38,8 @@ __all__ = [
     "PREFIX",
     "PROFILE_TENSOR",
     "Channel",
+    "GEN_FIELD",
+    "MAX_GENERATION",
     "Frame",
     "auth_token",
     "PeerClosed",
@@ -53,6 +55,7 @@ __all__ = [
     "validate_header_bytes",
     "validate_prefix",
     "validate_tensor_descs",
+    "with_generation",
 ]
 
 MAGIC = b"XSW1"
@@ -180,6 +183,15 @@ OPS = {
     "error": {"kind": (_STR, True), "message": (_STR, True), "traceback": (_STR, False)},
 }
 _COMMON = {"op", "id"}
+#: ``gen``: the generation of the worker a frame comes from or goes to (u32, from 1). The
+#: reader checks its type here; each end checks its value (docs/wire.md, "Request identity").
+GEN_FIELD = "gen"
+MAX_GENERATION = (1 << 32) - 1
+
+
+def with_generation(header, generation):
+    """``header`` with the sender's generation: the one helper every writer stamps through."""
+    return dict(header, gen=generation)
 
 
 def validate_prefix(prefix, max_payload=MAX_PAYLOAD_BYTES):
@@ -264,8 +276,12 @@ def validate_header(obj):
         raise ProtocolError("op %s: id %r is not an integer in [0, 2^63)" % (op, rid))
     spec = OPS[op]
     for key in obj:
-        if key not in _COMMON and key not in spec:
+        if key not in _COMMON and key not in spec and key != GEN_FIELD:
             raise ProtocolError("op %s: unknown field %r" % (op, key))
+    if GEN_FIELD in obj:
+        gen = obj[GEN_FIELD]
+        if type(gen) is not int or gen < 1 or gen > MAX_GENERATION:
+            raise ProtocolError("op %s: gen %r is not an integer in [1, 2^32)" % (op, gen))
     for key, (typ, required) in spec.items():
         if key not in obj:
             if required:

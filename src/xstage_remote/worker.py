@@ -33,6 +33,18 @@ FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin", "evidence"]
 EXIT_ORPHANED = 70
 
 
+def _seconds_from_env(name, default):
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if 0 < value < float("inf") else default
+
+
+#: How long ``attach`` waits for the region's descriptor after the frame (it is sent at once).
+ATTACH_FD_SECONDS = _seconds_from_env("XSTAGE_ATTACH_FD_SECONDS", 10.0)
+
+
 def _watchdog(fd):
     try:
         while os.read(fd, 1):
@@ -43,8 +55,9 @@ def _watchdog(fd):
 
 
 class Worker:
-    def __init__(self, sock, bell, channel=None):
+    def __init__(self, sock, bell, generation=1, channel=None):
         self.sock = sock
+        self.generation = generation
         self.channel = channel  # authenticated records (TCP connect-back), else plain frames
         self.bell = shm_mod.Doorbell(bell) if bell is not None else None
         self.runtime = None
@@ -54,6 +67,7 @@ class Worker:
 
     # ---------------------------------------------------------------- replies
     def send(self, header, arrays=None):
+        header = wire.with_generation(header, self.generation)
         if self.channel is not None:
             self.channel.send(header, arrays)
         else:
@@ -63,6 +77,13 @@ class Worker:
         if self.channel is not None:
             return self.channel.recv()
         return wire.recv_frame(self.sock)
+
+    def check_generation(self, frame):
+        """A request for another generation is fatal: it was meant for another worker."""
+        gen = frame.header.get(wire.GEN_FIELD)
+        if gen != self.generation:
+            raise wire.ProtocolError("request %s #%d carries gen %r, this worker is generation %d"
+                                     % (frame.op, frame.id, gen, self.generation))
 
     def send_error(self, rid, exc):
         self.send({"op": "error", "id": rid, "kind": type(exc).__name__,
@@ -92,8 +113,19 @@ class Worker:
         if self.bell is None:
             raise wire.ProtocolError("attach: this worker has no doorbell (connected over TCP)")
         if spec.get("kind") == "memfd":
-            _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+            # The descriptor follows the frame at once; a client that never sends it must not
+            # hold this worker forever.
+            self.sock.settimeout(ATTACH_FD_SECONDS)
+            try:
+                _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+            except socket.timeout:
+                raise wire.ProtocolError("attach: no region descriptor within %gs of the frame"
+                                         % ATTACH_FD_SECONDS) from None
+            finally:
+                self.sock.settimeout(None)
             if len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
                 raise wire.ProtocolError("attach: expected one descriptor, got %d" % len(fds))
             target = fds[0]
         elif spec.get("kind") == "named":
@@ -102,7 +134,7 @@ class Worker:
                 raise wire.ProtocolError("attach: named region without a name")
         else:
             raise wire.ProtocolError("attach: unknown region kind %r" % (spec.get("kind"),))
-        region = shm_mod.Region.attach(target, size, slots)
+        region = shm_mod.Region.attach(target, size, slots, self.generation)
         if self.region is not None:  # a resized region replaces the old one
             self.region.close()
             if hasattr(self.runtime, "unbind"):
@@ -157,6 +189,9 @@ class Worker:
 
     def on_shm_call(self, seq):
         region = self.region
+        if region.req_gen() != self.generation:
+            raise wire.ProtocolError("shared-region request #%d carries gen %d, this worker is "
+                                     "generation %d" % (seq, region.req_gen(), self.generation))
         try:
             feeds = {}
             for s in self.in_slots:
@@ -198,12 +233,12 @@ class Worker:
         while True:
             if self.region is not None:
                 region = self.region
-                want = region.resp_seq() + 1
+                last = region.resp_id()
                 state = self.bell.wait(
-                    lambda r=region, w=want: r.req_seq() == w, None, watch=[self.sock],
+                    lambda r=region, w=last: r.req_id() != w, None, watch=[self.sock],
                     spin=shm_mod.WORKER_SPIN_SECONDS)
                 if state == "ready":
-                    self.on_shm_call(want)
+                    self.on_shm_call(region.req_id())
                     continue
                 if state == "closed":
                     return EXIT_ORPHANED
@@ -212,6 +247,7 @@ class Worker:
             except wire.PeerClosed:
                 return EXIT_ORPHANED
             op = frame.op
+            self.check_generation(frame)
             if op == "shutdown":
                 self.send({"op": "bye", "id": frame.id})
                 return 0
@@ -227,7 +263,7 @@ class Worker:
                 self.send_error(frame.id, exc)
 
 
-def hello(secret, nonce=None):
+def hello(secret, nonce=None, generation=1):
     pid = os.getpid()
     versions = {"python": platform.python_version(), "numpy": np.__version__}
     try:
@@ -236,7 +272,7 @@ def hello(secret, nonce=None):
         versions["onnxruntime"] = onnxruntime.__version__
     except Exception:
         pass
-    header = {"op": "hello", "id": 0, "v": PROTOCOL_VERSION, "features": FEATURES,
+    header = {"op": "hello", "id": 0, "gen": generation, "v": PROTOCOL_VERSION, "features": FEATURES,
               "package_hash": package_hash(), "auth": wire.auth_token(secret, pid),
               "worker": {"pid": pid, "executable": sys.executable,
                          "implementation": platform.python_implementation(),
@@ -247,13 +283,13 @@ def hello(secret, nonce=None):
     return header
 
 
-def handshake(sock, secret):
+def handshake(sock, secret, generation=1):
     """The worker's half of the TCP handshake (docs/security.md); returns the Channel.
 
     Sends the hello with a fresh nonce, checks the client's proof over both nonces and this
     hello, answers with its own proof; every frame after that is authenticated.
     """
-    header = hello(secret, wire.new_nonce())
+    header = hello(secret, wire.new_nonce(), generation)
     wire.send_frame(sock, header)
     frame = wire.recv_frame(sock, max_payload=0)
     if frame.op != "auth" or frame.id != 0:
@@ -271,6 +307,8 @@ def main(argv):
     parser.add_argument("--ctl-fd", type=int, help="inherited control socket (same kernel)")
     parser.add_argument("--bell-fd", type=int, help="inherited doorbell socket (same kernel)")
     parser.add_argument("--connect", help="host:port to connect back to (across kernels)")
+    parser.add_argument("--generation", type=int, default=1,
+                        help="this worker's generation (1 for a stage's first worker)")
     args = parser.parse_args(argv)
     stdin = os.fdopen(0, "rb", buffering=0, closefd=False)
     line = b""
@@ -284,19 +322,22 @@ def main(argv):
         sys.stderr.write("xstage worker: no secret on stdin; refusing to start\n")
         sys.exit(64)
     threading.Thread(target=_watchdog, args=(0,), daemon=True, name="xstage-watchdog").start()
+    if not 1 <= args.generation <= wire.MAX_GENERATION:
+        sys.stderr.write("xstage worker: --generation %d is outside [1, 2^32)\n" % args.generation)
+        sys.exit(64)
     try:
         if args.connect:
             host, _, port = args.connect.rpartition(":")
             sock = socket.create_connection((host, int(port)), timeout=60)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            channel = handshake(sock, secret)  # under the 60 s connect timeout
+            channel = handshake(sock, secret, args.generation)  # under the 60 s connect timeout
             sock.settimeout(None)
-            worker = Worker(sock, None, channel)
+            worker = Worker(sock, None, args.generation, channel)
         else:
             sock = socket.socket(fileno=args.ctl_fd)
             bell = socket.socket(fileno=args.bell_fd) if args.bell_fd is not None else None
-            worker = Worker(sock, bell)
-            worker.send(hello(secret))
+            worker = Worker(sock, bell, args.generation)
+            worker.send(hello(secret, generation=args.generation))
         code = worker.serve()
     except wire.PeerClosed:
         code = EXIT_ORPHANED

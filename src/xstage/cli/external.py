@@ -22,6 +22,7 @@ from xstage.builtin_graphs import builtin_artifact, builtin_stage
 from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
 from xstage.cli._summary import show_summary
+from xstage.client.deadlines import parse_timeouts
 from xstage.exit_codes import EXIT_OK, EXIT_REFUSED
 from xstage.inputs import parse_dims, parse_shapes
 from xstage.ledger import parse_pool_arg
@@ -78,6 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="plan for a pool of this size, e.g. host_ram=4GiB or "
                    "vram:gpu_discrete:nvidia:0=8GB (GiB and GB both accepted)")
     p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the record here")
+    p.add_argument("--timeout", action="append", default=[], metavar="PHASE=SECONDS",
+                   help="a worker deadline (repeatable): spawn, hello, load, warmup, call, "
+                        "shutdown; a worker past one is killed")
     p.set_defaults(func=run)
 
 
@@ -201,7 +205,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
             ep_options=_ep_options(args.ep_option), threads=args.threads,
             graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
             shapes=parse_shapes(args.shape), dims=parse_dims(args.dim), on_event=out.log,
-            ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None)
+            ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None,
+            deadlines=parse_timeouts(args.timeout))
     except errors.UsageError:
         raise
     except errors.XstageError as exc:  # refused or failed: the API's record, with the timing plan

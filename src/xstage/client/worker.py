@@ -33,7 +33,7 @@ from xstage.client import connect_back
 from xstage.client.deadlines import Deadlines
 from xstage.client.staging import local_hash, worker_argv
 from xstage.home import LOG_KEEP_DEFAULT, logs_dir, prune_logs
-from xstage.signature import check_inputs
+from xstage.signature import check_inputs, wire_order
 from xstage_remote import PROTOCOL_VERSION, shm, wire
 
 __all__ = ["WorkerClient", "WorkerState"]
@@ -99,6 +99,7 @@ class WorkerClient:
         connect_host: str | None = None,
         worker_path: Callable[[str], str] | None = None,
         end_tree: Callable[[int], None] | None = None,
+        generation: int = 1,
     ) -> None:
         """Set up a client; the worker starts in ``start()`` (or on entering ``with``).
 
@@ -117,7 +118,12 @@ class WorkerClient:
                 hand over a path the worker cannot open.
             end_tree: ends the worker's whole process tree given the pid it reported in hello
                 (a Windows tree is not this OS's process group).
+            generation: this worker's generation in its stage (1 for the first worker, +1 per
+                replacement); every frame and the region carry it (docs/wire.md).
         """
+        if type(generation) is not int or not 1 <= generation <= wire.MAX_GENERATION:
+            raise errors.UsageError(f"generation {generation!r} is outside [1, 2^32)")
+        self.generation = generation
         self.interpreter = interpreter
         self.route = route
         self.deadlines = deadlines or Deadlines()
@@ -151,7 +157,12 @@ class WorkerClient:
         self._stdin: Any = None
         self._region: shm.Region | None = None
         self._next_id = 1
-        self._seq = 0
+        # The request whose reply has not been read yet: ("frame" | "shm", id). Set once the
+        # request is wholly sent, cleared when its reply is read; a call interrupted between
+        # the two leaves it set and the next request first reads and discards that reply.
+        self._pending: tuple[str, int] | None = None
+        self._closed_why: str | None = None  # why the stage was closed under a caller
+        self._close_requested = False
         self._inputs: list[dict[str, Any]] = []
         self._accepted: set[tuple[Any, ...]] = set()
         self._observed: dict[str, int] = {}  # bytes seen per tensor name (fit_region)
@@ -207,6 +218,7 @@ class WorkerClient:
             bell_parent, bell_child = shm.socketpair()
             args = ["--ctl-fd", str(ctl_child.fileno()), "--bell-fd", str(bell_child.fileno())]
             pass_fds = (ctl_child.fileno(), bell_child.fileno())
+        args += ["--generation", str(self.generation)]
         argv = worker_argv(self.interpreter, "worker", *args, path_map=self.worker_path)
         try:
             with open(self.log_path, "wb") as log:
@@ -311,23 +323,45 @@ class WorkerClient:
         missing = {"inline"} - set(h["features"])
         if missing:
             raise errors.RemoteProtocolError(f"worker lacks required features {sorted(missing)}")
+        self._check_generation(frame)
         return h
 
     def close(self) -> None:
-        """End the worker (politely, then the whole group) and release everything. Idempotent."""
-        with self._lock:
-            if self.state in (WorkerState.CLOSED, WorkerState.UNSTARTED):
-                self.state = WorkerState.CLOSED
-                return
-            if self.state is WorkerState.READY:
-                self.state = WorkerState.CLOSING
-                with contextlib.suppress(errors.XstageError, OSError):
-                    self._send({"op": "shutdown", "id": self._take_id()})
-                    self._recv("shutdown", self.deadlines.shutdown)
-                    if self._proc is not None:
-                        self._proc.wait(timeout=self.deadlines.shutdown)
-            self._abort()
+        """End the worker (politely, then the whole group) and release everything. Idempotent.
+
+        From another thread while a call is in flight, it kills the worker first, so the call
+        ends at once with ``StageClosed`` saying so, then releases everything.
+        """
+        if not self._lock.acquire(blocking=False):
+            self._close_requested = True
+            self._kill_group()
+            self._lock.acquire()
+        try:
+            self._close_locked()
+        finally:
+            self._lock.release()
+
+    def _kill_group(self) -> None:
+        """SIGKILL the worker's process group without touching descriptors (thread-safe)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def _close_locked(self) -> None:
+        if self.state in (WorkerState.CLOSED, WorkerState.UNSTARTED):
             self.state = WorkerState.CLOSED
+            return
+        if self.state is WorkerState.READY:
+            self.state = WorkerState.CLOSING
+            with contextlib.suppress(errors.XstageError, OSError, errors.StageClosed,
+                                     subprocess.TimeoutExpired):
+                self._send({"op": "shutdown", "id": self._take_id()}, phase="shutdown")
+                self._recv("shutdown", self.deadlines.shutdown)
+                if self._proc is not None:
+                    self._proc.wait(timeout=self.deadlines.shutdown)
+        self._abort()
+        self.state = WorkerState.CLOSED
 
     def _abort(self) -> None:
         """Kill the process group, reap, close descriptors and the region."""
@@ -405,9 +439,9 @@ class WorkerClient:
         """Translate lower-layer failures into the most specific xstage error."""
         try:
             yield
-        except wire.PeerClosed as exc:
-            raise self._died() from exc
-        except (ConnectionError, BrokenPipeError) as exc:
+        except (wire.PeerClosed, ConnectionError, BrokenPipeError) as exc:
+            if self._close_requested:
+                raise self._closed_under_call() from exc
             raise self._died() from exc
         except TimeoutError as exc:
             timeout_cls = {
@@ -426,28 +460,106 @@ class WorkerClient:
             self._abort()
             raise errors.RemoteProtocolError(f"worker {self.pid}: {exc}") from exc
 
-    def _send(self, header: dict[str, Any], arrays: Mapping[str, np.ndarray] | None = None) -> None:
+    def _closed_under_call(self) -> errors.StageClosed:
+        self._abort()
+        self._closed_why = "close() was called from another thread while this call was in flight"
+        return errors.StageClosed(f"the {self.route} worker was closed: {self._closed_why}")
+
+    def _break(self, why: str) -> None:
+        """The stream's position is unknown (a frame half sent or half read): end the worker."""
+        self._closed_why = why
+        self._abort()
+
+    def _send(self, header: dict[str, Any], arrays: Mapping[str, np.ndarray] | None = None,
+              phase: str = "call") -> None:
+        """Send one frame within ``phase``'s deadline (a stopped reader cannot hold us)."""
         assert self._ctl is not None
         try:
-            parts = wire.encode_frame(header, arrays)
+            parts = wire.encode_frame(wire.with_generation(header, self.generation), arrays)
         except wire.ProtocolError as exc:
             raise errors.LocalProtocolError(str(exc)) from exc
-        with self._boundary("call", None):
-            self._ctl.settimeout(None)
-            if self._channel is not None:
-                self._channel.send_parts(parts)
-            else:
-                wire.send_parts(self._ctl, parts)
+        seconds = getattr(self.deadlines, phase)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        if sum(len(p) for p in parts) <= 1 << 16:
+            parts = [b"".join(parts)]
+        sent = 0
+        with self._boundary(phase, seconds):
+            if self._channel is not None:  # authenticated records: the deadline bounds each send
+                self._ctl.settimeout(seconds)
+                try:
+                    self._channel.send_parts(parts)
+                except BaseException as exc:
+                    if not isinstance(exc, (OSError, wire.ProtocolError)):
+                        self._break(f"a request was interrupted ({type(exc).__name__}) while its "
+                                    "records were being sent; the worker holds part of one")
+                    raise
+                return
+            try:
+                for part in parts:
+                    view = memoryview(part).cast("B")
+                    while view:
+                        if deadline is not None:
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                raise TimeoutError(f"sending took longer than {seconds}s")
+                            self._ctl.settimeout(left)
+                        else:
+                            self._ctl.settimeout(None)
+                        n = self._ctl.send(view)
+                        sent += n
+                        view = view[n:]
+            except BaseException as exc:
+                if sent and not isinstance(exc, (OSError, wire.ProtocolError)):
+                    self._break(f"a request was interrupted ({type(exc).__name__}) after {sent} of "
+                                "its bytes were sent; the worker holds part of a frame")
+                raise
 
     def _recv(self, phase: str, seconds: float | None) -> wire.Frame:
+        """Read one frame within ``seconds``.
+
+        An interrupt while waiting leaves the stream whole; one while reading the frame closes
+        the stage (its position is unknown).
+        """
         if self._ctl is None:
             raise errors.StageClosed(f"worker is {self.state.value}")
+        import select
+
+        deadline = None if seconds is None else time.monotonic() + seconds
         with self._boundary(phase, seconds):
-            self._ctl.settimeout(seconds)
-            frame = self._channel.recv() if self._channel is not None else wire.recv_frame(self._ctl)
-        return frame
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"no reply within {seconds}s")
+                readable, _, _ = select.select([self._ctl], [], [], left)
+                if readable:
+                    break
+            try:
+                self._ctl.settimeout(None if deadline is None
+                                     else max(deadline - time.monotonic(), 1e-3))
+                if self._channel is not None:
+                    return self._channel.recv()
+                return wire.recv_frame(self._ctl)
+            except BaseException as exc:
+                if not isinstance(exc, (OSError, EOFError, wire.ProtocolError)):
+                    self._break(f"a call was interrupted ({type(exc).__name__}) while its reply "
+                                "was being read; the stream's position is unknown")
+                raise
+
+    def _check_generation(self, frame: wire.Frame) -> None:
+        gen = frame.header.get(wire.GEN_FIELD)
+        if gen != self.generation:
+            self._abort()
+            raise errors.RemoteProtocolError(
+                f"the worker's {frame.op} #{frame.id} carries gen {gen!r}, "
+                f"this stage's worker is generation {self.generation}")
 
     def _expect(self, frame: wire.Frame, op: str, rid: int) -> wire.Frame:
+        if frame.id != rid or frame.op not in (op, "error"):
+            self._abort()
+            raise errors.RemoteProtocolError(
+                f"expected {op} #{rid}, the worker sent {frame.op} #{frame.id}"
+            )
+        self._check_generation(frame)
         if frame.op == "error":
             h = frame.header
             raise errors.WorkerRaised(
@@ -456,23 +568,66 @@ class WorkerClient:
                 remote_traceback=h.get("traceback", ""),
                 pid=self.pid,
             )
-        if frame.op != op or frame.id != rid:
+        return frame
+
+    def _repair(self) -> None:
+        """Read and discard the reply of a call that did not finish.
+
+        A call interrupted after its request was sent leaves its reply unread; reading it
+        here makes the next reply read the next request's.
+        """
+        pending = self._pending
+        if pending is None:
+            return
+        kind, rid = pending
+        seconds = self.deadlines.call
+        if kind == "shm":
+            region = self._region
+            assert region is not None and self._bell is not None and self._ctl is not None
+            deadline = None if seconds is None else time.monotonic() + seconds
+            state = self._bell.wait(lambda: region.answered(rid), deadline, spin=0)
+            if state == "timeout":
+                self._call_timeout("call", seconds)
+            if state == "closed" and not region.answered(rid):
+                raise self._died()
+            if region.response()[0] == shm.STATUS_OK:
+                self._pending = None
+                return
+        frame = self._recv("call", seconds)
+        if frame.id != rid:
             self._abort()
             raise errors.RemoteProtocolError(
-                f"expected {op} #{rid}, the worker sent {frame.op} #{frame.id}"
-            )
-        return frame
+                f"the reply to interrupted request #{rid} was expected, the worker sent "
+                f"{frame.op} #{frame.id}")
+        self._check_generation(frame)
+        self._pending = None
+
+    def _call_timeout(self, phase: str, seconds: float | None) -> None:
+        pid, tail = self.pid, self.log_tail()
+        self._abort()
+        timeout_cls = errors.WarmupTimeout if phase == "warmup" else errors.CallTimeout
+        raise timeout_cls(seconds or 0, pid=pid, log_tail=tail)
 
     def _request(self, header: dict[str, Any], reply: str, phase: str,
                  arrays: Mapping[str, np.ndarray] | None = None) -> wire.Frame:
         self._require_ready()
+        self._repair()
         rid = self._take_id()
         header = dict(header, id=rid)
-        self._send(header, arrays)
+        self._pending = ("frame", rid)  # before the send: no window where it is sent, unmarked
+        try:
+            self._send(header, arrays, phase)
+        except BaseException:
+            self._pending = None  # not sent, or half sent and the worker ended (_break)
+            raise
         seconds = getattr(self.deadlines, phase)
-        return self._expect(self._recv(phase, seconds), reply, rid)
+        frame = self._recv(phase, seconds)
+        self._pending = None
+        return self._expect(frame, reply, rid)
 
     def _require_ready(self) -> None:
+        if self._closed_why is not None:
+            raise errors.StageClosed(f"the {self.route} worker was closed: {self._closed_why}")
         if self.state is not WorkerState.READY:
             raise errors.StageClosed(
                 f"the {self.route} worker is {self.state.value}"
@@ -556,13 +711,14 @@ class WorkerClient:
             return
         kind = "memfd" if self.shm_mode in ("auto", "memfd") and hasattr(os, "memfd_create") \
             else "named"
-        region = shm.Region.create(size, slots, kind)
+        region = shm.Region.create(size, slots, kind, generation=self.generation)
         spec: dict[str, Any] = {"kind": kind, "size": size, "slots": slots}
         if kind == "named":
             spec["name"] = region.name
+        self._repair()
         rid = self._take_id()
         try:
-            self._send({"op": "attach", "id": rid, "region": spec})
+            self._send({"op": "attach", "id": rid, "region": spec}, phase="load")
             if kind == "memfd":
                 assert self._ctl is not None
                 socket.send_fds(self._ctl, [b"\0"], [region.fd])
@@ -577,19 +733,17 @@ class WorkerClient:
         self._region = region
         assert self._bell is not None
         self._bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP, nudge=True)
-        self._seq = region.resp_seq()
 
     def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         feeds = {name: np.asarray(value) for name, value in inputs.items()}
         # Calls usually repeat one signature: a checked one is remembered (a few µs a call).
         key = tuple((n, a.dtype, a.shape) for n, a in feeds.items())
-        if key in self._accepted:
-            return feeds
-        self._validate_feeds(feeds)
-        if len(self._accepted) > 64:
-            self._accepted.clear()
-        self._accepted.add(key)
-        return feeds
+        if key not in self._accepted:
+            self._validate_feeds(feeds)
+            if len(self._accepted) > 64:
+                self._accepted.clear()
+            self._accepted.add(key)
+        return wire_order(feeds)  # the shared region holds little-endian bytes, as the wire
 
     def _validate_feeds(self, inputs: Mapping[str, np.ndarray]) -> None:
         check_inputs(inputs, self._inputs)
@@ -617,6 +771,7 @@ class WorkerClient:
             if self.loaded is None:
                 raise errors.UsageError("run() before load()")
             feeds = self._check_inputs(inputs)
+            self._repair()
             region = self._region
             if region is not None and all(
                 a.nbytes <= region.slots[region.index[("in", n)]]["capacity"]
@@ -638,41 +793,47 @@ class WorkerClient:
     def _run_shm(self, region: shm.Region, feeds: Mapping[str, np.ndarray],
                  out: Mapping[str, np.ndarray], phase: str = "call") -> dict[str, np.ndarray]:
         assert self._bell is not None and self._ctl is not None
-        seq = self._seq + 1
+        rid = self._take_id()  # a fresh id per call: a stale response can never match it
         t0 = time.perf_counter_ns()
         for name, arr in feeds.items():
             region.write("in", name, arr)
         self._copy_in_ns = time.perf_counter_ns() - t0
-        region.publish_request(seq)
+        region.publish_request(rid)
+        self._pending = ("shm", rid)
         self._bell.ring()
         seconds = getattr(self.deadlines, phase)
         deadline = None if seconds is None else time.monotonic() + seconds
         # Spin only for calls expected to be short (see shm.LONG_CALL_SECONDS).
         spin = 0.0 if self._expected_s > shm.LONG_CALL_SECONDS else None
-        state = self._bell.wait(lambda: region.resp_seq() == seq, deadline, watch=[self._ctl],
+        # The spin checks the id alone (one read); the generation is checked once, after.
+        state = self._bell.wait(lambda: region.resp_id() == rid, deadline, watch=[self._ctl],
                                 spin=spin)
         if state == "timeout":
-            pid, tail = self.pid, self.log_tail()
-            self._abort()
-            timeout_cls = errors.WarmupTimeout if phase == "warmup" else errors.CallTimeout
-            raise timeout_cls(seconds or 0, pid=pid, log_tail=tail)
-        if state in ("closed", "watch") and region.resp_seq() != seq:
+            self._call_timeout(phase, seconds)
+        if state in ("closed", "watch") and region.resp_id() != rid:
             # The worker either died or sent a frame ahead of its response (error, inline).
+            if self._close_requested:
+                raise self._closed_under_call()
             frame = self._recv(phase, seconds)
-            if region.resp_seq() != seq:
-                self._bell.wait(lambda: region.resp_seq() == seq, deadline, spin=0)
-            return self._finish_shm(region, seq, frame, out)
-        return self._finish_shm(region, seq, None, out)
+            if region.resp_id() != rid:
+                self._bell.wait(lambda: region.resp_id() == rid, deadline, spin=0)
+            return self._finish_shm(region, rid, frame, out)
+        return self._finish_shm(region, rid, None, out)
 
-    def _finish_shm(self, region: shm.Region, seq: int, frame: wire.Frame | None,
+    def _finish_shm(self, region: shm.Region, rid: int, frame: wire.Frame | None,
                     out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not region.answered(rid):
+            self._abort()
+            raise errors.RemoteProtocolError(
+                f"the region's response #{region.resp_id()} carries gen {region.resp_gen()}, "
+                f"expected #{rid} of generation {self.generation}")
         status, worker_ns, rss, peak = region.response()
-        self._seq = seq
         self._expected_s = 0.7 * self._expected_s + 0.3 * worker_ns / 1e9
         timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak,
                   "copy_in_ns": self._copy_in_ns}
         self.last_timing = timing
         if status == shm.STATUS_OK:
+            self._pending = None
             t0 = time.perf_counter_ns()
             result = {}
             for d in self._outputs:
@@ -688,7 +849,8 @@ class WorkerClient:
             return result
         if frame is None:
             frame = self._recv("call", self.deadlines.call)
-        frame = self._expect(frame, "result", seq)
+        self._pending = None
+        frame = self._expect(frame, "result", rid)
         self.last_timing = dict(frame.header.get("timing", {}))
         return self._collect(frame.arrays(), out)
 

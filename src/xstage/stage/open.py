@@ -77,7 +77,7 @@ def open_stage(
         nodes = graph_nodes(art)
         feeds = resolve_feeds(art.inputs, inputs, shapes=shapes, dims=dims)
         describe_feeds(request, feeds)
-        check_inputs(feeds, art.inputs)
+        feeds = check_inputs(feeds, art.inputs)  # big-endian converted once, for both arms
         report = report or device_report()
         session = _session_options(threads, graph_opt_level)
         ref = make_reference(art, reference, session, report)
