@@ -114,6 +114,12 @@ def test_nodes_onnxruntime_adds_for_an_fp16_graph_on_the_cpu_ep():
     entries = [("InsertedPrecisionFreeCast_linear", "Cast", CPU), ("ReduceMax_227", "ReduceMax", CPU),
                ("Exp_229", "Exp", CPU), ("", "ReduceSum", None)]
     assert check_names(entries, names).passed
+    reshapes = [("gemm_input_reshape", "Reshape", CPU), ("gemm_output_reshape_token_5", "Reshape", CPU)]
+    assert check_names(reshapes, names).passed  # code2wav-tiny on the CPU EP
+    gemm = session_names([{"name": "/MatMulAddFusion", "op_type": "Gemm"}], None)
+    assert check_names([("/MatMulAddFusion", "MatMulNBits", CPU)], gemm).passed  # the A16W8 MLP
+    assert not check_names([("/MatMulAddFusion", "Relu", CPU)], gemm).passed
+    assert not check_names([("gemm_input_reshape", "Relu", CPU)], names).passed
     for bad in [("InsertedPrecisionFreeCast_linear", "Relu", CPU),  # not a cast
                 ('InsertedPrecisionFreeCast_a"b', "Cast", CPU),  # an unsafe value name
                 ("ReduceMax_227", "Exp", CPU)]:  # <op>_<i> whose op is not <op>

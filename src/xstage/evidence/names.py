@@ -39,6 +39,11 @@ no kernel for in that type                            names are not renamed)
 function body onnxruntime inlined (no such node in    body, fp16 on the CPU EP, 1.32)
 the graph)
 an empty plan name: a node onnxruntime added          the same run's plan
+``gemm_input_reshape``/``gemm_output_reshape``, op     code2wav-tiny, fp32 and fp16, on the CPU
+``Reshape``: the reshapes around a MatMul onnxruntime  EP (1.32)
+turned into a Gemm
+``<name>`` of a ``Gemm`` node with op ``MatMulNBits``  the A16W8 MLP on the CPU EP (1.32)
+(onnxruntime's rewrite keeps the node's name)
 ==================================================  ==========================================
 
 Any other name — or a name whose ``op_name`` disagrees (a plain ``<name>`` whose op is not the
@@ -73,6 +78,10 @@ _FOLDED_IF = re.compile(r"^_if_(?:then|else)_branch_(?P<op>[A-Za-z][A-Za-z0-9]*)
 _NCHWC = "_nchwc"  # onnxruntime's NCHWc transformer: <output value>_nchwc
 _INSERTED_CAST = "InsertedPrecisionFreeCast_"  # onnxruntime's InsertCastTransformer: <value>
 _KEPT_NAME_PREFIXES = ("Fused", "Nhwc")  # a rewrite that keeps the node's name: Conv -> FusedConv
+#: Rewrites to another op that keep the node's name, each as seen in a run (module docstring).
+_KEPT_NAME_REWRITES = {"Gemm": ("MatMulNBits",)}
+#: Nodes onnxruntime adds with fixed names (and their op): the reshapes of its MatMul -> Gemm.
+_FIXED_INSERTED = {"gemm_input_reshape": "Reshape", "gemm_output_reshape": "Reshape"}
 _NEW_RESHAPE = "_new_reshape"  # onnxruntime's reshape rewrite: <node>_new_reshape
 _SUBGRAPH = re.compile(r"^(?P<ep_type>[A-Za-z][A-Za-z0-9]*ExecutionProvider)_"
                        r"(?P<op>[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*-subgraph_\d+)_\d+$")
@@ -188,13 +197,16 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
     fused = plain != name
     if not fused and plain in names.nodes:
         op_type, original = names.nodes[plain]
-        if op and depth == 0 and op not in (op_type, *(p + op_type for p in _KEPT_NAME_PREFIXES)):
+        kept = (op_type, *(p + op_type for p in _KEPT_NAME_PREFIXES), *_KEPT_NAME_REWRITES.get(op_type, ()))
+        if op and depth == 0 and op not in kept:
             return None, f"{name!r} is node {plain!r} ({op_type}) but its op is {op!r}"
         return original, ""
     token = _TOKEN.match(plain)
     stem = token.group("base") if token else plain
     if not fused and stem == "Memcpy":
         return ("Memcpy", "") if op.startswith("Memcpy") else (None, f"{name!r} with op {op!r} is no copy")
+    if not fused and depth == 0 and op and _FIXED_INSERTED.get(stem) == op:
+        return INSERTED + op, ""  # a node onnxruntime added under a fixed name
     if not fused and depth == 0 and op and stem == op and op not in _CONTROL_FLOW:
         return INSERTED + op, ""  # a node onnxruntime added, named after its op: no original
     subgraph = _SUBGRAPH.match(stem)
