@@ -108,6 +108,11 @@ def accept_authenticated(listener: socket.socket, secret: str, deadline: float |
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             if (left is not None and left <= 0) or not alive():
+                if any(p.hello is not None for p in peers) and not refused:
+                    # The worker ended after its hello, before its proof reached us: its check of
+                    # ours failed (the order of the exit and of our read is the scheduler's).
+                    refused.append("the worker closed the connection during the handshake, after "
+                                   "its hello (it refused this client's proof)")
                 raise NoPeer(reached, refused[-1] if refused else None)
             wait = 0.2 if left is None else min(left, 0.2)
             readable, _, _ = select.select([listener] + [p.sock for p in peers], [], [], wait)

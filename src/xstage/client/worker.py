@@ -270,6 +270,9 @@ class WorkerClient:
                 listener, self._secret, None if total is None else time.monotonic() + total,
                 alive=lambda: self._proc is not None and self._proc.poll() is None)
         except connect_back.NoPeer as exc:
+            if exc.last_failure is not None and self._proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=5)  # a refused handshake ends the worker: say how
             exited = self._proc is not None and self._proc.poll() is not None
             if exc.last_failure is not None:  # a failed handshake says more than the exit
                 raise errors.RemoteProtocolError(
@@ -480,8 +483,6 @@ class WorkerClient:
             raise errors.LocalProtocolError(str(exc)) from exc
         seconds = getattr(self.deadlines, phase)
         deadline = None if seconds is None else time.monotonic() + seconds
-        if sum(len(p) for p in parts) <= 1 << 16:
-            parts = [b"".join(parts)]
         sent = 0
         with self._boundary(phase, seconds):
             if self._channel is not None:  # authenticated records: the deadline bounds each send
@@ -494,6 +495,8 @@ class WorkerClient:
                                     "records were being sent; the worker holds part of one")
                     raise
                 return
+            if sum(len(p) for p in parts) <= 1 << 16:  # one send for a small frame
+                parts = [b"".join(parts)]
             try:
                 for part in parts:
                     view = memoryview(part).cast("B")
