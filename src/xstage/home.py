@@ -25,8 +25,8 @@ from pathlib import Path
 import platformdirs
 
 __all__ = [
-    "LOG_KEEP_DEFAULT", "atomic_write", "cache_dir", "envs_dir", "home", "locked", "log_keep",
-    "logs_dir", "prune_logs", "records_dir",
+    "LOG_KEEP_DEFAULT", "atomic_write", "cache_dir", "envs_dir", "home", "locked", "locks_dir",
+    "log_keep", "logs_dir", "prune_logs", "records_dir",
 ]
 
 
@@ -57,6 +57,11 @@ def cache_dir() -> Path:
 def records_dir() -> Path:
     """Every record ``xstage external`` writes."""
     return _sub("records")
+
+
+def locks_dir() -> Path:
+    """Lock files where two processes meet over one thing (empty; they stay, see ``locked``)."""
+    return _sub("locks")
 
 
 def logs_dir() -> Path:

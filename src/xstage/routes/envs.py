@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from xstage._version import __version__
 from xstage.errors import EnvError, UsageError
-from xstage.home import envs_dir, locked
+from xstage.home import envs_dir, locked, locks_dir
 from xstage.host.info import HostInfo, host_cpu_vendor
 from xstage.routes.specs import RouteSpec, get_spec
 
@@ -423,7 +423,7 @@ def create(
     target = the_plan.target
     target.parent.mkdir(parents=True, exist_ok=True)
     # Two `env create` of one route at once: the second waits for the first, then finds its env.
-    with locked(target.parent / f".{target.name}.lock"):
+    with locked(locks_dir() / f"env-{target.name}.lock"):  # not in envs/: it lists envs
         if target.exists() and not force:
             raise EnvError(
                 f"an environment for {the_plan.route} already exists at {target}",
@@ -518,7 +518,7 @@ def remove(route: str) -> Path:
     if "/" in route or "\\" in route or route.startswith("."):
         raise EnvError(f"not a route name: {route!r}")
     target = env_dir(route)
-    with locked(target.parent / f".{target.name}.lock"):  # not while `env create` renames it
+    with locked(locks_dir() / f"env-{target.name}.lock"):  # not while `env create` renames it
         if not target.is_dir():
             raise EnvError(f"no environment for {route} under {envs_dir()}", remedy="xstage env list")
         trash = target.with_name(f".{route}-removing-{os.getpid()}")
