@@ -483,6 +483,20 @@ def _recv_exactly(sock, view, started):
         got += k
 
 
+def _validate_head(raw, plen):
+    """A frame's header bytes, checked cheapest-first, and its tensor list against ``plen``.
+
+    The one head check of every reader (``recv_frame``, ``parse_frame``, ``Channel.recv``).
+    """
+    header = validate_header_bytes(raw)
+    op = validate_header(header)
+    if "t" in header:
+        return header, validate_tensor_descs(header["t"], plen)
+    if plen:
+        raise ProtocolError("op %s carries a %d-byte payload and no tensor list" % (op, plen))
+    return header, []
+
+
 def recv_frame(sock, max_payload=MAX_PAYLOAD_BYTES):
     """Read, validate and return one Frame; nothing peer-sized is allocated before it passes."""
     prefix = bytearray(PREFIX.size)
@@ -490,13 +504,7 @@ def recv_frame(sock, max_payload=MAX_PAYLOAD_BYTES):
     hlen, plen = validate_prefix(bytes(prefix), max_payload)
     raw = bytearray(hlen)
     _recv_exactly(sock, memoryview(raw), True)
-    header = validate_header_bytes(raw)
-    op = validate_header(header)
-    tensors = []
-    if "t" in header:
-        tensors = validate_tensor_descs(header["t"], plen)
-    elif plen:
-        raise ProtocolError("op %s carries a %d-byte payload and no tensor list" % (op, plen))
+    header, tensors = _validate_head(raw, plen)
     # np.empty, not bytearray: no zero-fill pass over memory the socket overwrites anyway.
     payload = np.empty(plen, dtype=np.uint8)
     if plen:
@@ -511,13 +519,7 @@ def parse_frame(data, max_payload=MAX_PAYLOAD_BYTES):
     end = PREFIX.size + hlen
     if len(data) < end:
         raise ProtocolError("frame holds %d bytes, its header needs %d" % (len(data), end))
-    header = validate_header_bytes(data[PREFIX.size:end])
-    op = validate_header(header)
-    tensors = []
-    if "t" in header:
-        tensors = validate_tensor_descs(header["t"], plen)
-    elif plen:
-        raise ProtocolError("op %s carries a %d-byte payload and no tensor list" % (op, plen))
+    header, tensors = _validate_head(data[PREFIX.size:end], plen)
     if len(data) != end + plen:
         raise ProtocolError("frame holds %d bytes, its lengths say %d" % (len(data), end + plen))
     frame = Frame(header, bytearray(data[end:]), tensors)
@@ -730,13 +732,7 @@ class Channel:
         self._fill(memoryview(rest))
         self._verify((prefix, rest), "frame head")
         raw = memoryview(rest)[:hlen]
-        header = validate_header_bytes(raw)
-        op = validate_header(header)
-        tensors = []
-        if "t" in header:
-            tensors = validate_tensor_descs(header["t"], plen)
-        elif plen:
-            raise ProtocolError("op %s carries a %d-byte payload and no tensor list" % (op, plen))
+        header, tensors = _validate_head(raw, plen)
         if small:
             payload = np.frombuffer(rest, dtype=np.uint8)[hlen:]
             return Frame(header, payload, tensors)
