@@ -1,8 +1,10 @@
 """The graph a bisect works on: one stable node order, its cuts, its regions as graphs.
 
 * **Order.** The top-level nodes in one stable topological order: Kahn's algorithm that always
-  takes the ready node first in the file (so a graph already in order keeps it). A node that
-  reads an outer value from inside its subgraphs (an ``If`` branch) depends on its producer.
+  takes the ready node first in the file, except that a node reading only initializers (a
+  weight's ``DequantizeLinear``, a ``Constant``) goes just before its first consumer (so a graph
+  already in order keeps it, but for its constants). A node that reads an outer value from
+  inside its subgraphs (an ``If`` branch) depends on its producer.
 * **Names.** Probes report the nodes the target left off by name; a node whose name is empty,
   repeated or outside the worker's safe set gets ``bisect_<index>`` (index in the file), so
   every name maps back to one position.
@@ -82,8 +84,14 @@ def _reads(node: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*direct, *sorted(outer - set(direct))]))
 
 
-def stable_order(nodes: Sequence[Any], outside: Iterable[str]) -> list[int]:
-    """Indices of ``nodes`` in a stable topological order (ready node first in the file first).
+def stable_order(nodes: Sequence[Any], outside: Iterable[str],
+                 constants: Iterable[str] = ()) -> list[int]:
+    """Indices of ``nodes`` in a stable topological order.
+
+    Kahn's algorithm, the ready node first in the file first, except that a node reading only
+    ``constants`` (initializers, or other such nodes' outputs: a weight's ``DequantizeLinear``,
+    a ``Constant``) is placed just before its first consumer, so the values that cross a cut
+    are activations, not weights.
 
     Raises:
         ArtifactError: the graph has a cycle, or reads a value nothing defines.
@@ -108,17 +116,28 @@ def stable_order(nodes: Sequence[Any], outside: Iterable[str]) -> list[int]:
         deps.append(mine)
         for d in mine:
             users[d].append(i)
+    const_values = set(constants)
+    constant = [False] * len(nodes)
+    for i, node in enumerate(nodes):  # the file is in order for all but broken graphs
+        reads = _reads(node)
+        constant[i] = not any(a.g.node or a.graphs for a in node.attribute) and all(
+            n in const_values or (n in producer and constant[producer[n]] and producer[n] < i)
+            for n in reads)
+    key = list(range(len(nodes)))
+    for i in reversed(range(len(nodes))):
+        if constant[i] and users[i]:
+            key[i] = min(key[u] for u in users[i])
     waiting = [len(d) for d in deps]
-    ready = [i for i, w in enumerate(waiting) if w == 0]
+    ready = [(key[i], i) for i, w in enumerate(waiting) if w == 0]
     heapq.heapify(ready)
     order: list[int] = []
     while ready:
-        i = heapq.heappop(ready)
+        _, i = heapq.heappop(ready)
         order.append(i)
         for u in users[i]:
             waiting[u] -= 1
             if waiting[u] == 0:
-                heapq.heappush(ready, u)
+                heapq.heappush(ready, (key[u], u))
     if len(order) != len(nodes):
         raise errors.ArtifactError("the graph has a cycle: no topological order",
                                    remedy="check the graph with onnx.checker")
@@ -131,7 +150,8 @@ class BisectGraph:
     Attributes:
         path: the graph file.
         fmt: the artifact's format (``onnx:fp32``, ``onnx:a16w8``, …).
-        model: the model with its node names made unique (``renamed`` counts the changes).
+        model: the model with its node names made unique (``renamed`` counts the changes) and
+            its nodes in the order.
         nodes: the top-level nodes in order.
         inputs: the graph's real inputs (initializers excluded).
         initializers: initializer name → element count.
@@ -150,12 +170,20 @@ class BisectGraph:
         self.inputs = tuple(i.name for i in graph.input if i.name not in self.initializers)
         self.outputs = tuple(o.name for o in graph.output)
         self.renamed = _unique_names(graph)
-        order = stable_order(list(graph.node), [*self.inputs, *self.initializers])
+        order = stable_order(list(graph.node), [*self.inputs, *self.initializers],
+                             constants=self.initializers)
         self.nodes = tuple(
             Node(position=p, index=i, name=graph.node[i].name, op_type=graph.node[i].op_type,
                  reads=_reads(graph.node[i]), outputs=tuple(graph.node[i].output))
             for p, i in enumerate(order))
+        ordered = [type(graph.node[i])() for i in order]
+        for proto, i in zip(ordered, order, strict=True):
+            proto.CopyFrom(graph.node[i])
+        del graph.node[:]  # the model keeps the order too: onnx-ir's extractor follows it
+        graph.node.extend(ordered)
         self.position = {node.name: node.position for node in self.nodes}
+        #: A QDQ graph: regions cut only between a Q and its DQ.
+        self.qdq = fmt == "onnx:a16w8" or any(n.op_type in _QDQ for n in self.nodes)
         self._producer = {name: node.position for node in self.nodes for name in node.outputs if name}
         last: dict[str, int] = {}
         for node in self.nodes:
@@ -192,14 +220,13 @@ class BisectGraph:
         """The positions a region may start or end at (module docstring, "Cuts")."""
         n = len(self.nodes)
         blocked = [False] * (n + 1)
-        qdq = self.fmt == "onnx:a16w8" or any(node.op_type in _QDQ for node in self.nodes)
         for name, made in self._producer.items():
             last = self._last_read.get(name, made)
             if last <= made:
                 continue
             value = values.get(name)
             ok = (isinstance(value, np.ndarray) and value.dtype.name in DTYPES)
-            if qdq:
+            if self.qdq:
                 ok = ok and self.nodes[made].op_type == "QuantizeLinear"
             if not ok:
                 for cut in range(made + 1, last + 1):
@@ -218,7 +245,7 @@ class BisectGraph:
 
         out = []
         for node in self.nodes:
-            proto = self.model.graph.node[node.index]
+            proto = self.model.graph.node[node.position]
             flops = node_flops(node.op_type, [shape(n) if n else None for n in proto.input],
                                [shape(n) if n else None for n in node.outputs])
             params = {n: self.initializers[n] for n in node.reads if n in self.initializers}

@@ -36,7 +36,7 @@ import numpy as np
 
 from xstage import errors, parity
 from xstage._version import __version__
-from xstage.artifact import inspect_artifact
+from xstage.artifact import Artifact, inspect_artifact
 from xstage.bisect import cost
 from xstage.bisect.graph import BisectGraph, capture, load_graph
 from xstage.bisect.probe import ProbeDetail, Prober
@@ -139,11 +139,15 @@ def bisect(
     cuts = g.cuts(values)
     report = report or device_report()
     plan = make_plan(report, art.format, device=device, route=route)
-    if not plan.candidates:
+    request = _request(route, device, min_region, max_probes, deadline, inputs, feeds)
+    if not plan.candidates:  # nothing to probe on: a refusal of the whole bisect, with its record
         first = plan.refusals[0] if plan.refusals else None
-        raise errors.Refused(
-            first.message if first else f"no route to probe {art.path.name} on",
-            refusals=list(plan.refusals), remedy=first.remedy if first else None)
+        message = first.message if first else f"no route to probe {art.path.name} on"
+        record = _record(argv, started, t0, capture_s, art, g, cuts, request, None, None,
+                         {"status": "refused", "exit_code": EXIT_REFUSED, "message": message},
+                         refusals=[r.to_dict() for r in plan.refusals])
+        raise errors.Refused(message, refusals=list(plan.refusals),
+                             remedy=first.remedy if first else None, record=record)
     cand = plan.candidates[0]
     work = Path(keep_probes) if keep_probes else Path(tempfile.mkdtemp(prefix="xstage-bisect-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -175,39 +179,60 @@ def bisect(
             for p in written["parts"]],
             "check": _check_split(split_run, values, g, art.format)}
     code = EXIT_OK if found.regions else EXIT_REFUSED
-    request = {"route": route, "device": device, "min_region": min_region,
-               "max_probes": max_probes, "deadline_s": deadline,
-               "inputs": {"source": "synthesized" if inputs is None else
-                          ("npz" if isinstance(inputs, str | os.PathLike) else "caller"),
-                          "seed": SEED if inputs is None else None,
-                          "tensors": {n: {"dtype": str(a.dtype), "shape": list(a.shape)}
-                                      for n, a in feeds.items()}}}
-    record = {
+    record = _record(argv, started, t0, capture_s, art, g, cuts, request,
+                     {"route": cand.route.name, "device": cand.device}, found,
+                     _outcome(found, len(g)), costs=costs, split=split_doc)
+    return BisectResult(graph=g, search=found, record=record, exit_code=code, split=split_run,
+                        route=cand.route.name, device=cand.device)
+
+
+def _request(route: str | None, device: str | None, min_region: int, max_probes: int | None,
+             deadline: float | None, inputs: object,
+             feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The record's ``request`` block: what the caller asked for."""
+    return {"route": route, "device": device, "min_region": min_region,
+            "max_probes": max_probes, "deadline_s": deadline,
+            "inputs": {"source": "synthesized" if inputs is None else
+                       ("npz" if isinstance(inputs, str | os.PathLike) else "caller"),
+                       "seed": SEED if inputs is None else None,
+                       "tensors": {n: {"dtype": str(a.dtype), "shape": list(a.shape)}
+                                   for n, a in feeds.items()}}}
+
+
+def _record(argv: Sequence[str], started: str, t0: float, capture_s: float, art: Artifact,
+            g: BisectGraph, cuts: Sequence[int], request: dict[str, Any],
+            target: dict[str, str] | None, found: SearchResult | None,
+            outcome: dict[str, Any], *, costs: Sequence[cost.NodeCost] = (),
+            split: dict[str, Any] | None = None,
+            refusals: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``xstage.bisect`` record (schema ``bisect-v1.json``)."""
+    probes = found.probes if found else ()
+    doc = {
         "schema_version": SCHEMA_VERSION, "kind": KIND, "xstage_version": __version__,
         "argv": list(argv), "started": started, "finished": utc_now(),
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
                  "python": sys.version.split()[0], "machine": platform.machine()},
-        "outcome": _outcome(found, len(g)),
+        "outcome": outcome,
         "artifact": {"path": str(art.path), "format": art.format, "sha256": art.sha256,
                      "nodes": len(g)},
         "request": request,
-        "target": {"route": cand.route.name, "device": cand.device},
-        "order": {"nodes": len(g), "cuts": list(cuts), "qdq": g.fmt == "onnx:a16w8" or any(
-            n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in g.nodes),
-                  "renamed": g.renamed, "names": [n.name for n in g.nodes]},
-        "regions": _regions(found, g, costs),
-        "declined_ops": _declined(found, g),
-        "probes": [_probe_doc(p) for p in found.probes],
+        "target": target,
+        "order": {"nodes": len(g), "cuts": list(cuts), "qdq": g.qdq, "renamed": g.renamed,
+                  "names": [n.name for n in g.nodes]},
+        "regions": _regions(found, g, costs) if found else [],
+        "declined_ops": _declined(found, g) if found else [],
+        "probes": [_probe_doc(p) for p in probes],
         "contradictions": [{"kind": c.kind, "probe": c.probe, "earlier": c.earlier}
-                           for c in found.contradictions],
-        "budget": {"probes": len(found.probes), "max_probes": max_probes,
+                           for c in (found.contradictions if found else ())],
+        "budget": {"probes": len(probes), "max_probes": request["max_probes"],
                    "seconds": round(time.perf_counter() - t0, 3),
-                   "capture_s": round(capture_s, 3), "deadline_s": deadline,
-                   "cut_short": found.cut_short},
-        "split": split_doc,
+                   "capture_s": round(capture_s, 3), "deadline_s": request["deadline_s"],
+                   "cut_short": found.cut_short if found else None},
+        "split": split,
     }
-    return BisectResult(graph=g, search=found, record=record, exit_code=code, split=split_run,
-                        route=cand.route.name, device=cand.device)
+    if refusals is not None:
+        doc["refusals"] = refusals
+    return doc
 
 
 def _outcome(found: SearchResult, n: int) -> dict[str, Any]:
