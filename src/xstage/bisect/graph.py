@@ -17,8 +17,9 @@
   CPU EP in this process, every top-level value kept (never random values fed into the middle
   of a graph).
 * **Regions.** ``[start, stop)`` becomes a graph through onnx-ir's extractor
-  (``onnx_ir.convenience.extract``), its inputs the values it reads from outside (typed from
-  the capture), its outputs the values read after it or that the graph returns.
+  (``onnx_ir.convenience.extract``), its inputs the values it reads from outside, its outputs
+  the values read after it or that the graph returns; the graph's own inputs and outputs keep
+  their declarations, the other boundary values are typed and shaped from the capture.
 
 .. versionadded:: 0.3
 """
@@ -169,6 +170,8 @@ class BisectGraph:
             self.initializers[sparse.values.name] = int(np.prod(sparse.dims, dtype=np.int64))
         self.inputs = tuple(i.name for i in graph.input if i.name not in self.initializers)
         self.outputs = tuple(o.name for o in graph.output)
+        self._declared = {v.name for v in (*graph.input, *graph.output)
+                          if v.type.tensor_type.elem_type}
         self.renamed = _unique_names(graph)
         order = stable_order(list(graph.node), [*self.inputs, *self.initializers],
                              constants=self.initializers)
@@ -277,6 +280,8 @@ class BisectGraph:
             raise errors.ArtifactError(f"cannot extract the region [{start}, {stop}): {exc}",
                                        remedy="report this graph to xstage") from exc
         for value in (*graph.inputs, *graph.outputs):
+            if value.name in self._declared:  # the graph's own: its declaration stays (a fixed
+                continue  # shape could break the shape inference of an If's untaken branch)
             array = values[value.name]
             value.dtype = ir.DataType.from_numpy(array.dtype)
             value.shape = ir.Shape(array.shape)
