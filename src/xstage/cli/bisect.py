@@ -154,7 +154,5 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 out.hint(exc.remedy)
             return EXIT_REFUSED
     _write(result.record, args, out)
-    if out.json_mode:
-        out.json(result.record)
     show(result.record, out)
     return result.exit_code
