@@ -141,3 +141,13 @@ def test_a_recorded_live_run_replays_probe_for_probe(name: str) -> None:
     assert [(p.start, p.stop) for p in found.probes] == [
         (p["start"], p["stop"]) for p in oracle.doc["probes"]]
     assert [[r["start"], r["stop"]] for r in oracle.doc["regions"]] == [list(r) for r in found.regions]
+
+
+def test_a_limit_reached_while_growing_keeps_the_regions_already_proven() -> None:
+    oracle = Chain(12, [3, 8])
+    full = search(12, oracle)
+    grows = [p for p in full.probes if p.phase == "grow"]
+    assert grows
+    cut = search(12, Chain(12, [3, 8]), max_probes=len(full.probes) - len(grows) + 1)
+    assert cut.cut_short == "max_probes"
+    assert cut.regions == full.regions == ((0, 3), (4, 8), (9, 12))
