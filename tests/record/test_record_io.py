@@ -248,7 +248,8 @@ def test_schema_ships_as_package_data():
     from importlib import resources
 
     files = resources.files("xstage.record").joinpath("schema")
-    assert sorted(p.name for p in files.iterdir() if p.name.endswith(".json")) == ["record-v1.json"]
+    assert sorted(p.name for p in files.iterdir() if p.name.endswith(".json")) == [
+        "bisect-v1.json", "record-v1.json"]  # bisect-v1: the xstage.bisect record (docs/bisect.md)
     assert load_schema()["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert 'xstage = ["record/schema/*.json", "builtins/*.onnx", "builtins/*.manifest.json"]' in pyproject

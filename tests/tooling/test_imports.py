@@ -26,6 +26,9 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api", ("xstage", "xstage.__main__")),  # the package's public surface re-exports the layers
     ("cli", ("xstage.cli",)),
+    # bisect opens stages (probes, the split's regions): above stage; its search and cost
+    # arithmetic are pure (below).
+    ("bisect", ("xstage.bisect",)),
     ("stage", ("xstage.stage",)),
     ("planning", ("xstage.planner", "xstage.device_table", "xstage.builtin_graphs", "xstage.export")),
     ("routes", ("xstage.routes",)),
@@ -36,7 +39,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # client's one tool runner starts: host sits above client.
     ("host", ("xstage.host",)),
     ("client", ("xstage.client",)),
-    ("pure", ("xstage.evidence", "xstage.parity", "xstage.ledger", "xstage.timings")),
+    ("pure", ("xstage.evidence", "xstage.parity", "xstage.ledger", "xstage.timings",
+              "xstage.bisect.search", "xstage.bisect.cost")),
     ("foundation", ("xstage.artifact", "xstage.manifest", "xstage.inputs", "xstage.signature",
                     "xstage.errors", "xstage.refusal", "xstage.home", "xstage._version",
                     "xstage.exit_codes")),
