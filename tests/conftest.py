@@ -198,20 +198,35 @@ def fake_python(tmp_path: Path):
     return make
 
 
+def _dependency_stamp() -> str:
+    """A hash of what pyproject.toml asks pip to install, and nothing else: a change to a tool
+    section (ruff, mypy, pytest) must not rebuild a venv of several hundred MB."""
+    import hashlib
+    import json
+
+    import tomllib
+
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = data.get("project", {})
+    wanted = {"build-system": data.get("build-system"), "requires-python": project.get("requires-python"),
+              "dependencies": project.get("dependencies"),
+              "optional-dependencies": project.get("optional-dependencies")}
+    return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
+
+
 @pytest.fixture(scope="session")
 def export_python() -> Path:
     """A venv with torch 2.13.0 (CPU, from local disk), transformers and this xstage with its
     ``export`` extra: the exporters run there, as a user's export environment would.
 
-    Rebuilt when ``pyproject.toml`` changes; skipped where torch 2.13.0 is not on local disk
+    Rebuilt when ``pyproject.toml``'s dependencies change; skipped where torch 2.13.0 is not on local disk
     for this Python (installing it would download GBs).
     """
-    import hashlib
 
     pin = "torch==2.13.0"
     root = cache_root() / "export"
     python = root / "venv" / "bin" / "python"
-    stamp = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    stamp = _dependency_stamp()
     marker = root / f"built-{stamp}"
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
