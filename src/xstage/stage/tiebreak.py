@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from xstage import parity
+from xstage.stage import f64_kernels
 
 __all__ = ["MAX_GRAPH_BYTES", "TIME_LIMIT_S", "Unavailable", "evaluate_float64", "settle"]
 
@@ -140,7 +141,7 @@ def evaluate_float64(path: Path, feeds: Mapping[str, np.ndarray], *, graph_bytes
     try:
         model = onnx.load(str(path))
         _widen_graph(model.graph)
-        evaluator = ReferenceEvaluator(model, new_ops=[_inference_batch_norm()])
+        evaluator = ReferenceEvaluator(model, new_ops=[_inference_batch_norm(), *f64_kernels.KERNELS])
     except Exception as exc:  # an op or a domain the evaluator does not know
         raise Unavailable(f"onnx's ReferenceEvaluator cannot load the graph in float64: "
                           f"{type(exc).__name__}: {str(exc)[:300]}") from exc
