@@ -121,8 +121,9 @@ def _two_scale_graph(path: Path, n: int = 64, width: int = 256, small: int = 4) 
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["big"]),
              helper.make_node("MatMul", ["x", "w2"], ["little"]),
              helper.make_node("Concat", ["big", "little"], ["y"], axis=1)]
-    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, width + small])], inits)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, width + small])
+    graph = helper.make_graph(nodes, "head", [x], [y], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
     return path
 
