@@ -52,7 +52,8 @@ ill-conditioned output apart, nor a sigmoid map near zero from a tiny output com
 bf16. When the comparison fails on float rules only (:data:`FLOAT_RULES`) for a float format,
 the stage layer (``xstage.stage.tiebreak``) evaluates the graph in float64, and
 :func:`settle_tiebreak` passes the stage if it is no further from that answer than the fp32
-reference is (by rel_l2 and max_abs, within :data:`TIEBREAK_SLACK`). Where that cannot run,
+reference is (by rel_l2, and in every magnitude band of the answer, within
+:data:`TIEBREAK_SLACK`). Where that cannot run,
 :func:`tiebreak_unavailable` keeps the fp32 verdict and records why.
 
 .. versionadded:: 0.1
@@ -75,6 +76,7 @@ __all__ = [
     "DEFAULT_TOLERANCES",
     "FORMATS",
     "REFERENCE_KINDS",
+    "TIEBREAK_BAND_MIN",
     "TIEBREAK_SLACK",
     "Cause",
     "OutputMetrics",
@@ -87,6 +89,7 @@ __all__ = [
     "compare",
     "default_tolerance",
     "elem_floor",
+    "magnitude_bands",
     "settle_tiebreak",
     "tiebreak_applies",
     "tiebreak_unavailable",
@@ -122,11 +125,23 @@ Rule = Literal[
 FLOAT_RULES = ("rel_l2", "max_abs", "cosine", "elementwise", "all_zero_reference")
 
 #: The float64 tie-break passes an output when the stage is within this factor of the fp32
-#: reference's own distance to the float64 answer, by rel_l2 and by max_abs. "No further" with
-#: room for the arms to trade places: in issue 12's ill-conditioned case the stage was 1.18e-2
-#: and the CPU reference 1.05e-2 from float64 (1.12x), and tests/stage/test_tiebreak.py
-#: measures its own such graph; a stage computing in a lower precision is 10x or more further.
-TIEBREAK_SLACK = 2.0
+#: reference's own distance to the float64 answer (rules T1 and T2, :func:`settle_tiebreak`).
+#: "No further", with room for two fp32 algorithms to differ. Measured here (OpenVINO CPU f32
+#: as the stage, the CPU EP as the reference, `python benchmarks/tiebreak.py`), the stage's
+#: distance over the reference's: T1 (rel_l2) 1.01 (code2wav-tiny), 1.37 (MLP 512x6), 1.85 and
+#: 1.86 (the 12-block tower at 196 and 1024 patches: OpenVINO is the less exact arm there),
+#: 0.01 (PP-OCR det, where OpenVINO is the more exact); T2 (the worst magnitude band) 1.21,
+#: 1.59, 2.41, 2.43, 0.13; issue 12's ill-conditioned case 1.12. The same stages computed in
+#: bf16 (INFERENCE_PRECISION_HINT=bf16; f16 gives the same on this CPU) are 1.1e4-2.6e4x
+#: (T1) and 1.2e4-2.8e4x (T2) further. 16 is 6.6x over the worst fp32 ratio, because
+#: a stage 16x less exact than the CPU EP at fp32 is still right to ~1e-5, and 660x under
+#: the nearest bf16 one; fp16 and TF32 (unit roundoff 2^-11) are 2^13x fp32's.
+TIEBREAK_SLACK = 16.0
+
+#: The fewest elements of one magnitude band of rule T2 (an output with fewer is one band):
+#: a median or an rms over 64 fp32 errors is stable to a factor of ~1.5 between two arms of
+#: the same precision, where a max over a handful is not.
+TIEBREAK_BAND_MIN = 64
 
 
 @dataclass(frozen=True)
@@ -156,7 +171,7 @@ class Tolerance:
     abs_rms: float
     min_cosine: float
     elem: float = 0.0
-    elem_a: float = 1e-5
+    elem_a: float = 1e-7
     elem_rtol: float = 1e-4
 
     def __post_init__(self) -> None:
@@ -220,33 +235,36 @@ CRITERIA: Mapping[str, str] = MappingProxyType({
 # up to ~4% passes it): it catches what the floor admits near zero — a sign flip, a
 # permutation at 1e-8 scale. The sparse sigmoid map measured here has cosine 0.99992 (two
 # optimization levels) and 0.99956 (a numpy float32 reordering).
-# Rule 8 (element-wise), fp32: a = 1e-5, rtol = 1e-4, B = 0. Measured here, OpenVINO CPU f32
-# vs the CPU EP (docs/external.md has the table): the largest |y−r|/rms(ref) of any element is
-# 5.3e-06 (the built-in MLP 512x6), 2.6e-06 (code2wav-tiny), 2.2e-06 (vision-tower-tiny),
-# 4.1e-07 (PP-OCR cls); a = 1e-5 is 2x over the worst. Where an element is large beside a
-# small rms, rtol·|r| covers it: PP-OCR rec's softmax peak is off by 3.2e-06 (4.8e-04·rms,
-# ~6e-6 of its value), silero-vad's scalar by 3.6e-05 of its value; rtol 1e-4 is 3x over
-# that. B = 0: a reordering moves every element a little, not a few elements a lot, so one
-# element out of bound is a wrong element (a bf16 block at 2^-9 relative, a wrong row).
+# Rule 8 (element-wise), fp32: a = 1e-7, rtol = 1e-4, B = 0; a failure goes to the float64
+# tie-break, which is the arbiter (rules T1/T2, settle_tiebreak). Rule 8 is the filter: an
+# element off by more than about one rounding of the output's scale (a = 1e-7 < eps(float32)
+# = 1.19e-7) beyond rtol·|r| is not accepted on the fp32 comparison alone.
+# Why a is this low: issue 12's headline case, a bf16 block of 1% at scale 1 beside exact
+# values of scale 1e4, errs by up to 2^-8·|r| ≈ 4e-3..1e-2, i.e. 4e-7..1e-6·rms(ref); a bf16
+# block at scale s beside rms R fails rule 8 once s/R ≳ 85·a, so a = 1e-7 catches blocks down
+# to s/R ≈ 1e-5 (the headline's 1e-4 with 12x to spare). It cannot be caught by a global a
+# that also passes fp32 reorderings: measured here, OpenVINO CPU f32 vs the CPU EP, the
+# smallest a that passes rule 8 (with rtol 1e-4) is 1.8e-06 (the built-in MLP 512x6),
+# 2.6e-07 (code2wav-tiny), 4.3e-06 and 6.7e-06 (a 12-block Qwen3.5 vision tower, 512 wide,
+# 183-213 MiB, at 196 and 1024 patches), 4.8e-02 (PP-OCR det's sparse sigmoid map); it grows
+# with depth and tokens. Those stages fail rule 8 and pass the tie-break (docs/external.md
+# has the table, `python benchmarks/tiebreak.py` re-measures it); vision-tower-tiny, PP-OCR
+# cls and rec, silero-vad pass rule 8 (their worst elements sit under rtol·|r|).
+# rtol 1e-4: PP-OCR rec's softmax peak is off by ~6e-6 of its value, silero-vad's scalar by
+# 3.6e-05; bf16 (2^-9), fp16 and TF32 (2^-11) relative errors are 5-20x over it.
+# B = 0: a reordering moves every element a little, not a few elements a lot.
 # floor: the dtype's smallest normal (1.2e-38 for float32), so the rule has no scale below
-# which everything passes; a sparse sigmoid map (PP-OCR det: 4.8e-02·rms at 1.3e-07) fails
-# it and is passed, or not, by the float64 tie-break.
-# Why a is not lower (issue 12's headline case, a bf16 half at 4.9e-3 beside exact values of
-# scale 1e4, needs a <= 5.7e-7): measured with a = 5e-7 on every built-in and third-party
-# graph, ort-cpu and ort-openvino (OpenVINO CPU f32) against the CPU EP, the stages that then
-# fail rule 8 are exactly the deep ones: the MLP 512x6 (worst element 5.3e-06·rms), and a
-# 12-block vision tower exported at 512 wide (qwen3_5, 183 MiB) at 196 patches (7.5e-06·rms)
-# and 1024 patches (9.0e-06·rms, 213 MiB). The tie-break passes each (all stages here are the
-# more exact arm or equal), in 0.1 s, 9-22 s and 36 s of ReferenceEvaluator (2 shared
-# cores); onnxruntime's CPU EP cannot do it faster on a double-widened graph (no double Conv
-# kernel: the tower's patch embedding and every PP-OCR graph fail to load), and on MatMul
-# graphs ReferenceEvaluator is already BLAS. A real tower (Qwen3.5's, ~1.6 GB in fp32) is over
-# the tie-break's 256 MiB, so at a = 5e-7 it would be refused with the tie-break
-# `unavailable`: every routine OpenVINO fp32 stage of that size would fail. The worst element
-# grows with depth and tokens (5.3e-06, 7.5e-06, 9.0e-06·rms above), so a = 1e-5 is itself
-# near the edge for large fp32 stages; the headline block stays visible with
-# `--tolerance elem_a=1e-7` (tests/parity/test_parity_elementwise.py).
-_FP32 = Tolerance(rel_l2=1e-4, abs_rms=1e-3, min_cosine=0.999, elem=0.0, elem_a=1e-5, elem_rtol=1e-4)
+# which everything passes; a sparse sigmoid map fails it and the tie-break decides.
+# The cost, stated: a stage whose fp32 differs from the CPU EP's beyond a·rms (any deep
+# OpenVINO, CUDA or DirectML fp32 stage) is admitted only by the tie-break, which evaluates
+# the graph in float64 on the host (BLAS kernels, xstage.stage.f64_kernels): 0.04 s (code2wav-
+# tiny), 0.2 s (MLP), 4-11 s (PP-OCR det), 17 s and 62 s (the tower at 196 and 1024 patches),
+# measured on the 2-core VM under load 9-10. Where it is `unavailable` (an op onnx's
+# evaluator lacks, a custom domain, over its time or memory limit), the fp32 verdict stands
+# and the stage is refused: `--tolerance elem_a=1e-5` restores the old filter (2x over the
+# worst reordering measured before the tower: 5.3e-06·rms), at the price of the headline
+# block passing.
+_FP32 = Tolerance(rel_l2=1e-4, abs_rms=1e-3, min_cosine=0.999, elem=0.0, elem_a=1e-7, elem_rtol=1e-4)
 
 # fp16 artifacts: weights and activations rounded to fp16 (unit roundoff 2^-11 = 4.9e-4 per
 # rounding). Measured here: the MLP with fp16 weights and I/O on the CPU EP vs its fp32
@@ -952,12 +970,70 @@ def tiebreak_unavailable(gate: Parity, reason: str, **facts: Any) -> Parity:
                    summary=f"{gate.summary}; float64 tie-break unavailable: {reason}")
 
 
-def _distance(a: np.ndarray, x: np.ndarray, keep: np.ndarray) -> tuple[float | None, float]:
-    """(rel_l2, max_abs) of ``a`` from the float64 answer ``x`` over the positions ``keep``."""
-    d = np.asarray(a, np.float64).ravel()[keep] - x[keep]
-    norm_x = float(np.linalg.norm(x[keep]))
+def _distance(a: np.ndarray, x: np.ndarray) -> tuple[float | None, float]:
+    """(rel_l2, max_abs) of ``a`` from the float64 answer ``x`` (both float64, same positions)."""
+    d = a - x
+    norm_x = float(np.linalg.norm(x))
     max_abs = float(np.max(np.abs(d))) if d.size else 0.0
     return (float(np.linalg.norm(d)) / norm_x if norm_x > 0 else None), max_abs
+
+
+def magnitude_bands(x: np.ndarray, min_size: int = TIEBREAK_BAND_MIN) -> list[np.ndarray]:
+    """Positions of ``x`` grouped by magnitude: octaves of ``|x|``, largest first, merged so
+    that every group but a lone one holds at least ``min_size`` elements.
+
+    Zeros form the lowest octave. A short run of octaves merges into the next smaller one;
+    a short last group merges into the one before it.
+
+    Args:
+        x: the float64 answer, flattened (finite values).
+        min_size: the fewest elements a group may hold when ``x`` has that many.
+
+    Returns:
+        Index arrays that partition ``range(x.size)``.
+    """
+    ax = np.abs(x)
+    octave = np.full(ax.shape, -1100, dtype=np.int64)  # below every float64 octave (>= -1075)
+    nonzero = ax > 0
+    octave[nonzero] = np.floor(np.log2(ax[nonzero])).astype(np.int64)
+    order = np.argsort(-octave, kind="stable")
+    sizes = np.unique(-octave, return_counts=True)[1]  # per octave, largest first
+    groups: list[np.ndarray] = []
+    start = count = 0
+    for size in sizes:
+        count += int(size)
+        if count >= min_size:
+            groups.append(order[start:start + count])
+            start, count = start + count, 0
+    if count:
+        if groups:
+            groups[-1] = np.concatenate([groups[-1], order[start:]])
+        else:
+            groups.append(order[start:])
+    return groups
+
+
+def _band_check(y: np.ndarray, r: np.ndarray, x: np.ndarray, eps: float,
+                tiny: float) -> tuple[bool, dict[str, Any]]:
+    """Rule T2 over every magnitude band: (passed, the worst band as the record keeps it)."""
+    worst: dict[str, Any] = {}
+    worst_ratio = -1.0
+    ok = True
+    for band in magnitude_bands(x):
+        xb = x[band]
+        ds, dr = np.abs(y[band] - xb), np.abs(r[band] - xb)
+        floor = max(eps * float(np.sqrt(np.mean(xb * xb))), tiny)
+        s_rms, r_rms = float(np.sqrt(np.mean(ds * ds))), float(np.sqrt(np.mean(dr * dr)))
+        s_med, r_med = float(np.median(ds)), float(np.median(dr))
+        ratio = max(s_rms / max(r_rms, floor), s_med / max(r_med, floor))
+        if ratio > worst_ratio:
+            ax = np.abs(xb)
+            worst_ratio, worst = ratio, {
+                "magnitude": [float(np.min(ax)), float(np.max(ax))], "n": int(band.size),
+                "stage_rms": s_rms, "reference_rms": r_rms, "stage_median": s_med,
+                "reference_median": r_med, "floor": floor, "ratio": ratio}
+        ok = ok and ratio <= TIEBREAK_SLACK
+    return ok, worst
 
 
 def settle_tiebreak(gate: Parity, outputs: Mapping[str, np.ndarray],
@@ -966,8 +1042,22 @@ def settle_tiebreak(gate: Parity, outputs: Mapping[str, np.ndarray],
     """Decide a failed float gate by the float64 answer.
 
     Each failed output passes when the stage is no further from ``exact`` than the fp32
-    reference is, by rel_l2 and by max_abs, within :data:`TIEBREAK_SLACK`; the verdict
-    passes when every failed output does. Call it only where :func:`tiebreak_applies` is None.
+    reference is, within :data:`TIEBREAK_SLACK`, by two rules; the verdict passes when every
+    failed output does. Call it only where :func:`tiebreak_applies` is None.
+
+    * **T1, the whole output:** ``rel_l2(y, x) <= S·max(rel_l2(r, x), eps)``.
+    * **T2, every magnitude band** (:func:`magnitude_bands`: octaves of ``|x|``, at least
+      :data:`TIEBREAK_BAND_MIN` elements each): the stage's rms error and its median error
+      are each ``<= S·max(the reference's, eps·rms(x over the band))``. A norm, or a
+      global max, is set by the largest values; a wrong block of small values (bf16 at
+      scale 1 beside fp32 values of scale 1e4) hides under it, but not in its own band,
+      where the fp32 reference is off by fp32 rounding and the block by 2^-9. The median
+      keeps a band that the block fills from being excused by a few large-path elements
+      that fall into it with their larger errors; the rms catches a block that is a
+      minority of its band.
+
+    ``eps`` is the coarser dtype's machine epsilon (one rounding of the output): where the
+    reference is exact, the stage may be off by its own rounding.
 
     Args:
         gate: the failed verdict of :func:`compare` on ``outputs`` and ``reference``.
@@ -986,19 +1076,27 @@ def settle_tiebreak(gate: Parity, outputs: Mapping[str, np.ndarray],
             return tiebreak_unavailable(
                 gate, f"the float64 evaluation gave no comparable {m.name}", **facts)
         x64 = np.asarray(x, np.float64).ravel()
-        keep = np.isfinite(x64) & np.isfinite(np.asarray(y, np.float64).ravel()) \
-            & np.isfinite(np.asarray(r, np.float64).ravel())
-        s_rel, s_max = _distance(y, x64, keep)
-        r_rel, r_max = _distance(r, x64, keep)
-        rel_ok = s_rel is None or r_rel is None or s_rel <= TIEBREAK_SLACK * r_rel
-        ok = rel_ok and s_max <= TIEBREAK_SLACK * r_max
+        y64, r64 = np.asarray(y, np.float64).ravel(), np.asarray(r, np.float64).ravel()
+        keep = np.isfinite(x64) & np.isfinite(y64) & np.isfinite(r64)
+        x64, y64, r64 = x64[keep], y64[keep], r64[keep]
+        infos = [i for i in (_float_info(y.dtype), _float_info(r.dtype)) if i is not None]
+        eps = max((float(i.eps) for i in infos), default=float(np.finfo(np.float32).eps))
+        tiny = max((float(i.tiny) for i in infos), default=float(np.finfo(np.float32).tiny))
+        s_rel, s_max = _distance(y64, x64)
+        r_rel, r_max = _distance(r64, x64)
+        rel_ok = s_rel is None or s_rel <= TIEBREAK_SLACK * max(r_rel or 0.0, eps)
+        bands_ok, worst = _band_check(y64, r64, x64, eps, tiny) if x64.size else (True, {})
+        ok = rel_ok and bands_ok
         rows.append({"name": m.name, "stage_rel_l2": _json_float(s_rel),
                      "reference_rel_l2": _json_float(r_rel), "stage_max_abs": s_max,
-                     "reference_max_abs": r_max, "passed": ok})
+                     "reference_max_abs": r_max, "worst_band": worst, "passed": ok})
     text = "; ".join(
-        f"{row['name']}: stage rel_l2 {_e(row['stage_rel_l2'] or 0.0)} / max_abs "
-        f"{_e(row['stage_max_abs'])} vs reference {_e(row['reference_rel_l2'] or 0.0)} / "
-        f"{_e(row['reference_max_abs'])} from float64" for row in rows)
+        f"{row['name']}: stage rel_l2 {_e(row['stage_rel_l2'] or 0.0)} vs reference "
+        f"{_e(row['reference_rel_l2'] or 0.0)} from float64"
+        + (f", worst magnitude band |x| {_e(row['worst_band']['magnitude'][0])}.."
+           f"{_e(row['worst_band']['magnitude'][1])} ({row['worst_band']['n']} elements): stage "
+           f"{_e(row['worst_band']['ratio'])}x the reference's error" if row["worst_band"] else "")
+        for row in rows)
     record = {"status": "passed" if all(row["passed"] for row in rows) else "failed",
               "slack": TIEBREAK_SLACK, "outputs": rows, **facts}
     if record["status"] == "passed":

@@ -58,10 +58,14 @@ def test_the_time_limit_makes_it_unavailable(tmp_path):
         tiebreak.evaluate_float64(path, {"x": np.ones((8, 64), np.float32)}, time_limit_s=0.0)
 
 
-def test_the_size_limit_makes_it_unavailable(tmp_path):
+def test_the_memory_limit_makes_it_unavailable(tmp_path):
+    """The float64 copy must fit in half the available memory: 3x a 1 GiB graph does not fit
+    in 4 GiB's half; the same graph fits beside 8 GiB."""
     path = builtin_graphs.write(builtin_graphs.mlp(width=64, depth=2), tmp_path / "mlp.onnx")
-    with pytest.raises(tiebreak.Unavailable, match="over the tie-break's 256 MiB limit"):
-        tiebreak.evaluate_float64(path, {}, graph_bytes=tiebreak.MAX_GRAPH_BYTES + 1)
+    with pytest.raises(tiebreak.Unavailable, match=r"needs ~3072 MiB \(3x the graph's 1024 MiB\), "
+                       r"over 50% of the 4096 MiB available"):
+        tiebreak.evaluate_float64(path, {}, graph_bytes=2**30, available=4 * 2**30)
+    tiebreak.memory_check(2**30, available=8 * 2**30)
 
 
 def test_a_torch_program_is_unavailable_with_its_reason(tmp_path):
@@ -106,3 +110,53 @@ def test_layer_normalization_evaluates_in_float64(tmp_path):
     (ref,) = ort.InferenceSession(str(path)).run(None, {"x": x})
     exact = tiebreak.evaluate_float64(path, {"x": x})["y"]
     assert exact.dtype == np.float64 and np.max(np.abs(exact - ref)) < 1e-5
+
+
+def _two_scale_graph(path: Path, n: int = 64, width: int = 256, small: int = 4) -> Path:
+    """A detector-like head: 1e4·(x @ W1) (large values, a 256-long sum each) concatenated
+    with x @ W2 (scale 1, ``small`` of ``width + small`` columns, ~1.5% of the elements)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((64, width)) * 1e4 / 8).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((64, small)) / 8).astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["big"]),
+             helper.make_node("MatMul", ["x", "w2"], ["little"]),
+             helper.make_node("Concat", ["big", "little"], ["y"], axis=1)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, width + small])
+    graph = helper.make_graph(nodes, "head", [x], [y], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def test_a_bf16_block_beside_large_values_is_refused_through_the_real_float64_path(tmp_path):
+    """Issue 12's headline end to end in the stage layer: the graph's float64 answer, a
+    reference from onnxruntime, a stage that sums the large part in another order (fp32
+    reordering noise, which the tie-break passes) and, in the second case, stores the small
+    block in bf16 (which it refuses, naming the block's magnitude band)."""
+    import ml_dtypes
+
+    path = _two_scale_graph(tmp_path / "head.onnx")
+    art = inspect_artifact(path)
+    x = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    (ref,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    w1, w2 = (numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer)
+    big = np.zeros((64, 256), np.float32)
+    for i in range(64):  # another summation order: one rank-1 update at a time
+        big += np.outer(x[:, i], w1[i]).astype(np.float32)
+    clean = np.concatenate([big, x @ w2], axis=1)
+    fmt = {"fmt": "onnx:fp32", "reference_kind": "same_graph_cpu"}
+    gate = compare({"y": clean}, {"y": ref}, **fmt)
+    assert gate.cause == "elementwise"  # reordering beyond 1e-7·rms: float64 decides
+    passed = tiebreak.settle(gate, art, {"x": x}, {"y": clean}, {"y": ref})
+    assert passed.passed and passed.tiebreak["evaluator"] == tiebreak.EVALUATOR
+
+    blocked = clean.copy()
+    blocked[:, 256:] = blocked[:, 256:].astype(ml_dtypes.bfloat16).astype(np.float32)
+    gate = compare({"y": blocked}, {"y": ref}, **fmt)
+    assert gate.cause == "elementwise"
+    assert compare({"y": blocked}, {"y": ref}, **fmt, tolerance={"elem_a": 1e-5}).passed  # the old a
+    refused = tiebreak.settle(gate, art, {"x": x}, {"y": blocked}, {"y": ref})
+    (row,) = refused.tiebreak["outputs"]
+    assert refused.verdict == "failed" and refused.tiebreak["status"] == "failed"
+    assert row["worst_band"]["magnitude"][1] < 8 and row["worst_band"]["ratio"] > 100
+    assert "worst magnitude band" in refused.summary

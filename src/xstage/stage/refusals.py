@@ -58,7 +58,8 @@ REMEDIES: Mapping[tuple[RefusalCode, str], str] = {
     (_GATE, "elementwise"):
         "some elements are wrong while the norm looks fine (a block in lower precision, a wrong "
         "row): look at the worst element in the criterion; --tolerance elem=B admits a fraction B "
-        "of the elements, elem_a=A and elem_rtol=R widen the bound",
+        "of the elements, elem_a=A and elem_rtol=R widen the bound (where the float64 tie-break "
+        "was unavailable, elem_a=1e-5 admits a deep fp32 graph's reordered sums)",
     (_GATE, "nonfinite"):
         "NaN or Inf where the reference has none (or the other way round): an overflow in a "
         "lower precision is the usual cause; no tolerance admits it",

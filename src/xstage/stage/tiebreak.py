@@ -1,11 +1,20 @@
 """The numeric gate's float64 tie-break: the graph evaluated exactly enough to say who is right.
 
 When the fp32 comparison fails on float criteria alone, the stage and the fp32 reference may
-both be right to fp32's precision and still disagree (an ill-conditioned output, a sigmoid map
-near zero). This module evaluates the artifact's graph in float64 with onnx's
-``ReferenceEvaluator`` (every float initializer, input, constant and cast widened to double)
-and hands the answer to :func:`xstage.parity.settle_tiebreak`, which passes the stage only when
-it is no further from float64 than the reference is.
+both be right to fp32's precision and still disagree (a deep graph's reordered sums, an
+ill-conditioned output, a sigmoid map near zero). This module evaluates the artifact's graph in
+float64 with onnx's ``ReferenceEvaluator`` (every float initializer, input, constant and cast
+widened to double; Conv, ConvTranspose and Softmax computed by BLAS-backed kernels, Erf and
+Gelu exactly, :mod:`xstage.stage.f64_kernels`) and hands the answer to
+:func:`xstage.parity.settle_tiebreak`, which passes the stage only when it is no further from
+float64 than the reference is.
+
+Why not onnxruntime on a double-widened graph: its CPU EP has no double kernel for Conv,
+ConvTranspose, Erf, Gelu, Resize, AveragePool, GlobalAveragePool, InstanceNormalization,
+LeakyRelu, PRelu and 61 more ops (71 of 198, read from its kernel registry by
+``python benchmarks/tiebreak.py --kernels``), so no convolutional graph and no exact-Gelu
+transformer here would load; on the MatMul graphs it can load, ReferenceEvaluator's products
+are already BLAS.
 
 The tie-break is ``unavailable`` (the fp32 verdict stands, the record says why) when:
 
@@ -14,7 +23,8 @@ The tie-break is ``unavailable`` (the fp32 verdict stands, the record says why) 
   ``xstage_remote.torch_runtime``) cannot run there: torch-cpu is missing, the program computes
   a narrower float somewhere the widening cannot reach (the worker names the op), or the load
   or the call passes :data:`TIME_LIMIT_S`;
-* the graph holds more than :data:`MAX_GRAPH_BYTES` (its float64 copy would be twice that);
+* its float64 copy would not fit: :data:`MEMORY_FACTOR` times the graph's bytes must be at
+  most half of the memory available when it starts (:func:`memory_check`);
 * the evaluation passes :data:`TIME_LIMIT_S` (checked between nodes);
 * ``ReferenceEvaluator`` cannot run the graph (an op it does not implement, a custom domain),
   or an output does not come back as float64.
@@ -30,17 +40,24 @@ from typing import Any
 import numpy as np
 
 from xstage import parity
+from xstage.stage import f64_kernels
 
-__all__ = ["MAX_GRAPH_BYTES", "TIME_LIMIT_S", "Unavailable", "evaluate_float64", "settle"]
+__all__ = [
+    "EVALUATOR", "MEMORY_FACTOR", "MEMORY_SHARE", "TIME_LIMIT_S", "Unavailable", "evaluate_float64",
+    "memory_check", "settle",
+]
 
-#: The largest artifact (weights included) the tie-break evaluates: 256 MiB, 512 MiB in float64,
-#: held beside the stage's own copy only while the tie-break runs.
-MAX_GRAPH_BYTES = 256 * 2**20
+#: The memory the float64 evaluation holds, in multiples of the graph's bytes: the loaded fp32
+#: protobuf (1x) and its initializers widened to float64 (2x); activations come on top.
+MEMORY_FACTOR = 3
 
-#: The longest the evaluation may run. Measured here: PP-OCR det v4 (a 640x640 image, 3.8 MB
-#: of weights) takes 10-16 s in ReferenceEvaluator at float64 (42 s with the VM's 2 cores
-#: shared), PP-OCR rec 1.3 s, the built-ins under 1 s. 120 s is the bound, and a graph that
-#: passes it is ``unavailable``.
+#: The share of the memory available at the tie-break's start that its estimate may take.
+MEMORY_SHARE = 0.5
+
+#: The longest the evaluation may run. Measured here, with the BLAS kernels, on the 2-core VM
+#: at load 9-10: PP-OCR det v4 (a 640x640 image) 11 s (18 s before them), PP-OCR rec 3 s, the
+#: built-ins under 1 s, a 12-block Qwen3.5 vision tower (512 wide, 183 MiB) 17 s at 196
+#: patches and 62 s at 1024. 120 s is the bound, and a graph that passes it is ``unavailable``.
 TIME_LIMIT_S = 120.0
 
 _FLOATS = {1, 10, 16}  # FLOAT, FLOAT16, BFLOAT16
@@ -49,6 +66,34 @@ _DOUBLE = 11
 
 class Unavailable(Exception):  # noqa: N818 - a state, not an error: the record says "unavailable"
     """The float64 evaluation cannot run or did not finish; ``str()`` is the reason."""
+
+
+#: How the record names the ONNX path (a torch program's is :data:`_TORCH_EVALUATOR`).
+EVALUATOR = ("onnx.reference.ReferenceEvaluator (float64), xstage.stage.f64_kernels for "
+             + ", ".join(k.__name__ for k in f64_kernels.KERNELS))
+_TORCH_EVALUATOR = "torch-cpu, the program widened to float64"
+
+
+def memory_check(graph_bytes: int, available: int | None = None) -> None:
+    """The float64 evaluation's memory estimate against what is available now.
+
+    Args:
+        graph_bytes: the artifact's bytes (graph and sidecars).
+        available: the available memory in bytes (default: psutil's reading now).
+
+    Raises:
+        Unavailable: the estimate is over :data:`MEMORY_SHARE` of the available memory.
+    """
+    if available is None:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    needed = MEMORY_FACTOR * int(graph_bytes)
+    if needed > MEMORY_SHARE * available:
+        raise Unavailable(
+            f"its float64 copy needs ~{needed / 2**20:.0f} MiB ({MEMORY_FACTOR}x the graph's "
+            f"{graph_bytes / 2**20:.0f} MiB), over {MEMORY_SHARE:.0%} of the "
+            f"{available / 2**20:.0f} MiB available")
 
 
 def _widen_tensor(tensor: Any) -> None:
@@ -121,26 +166,25 @@ def _inference_batch_norm() -> type:
 
 
 def evaluate_float64(path: Path, feeds: Mapping[str, np.ndarray], *, graph_bytes: int | None = None,
-                     time_limit_s: float = TIME_LIMIT_S) -> dict[str, np.ndarray]:
+                     time_limit_s: float = TIME_LIMIT_S,
+                     available: int | None = None) -> dict[str, np.ndarray]:
     """The ONNX graph at ``path`` evaluated in float64 on ``feeds`` (float feeds widened).
 
-    ``graph_bytes`` is the graph's size with its sidecar files (default: the file's size).
+    ``graph_bytes`` is the graph's size with its sidecar files (default: the file's size);
+    ``available`` the memory available (default: read now, :func:`memory_check`).
 
     Raises:
-        Unavailable: the graph is too large, an op cannot be evaluated, the time limit
+        Unavailable: the float64 copy would not fit, an op cannot be evaluated, the time limit
             passed, or an output did not come back as float64 (the message says which).
     """
     import onnx
     from onnx.reference import ReferenceEvaluator
 
-    size = path.stat().st_size if graph_bytes is None else graph_bytes
-    if size > MAX_GRAPH_BYTES:
-        raise Unavailable(f"the graph holds {size / 2**20:.0f} MiB, over the tie-break's "
-                          f"{MAX_GRAPH_BYTES // 2**20} MiB limit")
+    memory_check(path.stat().st_size if graph_bytes is None else graph_bytes, available)
     try:
         model = onnx.load(str(path))
         _widen_graph(model.graph)
-        evaluator = ReferenceEvaluator(model, new_ops=[_inference_batch_norm()])
+        evaluator = ReferenceEvaluator(model, new_ops=[_inference_batch_norm(), *f64_kernels.KERNELS])
     except Exception as exc:  # an op or a domain the evaluator does not know
         raise Unavailable(f"onnx's ReferenceEvaluator cannot load the graph in float64: "
                           f"{type(exc).__name__}: {str(exc)[:300]}") from exc
@@ -189,9 +233,7 @@ def _torch_float64(arm: Any, artifact: Any, feeds: Mapping[str, np.ndarray]) -> 
     if arm is None or not hasattr(arm, "float64_outputs"):
         raise Unavailable("the float64 evaluation of a torch program needs the torch-cpu "
                           "reference arm, which this comparison does not have")
-    if artifact.bytes > MAX_GRAPH_BYTES:
-        raise Unavailable(f"the program holds {artifact.bytes / 2**20:.0f} MiB, over the "
-                          f"tie-break's {MAX_GRAPH_BYTES // 2**20} MiB limit")
+    memory_check(artifact.bytes)
     try:
         return dict(arm.float64_outputs(Path(artifact.path), feeds, TIME_LIMIT_S))
     except (errors.CallTimeout, errors.WarmupTimeout) as exc:
@@ -229,8 +271,8 @@ def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
             evaluate_float64(Path(artifact.path), feeds, graph_bytes=artifact.bytes)
     except Unavailable as exc:
         return parity.tiebreak_unavailable(gate, str(exc), limit_s=TIME_LIMIT_S,
-                                           max_graph_bytes=MAX_GRAPH_BYTES)
-    evaluator = "torch-cpu, the program widened to float64" if torch else \
-        "onnx.reference.ReferenceEvaluator (float64)"
-    return parity.settle_tiebreak(gate, outputs, reference, exact, evaluator=evaluator,
+                                           evaluator=_TORCH_EVALUATOR if torch else EVALUATOR,
+                                           seconds=round(time.monotonic() - started, 3))
+    return parity.settle_tiebreak(gate, outputs, reference, exact,
+                                  evaluator=_TORCH_EVALUATOR if torch else EVALUATOR,
                                   seconds=round(time.monotonic() - started, 3))
