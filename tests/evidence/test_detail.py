@@ -18,15 +18,23 @@ def _detail(name: str, target: str) -> dict:
     return placement_detail(
         profile_text=(PROFILES / f"{name}.profile.json").read_text(),
         assignment=json.loads(assignment.read_text()) if assignment.exists() else None,
-        node_names=None, graph_nodes=meta["graph"]["nodes"], target_ep=target)
+        node_names=None,
+        graph_nodes=meta["graph"]["nodes"],
+        target_ep=target,
+    )
 
 
 def test_the_det_split_names_each_original_node_and_its_provider():
     """Rule 1: the plan decides; Add fused into the MatMul's Gemm is named by neither layer."""
     d = _detail("ov124_det_runs4", OV)
     rows = {n["name"]: (n["provider"], n["source"]) for n in d["nodes"]}
-    assert rows == {"matmul": (OV, "plan"), "add": (None, None), "relu": (OV, "plan"),
-                    "det": (CPU, "plan"), "add_det": (OV, "plan")}
+    assert rows == {
+        "matmul": (OV, "plan"),
+        "add": (None, None),
+        "relu": (OV, "plan"),
+        "det": (CPU, "plan"),
+        "add_det": (OV, "plan"),
+    }
     assert d["names_checked"] is True
     assert [n["name"] for n in d["nodes"]] == ["matmul", "add", "relu", "det", "add_det"]
 
@@ -37,7 +45,8 @@ def test_time_is_the_timed_runs_and_the_fused_kernels_keep_theirs():
     assert d["timed_runs"] == [2, 3, 4] and len(d["runs"]) == 4
     det = [k for k in d["kernels"] if k["node"] == "det" and k["run"] in (2, 3, 4)]
     assert next(n for n in d["nodes"] if n["name"] == "det")["kernel_time_us"] == sum(
-        k["dur_us"] for k in det)
+        k["dur_us"] for k in det
+    )
     assert {p["provider"] for p in d["partitions"]} == {OV}
     assert all(n["kernel_time_us"] is None for n in d["nodes"] if n["provider"] == OV)
 
@@ -45,8 +54,14 @@ def test_time_is_the_timed_runs_and_the_fused_kernels_keep_theirs():
 def test_partitions_map_to_plan_subgraphs_when_the_counts_agree():
     """Rule 3: one OpenVINO subgraph in the plan, one partition kernel in the profile."""
     d = _detail("ov124_det_runs4", OV)
-    assert d["partitions"] == [{"name": "OpenVINO-EP-subgraph_1", "provider": OV, "nodes": 3,
-                                "kernel_time_us": d["partitions"][0]["kernel_time_us"]}]
+    assert d["partitions"] == [
+        {
+            "name": "OpenVINO-EP-subgraph_1",
+            "provider": OV,
+            "nodes": 3,
+            "kernel_time_us": d["partitions"][0]["kernel_time_us"],
+        }
+    ]
     assert {n["name"] for n in d["nodes"] if n["partition"]} == {"matmul", "relu", "add_det"}
 
 
@@ -56,9 +71,13 @@ def test_partitions_stay_unmapped_when_the_counts_disagree():
     plan = json.loads((PROFILES / "ov124_det_runs4.assignment.json").read_text())
     ov = plan[0]
     cut = [{"ep": OV, "nodes": ov["nodes"][:1]}, {"ep": OV, "nodes": ov["nodes"][1:]}, *plan[1:]]
-    d = placement_detail(profile_text=(PROFILES / "ov124_det_runs4.profile.json").read_text(),
-                         assignment=cut, node_names=None, graph_nodes=meta["graph"]["nodes"],
-                         target_ep=OV)
+    d = placement_detail(
+        profile_text=(PROFILES / "ov124_det_runs4.profile.json").read_text(),
+        assignment=cut,
+        node_names=None,
+        graph_nodes=meta["graph"]["nodes"],
+        target_ep=OV,
+    )
     assert all(n["partition"] is None for n in d["nodes"])
     assert d["partitions"][0]["nodes"] == 0 and d["partitions"][0]["kernel_time_us"] > 0
 
@@ -74,8 +93,22 @@ def test_every_kernel_of_every_run_is_kept_with_its_clock():
 
 
 def test_no_evidence_is_an_empty_view_not_an_error():
-    d = placement_detail(profile_text=None, assignment=None, node_names=None,
-                         graph_nodes=[{"name": "a", "op_type": "Relu"}], target_ep=OV)
-    assert d["nodes"] == [{"name": "a", "op_type": "Relu", "provider": None, "source": None,
-                           "partition": None, "kernel_time_us": None}]
+    d = placement_detail(
+        profile_text=None,
+        assignment=None,
+        node_names=None,
+        graph_nodes=[{"name": "a", "op_type": "Relu"}],
+        target_ep=OV,
+    )
+    assert d["nodes"] == [
+        {
+            "name": "a",
+            "op_type": "Relu",
+            "provider": None,
+            "source": None,
+            "partition": None,
+            "kernel_time_us": None,
+            "outputs": [],
+        }
+    ]
     assert d["kernels"] == [] and d["runs"] == [] and d["partitions"] == []

@@ -21,7 +21,9 @@ proof's. The rules:
 4. **Time.** Kernel time sums the timed runs (2–4, as the proof's time fraction does); a node
    that is its own kernel gets that time, a fused partition's time stays with the partition.
 5. **Session.** The profile's load spans (``model_loading_*``, ``session_initialization``).
-6. **Kernels.** Every kernel event of every profiled run (compute, copies, control flow), with
+6. **Outputs.** Each node's output value names, where they passed the name check (Model Explorer
+   matches node data to a node by them).
+7. **Kernels.** Every kernel event of every profiled run (compute, copies, control flow), with
    its run, start and duration in the profile's own clock (µs since profiling began), at most
    :data:`MAX_KERNELS` of them (``kernels_dropped`` counts the rest).
 
@@ -66,9 +68,12 @@ def _plan_rows(assignment: Any) -> list[tuple[int, str, str, str]]:
     return rows
 
 
-def _partition_members(assignment: Any, rows: Sequence[tuple[int, str, str, str]],
-                       originals: Mapping[str, str],
-                       seen: Mapping[str, set[str]]) -> dict[str, str]:
+def _partition_members(
+    assignment: Any,
+    rows: Sequence[tuple[int, str, str, str]],
+    originals: Mapping[str, str],
+    seen: Mapping[str, set[str]],
+) -> dict[str, str]:
     """Rule 3: original node → partition label, for EPs whose partition counts agree."""
     subgraphs: dict[str, list[int]] = {}
     for index, ep, _, _ in rows:
@@ -115,8 +120,9 @@ def placement_detail(
     runs = [e for e in events if e["cat"] == "Session" and e["name"] == "model_run"]
     timed = tuple(i for i in _TIMED_RUNS if i <= len(per_run)) if len(per_run) > 1 else (1,) * bool(per_run)
     plan = _plan_rows(assignment)
-    entries = [(_kernel_node_name(e["name"]), e["op_name"] or "", e["provider"])
-               for run in per_run for e in run]
+    entries = [
+        (_kernel_node_name(e["name"]), e["op_name"] or "", e["provider"]) for run in per_run for e in run
+    ]
     entries += [(name, op, None) for _, _, op, name in plan]
     check = check_names(entries, names) if names is not None else None
     originals: Mapping[str, str] = check.originals if check is not None else {}
@@ -138,10 +144,18 @@ def placement_detail(
             if part:
                 seen_parts.setdefault(provider, set()).add(op)
             if len(kernels) < MAX_KERNELS:
-                kernels.append({"run": index, "ts_us": e.get("ts"), "dur_us": e["dur"],
-                                "provider": provider, "op": op, "node": label,
-                                "checked": original is not None,
-                                "kind": "copy" if _is_copy(op, name) else "compute"})
+                kernels.append(
+                    {
+                        "run": index,
+                        "ts_us": e.get("ts"),
+                        "dur_us": e["dur"],
+                        "provider": provider,
+                        "op": op,
+                        "node": label,
+                        "checked": original is not None,
+                        "kind": "copy" if _is_copy(op, name) else "compute",
+                    }
+                )
             else:
                 dropped += 1
             if original is None or _is_copy(op, name):
@@ -160,29 +174,55 @@ def placement_detail(
         if original:
             plan_provider.setdefault(original, ep)
     members = _partition_members(assignment, plan, originals, seen_parts)
+    outputs: dict[str, list[str]] = {}
+    for value, producer in names.values.items() if names is not None else ():
+        outputs.setdefault(producer, []).append(value)
     rows = []
     for node in graph_nodes:
         name = str(node.get("name") or "")
         provider = plan_provider.get(name) or exec_provider.get(name)
         source = "plan" if name in plan_provider else "execution" if name in exec_provider else None
-        rows.append({"name": name, "op_type": str(node.get("op_type") or ""), "provider": provider,
-                     "source": source, "partition": members.get(name),
-                     "kernel_time_us": own_time.get(name)})
-    partitions = [{"name": op, "provider": provider, "kernel_time_us": us,
-                   "nodes": sum(1 for label in members.values() if label == op)}
-                  for (provider, op), us in sorted(part_time.items())]
+        rows.append(
+            {
+                "name": name,
+                "op_type": str(node.get("op_type") or ""),
+                "provider": provider,
+                "source": source,
+                "partition": members.get(name),
+                "kernel_time_us": own_time.get(name),
+                "outputs": outputs.get(name, []),
+            }
+        )
+    partitions = [
+        {
+            "name": op,
+            "provider": provider,
+            "kernel_time_us": us,
+            "nodes": sum(1 for label in members.values() if label == op),
+        }
+        for (provider, op), us in sorted(part_time.items())
+    ]
     for provider, labels in sorted(seen_parts.items()):
         for op in sorted(labels - {op for (p, op) in part_time if p == provider}):
-            partitions.append({"name": op, "provider": provider, "kernel_time_us": 0,
-                               "nodes": sum(1 for label in members.values() if label == op)})
+            partitions.append(
+                {
+                    "name": op,
+                    "provider": provider,
+                    "kernel_time_us": 0,
+                    "nodes": sum(1 for label in members.values() if label == op),
+                }
+            )
     return {
         "target_ep": target_ep,
         "names_checked": bool(check is not None and check.passed),
         "nodes": rows,
         "partitions": partitions,
         "runs": [{"run": i, "ts_us": r.get("ts"), "dur_us": r["dur"]} for i, r in enumerate(runs, start=1)],
-        "session_events": [{"name": e["name"], "ts_us": e.get("ts"), "dur_us": e["dur"]} for e in events
-                           if e["cat"] == "Session" and e["name"] in _SESSION_EVENTS],
+        "session_events": [
+            {"name": e["name"], "ts_us": e.get("ts"), "dur_us": e["dur"]}
+            for e in events
+            if e["cat"] == "Session" and e["name"] in _SESSION_EVENTS
+        ],
         "timed_runs": list(timed),
         "kernels": kernels,
         "kernels_dropped": dropped,

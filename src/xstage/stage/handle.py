@@ -134,7 +134,9 @@ class Stage:
             calls.append({"start_us": round((t0 * 1e9 - origin) / 1e3, 1),
                           "round_trip_us": round(round_trip[-1] * 1e6, 1),
                           "compute_us": round(compute[-1] * 1e6, 1), "rss_bytes": last.get("rss"),
-                          "peak_bytes": last.get("peak")})
+                          "peak_bytes": last.get("peak"),
+                          **{f"{k}_us": round(last[f"{k}_ns"] / 1e3, 1) for k in ("copy_in", "copy_out")
+                             if isinstance(last.get(f"{k}_ns"), int)}})
             if progress:
                 progress(i + 1)
         self._calls = calls
