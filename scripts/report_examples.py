@@ -110,13 +110,15 @@ def screenshot(chromium: str, page: Path, png: Path, height: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--openvino-python", required=True, help="an interpreter with onnxruntime-openvino")
+    ap.add_argument("--openvino-python", default="", help="an interpreter with onnxruntime-openvino")
     ap.add_argument(
         "--thirdparty",
         default=str(REPO / ".test-cache" / "thirdparty"),
         help="the test cache's third-party graphs (tests/thirdparty.py fetches them)",
     )
     ap.add_argument("--out", help="where the HTML, node data and traces go (default: a temp folder)")
+    ap.add_argument("--render-only", action="store_true",
+                    help="draw the committed records again (no xstage external runs)")
     ap.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="xstage-report-examples-"))
@@ -147,6 +149,8 @@ def main() -> int:
     else:
         print(f"no PP-OCR cls graph under {args.thirdparty}: the compare example is skipped")
     for name, flags in runs.items():
+        if args.render_only:
+            continue
         code = xstage("external", *flags, "--json", str(RECORDS / f"{name}.json"), "-q", env=env)
         print(f"  exit {code}")
     for name in runs:
