@@ -29,6 +29,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # bisect opens stages (probes, the split's regions): above stage; its search and cost
     # arithmetic are pure (below).
     ("bisect", ("xstage.bisect",)),
+    # Reports draw records the cli has read: renderers over a pure view model (issue 22).
+    ("report", ("xstage.report",)),
     ("stage", ("xstage.stage",)),
     ("planning", ("xstage.planner", "xstage.device_table", "xstage.builtin_graphs", "xstage.export")),
     ("routes", ("xstage.routes",)),
@@ -267,6 +269,12 @@ def test_pure_modules_touch_no_outside_world(module: str) -> None:
     reach = sorted(n for n in names if _under(n, ("xstage",)) and not _under(n, PURE + PURE_MAY_USE))
     assert not impure, f"{module} imports {impure}; pass data in instead (type-only: TYPE_CHECKING)"
     assert not reach, f"{module} imports {reach}; pure modules use only each other, errors, artifact"
+
+
+def test_the_report_view_model_is_pure() -> None:
+    """xstage.report.view turns a record into what every renderer draws: data in, data out."""
+    names = imports("xstage.report.view")
+    assert not sorted(n for n in names if n in IMPURE or _under(n, ("xstage",)))
 
 
 @pytest.mark.parametrize("module", _cases("spawn", XSTAGE))

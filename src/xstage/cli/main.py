@@ -40,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from xstage.cli import bisect, devices, env, export, external, quantize, report, sanitize
+    from xstage.cli import bisect, compare, devices, env, export, external, quantize, report, sanitize
 
     parser = _Parser(
         prog="xstage",
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics")
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors and data")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (devices, env, external, report, sanitize, quantize, export, bisect):
+    for module in (devices, env, external, report, compare, sanitize, quantize, export, bisect):
         module.register(sub)
     # -v/-q work after the command too (`xstage devices -q`), without overriding the global ones.
     seen: set[int] = set()

@@ -1,37 +1,107 @@
-"""``xstage report RECORD.json``: validate a record against its schema and print its summary again.
+"""``xstage report RECORD.json``: validate a record, print its summary again, and draw it.
 
-Exit 0 when the record is valid (whatever its outcome was), 1 when it is unreadable or
-invalid: the one error line names the file and, for a schema violation, the JSON path.
+``--html OUT.html`` writes one self-contained page (plots inline as SVG: no network, opens
+offline); ``--node-data OUT.json`` writes Model Explorer node data (the provider of each
+original node; its kernel time beside it, in ``OUT.kernel-time.json``); ``--trace OUT.json``
+writes a Perfetto / chrome://tracing trace (client and worker as two processes, their clocks
+aligned as docs/reports.md says). Exit 0 when the record is valid (whatever its outcome was),
+1 when it is unreadable or invalid: the one error line names the file and, for a schema
+violation, the JSON path.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import Any
 
+from xstage import errors
 from xstage.cli._output import Output
 from xstage.cli._summary import show_summary
 from xstage.exit_codes import EXIT_OK
+from xstage.home import atomic_write
 from xstage.record import read_record
 
-__all__ = ["register"]
+__all__ = ["register", "write_output"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
-        help="validate a record and print its summary again",
+        help="validate a record, print its summary again, draw it (HTML, Model Explorer, Perfetto)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("record", metavar="RECORD.json", help="a record written by xstage external")
     p.add_argument("--json", action="store_true", help="print the validated record as one JSON document")
+    p.add_argument("--html", metavar="OUT.html", help="write one self-contained HTML report")
+    p.add_argument(
+        "--node-data",
+        metavar="OUT.json",
+        help="write Model Explorer node data: providers (OUT.json), kernel time (OUT.kernel-time.json)",
+    )
+    p.add_argument("--trace", metavar="OUT.json", help="write a Perfetto / chrome://tracing trace")
     p.set_defaults(func=run)
+
+
+def write_output(path: str, text: str, what: str, out: Output) -> Path:
+    """Write one output file atomically and say where.
+
+    Raises:
+        XstageError: the file cannot be written (the message names it and why).
+    """
+    try:
+        written = atomic_write(path, text.encode("utf-8"))
+    except OSError as exc:
+        raise errors.XstageError(
+            f"cannot write {what} to {path}: {exc.strerror or exc}",
+            remedy="give a path in a folder you can write to",
+        ) from exc
+    if out.verbosity >= 0:
+        out.err.print(f"{what} written to {written}", markup=False, highlight=False)
+    return written
+
+
+def _dump(doc: Any) -> str:
+    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     doc = read_record(args.record)
     if args.json:
         out.json(doc)
+    else:
+        show_summary(doc, out, title=f"Record {args.record}")
+    if not (args.html or args.node_data or args.trace):
         return EXIT_OK
-    show_summary(doc, out, title=f"Record {args.record}")
+    from xstage.report import build_view
+
+    view = build_view(doc)
+    if args.html:
+        from xstage.report.html import render_report
+
+        write_output(args.html, render_report(view), "HTML report", out)
+    if args.node_data:
+        from xstage.report.node_data import node_data
+
+        if not view.nodes:
+            out.warning(
+                "this record has no per-node detail (no worker warmed up, a torch stage, or "
+                "an older record): the node data is empty"
+            )
+        providers, times = node_data(view)
+        base = Path(args.node_data)
+        write_output(str(base), _dump(providers), "Model Explorer node data (providers)", out)
+        write_output(
+            str(base.with_name(base.stem + ".kernel-time" + (base.suffix or ".json"))),
+            _dump(times),
+            "Model Explorer node data (kernel time)",
+            out,
+        )
+    if args.trace:
+        from xstage.report.trace import trace_events
+
+        pid = ((doc.get("worker") or {}).get("hello") or {}).get("worker", {}).get("pid")
+        write_output(args.trace, _dump(trace_events(view, worker_pid=pid)), "Perfetto trace", out)
     return EXIT_OK

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from xstage import errors, evidence, parity
 from xstage import ledger as ledger_mod
 from xstage.artifact import Artifact
 from xstage.client import Deadlines, WorkerClient
-from xstage.evidence import attestation
+from xstage.evidence import attestation, detail
 from xstage.ledger import footprint, measured
 from xstage.planner import Candidate
 from xstage.refusal import Refusal
@@ -65,6 +66,9 @@ class Setup:
         devices: the device table's rows (a discrete GPU's pool is read from them).
         request: the record's request block.
         started: when ``open_stage`` began (UTC, ISO 8601).
+        details: each tried candidate's record ``detail`` block (phases, per-node placement),
+            appended by :func:`admit` once its worker has warmed up; a refused record takes
+            the last one.
     """
 
     artifact: Artifact
@@ -80,6 +84,7 @@ class Setup:
     devices: tuple[Any, ...]
     request: dict[str, Any]
     started: str
+    details: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ class WarmUp:
     worker: Mapping[str, Any]  # hello, runtime info, evidence digest: in every later refusal
     notes: tuple[str, ...]
     target: str  # the torch device string, or the EP name for ONNX
+    #: (phase, start, end) in the client's ``perf_counter_ns``: spawn + hello, load, warm-up, evidence
+    phases: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,7 @@ class Admission:
     warm: WarmUp
     attestation: attestation.Attestation | None = None
     notes: tuple[str, ...] = field(default=())
+    detail: Mapping[str, Any] | None = None
 
 
 def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admission | Refusal:
@@ -136,6 +144,8 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         except _CompileFailed as failed:
             return failed.refusal
         proof = _prove(setup, warm)
+        doc = _detail(cand, setup, warm)
+        setup.details.append(doc)
         attested = _attest(cand, setup, warm, proof)
         conflict = attestation.judge(attested)
         if conflict == "device_mismatch" or (conflict and proof.verdict == "placed"):
@@ -160,7 +170,7 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         cleanup.pop_all()  # admitted: the worker and the hold now belong to the Stage
         return Admission(setup=setup, candidate=cand, client=client, ledger=book, holding=holding,
                          proof=proof, parity=gate, ledger_doc=ledger_doc, warm=warm,
-                         attestation=attested, notes=warm.notes)
+                         attestation=attested, notes=warm.notes, detail=doc)
 
 
 def _start_and_warm_up(cand: Candidate, setup: Setup,
@@ -174,13 +184,18 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     options = load_options(cand.route, device=cand.device, ep_options=setup.ep_options,
                            session=setup.session, fmt=art.format, profile=True,
                            output_names=[o.name for o in art.outputs])
+    t_spawn = time.perf_counter_ns()
     client = open_worker(cand.route, deadlines=setup.deadlines)
     cleanup.callback(client.close)
     try:
+        t_ready = time.perf_counter_ns()
         client.load(art.path, runtime=options.get("runtime", "ort"), options=options)
+        t_loaded = time.perf_counter_ns()
         outputs = client.run(setup.feeds, phase="warmup")
+        t_warm = time.perf_counter_ns()
         timing = dict(client.last_timing)
         info, profile = client.evidence()
+        t_evidence = time.perf_counter_ns()
         client.fit_region({**setup.feeds, **outputs})  # symbolic dims: slots sized from real ones
     except errors.WorkerRaised as exc:
         if _ep_compile_failure(art, options, exc.message):
@@ -191,8 +206,11 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     worker = {"hello": client.hello, "runtime": dict((client.loaded or {}).get("info") or {}),
               "evidence_sha256": _digest(info, profile)}
     target = options["device"] if art.format.startswith("pt:") else options["ep"]["name"]
+    phases = (("spawn + hello", t_spawn, t_ready), ("load", t_ready, t_loaded),
+              ("warm-up", t_loaded, t_warm), ("evidence", t_warm, t_evidence))
     return client, WarmUp(outputs=outputs, timing=timing, info=info, profile=profile,
-                          worker=worker, notes=tuple(options.get("notes", [])), target=target)
+                          worker=worker, notes=tuple(options.get("notes", [])), target=target,
+                          phases=phases)
 
 
 class _CompileFailed(Exception):
@@ -236,6 +254,42 @@ def _prove(setup: Setup, warm: WarmUp) -> evidence.PlacementProof:
         fallback_banner=info.get("fallback_banner"), graph_nodes=list(setup.nodes),
         min_placement=setup.min_placement, ort_version=info.get("onnxruntime"),
         node_names=info.get("node_names") if isinstance(info.get("node_names"), dict) else None)
+
+
+def _detail(cand: Candidate, setup: Setup, warm: WarmUp) -> dict[str, Any]:
+    """The record's ``detail`` block: the client's phases, and the per-node placement (ONNX).
+
+    Times are µs on the client's ``perf_counter`` since the worker's spawn began. The worker's
+    profile has a clock of its own; it is placed on the client's by Cristian's method on the
+    warm-up call (docs/reports.md): the worker computed for ``worker_ns`` inside the client's
+    round trip, so its first profiled run began half the rest of the round trip after the call
+    was sent, give or take that half.
+    """
+    origin = warm.phases[0][1] if warm.phases else 0
+    phases = [{"name": name, "start_us": round((t0 - origin) / 1e3, 1), "dur_us": round((t1 - t0) / 1e3, 1)}
+              for name, t0, t1 in warm.phases]
+    placement = None
+    if not setup.artifact.format.startswith("pt:"):
+        info = warm.info
+        placement = detail.placement_detail(
+            profile_text=warm.profile, assignment=info.get("assignment"),
+            node_names=info.get("node_names") if isinstance(info.get("node_names"), dict) else None,
+            graph_nodes=list(setup.nodes), target_ep=warm.target)
+    offset = uncertainty = None
+    worker_ns = warm.timing.get("worker_ns")
+    runs = (placement or {}).get("runs") or []
+    warm_phase = next((p for p in phases if p["name"] == "warm-up"), None)
+    if warm_phase and isinstance(worker_ns, int) and runs and isinstance(runs[0].get("ts_us"), int):
+        slack = max(0.0, warm_phase["dur_us"] - worker_ns / 1e3) / 2
+        offset = round(warm_phase["start_us"] + slack - runs[0]["ts_us"], 1)
+        uncertainty = round(slack, 1)
+    clock = {"client": "perf_counter", "origin": "spawn + hello began",
+             "profile_offset_us": offset, "profile_offset_uncertainty_us": uncertainty,
+             "method": "cristian: the warm-up call's worker compute centred in its round trip"}
+    return {"device": cand.device, "route": cand.route.name, "clock": clock, "phases": phases,
+            "calls": [],
+            "warmup_worker_us": worker_ns / 1e3 if isinstance(worker_ns, int) else None,
+            "placement": placement}
 
 
 def _attest(cand: Candidate, setup: Setup, warm: WarmUp,

@@ -49,6 +49,7 @@ class Stage:
         #: What the ledger holds for this stage while it is open.
         self.budget: ledger_mod.Budget = admission.holding.budget
         self.timings: dict[str, Any] | None = None
+        self._calls: list[dict[str, Any]] = []  # the timed calls of ``measure``, for the record's detail
         #: Things that went wrong after admission and did not stop the stage (a call whose
         #: peak passed the budget); they go into the record.
         self.warnings: list[str] = []
@@ -122,13 +123,23 @@ class Stage:
         for _ in range(warmup):
             self._run(feeds)
         compute, round_trip = [], []
+        origin = self._admission.warm.phases[0][1] if self._admission.warm.phases else 0
+        calls = []
         for i in range(runs):
             t0 = time.perf_counter()
             self._run(feeds)
             round_trip.append(time.perf_counter() - t0)
-            compute.append(self._client.last_timing.get("worker_ns", 0) / 1e9)
+            last = self._client.last_timing
+            compute.append(last.get("worker_ns", 0) / 1e9)
+            calls.append({"start_us": round((t0 * 1e9 - origin) / 1e3, 1),
+                          "round_trip_us": round(round_trip[-1] * 1e6, 1),
+                          "compute_us": round(compute[-1] * 1e6, 1), "rss_bytes": last.get("rss"),
+                          "peak_bytes": last.get("peak"),
+                          **{f"{k}_us": round(last[f"{k}_ns"] / 1e3, 1) for k in ("copy_in", "copy_out")
+                             if isinstance(last.get(f"{k}_ns"), int)}})
             if progress:
                 progress(i + 1)
+        self._calls = calls
         reference = self._admission.setup.reference
         ref = reference.time(feeds, runs) if compare_cpu else None
         self.timings = summarize(compute, round_trip, warmup=warmup, reference_s=ref)
@@ -151,4 +162,6 @@ class Stage:
             memory={"rss_bytes": timing.get("rss"), "peak_bytes": timing.get("peak")},
             ledger={**self._admission.ledger_doc, "warnings": list(self.warnings)},
             device_attestation=(self._admission.attestation.to_dict()
-                                if self._admission.attestation else None))
+                                if self._admission.attestation else None),
+            detail=({**self._admission.detail, "calls": list(self._calls)}
+                    if self._admission.detail is not None else None))

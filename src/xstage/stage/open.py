@@ -120,7 +120,8 @@ def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None]) -> Sta
     record = build_record(argv=(), started=setup.started, request=setup.request,
                           status="refused", refusals=refused,
                           artifact=setup.artifact, plan=plan, tried=tried, ledger=last_ledger,
-                          device_attestation=attested)
+                          device_attestation=attested,
+                          detail=setup.details[-1] if setup.details else None)
     raise refusals.refused(refused, setup.artifact, record)
 
 

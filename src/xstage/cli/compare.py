@@ -1,0 +1,67 @@
+"""``xstage compare A.json B.json``: two records of the same artifact side by side.
+
+Routes, devices or versions: the placement (verdict, fractions, nodes left on the CPU), the
+timings (p50, p90, and B's ratio to A), parity, memory, and a list of what changed from A to
+B. ``--html OUT.html`` writes the same as one self-contained page, with both splits and both
+latency charts. Records of different artifacts are compared anyway, with a warning. Exit 0 when
+both records are valid, 1 when one is unreadable or invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from xstage.cli._output import Output
+from xstage.cli.report import write_output
+from xstage.exit_codes import EXIT_OK
+from xstage.record import read_record
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="two records of the same artifact side by side, and what changed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("a", metavar="A.json", help="the baseline record")
+    p.add_argument("b", metavar="B.json", help="the record to compare with it")
+    p.add_argument("--html", metavar="OUT.html", help="write the comparison as one self-contained HTML page")
+    p.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    from xstage.report import build_view, compare_views
+
+    cmp = compare_views(build_view(read_record(args.a)), build_view(read_record(args.b)))
+    if not cmp.same_artifact:
+        out.warning("the two records are of different artifacts (sha256 differs): compared anyway")
+    if args.json:
+        out.json(
+            {
+                "same_artifact": cmp.same_artifact,
+                "changes": list(cmp.changes),
+                "rows": [
+                    {"section": r.section, "label": r.label, "a": r.a, "b": r.b, "changed": r.changed}
+                    for r in cmp.rows
+                ],
+                "moved": [{"node": n, "a": pa, "b": pb} for n, pa, pb in cmp.moved],
+            }
+        )
+    else:
+        out.table(
+            f"A: {args.a}  ·  B: {args.b}",
+            ["", "A", "B"],
+            [[f"{'* ' if r.changed else ''}{r.section}: {r.label}", r.a, r.b] for r in cmp.rows],
+        )
+        out.result("what changed (A → B):")
+        for change in cmp.changes or ("nothing",):
+            out.result(f"  {change}")
+    if args.html:
+        from xstage.report.html import render_compare
+
+        write_output(args.html, render_compare(cmp), "HTML comparison", out)
+    return EXIT_OK
