@@ -26,6 +26,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api", ("xstage", "xstage.__main__")),  # the package's public surface re-exports the layers
     ("cli", ("xstage.cli",)),
+    # A stage inside another library's pipeline (transformers): a user of the stage API.
+    ("integrations", ("xstage.integrations",)),
     ("stage", ("xstage.stage",)),
     ("planning", ("xstage.planner", "xstage.device_table", "xstage.builtin_graphs", "xstage.export")),
     ("routes", ("xstage.routes",)),
