@@ -10,3 +10,5 @@
 Nothing here is imported by ``import xstage``: torch and transformers are imported only by
 these modules.
 """
+
+__all__: list[str] = []
