@@ -57,7 +57,7 @@ def _zeroed(module: Any) -> Any:
 def run_family(family: str, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     import xstage
     from xstage.export.vision_tower import export_vision_tower
-    from xstage.integrations.identity import compare, count_changed, greedy
+    from xstage.integrations.identity import compare, count_changed, greedy, smallest_margin
     from xstage.integrations.tiny import tiny_pairs, tiny_vl_model
     from xstage.integrations.transformers import find_module, offload
 
@@ -73,6 +73,7 @@ def run_family(family: str, args: argparse.Namespace, out_dir: Path) -> dict[str
     changed = count_changed(reference, control)
     doc: dict[str, Any] = {"family": family, "pairs": len(pairs), "tokens": args.tokens,
                            "control_changed": changed, "reference": [g.tokens for g in reference],
+                           "smallest_margin": smallest_margin(reference),
                            "routes": {}}
     artifacts: dict[str, Path] = {}
     for route in args.routes:
@@ -126,6 +127,8 @@ def print_table(doc: dict[str, Any]) -> bool:
         print("  " + str(i).ljust(6) + "".join(_cell(c).ljust(34) for c in cells))
     counts = {r: sum(c["identical"] for c in doc["routes"][r]["pairs"]) for r in routes}
     print("  identical: " + ", ".join(f"{r} {n}/{doc['pairs']}" for r, n in counts.items()))
+    print(f"  the reference's smallest top-2 margin over all {doc['pairs'] * doc['tokens']} steps: "
+          f"{doc['smallest_margin']:.1e}")
     return ok
 
 

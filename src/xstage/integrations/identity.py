@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Comparison", "Generation", "compare", "count_changed", "greedy"]
+__all__ = ["Comparison", "Generation", "compare", "count_changed", "greedy", "smallest_margin"]
 
 
 @dataclass
@@ -108,6 +108,13 @@ def greedy(model: Any, inputs: dict[str, Any], max_new_tokens: int = 8) -> Gener
     tokens = [int(t) for t in out.sequences[0, prompt:].tolist()]
     logits = np.stack([step[0].detach().float().cpu().numpy() for step in out.logits])
     return Generation(tokens, logits, seconds, (first.at or t0) - t0)
+
+
+def smallest_margin(runs: Sequence[Generation]) -> float:
+    """The smallest top-2 logit margin over every step of ``runs``: how close a call came."""
+    margins = [float(np.diff(np.sort(r.logits.astype(np.float64), axis=1)[:, -2:], axis=1).min())
+               for r in runs if len(r.logits)]
+    return min(margins, default=float("inf"))
 
 
 def count_changed(reference: Sequence[Generation], runs: Sequence[Generation]) -> int:
