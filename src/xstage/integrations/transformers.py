@@ -173,6 +173,38 @@ class _Calls:
         return sum(e["seconds"] for e in self.entries)
 
 
+def _check_grids(g: TowerGeometry, grid_thw: Any) -> list[list[int]]:
+    """Rule 2: every image's grid is the stage's, or an ``InputError`` naming both."""
+    grids = [[int(x) for x in row] for row in grid_thw.tolist()]
+    for i, grid in enumerate(grids):
+        if tuple(grid) != g.grid:
+            t, h, w = grid
+            size = f"{h * g.patch_size}x{w * g.patch_size}"
+            raise errors.InputError(
+                f"image {i} is {g.describe(grid)}; the stage was exported for {g.describe(g.grid)}",
+                remedy=f"resize the image to {g.grid[1] * g.patch_size}x{g.grid[2] * g.patch_size}"
+                f", or export the tower at that size (xstage export vision-tower --image-size "
+                f"{size}) and open that stage")
+    return grids
+
+
+def _run_batches(stage: Any, g: TowerGeometry, patches: np.ndarray, images: int,
+                 names: Sequence[str], calls: _Calls) -> dict[str, np.ndarray]:
+    """Rule 3: ``images`` images through the stage N at a time; outputs by name, padding dropped."""
+    feed = np.zeros((g.images * g.rows, g.patch_dim), np.float32)
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for start in range(0, images, g.images):
+        n = min(g.images, images - start)
+        feed[: n * g.rows] = patches[start * g.rows: (start + n) * g.rows]
+        feed[n * g.rows:] = 0.0
+        t0 = time.perf_counter()
+        out = stage({INPUT: feed})
+        calls.add(n, time.perf_counter() - t0)
+        for name in names:
+            parts[name].append(out[name][: n * g.tokens])
+    return {n: np.concatenate(p) if len(p) > 1 else p[0] for n, p in parts.items()}
+
+
 def _make_proxy_class() -> Any:
     torch, _ = _torch()
     from torch import nn
@@ -226,19 +258,7 @@ def _make_proxy_class() -> Any:
 
         def check_grid(self, grid_thw: Any) -> list[list[int]]:
             """Rule 2: every image's grid is the stage's, or an ``InputError`` naming both."""
-            grids = [[int(x) for x in row] for row in grid_thw.tolist()]
-            g = self.geometry
-            for i, grid in enumerate(grids):
-                if tuple(grid) != g.grid:
-                    t, h, w = grid
-                    size = f"{h * g.patch_size}x{w * g.patch_size}"
-                    raise errors.InputError(
-                        f"image {i} is {g.describe(grid)}; the stage was exported for "
-                        f"{g.describe(g.grid)}",
-                        remedy=f"resize the image to {g.grid[1] * g.patch_size}x"
-                        f"{g.grid[2] * g.patch_size}, or export the tower at that size "
-                        f"(xstage export vision-tower --image-size {size}) and open that stage")
-            return grids
+            return _check_grids(self.geometry, grid_thw)
 
         def forward(self, hidden_states: Any, grid_thw: Any = None, **kwargs: Any) -> Any:
             """``pixel_values`` [sum of patches, patch_dim] and ``grid_thw`` → the tower's outputs."""
@@ -251,29 +271,15 @@ def _make_proxy_class() -> Any:
                     f"pixel_values has shape {list(hidden_states.shape)}; {images} image(s) of "
                     f"{g.describe(g.grid)} are [{images * g.rows}, {g.patch_dim}]")
             patches = hidden_states.detach().to("cpu", torch.float32).numpy()
-            feed = np.zeros((g.images * g.rows, g.patch_dim), np.float32)
             names = [EMBEDS] + [DEEPSTACK.format(i) for i in range(self.deepstack)]
-            parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
-            for start in range(0, images, g.images):  # rule 3: N images a call
-                n = min(g.images, images - start)
-                feed[: n * g.rows] = patches[start * g.rows: (start + n) * g.rows]
-                feed[n * g.rows:] = 0.0
-                t0 = time.perf_counter()
-                out = self.stage({INPUT: feed})
-                self.calls.add(n, time.perf_counter() - t0)
-                for name in names:
-                    parts[name].append(out[name][: n * g.tokens])
+            arrays = _run_batches(self.stage, g, patches, images, names, self.calls)
             dtype, device = self._original.dtype, hidden_states.device
-
-            def tensor(name: str) -> Any:
-                joined = np.concatenate(parts[name]) if len(parts[name]) > 1 else parts[name][0]
-                return torch.from_numpy(np.ascontiguousarray(joined)).to(device=device, dtype=dtype)
-
-            embeds = tensor(EMBEDS)
+            out = {n: torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
+                   for n, a in arrays.items()}
             if self.deepstack:
-                return self._output(pooler_output=embeds, deepstack_features=[
-                    tensor(DEEPSTACK.format(i)) for i in range(self.deepstack)])
-            return self._output(pooler_output=embeds)
+                return self._output(pooler_output=out[EMBEDS],
+                                    deepstack_features=[out[n] for n in names[1:]])
+            return self._output(pooler_output=out[EMBEDS])
 
     return StageTower
 
