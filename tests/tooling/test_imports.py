@@ -31,6 +31,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bisect", ("xstage.bisect",)),
     # Reports draw records the cli has read: renderers over a pure view model (issue 22).
     ("report", ("xstage.report",)),
+    # A stage inside another library's pipeline (transformers): a user of the stage API.
+    ("integrations", ("xstage.integrations",)),
     ("stage", ("xstage.stage",)),
     ("planning", ("xstage.planner", "xstage.device_table", "xstage.builtin_graphs", "xstage.export")),
     ("routes", ("xstage.routes",)),

@@ -265,7 +265,10 @@ def export_vision_tower(out: str | Path, *, family: str = "qwen3_5", config: str
     names = ["embeds"] + [f"deepstack_{i}" for i in range(len(tower.deepstack))]
     with torch.no_grad():
         shapes = [list(t.shape) for t in tower(patches)]
-    io = ([{"name": "patches", "dtype": "float32", "shape": list(patches.shape)}],
+    # ``grid_thw`` on the input: the images the rows hold, so a model's proxy
+    # (``xstage.integrations.transformers``) can check each image's grid against it.
+    io = ([{"name": "patches", "dtype": "float32", "shape": list(patches.shape),
+            "grid_thw": grid.tolist()}],
           [{"name": n, "dtype": "float32", "shape": s} for n, s in zip(names, shapes, strict=True)])
     path = artifact_paths(Path(out), fmt)
     report = export_artifact(tower, (patches,), path, fmt=fmt, opset=opset,
