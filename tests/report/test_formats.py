@@ -16,7 +16,7 @@ import numbers
 import re
 
 from xstage.report import build_view
-from xstage.report.node_data import PROVIDER_VALUES, node_data
+from xstage.report.node_data import PROVIDER_VALUES, adapter_node_ids, node_data
 from xstage.report.trace import CLIENT_PID, WORKER_PID, trace_events
 
 _COLOR = re.compile(r"^#[0-9a-fA-F]{6}$|^[a-z]+$")
@@ -78,14 +78,14 @@ def test_node_data_follows_the_documented_shape_for_every_record(records):
 
 def test_node_data_colours_each_original_node_by_its_provider(records):
     providers, times = node_data(build_view(records["split"]))
-    # keyed by each node's output value: matmul → m, relu → r, det → d, add_det → y
+    # keyed by node name: Model Explorer's ONNX adapter uses it as the node id
     assert {k: v["value"] for k, v in providers["results"].items()} == {
-        "m": PROVIDER_VALUES["target"],
-        "r": PROVIDER_VALUES["target"],
-        "d": PROVIDER_VALUES["cpu"],
-        "y": PROVIDER_VALUES["target"],
+        "matmul": PROVIDER_VALUES["target"],
+        "relu": PROVIDER_VALUES["target"],
+        "det": PROVIDER_VALUES["cpu"],
+        "add_det": PROVIDER_VALUES["target"],
     }
-    assert set(times["results"]) == {"d"}  # OpenVINO's nodes ran inside its fused kernels
+    assert set(times["results"]) == {"det"}  # OpenVINO's nodes ran inside its fused kernels
 
 
 def test_node_data_maps_a_renamed_copy_back_to_the_original_nodes(records):
@@ -95,6 +95,26 @@ def test_node_data_maps_a_renamed_copy_back_to_the_original_nodes(records):
     providers, _ = node_data(build_view(rec))
     assert len(providers["results"]) == rec["proof"]["nodes_on_target"]
     assert "conv2d_53.tmp_0" in providers["results"]
+
+
+def test_unnamed_nodes_get_the_ids_model_explorers_onnx_adapter_gives(records, tmp_path):
+    """The adapter names unnamed nodes with onnx-ir's NameFixPass; so does adapter_node_ids."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"], name="neg")],
+        "g", [x], [y])
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph), path)
+    ids = adapter_node_ids(str(path))
+    assert list(ids) == ["r"] and ids["r"] not in ("", "neg")  # only the unnamed node gets an id
+    assert adapter_node_ids(str(tmp_path / "missing.onnx")) == {}
+    rec = records["ppocr-cls.ort-openvino"]
+    providers, _ = node_data(build_view(rec), {"conv2d_53.tmp_0": "node_Conv_53"})
+    assert "node_Conv_53" in providers["results"] and "conv2d_53.tmp_0" not in providers["results"]
 
 
 def test_traces_follow_the_documented_shape_for_every_record(records):

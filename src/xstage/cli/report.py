@@ -83,14 +83,15 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
         write_output(args.html, render_report(view), "HTML report", out)
     if args.node_data:
-        from xstage.report.node_data import node_data
+        from xstage.report.node_data import adapter_node_ids, node_data
 
         if not view.nodes:
             out.warning(
                 "this record has no per-node detail (no worker warmed up, a torch stage, or "
                 "an older record): the node data is empty"
             )
-        providers, times = node_data(view)
+        graph = (doc.get("artifact") or {}).get("path")
+        providers, times = node_data(view, adapter_node_ids(graph) if graph else None)
         base = Path(args.node_data)
         write_output(str(base), _dump(providers), "Model Explorer node data (providers)", out)
         write_output(
