@@ -57,17 +57,24 @@ class Attestation:
             joined by commas; None when unattested.
         source: ``runtime``, ``ep_device_api``, ``options_as_applied`` or ``unattested``.
         detail: what the observation rests on, for people (the raw value reported).
+        ep_device: the EP device the session was bound to, as the worker reported it (which
+            library, type, vendor, vendor and device id, EP and device metadata, onnxruntime),
+            where it bound one; None otherwise.
     """
 
     planned: str
     observed: str | None
     source: Source
     detail: str
+    ep_device: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The record's ``device_attestation`` block."""
-        return {"planned": self.planned, "observed": self.observed, "source": self.source,
-                "detail": self.detail}
+        """The record's ``device_attestation`` block (``ep_device`` only where one was bound)."""
+        out: dict[str, Any] = {"planned": self.planned, "observed": self.observed, "source": self.source,
+                               "detail": self.detail}
+        if self.ep_device is not None:
+            out["ep_device"] = dict(self.ep_device)
+        return out
 
 
 def device_class(device: str) -> tuple[str, str | None]:
@@ -124,11 +131,16 @@ def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] 
                            f"(its log: {FALLBACK_MARK!r})")
     if ep_device:
         kind = str(ep_device.get("type") or "").rsplit(".", 1)[-1].lower()
-        vendor = str(ep_device.get("vendor") or "").split()[0].lower() or None
+        words = str(ep_device.get("vendor") or "").split()
+        vendor = words[0].lower() if words else None
         if kind:
+            metadata = ep_device.get("device_metadata")
+            described = metadata.get("Description") if isinstance(metadata, Mapping) else None
             return Attestation(planned, _observed(kind, vendor), "ep_device_api",
                                f"bound EP device: type {ep_device.get('type')}, vendor "
-                               f"{ep_device.get('vendor')}")
+                               f"{ep_device.get('vendor')}"
+                               + (f", adapter {described!r}" if described else ""),
+                               _ep_device_record(ep_device))
     options = {str(k): str(v) for k, v in (ep_options or {}).items()}
     if "device_type" in options and ep and "OpenVINO" in ep:
         kinds = openvino_devices(options["device_type"])
@@ -144,6 +156,22 @@ def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] 
         return Attestation(planned, seen, "options_as_applied", f"{ep} device_id={index}")
     return Attestation(planned, None, "unattested",
                        f"{ep or 'the runtime'} reports no device it runs on")
+
+
+_EP_DEVICE_KEYS = ("ep_name", "library", "onnxruntime", "type", "vendor", "vendor_id", "device_id",
+                   "ep_metadata", "device_metadata")
+
+
+def _ep_device_record(ep_device: Mapping[str, Any]) -> dict[str, Any]:
+    """The bound EP device's identity for the record: plain values, the known keys only."""
+    out: dict[str, Any] = {}
+    for key in _EP_DEVICE_KEYS:
+        value = ep_device.get(key)
+        if isinstance(value, Mapping):
+            out[key] = {str(k): str(v) for k, v in value.items()}
+        elif isinstance(value, str | int) and not isinstance(value, bool):
+            out[key] = value
+    return out
 
 
 def judge(att: Attestation) -> Literal["device_mismatch", "unmeasured"] | None:

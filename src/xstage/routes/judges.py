@@ -20,7 +20,7 @@ from xstage.host.info import HostInfo
 from xstage.routes.specs import RouteSpec
 from xstage.routes.status import InterpreterChoice, InterpreterSource, ReasonCode
 
-__all__ = ["JUDGES", "Judge", "Verdict", "fail", "judge_onnxruntime", "judge_torch"]
+__all__ = ["JUDGES", "Judge", "Verdict", "fail", "judge_onnxruntime", "judge_plugin_ep", "judge_torch"]
 
 
 def _vt(version: str | None) -> tuple[int, ...]:
@@ -46,6 +46,7 @@ class Verdict:
     devices: list[str] = field(default_factory=list)
     details: dict[str, dict[str, Any]] = field(default_factory=dict)
     ep_plugin: dict[str, Any] | None = None
+    steps: list[str] = field(default_factory=list)
 
 
 def fail(code: ReasonCode, reason: str, remedy: str) -> Verdict:
@@ -342,6 +343,125 @@ def judge_onnxruntime(
     if plugin is not None and registered:
         return _plugin_lists_nothing(spec, plugin, after, version, where, host)
     return _not_in_build(spec, choice, plugin, providers, build, host, hardware)
+
+
+# ---------------------------------------------------------------------------- plugin EPs
+
+
+def _row_vendor(row: Mapping[str, Any]) -> str:
+    return (hw.vendor_from_id(row.get("device_vendor_id")) or hw.vendor_from_name(row.get("device_vendor"))
+            or f"{int(row.get('device_vendor_id') or 0):04x}")
+
+
+def _row_label(row: Mapping[str, Any]) -> str:
+    return f"{row.get('ep_name')} {row.get('device_type')} (vendor {row.get('device_vendor')})"
+
+
+def judge_plugin_ep(
+    spec: RouteSpec,
+    choice: InterpreterChoice,
+    data: Mapping[str, Any],
+    host: HostInfo,
+    hardware: Sequence[hw.Device],
+    location: Any = None,
+) -> Verdict:
+    """A plugin EP of the ``ort-plugin:`` family (``ort-vitisai`` too), step by step.
+
+    onnxruntime imports and suits the version bounds (step 4); the library was located (step 1,
+    ``location``: a ``plugins.Location`` from the client, or the probe's answer for a table
+    that names a package) and is not a known wrong one (step 2); it registered (steps 3-4:
+    ``ep_dependency_not_loadable``, ``ep_registration_failed``); it lists EP devices of the
+    table's hardware type and vendor (step 5, ``ep_no_device``). The verdict's ``ep_plugin``
+    says what the worker binds (step 6) and ``steps`` what each step found.
+    """
+    from xstage.routes.plugins import classify_registration_error, wrong_library
+
+    plugin = spec.plugin_ep
+    assert plugin is not None
+    steps: list[str] = list(getattr(location, "steps", ()) or ())
+    ort = data.get("onnxruntime") or {}
+    where = choice.path
+    if not ort.get("importable"):
+        return fail(ReasonCode.RUNTIME_NOT_IMPORTABLE,
+                    f"onnxruntime is not importable by {where}: {ort.get('error', 'unknown error')}",
+                    _install_remedy(spec, choice, "onnxruntime"))
+    version = str(ort.get("version"))
+    build = _build_label(ort)
+    refusal = _version_refusal(spec, version, build, where)
+    if refusal is not None:
+        refusal.steps = steps + [f"onnxruntime {version}: {refusal.reason}"]
+        return refusal
+    failure = getattr(location, "failure", None)
+    if failure is not None:
+        verdict = fail(*failure)
+        verdict.steps = steps
+        return verdict
+    report = (ort.get("plugin_eps") or {}).get(plugin.ep_name) or {}
+
+    def failed(code: ReasonCode, reason: str, remedy: str) -> Verdict:
+        verdict = fail(code, reason, remedy)
+        verdict.steps = steps
+        return verdict
+
+    if not report:
+        return failed(ReasonCode.EP_LIBRARY_NOT_FOUND, f"the probe of {where} did not try {plugin.ep_name}",
+                      "xstage devices --refresh")
+    library = report.get("library_path")
+    origin = (f"the package {plugin.module} {report.get('version') or ''}".rstrip() if plugin.module
+              else "the table's library" if plugin.locate == "table" else "the locator")
+    if report.get("step") == "locate":
+        steps.append(f"locate: {report.get('error')}")
+        remedy = (_install_remedy(spec, choice, plugin.module or "the EP package", host) if plugin.module
+                  else f"fix library under [plugins.{plugin.table}] in {plugin.source}")
+        return failed(ReasonCode.EP_LIBRARY_NOT_FOUND,
+                      f"{plugin.ep_name}'s library was not found at {where}: {report.get('error')}", remedy)
+    steps.append(f"located: {library} ({origin})")
+    wrong = wrong_library(plugin, str(library or ""))
+    if wrong is not None:
+        return failed(*wrong)
+    if report.get("dll_directory"):
+        steps.append(f"search path: {report['dll_directory']} added before registering")
+    elif plugin.dll_dir:
+        steps.append("search path: not needed here (no os.add_dll_directory: not Windows)")
+    if report.get("step") == "register" or not report.get("registered"):
+        error = str(report.get("error") or "no error reported")
+        steps.append(f"register: {error}")
+        code = classify_registration_error(error, library)
+        folder = str(report.get("dll_directory") or "its folder")
+        remedy = {
+            ReasonCode.EP_DEPENDENCY_NOT_LOADABLE:
+                f"install what {library} depends on (the libraries it loads must be beside it, in "
+                f"{folder}, or on the search path); the message above names the one missing",
+            ReasonCode.EP_LIBRARY_NOT_FOUND: f"check that {library} exists and is readable",
+        }.get(code, f"the onnxruntime in {where} ({version}) could not register it: use the version the "
+                    f"EP was built for ({', '.join(spec.packages[spec.variants[0]][:1])})")
+        return failed(code, f"registering {library} with {build} at {where} failed: {error}", remedy)
+    steps.append(f"registered: {plugin.ep_name} with onnxruntime {version}")
+    after = ort.get("ep_devices_after_plugins") or []
+    own = [r for r in after if r.get("ep_name") == plugin.ep_name]
+    fits = [r for r in own if str(r.get("device_type", "")).upper() == plugin.device_type
+            and (plugin.vendor is None or _row_vendor(r) == plugin.vendor)]
+    steps.append(f"EP devices: {', '.join(_row_label(r) for r in own) or 'none'}; "
+                 f"wanted {plugin.device_type}" + (f" of vendor {plugin.vendor}" if plugin.vendor else ""))
+    if not fits:
+        listed = ", ".join(_row_label(r) for r in after) or "nothing"
+        of_vendor = f" of vendor {plugin.vendor}" if plugin.vendor else ""
+        return failed(ReasonCode.EP_NO_DEVICE,
+                      f"{plugin.ep_name} registered from {library} with onnxruntime {version} at {where}, "
+                      f"but lists no {plugin.device_type} device{of_vendor}; get_ep_devices() lists: "
+                      f"{listed}",
+                      "run on a machine with such a device (and its driver), or change device_type/vendor "
+                      f"under [plugins.{plugin.table}]")
+    verdict = _plugin_verdict(spec, {"registration_name": plugin.ep_name, "library_path": library,
+                                     "version": report.get("version")}, fits, hardware)
+    assert verdict.ep_plugin is not None
+    verdict.ep_plugin.update({"library": library, "module": None, "dll_dir": plugin.dll_dir,
+                              "report": plugin.report, "table": plugin.table, "onnxruntime": version})
+    for dev in verdict.devices:
+        verdict.ep_plugin["devices"][dev]["vendor"] = plugin.vendor
+    steps.append(f"bind: add_provider_for_devices with the EP device of {', '.join(verdict.devices)}")
+    verdict.steps = steps
+    return verdict
 
 
 # ---------------------------------------------------------------------------- torch

@@ -65,9 +65,12 @@ def load_options(
     ep: dict[str, Any] = {"name": info.get("ep_name") or status.spec.ep}
     if info.get("kind") == "plugin":
         ep["plugin"] = {
-            "module": info["module"],
-            "registration": info.get("registration_name") or info["module"],
+            "module": info.get("module"),
+            "library": info.get("library"),
+            "registration": info.get("registration_name") or info.get("module"),
             "select": dict((info.get("devices") or {}).get(device) or {}),
+            "dll_dir": bool(info.get("dll_dir", True)),
+            "report": info.get("report"),
         }
     else:
         options.update((info.get("device_options") or {}).get(device) or {})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
-__all__ = ["DeviceOverride", "Hook", "cuda", "dml", "none", "openvino", "vitisai"]
+__all__ = ["DeviceOverride", "Hook", "cuda", "dml", "format_options", "none", "openvino", "vitisai"]
 
 Hook = Callable[[dict[str, str], str, str | None, Mapping[str, str]], list[str]]
 
@@ -99,3 +99,18 @@ def cuda(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, 
 def none(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, str]) -> list[str]:
     """A route whose EP needs nothing beyond its spec's options and the user's."""
     return []
+
+
+def format_options(per_format: Mapping[str, Mapping[str, str]]) -> Hook:
+    """A plugin table's hook: the options its ``format_options`` give a session of the artifact's
+    format, each unless the user set it (ggml's ``weights=f32`` for ``onnx:fp32``: ggml otherwise
+    stores fp32 weights as f16, measured rel_l2 5.5e-4 on an MLP, over the fp32 gate's 1e-4)."""
+    def hook(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, str]) -> list[str]:
+        notes = []
+        for key, value in (per_format.get(fmt) or {}).items():
+            if key not in user:
+                opts[key] = str(value)
+                notes.append(f"{key}={value} for an {fmt} artifact (the plugin table's format_options)")
+        return notes
+
+    return hook
