@@ -139,3 +139,29 @@ def test_a_dependency_that_does_not_load_is_named(tmp_path, ggml_python):
     assert status.reason_code is ReasonCode.EP_DEPENDENCY_NOT_LOADABLE
     assert re.search(r"libgomp-[0-9a-f]+\.so\.1\.0\.0: cannot open shared object file", status.reason)
     assert status.steps[-1].startswith("register: ")
+
+
+def test_a_route_that_asks_for_the_eps_report_is_unmeasured_without_one(tmp_path, ggml_python):
+    """The report plumbing for real: the worker points XLNX_ONNX_EP_REPORT_FILE into its scratch
+    folder and reads it back; ggml writes none, so a route whose table asks for the VitisAI
+    report is refused as unmeasured (rule 7a), though onnxruntime's layers show it placed."""
+    (tmp_path / "xstage.toml").write_text(
+        '[plugins.ggml-report]\nmodule = "onnxruntime_ggml"\nep_name = "ggml"\nonnxruntime = ">=1.29,<1.31"\n'
+        'formats = ["onnx:fp32"]\nreport = "vitisai"\n[plugins.ggml-report.options]\ndevice = "cpu"\n'
+        '[plugins.ggml-report.format_options."onnx:fp32"]\nweights = "f32"\n')
+    graph = tmp_path / "mlp.onnx"
+    onnx.save(mlp(), graph)
+    env = {**os.environ, "XSTAGE_PYTHON_ORT_PLUGIN_GGML_REPORT": str(ggml_python),
+           "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run(
+        [sys.executable, "-m", "xstage", "external", "--graph", str(graph),
+         "--route", "ort-plugin:ggml-report", "--runs", "1", "--warmup", "0",
+         "--json", str(tmp_path / "r.json")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (refusal,) = json.loads((tmp_path / "r.json").read_text())["outcome"]["refusals"]
+    assert (refusal["code"], refusal["cause"]) == ("execution_provider_declined_graph", "unmeasured")
+    proof = refusal["evidence"]
+    assert proof["node_fraction"] == 1.0  # onnxruntime's layers alone would have placed it
+    assert proof["ep_report"]["problems"] == ["the EP wrote no report"]
+    assert any("vitisai_ep_report.json" in note for note in proof["notes"])
