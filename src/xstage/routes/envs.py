@@ -307,6 +307,16 @@ def plan(
             f"{spec.env_var}=/mnt/c/Users/<you>/AppData/Local/xstage/envs/{route}/Scripts/python.exe "
             f'(or [routes.{route}] python = "..." in xstage.toml) and run `xstage devices`.'
         )
+        if spec.plugin_ep is not None and spec.plugin_ep.locate == "vitisai":
+            from xstage.routes.plugins import APPX_PACKAGE, VITISAI_ENV
+
+            note = (
+                "The venv carries onnxruntime (>= 1.25); the VitisAI EP library itself "
+                f"({', '.join(spec.plugin_ep.library_names)}) is not on PyPI: it comes with the AMD NPU "
+                f"driver's app package ({APPX_PACKAGE}; `Get-AppxPackage {APPX_PACKAGE}` shows whether it is "
+                f"there) or with AMD Ryzen AI Software; elsewhere, set {VITISAI_ENV} to its full path. "
+                "Never the light onnxruntime_providers_ryzenai.dll beside it: it runs nothing. " + note
+            )
         if host_platform != "wsl":
             note = (
                 f"Note: this host is neither Windows nor WSL, so {route} cannot be reached from it; "
