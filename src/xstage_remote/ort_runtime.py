@@ -59,9 +59,10 @@ def _bind_plugin(ort, so, ep, plugin, scratch):
 
     info = {}
     try:
-        plugin_ep.register(ort, plugin.get("registration") or ep["name"], library=plugin.get("library"),
-                           module=None if plugin.get("library") else plugin.get("module"),
-                           dll_dir=bool(plugin.get("dll_dir", True)), info=info)
+        if not plugin.get("builtin"):  # a built-in EP (DirectML) has nothing to register
+            plugin_ep.register(ort, plugin.get("registration") or ep["name"], library=plugin.get("library"),
+                               module=None if plugin.get("library") else plugin.get("module"),
+                               dll_dir=bool(plugin.get("dll_dir", True)), info=info)
     except plugin_ep.StepFailed as exc:
         raise RuntimeError("plugin EP %s: %s failed: %s" % (ep["name"], exc.step, exc)) from exc
     select = plugin.get("select") or {}

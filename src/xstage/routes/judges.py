@@ -261,6 +261,53 @@ def _builtin_verdict(
     )
 
 
+def _identity_verdict(spec: RouteSpec, ort: Mapping[str, Any], hardware: Sequence[hw.Device],
+                      build: str, where: str | None) -> Verdict:
+    """A built-in EP that picks its adapter by index (DirectML): each EP device's adapter matched
+    to an xstage device by identity (``xstage.host.adapters``) and bound through the EP-device API;
+    never ``device_id=0`` by default."""
+    from xstage.host.adapters import adapters_from_ep_devices, match_adapters
+
+    rows = [r for r in ort.get("ep_devices") or [] if r.get("ep_name") == spec.ep]
+    adapters, skipped = adapters_from_ep_devices(rows, spec.ep or "")
+    gpus = [d for d in hardware if d.kind.startswith("gpu") and spec.can_drive(d.kind, d.vendor)]
+    if not rows and len(gpus) == 1:  # no EP-device API here: one adapter cannot be mistaken
+        only = gpus[0].id
+        return Verdict(devices=[only], details={only: {"ep_options": {"device_id": "0"}, "adapter": {
+            "description": gpus[0].name, "matched_by": "the only GPU adapter of this machine"}}},
+            ep_plugin={"kind": "builtin", "ep_name": spec.ep, "options": dict(spec.ep_options),
+                       "device_options": {only: {"device_id": "0"}}},
+            steps=[f"{build} lists no {spec.ep} EP devices; {only} is this machine's only GPU: device_id=0"])
+    if not adapters:
+        why = "; ".join(skipped) or f"{build} lists no {spec.ep} EP device (it needs onnxruntime >= 1.23)"
+        return fail(ReasonCode.EP_NO_DEVICE,
+                    f"{spec.ep} is in {build} at {where}, but which DXGI adapter is which device cannot be "
+                    f"told ({why}); this machine shows {len(gpus)} GPUs, so device_id=0 would be a guess",
+                    "an onnxruntime-directml whose get_ep_devices() lists DmlExecutionProvider devices "
+                    "(>= 1.23): xstage env create ort-dml --force")
+    matches, unmatched = match_adapters(adapters, hardware)
+    if not matches:
+        return fail(ReasonCode.EP_NO_DEVICE,
+                    f"{spec.ep} lists adapters at {where}, but none matches one device of this machine: "
+                    + "; ".join(unmatched), "xstage devices --refresh; check the GPU drivers")
+    verdict = Verdict(ep_plugin={"kind": "ep_device", "ep_name": spec.ep, "options": dict(spec.ep_options),
+                                 "devices": {}, "adapters": {}})
+    assert verdict.ep_plugin is not None
+    for match in matches:
+        adapter = match.adapter
+        verdict.devices.append(match.device)
+        verdict.ep_plugin["devices"][match.device] = {
+            "device_type": "GPU", "vendor_id": adapter.vendor_id, "device_id": adapter.device_id,
+            "device_metadata": {"DxgiAdapterNumber": str(adapter.dxgi_index)}}
+        identity = {**adapter.identity(), "matched_by": match.how}
+        verdict.ep_plugin["adapters"][match.device] = identity
+        verdict.details[match.device] = {"adapter": identity, "ep_device": dict(adapter.row)}
+        verdict.steps.append(f"{match.device}: {adapter.description} (DXGI adapter {adapter.dxgi_index}, "
+                             f"PCI {adapter.pci_id}), matched by {match.how}")
+    verdict.steps += [f"left out: {why}" for why in [*skipped, *unmatched]]
+    return verdict
+
+
 def _plugin_lists_nothing(
     spec: RouteSpec, plugin: Mapping[str, Any], after: Sequence[Mapping[str, Any]], version: str,
     where: str | None, host: HostInfo,
@@ -338,6 +385,8 @@ def judge_onnxruntime(
     plugin_rows = [r for r in after if r.get("ep_name") == spec.ep] if registered else []
     if plugin is not None and plugin_rows:
         return _plugin_verdict(spec, plugin, plugin_rows, hardware)
+    if spec.ep in providers and spec.adapter_by_identity:
+        return _identity_verdict(spec, ort, hardware, build, where)
     if spec.ep in providers:
         return _builtin_verdict(spec, ort, data, hardware, build, where)
     if plugin is not None and registered:

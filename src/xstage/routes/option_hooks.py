@@ -76,10 +76,15 @@ def vitisai(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[st
 
 
 def dml(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, str]) -> list[str]:
-    """DirectML picks an adapter by index, and index 0 is often the discrete card on a
-    laptop: the device's adapter index comes from the probe (``device_options``)."""
-    known = "device_id" in opts or "device_id" in user
-    return [] if known else ["no adapter index known: DirectML will use adapter 0"]
+    """DirectML picks an adapter by index, and index 0 is often the discrete card on a laptop:
+    the adapter is matched to the device by identity (``xstage.host.adapters``) and bound through
+    its EP device, or, with no EP-device API, ``device_id`` comes from the only GPU there is. A
+    user ``device_id`` still wins, as every user option does; the note says so, and the record's
+    attestation judges the adapter the EP bound."""
+    if "device_id" in user and "device_id" not in opts:
+        return [f"--ep-option device_id={user['device_id']} names a DXGI adapter by index, beside the "
+                f"adapter chosen by identity for {device}"]
+    return []
 
 
 def cuda(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[str, str]) -> list[str]:

@@ -389,7 +389,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         platforms=_WINDOWS,
         verified=False,
         ep="DmlExecutionProvider",
-        ep_options=_frozen({"device_id": 0}),
+        adapter_by_identity=True,  # never device_id=0 by default (issue 18)
         max_runtime="1.25",
         version_note="DirectML ships only in onnxruntime-directml, whose last release is "
         "1.24.x, while the VitisAI EP needs >= 1.25, so the two cannot share a venv",
