@@ -19,8 +19,9 @@ Usage (through ``xstage.client.staging.worker_argv(python, "probe", ...)``)::
     probe [--torch] [--plugin MODULE]... [--plugin-ep JSON]...
 
 ``--plugin-ep`` brings up one plugin EP of the ``ort-plugin:`` family step by step
-(``plugin_ep``): ``{"ep_name", "module" | "library", "dll_dir"}``; the report under
-``onnxruntime.plugin_eps[ep_name]`` says which step failed (``step``) and why (``error``).
+(``plugin_ep``): ``{"key", "ep_name", "module" | "library", "dll_dir"}``; the report under
+``onnxruntime.plugin_eps[key]`` (the route's name) says which step failed (``step``) and why
+(``error``).
 """
 
 import json
@@ -222,7 +223,7 @@ def _onnxruntime(plugins, plugin_eps=()):
         info["plugin_eps"] = {}
         for request in plugin_eps:
             one = _plugin_ep(ort, request)
-            info["plugin_eps"][request.get("ep_name")] = one
+            info["plugin_eps"][request.get("key") or request.get("ep_name")] = one
             registered = registered or one["registered"]
     if registered:
         try:

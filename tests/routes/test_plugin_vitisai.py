@@ -65,7 +65,7 @@ def probe(real_probe, *, version="1.25.0", plugin=None, rows=(CPU_ROW, NPU_ROW))
     data["python"].update(platform="win32", system="Windows")
     ort = data["onnxruntime"]
     ort["version"] = version
-    ort["plugin_eps"] = {"VitisAIExecutionProvider": plugin or {
+    ort["plugin_eps"] = {"ort-vitisai": plugin or {
         "ep_name": "VitisAIExecutionProvider", "requested_library": GENERAL, "library_path": GENERAL,
         "dll_directory": APP + r"\ExecutionProvider", "registered": True}}
     ort["ep_devices_after_plugins"] = [dict(r) for r in rows]

@@ -445,7 +445,8 @@ def judge_plugin_ep(
         verdict = fail(*failure)
         verdict.steps = steps
         return verdict
-    report = (ort.get("plugin_eps") or {}).get(plugin.ep_name) or {}
+    reports = ort.get("plugin_eps") or {}
+    report = reports.get(spec.name) or reports.get(plugin.ep_name) or {}
 
     def failed(code: ReasonCode, reason: str, remedy: str) -> Verdict:
         verdict = fail(code, reason, remedy)

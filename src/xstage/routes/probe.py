@@ -57,7 +57,7 @@ class ProbeRequest:
         torch: import torch too (seconds).
         plugins: plugin EP modules to import and register.
         plugin_eps: plugin EPs of the ``ort-plugin:`` family to bring up step by step, each a
-            JSON object (``{"ep_name", "module" | "library", "dll_dir"}``, sorted keys).
+            JSON object (``{"key", "ep_name", "module" | "library", "dll_dir"}``, sorted keys).
         windows_root: for a Windows interpreter reached from WSL, the Windows path of the
             staged worker package (``xstage.host.wsl.to_windows_path``); None otherwise.
     """

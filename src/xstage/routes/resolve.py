@@ -77,9 +77,9 @@ def _versions(data: Mapping[str, Any] | None) -> dict[str, str]:
     for module, plugin in (ort.get("plugins") or {}).items():
         if plugin.get("version"):
             out[module] = plugin["version"]
-    for name, plugin in (ort.get("plugin_eps") or {}).items():
-        if plugin.get("version"):
-            out[plugin.get("module") or name] = plugin["version"]
+    for plugin in (ort.get("plugin_eps") or {}).values():
+        if plugin.get("version") and plugin.get("module"):
+            out[plugin["module"]] = plugin["version"]
     torch = data.get("torch") or {}
     if torch.get("version"):
         out["torch"] = torch["version"]
@@ -307,7 +307,7 @@ def _plugin_request(spec: RouteSpec, location: Location) -> str:
     """The probe's ``--plugin-ep`` argument for one plugin route (sorted keys: a cache key)."""
     plugin = spec.plugin_ep
     assert plugin is not None
-    request: dict[str, Any] = {"ep_name": plugin.ep_name, "dll_dir": plugin.dll_dir}
+    request: dict[str, Any] = {"key": spec.name, "ep_name": plugin.ep_name, "dll_dir": plugin.dll_dir}
     if location.path is not None:
         request["library"] = location.path
     elif plugin.module:
