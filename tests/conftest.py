@@ -38,6 +38,7 @@ NETWORK_FIXTURES = {
     "openvino_python": "the ort-openvino test env",
     "openvino_plugin_python": "the ort-openvino plugin test env",
     "torch_python": "the torch-cpu test env",
+    "ggml_python": "the ort-plugin:ggml test env",
     "export_python": "the export test env",
     "thirdparty": "the third-party graphs' wheels",
     "thirdparty_graphs": "the third-party graphs' wheels",
@@ -160,6 +161,31 @@ def openvino_plugin_python() -> Path:
         variant="plugin",
         check="import onnxruntime, onnxruntime_ep_openvino",
     )
+
+
+#: The ``[plugins.ggml]`` table of the ``ort-plugin:ggml`` route (also shown in docs/routes.md).
+GGML_TABLE = REPO / "tests" / "fixtures" / "plugins" / "ggml.toml"
+
+
+@pytest.fixture(scope="session")
+def ggml_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project folder whose ``xstage.toml`` holds the ``[plugins.ggml]`` table."""
+    folder = tmp_path_factory.mktemp("ggml-project")
+    shutil.copyfile(GGML_TABLE, folder / "xstage.toml")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def ggml_python(ggml_project: Path) -> Path:
+    """The ``ort-plugin:ggml`` env (onnxruntime 1.30 + onnxruntime-ggml 0.2.0, Python >= 3.11),
+    built by ``env create``'s code from the table, so the live plugin-EP tests run a real one."""
+    if sys.version_info[:2] < (3, 11):
+        pytest.skip("onnxruntime-ggml needs Python >= 3.11")
+    with contextlib.chdir(ggml_project):
+        return build_cached_env(
+            "ort-plugin-ggml", "ort-plugin:ggml",
+            check="import onnxruntime, onnxruntime_ggml; assert onnxruntime_ggml.__version__ == '0.2.0'",
+        )
 
 
 def _torch_wheel_is_local(pin: str) -> bool:

@@ -70,7 +70,8 @@ def _routes_for(row: DeviceRow, fmt: str, only: str | None) -> tuple[list[Candid
     device = row.device.id
     cands: list[Candidate] = []
     refusals: list[Refusal] = []
-    ordered = sorted(row.routes, key=lambda r: ROUTE_NAMES.index(r.name))
+    order = {name: i for i, name in enumerate(ROUTE_NAMES)}  # a plugin table's route goes last
+    ordered = sorted(row.routes, key=lambda r: order.get(r.name, len(order)))
     for status in ordered:
         if only and status.name != only:
             continue
@@ -197,9 +198,10 @@ def _plan_route(report: DeviceReport, fmt: str, route: str, device: str | None) 
     Raises:
         UsageError: an unknown route, or one that cannot drive the asked device.
     """
-    if route not in ROUTE_NAMES:
-        raise errors.UsageError(f"unknown route {route!r}", remedy=f"routes: {', '.join(ROUTE_NAMES)}")
-    spec = get_spec(route)
+    known = [r.name for r in report.routes] or list(ROUTE_NAMES)
+    if route not in known:
+        raise errors.UsageError(f"unknown route {route!r}", remedy=f"routes: {', '.join(known)}")
+    spec = report.route(route).spec if report.routes else get_spec(route)
     if fmt not in spec.formats:
         refusal = Refusal(
             code=RefusalCode.NO_EXPORTED_GRAPH, cause="format_not_run_here",

@@ -23,7 +23,6 @@ _ORT_TYPES = {
     "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16", "tensor(float)": "float32",
     "tensor(double)": "float64",
 }
-_REGISTERED = {}
 
 
 def _dims(shape):
@@ -47,31 +46,44 @@ def _signature(args):
     return sig
 
 
-def _register_plugin(ort, module_name, registration):
-    if registration in _REGISTERED:
-        return _REGISTERED[registration]
-    mod = __import__(module_name)
-    ort.register_execution_provider_library(registration, mod.get_library_path())
-    _REGISTERED[registration] = mod
-    return mod
+#: The VitisAI EP writes its operator report where this variable points (issue 18).
+EP_REPORT_ENV = {"vitisai": ("XLNX_ONNX_EP_REPORT_FILE", "vitisai_ep_report.json")}
 
 
-def _matches(ep_device, select):
-    """Whether an EP device fits the route's selector (type, vendor id, device id, metadata)."""
-    dev = ep_device.device
-    if select.get("device_type") and str(dev.type).rsplit(".", 1)[-1].upper() != \
-            str(select["device_type"]).rsplit(".", 1)[-1].upper():
-        return False
-    if select.get("vendor_id") is not None and dev.vendor_id != select["vendor_id"]:
-        return False
-    if select.get("device_id") is not None and dev.device_id != select["device_id"]:
-        return False
-    for key, value in (select.get("ep_metadata") or {}).items():
-        if key in ("version",):
-            continue
-        if str(ep_device.ep_metadata.get(key)) != str(value):
-            return False
-    return True
+def _bind_plugin(ort, so, ep, plugin, scratch):
+    """Register a plugin EP (``plugin_ep``: located, search path, registered), pick its EP
+    devices by the route's selector and bind the first with ``add_provider_for_devices``.
+    Returns the bound device as data (with the library and onnxruntime version) and the path
+    the EP's own report will be written to, or None."""
+    from . import plugin_ep
+
+    info = {}
+    try:
+        if not plugin.get("builtin"):  # a built-in EP (DirectML) has nothing to register
+            plugin_ep.register(ort, plugin.get("registration") or ep["name"], library=plugin.get("library"),
+                               module=None if plugin.get("library") else plugin.get("module"),
+                               dll_dir=bool(plugin.get("dll_dir", True)), info=info)
+    except plugin_ep.StepFailed as exc:
+        raise RuntimeError("plugin EP %s: %s failed: %s" % (ep["name"], exc.step, exc)) from exc
+    select = plugin.get("select") or {}
+    found = plugin_ep.matching_devices(ort, ep["name"], select)
+    if not found:
+        raise RuntimeError("plugin EP %s lists no device matching %s here" % (ep["name"], select))
+    report_path = None
+    kind = plugin.get("report")
+    if kind in EP_REPORT_ENV and scratch is not None:
+        var, name = EP_REPORT_ENV[kind]
+        report_path = os.path.join(scratch, name)
+        os.environ[var] = report_path  # read by the EP when it compiles the session
+    so.add_provider_for_devices([found[0][0]], dict(ep.get("options") or {}))
+    row = found[0][1]
+    bound = {"ep_name": ep["name"], "type": row["device_type"], "vendor": row["device_vendor"],
+             "vendor_id": row["device_vendor_id"],
+             "device_id": row["device_id"], "ep_metadata": row["ep_metadata"],
+             "device_metadata": row["device_metadata"], "library": info.get("library_path"),
+             "dll_directory": info.get("dll_directory"), "onnxruntime": ort.__version__,
+             "candidates": len(found)}
+    return bound, report_path
 
 
 def _session_options(ort, opts):
@@ -249,26 +261,14 @@ def _load(path, options, tmpdir):
                                         os.path.dirname(os.path.abspath(path)))
     t0 = time.perf_counter()
     plugin = ep.get("plugin")
-    bound_device = None
+    bound_device = report_path = None
     tee = _Tee(sys.stdout)
     saved, sys.stdout = sys.stdout, tee
     capture = _StderrCapture()
     try:
         capture.__enter__()
         if plugin:
-            _register_plugin(ort, plugin["module"], plugin.get("registration") or plugin["module"])
-            select = plugin.get("select") or {}
-            devices = [d for d in ort.get_ep_devices()
-                       if d.ep_name == ep["name"] and _matches(d, select)]
-            if not devices:
-                raise RuntimeError("plugin EP %s lists no device matching %s here"
-                                   % (ep["name"], select))
-            so.add_provider_for_devices(devices[:1], dict(ep.get("options") or {}))
-            bound_device = {"type": str(devices[0].device.type).rsplit(".", 1)[-1],
-                            "vendor": devices[0].device.vendor,
-                            "vendor_id": devices[0].device.vendor_id,
-                            "device_id": devices[0].device.device_id,
-                            "ep_metadata": dict(devices[0].ep_metadata)}
+            bound_device, report_path = _bind_plugin(ort, so, ep, plugin, tmpdir)
             session = ort.InferenceSession(model, sess_options=so, enable_fallback=0)
         else:
             providers = [(ep["name"], dict(ep.get("options") or {}))]
@@ -302,7 +302,9 @@ def _load(path, options, tmpdir):
         "onnxruntime": ort.__version__,
         "node_names": names,
     }
-    return OrtRuntime(ort, session, ep["name"], load_s, bound_device, evidence, tmpdir)
+    runtime = OrtRuntime(ort, session, ep["name"], load_s, bound_device, evidence, tmpdir)
+    runtime.ep_report = (plugin or {}).get("report"), report_path
+    return runtime
 
 
 def _applied_options(session, name, given):
@@ -329,6 +331,29 @@ def _assignment(session):
         out.append({"ep": sg.ep_name,
                     "nodes": [{"name": n.name, "op_type": n.op_type, "domain": n.domain}
                               for n in sg.get_nodes()]})
+    return out
+
+
+#: The largest EP report the worker reads (a report of a large graph lists every node).
+_MAX_REPORT = 16 << 20
+
+
+def _read_report(kind, path):
+    """The EP's own report as written (``text``), or why there is none (``error``)."""
+    out = {"kind": kind, "path": path, "text": None}
+    if path is None:
+        out["error"] = "no scratch folder: the report was not asked for"
+        return out
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_MAX_REPORT + 1)
+    except OSError as exc:
+        out["error"] = "the EP wrote no report at %s (%s)" % (path, exc.strerror or exc)
+        return out
+    if len(data) > _MAX_REPORT:
+        out["error"] = "the report is over %d bytes" % _MAX_REPORT
+        return out
+    out["text"] = data.decode("utf-8", "replace")
     return out
 
 
@@ -373,9 +398,13 @@ class OrtRuntime:
         return PROFILED_RUNS - 1 if self._profile_dir is not None else 0
 
     def _after_first_run(self):
-        """End profiling after the first (warm-up) call: later calls are not profiled."""
+        """End profiling after the first (warm-up) call: later calls are not profiled. The EP's
+        own operator report, where it writes one, is read now too (its text is evidence)."""
         if self._profile_dir is None:
             return
+        kind, report_path = getattr(self, "ep_report", (None, None))
+        if kind:
+            self.evidence["ep_report"] = _read_report(kind, report_path)
         try:
             path = self.session.end_profiling()
             with open(path, "rb") as f:

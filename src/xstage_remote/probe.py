@@ -16,7 +16,12 @@ Rules this module keeps:
 
 Usage (through ``xstage.client.staging.worker_argv(python, "probe", ...)``)::
 
-    probe [--torch] [--plugin MODULE]...
+    probe [--torch] [--plugin MODULE]... [--plugin-ep JSON]...
+
+``--plugin-ep`` brings up one plugin EP of the ``ort-plugin:`` family step by step
+(``plugin_ep``): ``{"key", "ep_name", "module" | "library", "dll_dir"}``; the report under
+``onnxruntime.plugin_eps[key]`` (the route's name) says which step failed (``step``) and why
+(``error``).
 """
 
 import json
@@ -144,7 +149,31 @@ def _plugin(ort, module_name):
     return info
 
 
-def _onnxruntime(plugins):
+def _plugin_ep(ort, request):
+    """Bring one plugin EP up (locate, search path, register) and report each step as data."""
+    from . import plugin_ep
+
+    info = {"ep_name": request.get("ep_name"), "module": request.get("module"),
+            "requested_library": request.get("library"), "registered": False}
+    try:
+        plugin_ep.register(ort, request["ep_name"], library=request.get("library"),
+                           module=request.get("module"), dll_dir=bool(request.get("dll_dir", True)),
+                           info=info)
+    except plugin_ep.StepFailed as exc:
+        info["step"] = exc.step
+        info["error"] = str(exc)
+        return info
+    except Exception as exc:  # a bug in a plugin package: reported, never a crash
+        info["step"] = "register"
+        info["error"] = _error(exc)
+        return info
+    info["registered"] = True
+    if info.get("module") and not info.get("version"):
+        info["version"] = _dist_version(info["module"].replace("_", "-"))
+    return info
+
+
+def _onnxruntime(plugins, plugin_eps=()):
     try:
         import onnxruntime as ort
     except Exception as exc:
@@ -190,6 +219,12 @@ def _onnxruntime(plugins):
         plugin = _plugin(ort, module_name)
         info["plugins"][module_name] = plugin
         registered = registered or plugin["registered"]
+    if plugin_eps:
+        info["plugin_eps"] = {}
+        for request in plugin_eps:
+            one = _plugin_ep(ort, request)
+            info["plugin_eps"][request.get("key") or request.get("ep_name")] = one
+            registered = registered or one["registered"]
     if registered:
         try:
             info["ep_devices_after_plugins"] = _ep_devices(ort)
@@ -263,13 +298,13 @@ def _torch():
     return info
 
 
-def collect(want_torch=False, plugins=()):
+def collect(want_torch=False, plugins=(), plugin_eps=()):
     """The probe document as a dict (no I/O besides imports)."""
     return {
         "probe_schema": PROBE_SCHEMA,
         "python": _python(),
         "numpy": _numpy(),
-        "onnxruntime": _onnxruntime(list(plugins)),
+        "onnxruntime": _onnxruntime(list(plugins), list(plugin_eps)),
         "torch": _torch() if want_torch else None,
     }
 
@@ -277,6 +312,7 @@ def collect(want_torch=False, plugins=()):
 def _parse(argv):
     want_torch = False
     plugins = []
+    plugin_eps = []
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -284,19 +320,28 @@ def _parse(argv):
             want_torch = True
         elif arg == "--plugin" and args:
             plugins.append(args.pop(0))
+        elif arg == "--plugin-ep" and args:
+            try:
+                request = json.loads(args.pop(0))
+            except ValueError:
+                request = None
+            if not isinstance(request, dict) or not isinstance(request.get("ep_name"), str):
+                sys.stderr.write("probe: --plugin-ep takes a JSON object with an ep_name\n")
+                sys.exit(64)
+            plugin_eps.append(request)
         else:
             sys.stderr.write("probe: unknown argument %r\n" % (arg,))
             sys.exit(64)
-    return want_torch, plugins
+    return want_torch, plugins, plugin_eps
 
 
 def main(argv=None):
     """Write the probe document to the original stdout; everything else goes to stderr."""
-    want_torch, plugins = _parse(sys.argv[1:] if argv is None else argv)
+    want_torch, plugins, plugin_eps = _parse(sys.argv[1:] if argv is None else argv)
     sys.stdout.flush()
     out_fd = os.dup(1)
     os.dup2(2, 1)  # native libraries that print now print to stderr
-    doc = collect(want_torch=want_torch, plugins=plugins)
+    doc = collect(want_torch=want_torch, plugins=plugins, plugin_eps=plugin_eps)
     data = json.dumps(doc, sort_keys=True, default=str).encode("utf-8") + b"\n"
     view = memoryview(data)
     while view:

@@ -502,3 +502,32 @@ def test_the_first_run_carries_openvino_s_start_up():
     assert ov[0] > 5 * max(ov[1:])  # measured: 812 us, then 26, 11, 10
     p = proof("ov124_det_runs4")
     assert p.time_fraction == sum(ov[1:]) / p.kernel_time_total_us
+
+
+# ----------------------------------------------------------------------- ggml (plugin EP, 1.30.0)
+
+
+def test_a_graph_ggml_compiles_whole_is_placed_by_both_layers():
+    # One compiled kernel, ggml_<ggml_<hash>_0>_0, on provider ggml; the plan lists every node on ggml.
+    p = proof("ggml130_whole", min_placement=1.0)
+    assert (p.verdict, p.cause, p.basis) == ("placed", None, "plan")
+    assert (p.node_fraction, p.time_fraction) == (1.0, 1.0)
+    assert p.kernels_by_provider == {"ggml": 1} and p.names_checked is True
+
+
+def test_ggml_lacking_an_op_claims_nothing_and_is_declined_not_swapped():
+    # The VitisAI trap on this machine: the session still lists ggml, every node runs on the CPU EP.
+    ev = evidence("ggml130_det")
+    assert ev["session_providers"] == ["ggml", CPU]
+    p = proof("ggml130_det")
+    assert (p.verdict, p.cause, p.swapped) == ("declined", "declined", False)
+    assert p.fraction == 0.0 and p.kernels_by_provider == {CPU: 3}
+    assert p.cpu_nodes == {"Relu": ("relu",), "Det": ("det",), "Add": ("add_det",), "Gemm": ("matmul",)}
+
+
+def test_a_compiled_kernel_named_for_another_provider_fails_the_name_check():
+    text = evidence("ggml130_whole")["profile_text"].replace('"provider":"ggml"', '"provider":"other"')
+    text = text.replace('"provider" : "ggml"', '"provider" : "other"')
+    p = proof("ggml130_whole", profile_text=text, target_ep="other", session_providers=["other", CPU],
+              requested_ep="other", assignment=None)
+    assert (p.verdict, p.names_checked) == ("unmeasured", False)

@@ -86,6 +86,7 @@ def test_every_captured_profile_against_the_rule(name):
     ("Transpose_token_3", "Transpose", CPU, "ort132_cpu_vision"),
     ("node_MatMul_103/MatMulScaleFusion//MatmulTransposeFusion/", "FusedMatMul", CPU, "ort132_cpu_vision"),
     ("node_Reshape_94_new_reshape", "Reshape", CPU, "ort132_cpu_vision"),
+    ("ggml_ggml_11481721677506411530_0_0", "ggml_11481721677506411530_0", "ggml", "ggml130_whole"),
 ])
 def test_each_derived_form_is_one_a_capture_shows(event, op, provider, fixture):
     assert (event, op, provider) in _kernels(fixture)
@@ -101,6 +102,10 @@ def test_each_derived_form_is_one_a_capture_shows(event, op, provider, fixture):
     ("nobody", "Relu", OV),  # no node of the graph
     ("nobody/MatMulAddFusion", "Gemm", OV),
     ("fused det", "Det", CPU),
+    ("ggml_ggml_1_0_0", "ggml_1_0", CPU),  # a compiled kernel named for another provider
+    ("ggml_ggml_1_0_0", "ggml_2_0", "ggml"),  # its op is not the one in its name
+    ("ggml_ggml_1_0_x", "ggml_1_0", "ggml"),  # no kernel index
+    ("ggml_det_0", "det", "ggml"),  # a node's name is no partition name
 ])
 def test_a_name_outside_the_forms_fails(event, op, provider):
     names = session_names([{"name": "det", "op_type": "Det"}, {"name": "", "op_type": "Tanh"}], None)

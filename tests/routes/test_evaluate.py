@@ -114,8 +114,8 @@ def test_vitisai_needs_onnxruntime_125(py39_ort119_python):
     assert status.reason_code is ReasonCode.RUNTIME_VERSION_UNSUPPORTED
     assert status.reason == (
         "onnxruntime 1.19.2 at /opt/torch/.venv/bin/python3 is too old for VitisAIExecutionProvider: "
-        "needs >= 1.25 (the VitisAI EP needs onnxruntime >= 1.25, while onnxruntime-directml stops "
-        "at 1.24.x, so ort-vitisai and ort-dml cannot share a venv)"
+        "needs >= 1.25 (the VitisAI EP library requests ORT API 25 (onnxruntime >= 1.25), while "
+        "onnxruntime-directml stops at 1.24.x, so ort-vitisai and ort-dml cannot share a venv)"
     )
 
 

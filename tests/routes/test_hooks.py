@@ -154,13 +154,13 @@ def test_dml_with_an_adapter_index_says_nothing():
     assert ep_options_for("ort-dml", "onnx:fp32", "gpu_integrated:amd", {"device_id": 1}, None) == (
         {"device_id": "1"}, [])
     assert ep_options_for("ort-dml", "onnx:fp16", "gpu_integrated:amd", {}, {"device_id": "2"}) == (
-        {"device_id": "2"}, [])
+        {"device_id": "2"}, ["--ep-option device_id=2 names a DXGI adapter by index, beside the adapter "
+                             "chosen by identity for gpu_integrated:amd"])
 
 
-def test_dml_notes_a_missing_adapter_index():
-    """Written from documentation, not run: with no device_id DirectML takes adapter 0."""
-    assert ep_options_for("ort-dml", "onnx:fp32", "gpu_integrated:amd", {}, None) == (
-        {}, ["no adapter index known: DirectML will use adapter 0"])
+def test_dml_adds_no_default_adapter_index():
+    """Issue 18: the adapter is bound by identity (tests/routes/test_dml_identity.py), never 0."""
+    assert ep_options_for("ort-dml", "onnx:fp32", "gpu_integrated:amd", {}, None) == ({}, [])
 
 
 # -- ort-cuda / ort-tensorrt: written from documentation, not run ---------------------------------

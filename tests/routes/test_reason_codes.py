@@ -313,3 +313,67 @@ def test_every_reason_code_is_tested_here():
     text = Path(__file__).read_text()
     for code in ReasonCode:
         assert f"ReasonCode.{code.name}" in text, code
+
+
+# ---------------------------------------------------------------------------- plugin EPs (issue 18)
+
+
+def _table(tmp_path, name, body):
+    (tmp_path / "xstage.toml").write_text(f"[plugins.{name}]\n{body}")
+    return f"ort-plugin:{name}"
+
+
+def test_config_invalid_plugin_table(tmp_path):
+    route = _table(tmp_path, "broken", 'ep_name = "x"\n')  # neither module nor library
+    status = _resolve(route, tmp_path)
+    assert status.reason_code is ReasonCode.CONFIG_INVALID
+    assert "give exactly one of module" in status.reason and "[plugins.broken]" in status.reason
+
+
+def test_ep_library_not_found_package_not_importable(tmp_path):
+    """The current interpreter (onnxruntime 1.32) has no such package: step 1 fails in the probe."""
+    route = _table(tmp_path, "absent", 'module = "no_such_ep_package"\nep_name = "absent"\n')
+    status = _resolve(route, tmp_path)
+    assert status.reason_code is ReasonCode.EP_LIBRARY_NOT_FOUND
+    assert "the package no_such_ep_package is not importable: ModuleNotFoundError" in status.reason
+    assert status.remedy == "xstage env create ort-plugin:absent"
+
+
+def test_ep_library_not_found_path_not_a_file(tmp_path):
+    route = _table(tmp_path, "gone", 'library = "gone/libep.so"\nep_name = "gone"\n')
+    status = _resolve(route, tmp_path)
+    assert status.reason_code is ReasonCode.EP_LIBRARY_NOT_FOUND
+    where = tmp_path / "gone" / "libep.so"
+    assert status.reason == f"[plugins.gone] library names {where}, which is not a file"
+
+
+def test_ep_library_wrong_vitisai_light_dll():
+    """Step 2 on a recorded location: the app package's light DLL, named by the env var."""
+    from xstage.routes import plugins
+
+    spec = get_spec("ort-vitisai")
+    light = (r"C:\Program Files\WindowsApps\WindowsWorkload.EP.AMD.VitisAI.Framework_1.0.0.0_x64__"
+             r"8wekyb3d8bbwe\ExecutionProvider\onnxruntime_providers_ryzenai.dll")
+    location = plugins.locate_vitisai(spec.plugin_ep, environ={plugins.VITISAI_ENV: light}, appx_json=None,
+                                      ryzen_ai_files=[], is_file=lambda p: True)
+    assert location.failure[0] is ReasonCode.EP_LIBRARY_WRONG
+    assert "claims zero nodes from every graph" in location.failure[1]
+    assert location.failure[2] == "point the route at onnxruntime_vitisai_ep.dll (in the same folder) instead"
+
+
+def test_ep_registration_failed_not_a_plugin_library(tmp_path):
+    """A real shared library without CreateEpFactories, registered by the current onnxruntime."""
+    import numpy
+
+    library = next(Path(numpy.__file__).parent.glob("_core/_multiarray_umath*.so"))
+    route = _table(tmp_path, "numpy", f'library = "{library}"\nep_name = "numpy"\n')
+    status = _resolve(route, tmp_path)
+    assert status.reason_code is ReasonCode.EP_REGISTRATION_FAILED
+    assert "undefined symbol: CreateEpFactories" in status.reason
+
+
+def test_ep_dependency_not_loadable_is_tested_live():
+    """ReasonCode.EP_DEPENDENCY_NOT_LOADABLE: tests/routes/test_plugin_ggml.py copies the ggml
+    library away from the libgomp its RPATH names and registers it for real; the VitisAI form
+    (Windows' "Error loading ... which depends on ...") is in tests/routes/test_plugin_vitisai.py."""
+    assert "EP_DEPENDENCY_NOT_LOADABLE" in (Path(__file__).parent / "test_plugin_ggml.py").read_text()

@@ -10,7 +10,7 @@ from xstage.cli._output import Output
 from xstage.errors import UsageError
 from xstage.exit_codes import EXIT_OK, EXIT_USAGE
 from xstage.routes import envs
-from xstage.routes.specs import ROUTE_NAMES, get_spec
+from xstage.routes.plugins import find_spec, route_names
 
 __all__ = ["register"]
 
@@ -19,6 +19,7 @@ _CREATE_EPILOG = """examples:
   xstage env create ort-openvino --variant builtin
   xstage env create ort-cpu --python 3.9 --pin onnxruntime==1.19.2
   xstage env create ort-vitisai                  # Windows-side: prints PowerShell commands
+  xstage env create ort-plugin:ggml              # a [plugins.ggml] table in ./xstage.toml
 
 Windows-side routes (ort-vitisai, ort-dml, ort-qnn) are not built from WSL or Linux: the
 command prints the PowerShell lines to run on Windows instead."""
@@ -26,16 +27,16 @@ command prints the PowerShell lines to run on Windows instead."""
 
 def _route(name: str) -> str:
     try:
-        get_spec(name)
+        find_spec(name)
     except KeyError as exc:
-        raise UsageError(str(exc.args[0]), remedy=f"routes: {', '.join(ROUTE_NAMES)}") from None
+        raise UsageError(str(exc.args[0]), remedy=f"routes: {', '.join(route_names())}") from None
     return name
 
 
 def _create(args: argparse.Namespace, out: Output) -> int:
     route = _route(args.route)
     plan = envs.plan(route, python=args.python, pins=args.pin or (), variant=args.variant)
-    spec = get_spec(route)
+    spec = find_spec(route)
     if len(spec.variants) > 1:
         out.result(f"{route}: variant {plan.variant} ({escape(plan.variant_reason)})")
     if plan.action == "reuse":
@@ -128,7 +129,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=_CREATE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    create.add_argument("route", metavar="ROUTE", help=f"one of: {', '.join(ROUTE_NAMES)}")
+    create.add_argument("route", metavar="ROUTE",
+                        help="a route (xstage devices lists them), or ort-plugin:NAME for a "
+                        "[plugins.NAME] table")
     create.add_argument(
         "--python", metavar="X.Y", help="Python version (pyenv, pythonX.Y, py -X.Y) or a path"
     )

@@ -53,7 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--offload", action="store_true",
                        help="try every resolved route except the reference arm (ort-cpu, "
                        "torch-cpu) first, in plan order, falling through; the reference arm last")
-    p.add_argument("--route", choices=ROUTE_NAMES, metavar="NAME", help="pin a route")
+    p.add_argument("--route", metavar="NAME",
+                   help=f"pin a route: {', '.join(ROUTE_NAMES)}, or ort-plugin:NAME for a "
+                   "[plugins.NAME] table")
     p.add_argument("--min-placement", type=float, default=0.5, metavar="F",
                    help="fraction of the nodes and of the kernel time the target EP must both "
                    "take (default 0.5)")

@@ -204,7 +204,8 @@ class WorkerClient:
         secret = secrets.token_hex(16)
         self._secret = secret
         self.log_path = logs_dir() / (
-            f"worker-{self.route}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.log"
+            f"worker-{self.route.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-"
+            f"{secrets.token_hex(3)}.log"
         )
         listener = ctl_child = bell_child = None
         bell_parent = ctl_parent = None

@@ -53,21 +53,29 @@ class Attestation:
     Attributes:
         planned: the xstage device id the plan chose (``gpu_integrated:intel``, ``cpu``).
         observed: the device observed, as ``<class>``, ``<class>:<vendor>`` or
-            ``<class>:<vendor>:<index>`` (``cpu``, ``gpu:intel``, ``gpu:nvidia:1``), several
+            ``<class>:<vendor>:<index>`` (``cpu``, ``gpu:intel``, ``gpu:nvidia:1``;
+            ``gpu_integrated:amd`` where the bound EP device says which GPU class it is), several
             joined by commas; None when unattested.
         source: ``runtime``, ``ep_device_api``, ``options_as_applied`` or ``unattested``.
         detail: what the observation rests on, for people (the raw value reported).
+        ep_device: the EP device the session was bound to, as the worker reported it (which
+            library, type, vendor, vendor and device id, EP and device metadata, onnxruntime),
+            where it bound one; None otherwise.
     """
 
     planned: str
     observed: str | None
     source: Source
     detail: str
+    ep_device: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The record's ``device_attestation`` block."""
-        return {"planned": self.planned, "observed": self.observed, "source": self.source,
-                "detail": self.detail}
+        """The record's ``device_attestation`` block (``ep_device`` only where one was bound)."""
+        out: dict[str, Any] = {"planned": self.planned, "observed": self.observed, "source": self.source,
+                               "detail": self.detail}
+        if self.ep_device is not None:
+            out["ep_device"] = dict(self.ep_device)
+        return out
 
 
 def device_class(device: str) -> tuple[str, str | None]:
@@ -124,11 +132,18 @@ def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] 
                            f"(its log: {FALLBACK_MARK!r})")
     if ep_device:
         kind = str(ep_device.get("type") or "").rsplit(".", 1)[-1].lower()
-        vendor = str(ep_device.get("vendor") or "").split()[0].lower() or None
+        vendor = _ep_vendor(ep_device)
         if kind:
+            metadata = ep_device.get("device_metadata")
+            described = metadata.get("Description") if isinstance(metadata, Mapping) else None
+            discrete = str(metadata.get("Discrete", "")) if isinstance(metadata, Mapping) else ""
+            if kind == "gpu" and discrete in ("0", "1"):  # DXCore's flag: which GPU class it is
+                kind = "gpu_discrete" if discrete == "1" else "gpu_integrated"
             return Attestation(planned, _observed(kind, vendor), "ep_device_api",
                                f"bound EP device: type {ep_device.get('type')}, vendor "
-                               f"{ep_device.get('vendor')}")
+                               f"{ep_device.get('vendor')}"
+                               + (f", adapter {described!r}" if described else ""),
+                               _ep_device_record(ep_device))
     options = {str(k): str(v) for k, v in (ep_options or {}).items()}
     if "device_type" in options and ep and "OpenVINO" in ep:
         kinds = openvino_devices(options["device_type"])
@@ -146,14 +161,56 @@ def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] 
                        f"{ep or 'the runtime'} reports no device it runs on")
 
 
+#: PCI vendor ids an EP device reports, and the vendor word of an xstage device id.
+_PCI_VENDORS: Mapping[int, str] = {0x1002: "amd", 0x1022: "amd", 0x10DE: "nvidia", 0x8086: "intel",
+                                   0x5143: "qualcomm", 0x106B: "apple"}
+_VENDOR_WORDS = (("advanced micro devices", "amd"), ("authenticamd", "amd"), ("amd", "amd"),
+                 ("nvidia", "nvidia"), ("genuineintel", "intel"), ("intel", "intel"),
+                 ("qualcomm", "qualcomm"), ("apple", "apple"))
+
+
+def _ep_vendor(ep_device: Mapping[str, Any]) -> str | None:
+    """The xstage vendor of a bound EP device: by PCI vendor id, else by the vendor's name."""
+    vendor_id = ep_device.get("vendor_id")
+    if isinstance(vendor_id, int) and vendor_id in _PCI_VENDORS:
+        return _PCI_VENDORS[vendor_id]
+    name = str(ep_device.get("vendor") or "").lower()
+    for word, vendor in _VENDOR_WORDS:
+        if word in name:
+            return vendor
+    words = name.split()
+    return words[0] if words else None
+
+
+_EP_DEVICE_KEYS = ("ep_name", "library", "onnxruntime", "type", "vendor", "vendor_id", "device_id",
+                   "ep_metadata", "device_metadata")
+
+
+def _ep_device_record(ep_device: Mapping[str, Any]) -> dict[str, Any]:
+    """The bound EP device's identity for the record: plain values, the known keys only."""
+    out: dict[str, Any] = {}
+    for key in _EP_DEVICE_KEYS:
+        value = ep_device.get(key)
+        if isinstance(value, Mapping):
+            out[key] = {str(k): str(v) for k, v in value.items()}
+        elif isinstance(value, str | int) and not isinstance(value, bool):
+            out[key] = value
+    return out
+
+
 def judge(att: Attestation) -> Literal["device_mismatch", "unmeasured"] | None:
     """Conflict case (c): None when the planned device is attested (or the CPU, unattested)."""
     kind, vendor = device_class(att.planned)
     if att.observed is None:
         return None if kind == "cpu" else "unmeasured"
     planned_index = att.planned.split(":")[2] if att.planned.count(":") == 2 else None
+    planned_class = att.planned.split(":")[0]
     for one in att.observed.split(","):
         got, got_vendor, got_index = (one.split(":") + ["", ""])[:3]
+        if got.startswith("gpu_"):  # an observed GPU class (DXCore's Discrete flag) must be the planned one
+            if planned_class.startswith("gpu_") and got != planned_class:
+                return "device_mismatch"
+            got = "gpu"
         if got != kind or (vendor and got_vendor and got_vendor != vendor):
             return "device_mismatch"
         if planned_index and got_index and got_index != planned_index:

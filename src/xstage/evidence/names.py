@@ -22,6 +22,9 @@ an optional ``_token_<n>`` suffix                     ``/MatMulAddFusion_token_0
 ``Memcpy`` (``op_name`` ``Memcpy*``)                   ``Memcpy`` (WebGPU, 1.30)
 ``<EPType>_<EP>-subgraph_<k>_<n>``, ``op_name``       ``OpenVINOExecutionProvider_OpenVINO-EP-
 ``<EP>-subgraph_<k>``, ``<EPType>`` its provider      subgraph_1_0`` (1.24)
+``<EP>_<EP>_<hash>_<k>_<n>``, ``op_name``             ``ggml_ggml_11214592953031404323_0_0``
+``<EP>_<hash>_<k>`` (a compiled partition's           (the ggml plugin EP, 1.30)
+metadef name), ``<EP>`` its provider
 a fusion of a fusion, ``<name>/<F1>//<F2>/``          ``node_MatMul_103/MatMulScaleFusion//
                                                      MatmulTransposeFusion/`` (1.32 vision)
 ``<op>`` (``op_name`` ``<op>``): a node onnxruntime    ``Transpose_token_3``, ``ReorderInput``
@@ -85,6 +88,8 @@ _FIXED_INSERTED = {"gemm_input_reshape": "Reshape", "gemm_output_reshape": "Resh
 _NEW_RESHAPE = "_new_reshape"  # onnxruntime's reshape rewrite: <node>_new_reshape
 _SUBGRAPH = re.compile(r"^(?P<ep_type>[A-Za-z][A-Za-z0-9]*ExecutionProvider)_"
                        r"(?P<op>[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*-subgraph_\d+)_\d+$")
+#: onnxruntime's name for a partition a plugin EP compiles: ``<EP>_<model hash>_<k>``.
+_METADEF = re.compile(r"^[A-Za-z][A-Za-z0-9]*_\d+_\d+$")
 _CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 #: The label of a node onnxruntime inserted (``Transpose``, ``ReorderInput``, …): no original node.
 INSERTED = "<inserted by onnxruntime> "
@@ -214,6 +219,10 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
         if op != subgraph.group("op") or (provider is not None and provider != subgraph.group("ep_type")):
             return None, f"{name!r} is an EP subgraph kernel but its op is {op!r} on {provider!r}"
         return subgraph.group("op"), ""
+    if (not fused and not token and depth == 0 and provider and op.startswith(provider + "_")
+            and _METADEF.match(op) and stem.startswith(f"{provider}_{op}_")
+            and stem[len(provider) + len(op) + 2:].isdigit()):
+        return op, ""  # a plugin EP's compiled partition: its kernel, on that EP
     fusion = _FUSION.match(stem)
     if fusion:
         base = fusion.group("base")

@@ -65,6 +65,16 @@ cites its number (``_check_arguments`` is rule 0, it judges no evidence):
       and both reach ``min_placement``; :attr:`PlacementProof.fraction` is the lower of the two
       and :attr:`PlacementProof.decided_by` names it.
    d. Otherwise ``declined``, ``cause="declined"`` (measured, below the threshold).
+7. **The EP's own report** (issue 18; ``_read_ep_report``, :mod:`xstage.evidence.ep_report`),
+   where the route asks for one (VitisAI: onnxruntime's plan shows its partitions as fused nodes,
+   so CPU work inside them is invisible there).
+   a. Asked for and not written, or unusable (malformed, a node the graph does not have, counts
+      that disagree), beside a ``placed`` verdict: ``unmeasured`` — cause ``unmeasured`` when
+      there is no report, ``evidence_conflict`` when there is one that cannot be believed. It never
+      passes. (A verdict other than ``placed`` stands: the report only ever lowers a fraction.)
+   b. Usable: its fraction (nodes on the target device / nodes it lists) is a third fraction; the
+      lowest of the three decides (the report decides where it is stricter than onnxruntime's
+      layers), and a disagreement across the threshold is listed as a conflict (as 5b).
 
 A target of ``CPUExecutionProvider`` (the ``ort-cpu`` route) is judged by the same rules: it
 is placed when the evidence shows the nodes on the CPU.
@@ -84,6 +94,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from xstage.evidence.ep_report import EpReport, read_report
 from xstage.evidence.names import INSERTED, NameCheck, SessionNames, check_names, session_names
 from xstage.evidence.profile import ParsedProfile, parse_profile
 from xstage.evidence.proof import Basis, Cause, PlacementProof, Verdict
@@ -516,6 +527,58 @@ def _detect_swap(args: _Arguments, notes: list[str]) -> tuple[bool, bool]:
     return bool(swap_reasons), banner
 
 
+def _read_ep_report(args: _Arguments, ep_report: Mapping[str, Any] | None,
+                    notes: list[str]) -> EpReport | None:
+    """Rule 7: the EP's own report, where the route asked for one (None: it did not)."""
+    if ep_report is None:
+        return None
+    if not isinstance(ep_report, Mapping) or not isinstance(ep_report.get("kind"), str):
+        raise TypeError("ep_report must be a mapping with a string 'kind'")
+    text = ep_report.get("text")
+    if text is not None and not isinstance(text, str):
+        raise TypeError("ep_report.text must be a string or None")
+    report = read_report(ep_report["kind"], text, args.names)
+    if report.usable:
+        notes.append(f"EP report ({report.kind}): {report.nodes_on_target}/{report.nodes_total} nodes on the "
+                     f"target device ({_counts(report.by_device)})")
+    else:
+        why = "; ".join(report.problems[:3]) or "unusable"
+        if text is None and ep_report.get("error"):
+            why += f" ({ep_report['error']})"
+        notes.append(f"EP report ({report.kind}): not usable: {why}")
+    return report
+
+
+def _judge_report(report: EpReport, judged: tuple[Verdict, Cause | None, float | None, str | None],
+                  layers: _Layers, target: str, min_placement: float, notes: list[str],
+                  conflicts: list[str]) -> tuple[Verdict, Cause | None, float | None, str | None]:
+    """Rule 7a-b on top of rule 6's verdict: only ``placed`` is reconsidered (the report can only
+    lower a fraction, and an unusable one cannot turn measured bad news into no news)."""
+    verdict, cause, fraction, decided_by = judged
+    if verdict != "placed":
+        return judged
+    if not report.usable or report.fraction is None:
+        absent = report.problems == ("the EP wrote no report",)
+        cause_now: Cause = "unmeasured" if absent else "evidence_conflict"
+        notes.append(f"verdict: unmeasured (the route's EP report is {'absent' if absent else 'unusable'}; "
+                     "rule 7a: it never passes)")
+        return "unmeasured", cause_now, None, None
+    lowest = min(f for f in (layers.node_fraction, layers.time_fraction) if f is not None)
+    if (min(lowest, report.fraction) < min_placement <= max(lowest, report.fraction)
+            or (lowest == 0) != (report.fraction == 0)):
+        conflicts.append(f"onnxruntime's layers {_fmt(lowest)}, the EP's report {_fmt(report.fraction)}: "
+                         "the lower decides (rule 7b)")
+        notes.append(f"layers disagree: {conflicts[-1]}")
+    if report.fraction >= (fraction if fraction is not None else 1.0):
+        return judged
+    if report.fraction > 0 and report.fraction >= min_placement:
+        return verdict, cause, report.fraction, "EP report fraction"
+    notes.append(f"verdict: declined (EP report fraction {_fmt(report.fraction)} < min_placement "
+                 f"{min_placement:g}: the EP left {report.nodes_total - report.nodes_on_target} of "
+                 f"{report.nodes_total} nodes off {target})")
+    return "declined", "declined", report.fraction, "EP report fraction"
+
+
 def _judge(swapped: bool, layers: _Layers, target: str, min_placement: float,
            notes: list[str]) -> tuple[Verdict, Cause | None, float | None, str | None]:
     """Rule 6 (verdict), cases a–d. Returns (verdict, cause, deciding fraction, which decided)."""
@@ -553,7 +616,8 @@ def _judge(swapped: bool, layers: _Layers, target: str, min_placement: float,
 def _assemble(args: _Arguments, ort_version: str | None, parsed: ParsedProfile,
               execution: _Execution | None, layers: _Layers, swapped: bool, banner: bool,
               judged: tuple[Verdict, Cause | None, float | None, str | None],
-              notes: list[str]) -> PlacementProof:
+              notes: list[str], report: EpReport | None = None,
+              conflicts: tuple[str, ...] = ()) -> PlacementProof:
     """The proof's fields from the rules' outputs; the nodes off the target come from the basis."""
     target, plan = args.target, args.plan
     verdict, cause, fraction, decided_by = judged
@@ -600,10 +664,11 @@ def _assemble(args: _Arguments, ort_version: str | None, parsed: ParsedProfile,
         original_nodes_total=args.original_total,
         original_nodes_off_target=len(layers.plan_off_originals) if layers.node_basis else None,
         timed_runs=execution.timed_runs if execution else None,
-        conflicts=layers.conflicts,
+        conflicts=layers.conflicts + conflicts,
         names_checked=None if names is None else names.passed,
         name_failures=names.failures if names is not None else (),
         renamed=args.names.renamed if args.names is not None else None,
+        ep_report=report.to_dict() if report is not None else None,
     )
 
 
@@ -620,6 +685,7 @@ def prove(
     min_placement: float = 0.5,
     ort_version: str | None = None,
     node_names: Mapping[str, Any] | None = None,
+    ep_report: Mapping[str, Any] | None = None,
 ) -> PlacementProof:
     """Judge where the profiled runs placed a stage (the rules are in the module docstring).
 
@@ -640,6 +706,8 @@ def prove(
         node_names: the worker's report of the names the session ran with,
             ``{"renamed": bool, "nodes": [{"name", "op_type", "original"}]}``; None: the graph's
             own names (``graph_nodes``) are what it ran with.
+        ep_report: the EP's own report as the worker sent it, ``{"kind", "text", "error"}``,
+            where the route asks for one (rule 7); None: it does not.
 
     Returns:
         The proof. It never raises for what the evidence says.
@@ -648,8 +716,8 @@ def prove(
         ValueError: ``min_placement`` is not a number in [0, 1], ``target_ep`` or
             ``requested_ep`` is empty, or an assignment element lacks ``ep``/``nodes``/``op_type``.
         TypeError: a provider list is not a list of strings, ``graph_nodes`` not a list of
-            mappings, ``assignment`` not a list, ``node_names`` not the worker's shape, or
-            ``profile_text`` neither text nor bytes.
+            mappings, ``assignment`` not a list, ``node_names`` not the worker's shape,
+            ``profile_text`` neither text nor bytes, or ``ep_report`` not the worker's shape.
     """
     args = _check_arguments(target_ep, requested_ep, min_placement, session_providers,  # rule 0
                             available_providers, fallback_banner, graph_nodes, assignment, node_names)
@@ -659,4 +727,9 @@ def prove(
     layers = _resolve_layers(args, execution, ort_version, notes)  # rules 2 and 5 (rule 3: not here)
     swapped, banner = _detect_swap(args, notes)  # rule 4
     judged = _judge(swapped, layers, args.target, args.min_placement, notes)  # rule 6
-    return _assemble(args, ort_version, parsed, execution, layers, swapped, banner, judged, notes)
+    report = _read_ep_report(args, ep_report, notes)  # rule 7
+    conflicts: list[str] = []
+    if report is not None:
+        judged = _judge_report(report, judged, layers, args.target, args.min_placement, notes, conflicts)
+    return _assemble(args, ort_version, parsed, execution, layers, swapped, banner, judged, notes, report,
+                     tuple(conflicts))

@@ -86,6 +86,9 @@ class PlacementProof:
             names were given to check against.
         name_failures: the names that failed it (at most 10), with why.
         renamed: whether the worker ran a renamed copy of the graph.
+        ep_report: the EP's own operator report as judged (``evidence.ep_report``: usable, its
+            fraction, nodes per device, the nodes it left off the target), where the route
+            asks for one; None otherwise.
     """
 
     target_ep: str
@@ -131,6 +134,7 @@ class PlacementProof:
     names_checked: bool | None = None
     name_failures: tuple[str, ...] = ()
     renamed: bool | None = None
+    ep_report: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         """Keep the closed sets closed: a proof outside them is a bug, not a verdict."""
@@ -149,8 +153,10 @@ class PlacementProof:
         return self.verdict == "placed"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types (dicts, lists, str, int, float, bool, None), fields in order."""
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        """Plain JSON types (dicts, lists, str, int, float, bool, None), fields in order;
+        ``ep_report`` only where the route asked for one (records stay as they were)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)
+                if not (f.name == "ep_report" and self.ep_report is None)}
 
 
 def _plain(value: Any) -> Any:

@@ -31,7 +31,8 @@ from xstage._version import __version__
 from xstage.errors import EnvError, UsageError
 from xstage.home import envs_dir, locked, locks_dir
 from xstage.host.info import HostInfo, host_cpu_vendor
-from xstage.routes.specs import RouteSpec, get_spec
+from xstage.routes.plugins import find_spec
+from xstage.routes.specs import RouteSpec
 
 __all__ = [
     "MANIFEST_NAME",
@@ -55,8 +56,9 @@ _PIP_TAIL_LINES = 25
 
 
 def env_dir(route: str) -> Path:
-    """Where ``route``'s environment lives (whether or not it exists)."""
-    return envs_dir() / route
+    """Where ``route``'s environment lives (whether or not it exists); a plugin route's ``:``
+    becomes ``-`` (``envs/ort-plugin-ggml``), since Windows folder names cannot hold it."""
+    return envs_dir() / route.replace(":", "-")
 
 
 def venv_python(root: Path, *, windows: bool | None = None) -> Path:
@@ -271,9 +273,11 @@ def plan(
             or no interpreter for ``python``.
     """
     try:
-        spec = get_spec(route)
+        spec = find_spec(route)
     except KeyError as exc:
         raise UsageError(str(exc.args[0]), remedy="xstage devices lists every route") from None
+    if spec.plugin_ep is not None and spec.plugin_ep.error:
+        raise UsageError(spec.plugin_ep.error, remedy="docs/routes.md, \"Plugin EPs\", lists a table's keys")
     if host_platform is None:
         host_platform = HostInfo.current().platform
     vendor = cpu_vendor if cpu_vendor is not None else host_cpu_vendor()
@@ -303,6 +307,16 @@ def plan(
             f"{spec.env_var}=/mnt/c/Users/<you>/AppData/Local/xstage/envs/{route}/Scripts/python.exe "
             f'(or [routes.{route}] python = "..." in xstage.toml) and run `xstage devices`.'
         )
+        if spec.plugin_ep is not None and spec.plugin_ep.locate == "vitisai":
+            from xstage.routes.plugins import APPX_PACKAGE, VITISAI_ENV
+
+            note = (
+                "The venv carries onnxruntime (>= 1.25); the VitisAI EP library itself "
+                f"({', '.join(spec.plugin_ep.library_names)}) is not on PyPI: it comes with the AMD NPU "
+                f"driver's app package ({APPX_PACKAGE}; `Get-AppxPackage {APPX_PACKAGE}` shows whether it is "
+                f"there) or with AMD Ryzen AI Software; elsewhere, set {VITISAI_ENV} to its full path. "
+                "Never the light onnxruntime_providers_ryzenai.dll beside it: it runs nothing. " + note
+            )
         if host_platform != "wsl":
             note = (
                 f"Note: this host is neither Windows nor WSL, so {route} cannot be reached from it; "
@@ -435,7 +449,7 @@ def create(
 def _build(the_plan: EnvPlan, target: Path, say: Callable[[str], None]) -> EnvInfo:
     """``create``'s work, under the route's lock: a venv in a temp folder, renamed into place."""
     assert the_plan.base_python is not None
-    tmp = Path(tempfile.mkdtemp(prefix=f".{the_plan.route}-build-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-build-", dir=target.parent))
     try:
         say(f"creating a venv with Python {the_plan.python_version} ({the_plan.base_python})")
         _run([the_plan.base_python, "-m", "venv", str(tmp)], "python -m venv")
@@ -503,9 +517,9 @@ def list_envs() -> list[EnvInfo]:
     for child in sorted(envs_dir().iterdir()):
         if child.name.startswith(".") or not child.is_dir():
             continue
-        out.append(
-            EnvInfo(route=child.name, path=child, python=venv_python(child), manifest=_read_manifest(child))
-        )
+        manifest = _read_manifest(child)
+        route = manifest.get("route") if isinstance(manifest.get("route"), str) else child.name
+        out.append(EnvInfo(route=route, path=child, python=venv_python(child), manifest=manifest))
     return out
 
 
@@ -521,7 +535,7 @@ def remove(route: str) -> Path:
     with locked(locks_dir() / f"env-{target.name}.lock"):  # not while `env create` renames it
         if not target.is_dir():
             raise EnvError(f"no environment for {route} under {envs_dir()}", remedy="xstage env list")
-        trash = target.with_name(f".{route}-removing-{os.getpid()}")
+        trash = target.with_name(f".{target.name}-removing-{os.getpid()}")
         os.replace(target, trash)
     shutil.rmtree(trash, ignore_errors=True)
     return target

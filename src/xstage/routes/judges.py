@@ -20,7 +20,7 @@ from xstage.host.info import HostInfo
 from xstage.routes.specs import RouteSpec
 from xstage.routes.status import InterpreterChoice, InterpreterSource, ReasonCode
 
-__all__ = ["JUDGES", "Judge", "Verdict", "fail", "judge_onnxruntime", "judge_torch"]
+__all__ = ["JUDGES", "Judge", "Verdict", "fail", "judge_onnxruntime", "judge_plugin_ep", "judge_torch"]
 
 
 def _vt(version: str | None) -> tuple[int, ...]:
@@ -46,6 +46,7 @@ class Verdict:
     devices: list[str] = field(default_factory=list)
     details: dict[str, dict[str, Any]] = field(default_factory=dict)
     ep_plugin: dict[str, Any] | None = None
+    steps: list[str] = field(default_factory=list)
 
 
 def fail(code: ReasonCode, reason: str, remedy: str) -> Verdict:
@@ -260,6 +261,53 @@ def _builtin_verdict(
     )
 
 
+def _identity_verdict(spec: RouteSpec, ort: Mapping[str, Any], hardware: Sequence[hw.Device],
+                      build: str, where: str | None) -> Verdict:
+    """A built-in EP that picks its adapter by index (DirectML): each EP device's adapter matched
+    to an xstage device by identity (``xstage.host.adapters``) and bound through the EP-device API;
+    never ``device_id=0`` by default."""
+    from xstage.host.adapters import adapters_from_ep_devices, match_adapters
+
+    rows = [r for r in ort.get("ep_devices") or [] if r.get("ep_name") == spec.ep]
+    adapters, skipped = adapters_from_ep_devices(rows, spec.ep or "")
+    gpus = [d for d in hardware if d.kind.startswith("gpu") and spec.can_drive(d.kind, d.vendor)]
+    if not rows and len(gpus) == 1:  # no EP-device API here: one adapter cannot be mistaken
+        only = gpus[0].id
+        return Verdict(devices=[only], details={only: {"ep_options": {"device_id": "0"}, "adapter": {
+            "description": gpus[0].name, "matched_by": "the only GPU adapter of this machine"}}},
+            ep_plugin={"kind": "builtin", "ep_name": spec.ep, "options": dict(spec.ep_options),
+                       "device_options": {only: {"device_id": "0"}}},
+            steps=[f"{build} lists no {spec.ep} EP devices; {only} is this machine's only GPU: device_id=0"])
+    if not adapters:
+        why = "; ".join(skipped) or f"{build} lists no {spec.ep} EP device (it needs onnxruntime >= 1.23)"
+        return fail(ReasonCode.EP_NO_DEVICE,
+                    f"{spec.ep} is in {build} at {where}, but which DXGI adapter is which device cannot be "
+                    f"told ({why}); this machine shows {len(gpus)} GPUs, so device_id=0 would be a guess",
+                    "an onnxruntime-directml whose get_ep_devices() lists DmlExecutionProvider devices "
+                    "(>= 1.23): xstage env create ort-dml --force")
+    matches, unmatched = match_adapters(adapters, hardware)
+    if not matches:
+        return fail(ReasonCode.EP_NO_DEVICE,
+                    f"{spec.ep} lists adapters at {where}, but none matches one device of this machine: "
+                    + "; ".join(unmatched), "xstage devices --refresh; check the GPU drivers")
+    verdict = Verdict(ep_plugin={"kind": "ep_device", "ep_name": spec.ep, "options": dict(spec.ep_options),
+                                 "devices": {}, "adapters": {}})
+    assert verdict.ep_plugin is not None
+    for match in matches:
+        adapter = match.adapter
+        verdict.devices.append(match.device)
+        verdict.ep_plugin["devices"][match.device] = {
+            "device_type": "GPU", "vendor_id": adapter.vendor_id, "device_id": adapter.device_id,
+            "device_metadata": {"DxgiAdapterNumber": str(adapter.dxgi_index)}}
+        identity = {**adapter.identity(), "matched_by": match.how}
+        verdict.ep_plugin["adapters"][match.device] = identity
+        verdict.details[match.device] = {"adapter": identity, "ep_device": dict(adapter.row)}
+        verdict.steps.append(f"{match.device}: {adapter.description} (DXGI adapter {adapter.dxgi_index}, "
+                             f"PCI {adapter.pci_id}), matched by {match.how}")
+    verdict.steps += [f"left out: {why}" for why in [*skipped, *unmatched]]
+    return verdict
+
+
 def _plugin_lists_nothing(
     spec: RouteSpec, plugin: Mapping[str, Any], after: Sequence[Mapping[str, Any]], version: str,
     where: str | None, host: HostInfo,
@@ -337,11 +385,133 @@ def judge_onnxruntime(
     plugin_rows = [r for r in after if r.get("ep_name") == spec.ep] if registered else []
     if plugin is not None and plugin_rows:
         return _plugin_verdict(spec, plugin, plugin_rows, hardware)
+    if spec.ep in providers and spec.adapter_by_identity:
+        return _identity_verdict(spec, ort, hardware, build, where)
     if spec.ep in providers:
         return _builtin_verdict(spec, ort, data, hardware, build, where)
     if plugin is not None and registered:
         return _plugin_lists_nothing(spec, plugin, after, version, where, host)
     return _not_in_build(spec, choice, plugin, providers, build, host, hardware)
+
+
+# ---------------------------------------------------------------------------- plugin EPs
+
+
+def _row_vendor(row: Mapping[str, Any]) -> str:
+    return (hw.vendor_from_id(row.get("device_vendor_id")) or hw.vendor_from_name(row.get("device_vendor"))
+            or f"{int(row.get('device_vendor_id') or 0):04x}")
+
+
+def _row_label(row: Mapping[str, Any]) -> str:
+    return f"{row.get('ep_name')} {row.get('device_type')} (vendor {row.get('device_vendor')})"
+
+
+def judge_plugin_ep(
+    spec: RouteSpec,
+    choice: InterpreterChoice,
+    data: Mapping[str, Any],
+    host: HostInfo,
+    hardware: Sequence[hw.Device],
+    location: Any = None,
+) -> Verdict:
+    """A plugin EP of the ``ort-plugin:`` family (``ort-vitisai`` too), step by step.
+
+    onnxruntime imports and suits the version bounds (step 4); the library was located (step 1,
+    ``location``: a ``plugins.Location`` from the client, or the probe's answer for a table
+    that names a package) and is not a known wrong one (step 2); it registered (steps 3-4:
+    ``ep_dependency_not_loadable``, ``ep_registration_failed``); it lists EP devices of the
+    table's hardware type and vendor (step 5, ``ep_no_device``). The verdict's ``ep_plugin``
+    says what the worker binds (step 6) and ``steps`` what each step found.
+    """
+    from xstage.routes.plugins import classify_registration_error, wrong_library
+
+    plugin = spec.plugin_ep
+    assert plugin is not None
+    steps: list[str] = list(getattr(location, "steps", ()) or ())
+    ort = data.get("onnxruntime") or {}
+    where = choice.path
+    if not ort.get("importable"):
+        return fail(ReasonCode.RUNTIME_NOT_IMPORTABLE,
+                    f"onnxruntime is not importable by {where}: {ort.get('error', 'unknown error')}",
+                    _install_remedy(spec, choice, "onnxruntime"))
+    version = str(ort.get("version"))
+    build = _build_label(ort)
+    refusal = _version_refusal(spec, version, build, where)
+    if refusal is not None:
+        refusal.steps = steps + [f"onnxruntime {version}: {refusal.reason}"]
+        return refusal
+    failure = getattr(location, "failure", None)
+    if failure is not None:
+        verdict = fail(*failure)
+        verdict.steps = steps
+        return verdict
+    reports = ort.get("plugin_eps") or {}
+    report = reports.get(spec.name) or reports.get(plugin.ep_name) or {}
+
+    def failed(code: ReasonCode, reason: str, remedy: str) -> Verdict:
+        verdict = fail(code, reason, remedy)
+        verdict.steps = steps
+        return verdict
+
+    if not report:
+        return failed(ReasonCode.EP_LIBRARY_NOT_FOUND, f"the probe of {where} did not try {plugin.ep_name}",
+                      "xstage devices --refresh")
+    library = report.get("library_path")
+    origin = (f"the package {plugin.module} {report.get('version') or ''}".rstrip() if plugin.module
+              else "the table's library" if plugin.locate == "table" else "the locator")
+    if report.get("step") == "locate":
+        steps.append(f"locate: {report.get('error')}")
+        remedy = (_install_remedy(spec, choice, plugin.module or "the EP package", host) if plugin.module
+                  else f"fix library under [plugins.{plugin.table}] in {plugin.source}")
+        return failed(ReasonCode.EP_LIBRARY_NOT_FOUND,
+                      f"{plugin.ep_name}'s library was not found at {where}: {report.get('error')}", remedy)
+    steps.append(f"located: {library} ({origin})")
+    wrong = wrong_library(plugin, str(library or ""))
+    if wrong is not None:
+        return failed(*wrong)
+    if report.get("dll_directory"):
+        steps.append(f"search path: {report['dll_directory']} added before registering")
+    elif plugin.dll_dir:
+        steps.append("search path: not needed here (no os.add_dll_directory: not Windows)")
+    if report.get("step") == "register" or not report.get("registered"):
+        error = str(report.get("error") or "no error reported")
+        steps.append(f"register: {error}")
+        code = classify_registration_error(error, library)
+        folder = str(report.get("dll_directory") or "its folder")
+        remedy = {
+            ReasonCode.EP_DEPENDENCY_NOT_LOADABLE:
+                f"install what {library} depends on (the libraries it loads must be beside it, in "
+                f"{folder}, or on the search path); the message above names the one missing",
+            ReasonCode.EP_LIBRARY_NOT_FOUND: f"check that {library} exists and is readable",
+        }.get(code, f"the onnxruntime in {where} ({version}) could not register it: use the version the "
+                    f"EP was built for ({', '.join(spec.packages[spec.variants[0]][:1])})")
+        return failed(code, f"registering {library} with {build} at {where} failed: {error}", remedy)
+    steps.append(f"registered: {plugin.ep_name} with onnxruntime {version}")
+    after = ort.get("ep_devices_after_plugins") or []
+    own = [r for r in after if r.get("ep_name") == plugin.ep_name]
+    fits = [r for r in own if str(r.get("device_type", "")).upper() == plugin.device_type
+            and (plugin.vendor is None or _row_vendor(r) == plugin.vendor)]
+    steps.append(f"EP devices: {', '.join(_row_label(r) for r in own) or 'none'}; "
+                 f"wanted {plugin.device_type}" + (f" of vendor {plugin.vendor}" if plugin.vendor else ""))
+    if not fits:
+        listed = ", ".join(_row_label(r) for r in after) or "nothing"
+        of_vendor = f" of vendor {plugin.vendor}" if plugin.vendor else ""
+        return failed(ReasonCode.EP_NO_DEVICE,
+                      f"{plugin.ep_name} registered from {library} with onnxruntime {version} at {where}, "
+                      f"but lists no {plugin.device_type} device{of_vendor}; get_ep_devices() lists: "
+                      f"{listed}",
+                      "run on a machine with such a device (and its driver), or change device_type/vendor "
+                      f"under [plugins.{plugin.table}]")
+    verdict = _plugin_verdict(spec, {"registration_name": plugin.ep_name, "library_path": library,
+                                     "version": report.get("version")}, fits, hardware)
+    assert verdict.ep_plugin is not None
+    verdict.ep_plugin.update({"library": library, "module": None, "dll_dir": plugin.dll_dir,
+                              "report": plugin.report, "table": plugin.table, "onnxruntime": version})
+    for dev in verdict.devices:
+        verdict.ep_plugin["devices"][dev]["vendor"] = plugin.vendor
+    steps.append(f"bind: add_provider_for_devices with the EP device of {', '.join(verdict.devices)}")
+    verdict.steps = steps
+    return verdict
 
 
 # ---------------------------------------------------------------------------- torch

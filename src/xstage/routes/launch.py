@@ -63,11 +63,18 @@ def load_options(
     info = dict(status.ep_plugin or {"kind": "builtin", "ep_name": status.spec.ep, "options": {}})
     options = dict(info.get("options") or {})
     ep: dict[str, Any] = {"name": info.get("ep_name") or status.spec.ep}
-    if info.get("kind") == "plugin":
+    if info.get("kind") == "ep_device":  # a built-in EP bound to the EP device of its adapter
+        adapter = dict((info.get("adapters") or {}).get(device) or {})
+        ep["plugin"] = {"builtin": True, "select": dict((info.get("devices") or {}).get(device) or {}),
+                        "adapter": adapter}
+    elif info.get("kind") == "plugin":
         ep["plugin"] = {
-            "module": info["module"],
-            "registration": info.get("registration_name") or info["module"],
+            "module": info.get("module"),
+            "library": info.get("library"),
+            "registration": info.get("registration_name") or info.get("module"),
             "select": dict((info.get("devices") or {}).get(device) or {}),
+            "dll_dir": bool(info.get("dll_dir", True)),
+            "report": info.get("report"),
         }
     else:
         options.update((info.get("device_options") or {}).get(device) or {})
@@ -76,6 +83,11 @@ def load_options(
     except DeviceOverride as over:
         raise _override_error(status, info, over) from None
     ep["options"] = merged
+    adapter = (ep.get("plugin") or {}).get("adapter")
+    if adapter:
+        notes = [*notes, f"adapter chosen by identity: {adapter.get('description')} (DXGI adapter "
+                 f"{adapter.get('dxgi_adapter_number')}, PCI {adapter.get('pci_id')}, matched by "
+                 f"{adapter.get('matched_by')}), bound with add_provider_for_devices"]
     return {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device,
             "profile": profile, "notes": notes}
 

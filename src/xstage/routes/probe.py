@@ -56,6 +56,8 @@ class ProbeRequest:
             is a link to its base interpreter, and only the link knows the venv).
         torch: import torch too (seconds).
         plugins: plugin EP modules to import and register.
+        plugin_eps: plugin EPs of the ``ort-plugin:`` family to bring up step by step, each a
+            JSON object (``{"key", "ep_name", "module" | "library", "dll_dir"}``, sorted keys).
         windows_root: for a Windows interpreter reached from WSL, the Windows path of the
             staged worker package (``xstage.host.wsl.to_windows_path``); None otherwise.
     """
@@ -64,12 +66,15 @@ class ProbeRequest:
     torch: bool = False
     plugins: tuple[str, ...] = ()
     windows_root: str | None = None
+    plugin_eps: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
         """The command line: the same launch path as a worker, in probe mode."""
         args = ["probe"] + (["--torch"] if self.torch else [])
         for module in self.plugins:
             args += ["--plugin", module]
+        for request in self.plugin_eps:
+            args += ["--plugin-ep", request]
         argv = remote_pkg.worker_argv(self.interpreter, *args)
         if self.windows_root is not None:
             argv[argv.index(str(remote_pkg.staged_root()))] = self.windows_root
@@ -123,6 +128,18 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
+def _library_mtimes(request: ProbeRequest) -> list[float | None]:
+    """A configured plugin library's mtime: replacing the file changes what a probe says."""
+    out = []
+    for text in request.plugin_eps:
+        try:
+            library = json.loads(text).get("library")
+        except (ValueError, AttributeError):
+            library = None
+        out.append(_mtime(Path(library)) if isinstance(library, str) and library else None)
+    return out
+
+
 def cache_key(request: ProbeRequest) -> dict[str, Any] | None:
     """The facts that decide whether a cached probe still holds; None if not cacheable."""
     path = Path(request.interpreter)
@@ -139,6 +156,8 @@ def cache_key(request: ProbeRequest) -> dict[str, Any] | None:
         "package_hash": xstage_remote.package_hash(),
         "torch": request.torch,
         "plugins": list(request.plugins),
+        **({"plugin_eps": list(request.plugin_eps), "plugin_libraries": _library_mtimes(request)}
+           if request.plugin_eps else {}),
         "windows_root": request.windows_root,
     }
 

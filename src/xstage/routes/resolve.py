@@ -17,8 +17,10 @@ WSL interop for Windows-side routes (``wsl_interop_unavailable``), the interpret
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from xstage.errors import UsageError
@@ -26,9 +28,18 @@ from xstage.host import hardware as hw
 from xstage.host import wsl
 from xstage.host.info import HostInfo
 from xstage.routes.interpreters import choose_interpreter
-from xstage.routes.judges import JUDGES, Verdict, fail
+from xstage.routes.judges import JUDGES, Verdict, fail, judge_plugin_ep
+from xstage.routes.plugins import (
+    APPX_PACKAGE,
+    RYZEN_AI_ENV,
+    Location,
+    all_specs,
+    find_spec,
+    locate_vitisai,
+    wrong_library,
+)
 from xstage.routes.probe import ProbeOutcome, ProbeRequest, probe_many
-from xstage.routes.specs import ROUTES, RouteSpec, get_spec
+from xstage.routes.specs import RouteSpec
 from xstage.routes.status import InterpreterChoice, InterpreterSource, ReasonCode, RouteStatus
 
 __all__ = [
@@ -66,6 +77,9 @@ def _versions(data: Mapping[str, Any] | None) -> dict[str, str]:
     for module, plugin in (ort.get("plugins") or {}).items():
         if plugin.get("version"):
             out[module] = plugin["version"]
+    for plugin in (ort.get("plugin_eps") or {}).values():
+        if plugin.get("version") and plugin.get("module"):
+            out[plugin["module"]] = plugin["version"]
     torch = data.get("torch") or {}
     if torch.get("version"):
         out["torch"] = torch["version"]
@@ -111,6 +125,7 @@ def _status(
 ) -> RouteStatus:
     data = outcome.data if outcome is not None and outcome.ok else None
     return RouteStatus(
+        steps=tuple(verdict.steps),
         name=spec.name,
         spec=spec,
         status="missing" if verdict.code else "resolved",
@@ -136,13 +151,22 @@ def evaluate(
     *,
     host: HostInfo,
     hardware: Sequence[hw.Device] = (),
+    location: Location | None = None,
 ) -> RouteStatus:
-    """Judge one route from its choice and its probe (pure: no processes, no files)."""
+    """Judge one route from its choice and its probe (pure: no processes, no files).
+
+    ``location`` is where the client located a plugin EP's library (``plugins.Location``).
+    """
     pre = _pre_checks(spec, host)
     if pre:
         # Name a configured interpreter (it tells the user what they set); not the fallback.
         shown = choice if choice and choice.source is not InterpreterSource.CURRENT else None
         return _status(spec, shown, fail(*pre), None)
+    if spec.plugin_ep is not None and spec.plugin_ep.error:
+        return _status(spec, None, fail(
+            ReasonCode.CONFIG_INVALID, spec.plugin_ep.error,
+            f"fix the table in {spec.plugin_ep.source} (docs/routes.md, \"Plugin EPs\", lists its keys)"),
+            None)
     if choice is None or choice.failure is not None:
         failure = (
             choice.failure
@@ -194,6 +218,8 @@ def evaluate(
             ),
             outcome,
         )
+    if spec.plugin_ep is not None:
+        return _status(spec, choice, judge_plugin_ep(spec, choice, data, host, hardware, location), outcome)
     judge = JUDGES[spec.runtime]
     return _status(spec, choice, judge(spec, choice, data, host, hardware), outcome)
 
@@ -225,16 +251,26 @@ def resolve_specs(
     """
     host = host or HostInfo.current()
     hardware = list(hardware) if hardware is not None else hw.discover(refresh=refresh)
-    every = list(dict.fromkeys([*specs, *ROUTES]))
+    named = {s.name for s in specs}
+    by_name = {s.name: s for s in all_specs(cwd=cwd, environ=environ)}
+    by_name.update((s.name, s) for s in specs)  # an asked-for spec's own fields win
+    every = list(by_name.values())
     choices = {s.name: choose_interpreter(s, host=host, environ=environ, cwd=cwd) for s in every}
     plugins = tuple(sorted({s.plugin_module for s in every if s.plugin_module}))
     needs: dict[tuple[str, bool], set[str]] = {}
+    plugin_eps: dict[tuple[str, bool], set[str]] = {}
+    locations: dict[str, Location] = {}
     for spec in every:
         choice = choices[spec.name]
         if choice.path is None or choice.failure or _pre_checks(spec, host):
             continue
         cross = spec.os_side == "windows" and host.platform == "wsl"
         needs.setdefault((choice.path, cross), set()).add(spec.runtime)
+        if spec.plugin_ep is not None and not spec.plugin_ep.error and spec.name in named:
+            location = _locate(spec, host, environ)
+            locations[spec.name] = location
+            if location.failure is None:
+                plugin_eps.setdefault((choice.path, cross), set()).add(_plugin_request(spec, location))
     requests: dict[tuple[str, bool], ProbeRequest] = {}
     root_error: str | None = None
     for (path, cross), runtimes in needs.items():
@@ -246,7 +282,8 @@ def resolve_specs(
                 root_error = exc.message
                 continue
         requests[(path, cross)] = ProbeRequest(
-            interpreter=path, torch="torch" in runtimes, plugins=plugins, windows_root=windows_root
+            interpreter=path, torch="torch" in runtimes, plugins=plugins, windows_root=windows_root,
+            plugin_eps=tuple(sorted(plugin_eps.get((path, cross), ()))),
         )
 
     def key_of(spec: RouteSpec) -> tuple[str, bool]:
@@ -261,8 +298,85 @@ def resolve_specs(
         outcome = outcomes.get(requests[key]) if key in requests else None
         if outcome is None and root_error and choice.path and not choice.failure:
             outcome = ProbeOutcome(ok=False, error=root_error)
-        statuses.append(evaluate(spec, choice, outcome, host=host, hardware=hardware))
+        statuses.append(evaluate(spec, choice, outcome, host=host, hardware=hardware,
+                                 location=locations.get(spec.name)))
     return statuses
+
+
+def _plugin_request(spec: RouteSpec, location: Location) -> str:
+    """The probe's ``--plugin-ep`` argument for one plugin route (sorted keys: a cache key)."""
+    plugin = spec.plugin_ep
+    assert plugin is not None
+    request: dict[str, Any] = {"key": spec.name, "ep_name": plugin.ep_name, "dll_dir": plugin.dll_dir}
+    if location.path is not None:
+        request["library"] = location.path
+    elif plugin.module:
+        request["module"] = plugin.module
+    return json.dumps(request, sort_keys=True)
+
+
+def _locate(spec: RouteSpec, host: HostInfo, environ: Mapping[str, str] | None) -> Location:
+    """Step 1-2 on the client: where the library is (a table's path, or the VitisAI locator)."""
+    plugin = spec.plugin_ep
+    assert plugin is not None
+    if plugin.locate == "vitisai":
+        env = os.environ if environ is None else environ
+        return locate_vitisai(plugin, environ=env, appx_json=_appx_json(host),
+                              ryzen_ai_files=_ryzen_ai_files(env, host),
+                              is_file=lambda p: _windows_is_file(p, host))
+    if plugin.library is None:
+        return Location(None, (f"locate: the package {plugin.module} names its library (asked in the "
+                               "probe)",))
+    steps = (f"locate: [plugins.{plugin.table}] library = {plugin.library}",)
+    wrong = wrong_library(plugin, plugin.library)
+    if wrong is not None:
+        return Location(None, steps, wrong)
+    if spec.os_side == "this" and not os.path.isfile(plugin.library):
+        return Location(None, steps, (
+            ReasonCode.EP_LIBRARY_NOT_FOUND,
+            f"[plugins.{plugin.table}] library names {plugin.library}, which is not a file",
+            f"fix library under [plugins.{plugin.table}] in {plugin.source}"))
+    return Location(plugin.library, steps)
+
+
+def _windows_is_file(path: str, host: HostInfo) -> bool:
+    """Whether a Windows path names a file, read by its full path (``WindowsApps`` denies listing)."""
+    local = wsl.to_wsl_path(path) if host.platform == "wsl" else path
+    return os.path.isfile(local)
+
+
+def _appx_json(host: HostInfo) -> str | None:
+    """``Get-AppxPackage`` for the VitisAI EP package, as JSON (None where there is no PowerShell)."""
+    if host.platform not in ("windows", "wsl"):
+        return None
+    from xstage.client.tools import run_tool
+
+    exe = "powershell.exe"
+    command = (f"Get-AppxPackage -Name '{APPX_PACKAGE}' | Select-Object Name, Version, InstallLocation "
+               "| ConvertTo-Json -Compress")
+    return run_tool([exe, "-NoProfile", "-NonInteractive", "-Command", command], 30, check=False)
+
+
+def _ryzen_ai_files(environ: Mapping[str, str], host: HostInfo) -> list[str]:
+    """The general VitisAI library under Ryzen AI's install folder (three levels deep at most)."""
+    if host.platform not in ("windows", "wsl"):
+        return []
+    root = environ.get(RYZEN_AI_ENV, "").strip() or r"C:\Program Files\RyzenAI"
+    local = wsl.to_wsl_path(root) if host.platform == "wsl" else root
+    found = []
+    for depth in ("*", "*/*", "*/*/*", "*/*/*/*"):
+        for path in sorted(Path(local).glob(f"{depth}/onnxruntime_vitisai_ep.dll")):
+            found.append(str(path) if host.platform == "windows" else _to_windows(str(path), host))
+        if found:
+            break
+    return found
+
+
+def _to_windows(path: str, host: HostInfo) -> str:
+    try:
+        return wsl.to_windows_path(path, distro=host.wsl.distro)
+    except wsl.WindowsPathError:
+        return path
 
 
 def resolve(
@@ -284,7 +398,7 @@ def resolve(
         UsageError: no route is called ``name`` (the message lists the routes).
     """
     try:
-        spec = get_spec(name)
+        spec = find_spec(name, cwd=cwd, environ=environ)
     except KeyError as exc:
         raise UsageError(str(exc.args[0]), remedy="xstage devices lists every route") from None
     return resolve_specs(
@@ -301,7 +415,9 @@ def resolve_all(
     hardware: Sequence[hw.Device] | None = None,
     timeout: float | None = None,
 ) -> list[RouteStatus]:
-    """Resolve every route, in the fixed route order, probing interpreters in parallel."""
+    """Resolve every route, in the fixed route order (the plugin tables' routes last), probing
+    interpreters in parallel."""
     return resolve_specs(
-        list(ROUTES), refresh=refresh, host=host, environ=environ, cwd=cwd, hardware=hardware, timeout=timeout
+        list(all_specs(cwd=cwd, environ=environ)), refresh=refresh, host=host, environ=environ, cwd=cwd,
+        hardware=hardware, timeout=timeout,
     )

@@ -14,6 +14,7 @@ torch-dml) are written from their documentation and carry ``verified=False``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -26,9 +27,11 @@ __all__ = [
     "DEVICE_CLASSES",
     "DEVICE_PREFERENCE",
     "FORMATS",
+    "PLUGIN_PREFIX",
     "ROUTES",
     "ROUTE_NAMES",
     "UNKNOWN_COST",
+    "PluginEP",
     "RouteSpec",
     "get_spec",
     "reference_spec",
@@ -59,10 +62,66 @@ UNKNOWN_COST = RouteCost(64 * MiB, 2.0, _UNMEASURED + "an unknown route", False)
 
 _T = TypeVar("_T")
 
+#: The plugin-EP route family: ``[plugins.<name>]`` in ``xstage.toml`` is the route
+#: ``ort-plugin:<name>`` (``xstage.routes.plugins``).
+PLUGIN_PREFIX = "ort-plugin:"
+
 
 def _frozen(mapping: Mapping[str, _T] | None = None) -> Mapping[str, _T]:
     """A read-only copy, so a frozen spec cannot be changed through its dicts."""
     return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True)
+class PluginEP:
+    """A plugin execution provider: a library onnxruntime loads at run time (ORT >= 1.22).
+
+    Every step of bringing one up is a field here, so each can be checked and fail by name
+    (``docs/routes.md``, "Plugin EPs"): locate the library, refuse a known wrong one, put its
+    folder on the DLL search path, register it, pick EP devices by hardware type and vendor, bind
+    them with ``add_provider_for_devices``.
+
+    Attributes:
+        table: the table's name (``ggml`` for ``[plugins.ggml]``; ``vitisai`` for the preset).
+        ep_name: the EP's name in ``get_ep_devices()``; also the registration name.
+        device_type: the hardware device type to bind: ``CPU``, ``GPU`` or ``NPU``.
+        vendor: the xstage vendor (``amd``, ``intel``, ...) the EP devices must have, or None.
+        module: a Python package that ships the library (``get_library_path()`` or
+            ``library_path()``), or None.
+        library: the library's path as configured (absolute), or None.
+        locate: how the library is found: ``table`` (``library`` or ``module``) or ``vitisai``
+            (an env var, the table, the Windows app package, Ryzen AI's folder:
+            ``xstage.routes.plugins.locate_vitisai``).
+        library_names: file names the right library has (the locator looks for these).
+        wrong_libraries: file names of libraries that register but run nothing, each with why.
+        dll_dir: put the library's folder on the DLL search path before registering it.
+        report: the EP's own operator report the worker collects (``vitisai``), or None.
+        options: EP options for every session.
+        format_options: per artifact format, options a session of that format gets unless the
+            user sets them (ggml's ``weights=f32`` for ``onnx:fp32``).
+        package: what ``xstage env create`` installs for it, or () (nothing installable).
+        source: where the table came from (a file path, or ``built-in``).
+        error: why the table cannot be used (a malformed table), or None.
+        formats: the artifact formats a table's route runs.
+    """
+
+    table: str
+    ep_name: str
+    device_type: str = "CPU"
+    vendor: str | None = None
+    module: str | None = None
+    library: str | None = None
+    locate: Literal["table", "vitisai"] = "table"
+    library_names: tuple[str, ...] = ()
+    wrong_libraries: Mapping[str, str] = field(default_factory=_frozen, hash=False)
+    dll_dir: bool = True
+    report: str | None = None
+    options: Mapping[str, str] = field(default_factory=_frozen, hash=False)
+    format_options: Mapping[str, Mapping[str, str]] = field(default_factory=_frozen, hash=False)
+    package: tuple[str, ...] = ()
+    source: str = "built-in"
+    error: str | None = None
+    formats: tuple[str, ...] = ("onnx:fp32", "onnx:fp16")
 
 
 @dataclass(frozen=True)
@@ -113,6 +172,11 @@ class RouteSpec:
             default (TF32 on CUDA), the note saying it is switched off for an fp32 artifact.
         adapter_by_name: the torch backend picks its adapter by name, not by index
             (DirectML); the probe's name travels in the load options.
+        plugin_ep: for the plugin-EP family (``ort-plugin:<name>``, and ``ort-vitisai`` as its
+            preset), every step of bringing the EP up (``PluginEP``); None otherwise.
+        adapter_by_identity: a built-in EP that picks its adapter by index (DirectML's
+            ``device_id``): the index comes from the adapter matched to the xstage device by
+            identity (``xstage.host.adapters``), never 0 by default.
     """
 
     name: str
@@ -143,11 +207,16 @@ class RouteSpec:
     assumed_devices: Mapping[str, tuple[str, ...]] = field(default_factory=_frozen, hash=False)
     fp32_strict_note: str = ""
     adapter_by_name: bool = False
+    plugin_ep: PluginEP | None = field(default=None, hash=False)
+    adapter_by_identity: bool = False
 
     @property
     def env_var(self) -> str:
-        """The environment variable that names this route's interpreter."""
-        return "XSTAGE_PYTHON_" + self.name.upper().replace("-", "_")
+        """The environment variable that names this route's interpreter.
+
+        ``ort-plugin:ggml`` → ``XSTAGE_PYTHON_ORT_PLUGIN_GGML``.
+        """
+        return "XSTAGE_PYTHON_" + re.sub(r"[^A-Z0-9]", "_", self.name.upper())
 
     @property
     def device_classes(self) -> tuple[str, ...]:
@@ -204,6 +273,23 @@ def _openvino_variant(spec: RouteSpec, cpu_vendor: str) -> tuple[str, str]:
 _COMPILING_EP = RouteCost(
     120 * MiB, 3.2, _UNMEASURED + "taken from ort-openvino (a compiling EP in host RAM)", False)
 
+
+#: ort-vitisai as the plugin-EP family's preset (the built-in table ``vitisai``), with every step
+#: of the recipe that brought it up on the seed's laptop (issue 18; not run here: unverified).
+VITISAI = PluginEP(
+    table="vitisai",
+    ep_name="VitisAIExecutionProvider",
+    device_type="NPU",
+    vendor="amd",
+    locate="vitisai",
+    library_names=("onnxruntime_vitisai_ep.dll",),
+    wrong_libraries=_frozen({
+        "onnxruntime_providers_ryzenai.dll": "the package's light EP library: it registers and "
+        "lists the NPU, then claims zero nodes from every graph",
+    }),
+    dll_dir=True,
+    report="vitisai",
+)
 
 _ONNX_ALL = ("onnx:fp32", "onnx:fp16", "onnx:a16w8")
 _ONNX_FLOAT = ("onnx:fp32", "onnx:fp16")
@@ -283,11 +369,12 @@ ROUTES: tuple[RouteSpec, ...] = (
         verified=False,
         ep="VitisAIExecutionProvider",
         min_runtime="1.25",
-        version_note="the VitisAI EP needs onnxruntime >= 1.25, while onnxruntime-directml "
-        "stops at 1.24.x, so ort-vitisai and ort-dml cannot share a venv",
+        version_note="the VitisAI EP library requests ORT API 25 (onnxruntime >= 1.25), while "
+        "onnxruntime-directml stops at 1.24.x, so ort-vitisai and ort-dml cannot share a venv",
         packages=_frozen({"default": ("onnxruntime>=1.25", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/Vitis-AI-ExecutionProvider.html",
         ep_hook=option_hooks.vitisai,
+        plugin_ep=VITISAI,
         cost=RouteCost(
             120 * MiB, 3.2, _UNMEASURED + "taken from ort-openvino, the nearest runtime that "
             "compiles a graph for a device in host RAM", False),
@@ -302,7 +389,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         platforms=_WINDOWS,
         verified=False,
         ep="DmlExecutionProvider",
-        ep_options=_frozen({"device_id": 0}),
+        adapter_by_identity=True,  # never device_id=0 by default (issue 18)
         max_runtime="1.25",
         version_note="DirectML ships only in onnxruntime-directml, whose last release is "
         "1.24.x, while the VitisAI EP needs >= 1.25, so the two cannot share a venv",

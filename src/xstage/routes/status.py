@@ -39,6 +39,15 @@ class ReasonCode(str, Enum):
     EP_NOT_IN_BUILD = "ep_not_in_build"
     #: the EP is there but lists no device of the classes this route drives
     EP_NO_DEVICE = "ep_no_device"
+    #: a plugin EP's library was not found (its package not importable, its path not a file,
+    #: no step of the VitisAI locator found it)
+    EP_LIBRARY_NOT_FOUND = "ep_library_not_found"
+    #: the library found is one known to register and then run nothing (VitisAI's light DLL)
+    EP_LIBRARY_WRONG = "ep_library_wrong"
+    #: the library is there, but a library it depends on does not load (not on the search path)
+    EP_DEPENDENCY_NOT_LOADABLE = "ep_dependency_not_loadable"
+    #: onnxruntime refused to register the library for another reason (its message is kept)
+    EP_REGISTRATION_FAILED = "ep_registration_failed"
     #: torch imports but the route's backend module (torch_directml) does not
     BACKEND_NOT_IMPORTABLE = "backend_not_importable"
     #: torch imports but the device is not available (CUDA unavailable, no DirectML adapter)
@@ -94,6 +103,9 @@ class RouteStatus:
         ep_plugin: what a worker needs to ask onnxruntime for the EP: ``kind`` (``plugin``
             or ``builtin``), ``ep_name``, plugin ``module``/``registration_name``, and per
             device id the options or EP-device selector. None for torch or when missing.
+        probe_cached: the probe came from the cache.
+        steps: a plugin EP's bring-up, step by step (where its library was looked for and
+            found, registered, which EP devices it listed); shown by ``xstage devices``.
     """
 
     name: str
@@ -111,6 +123,7 @@ class RouteStatus:
     probe: Mapping[str, Any] | None = None
     ep_plugin: Mapping[str, Any] | None = None
     probe_cached: bool = False
+    steps: tuple[str, ...] = ()
 
     @property
     def resolved(self) -> bool:
@@ -143,6 +156,7 @@ class RouteStatus:
             "os_side": spec.os_side,
             "probe_cached": self.probe_cached,
             "reference_arm": spec.reference_arm,
+            "steps": list(self.steps),
         }
 
 

@@ -253,7 +253,8 @@ def _prove(setup: Setup, warm: WarmUp) -> evidence.PlacementProof:
         assignment=info.get("assignment") if isinstance(info.get("assignment"), list) else None,
         fallback_banner=info.get("fallback_banner"), graph_nodes=list(setup.nodes),
         min_placement=setup.min_placement, ort_version=info.get("onnxruntime"),
-        node_names=info.get("node_names") if isinstance(info.get("node_names"), dict) else None)
+        node_names=info.get("node_names") if isinstance(info.get("node_names"), dict) else None,
+        ep_report=info.get("ep_report") if isinstance(info.get("ep_report"), dict) else None)
 
 
 def _detail(cand: Candidate, setup: Setup, warm: WarmUp) -> dict[str, Any]:
