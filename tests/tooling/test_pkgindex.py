@@ -39,7 +39,8 @@ def test_pip_too_slow_is_unreachable(monkeypatch):
         raise pkgindex.subprocess.TimeoutExpired(cmd, kw["timeout"])
 
     monkeypatch.setattr(pkgindex.subprocess, "run", slow)
-    assert pkgindex.unreachable() == "pip did not reach its package index within 15 s (pip index versions pip)"
+    assert pkgindex.unreachable() == (
+        "pip did not reach its package index within 15 s (pip index versions pip)")
 
 
 def test_require_skips_naming_what_and_why(monkeypatch):
