@@ -169,7 +169,8 @@ class Pipeline:
             self._kick()
         if req.error is not None:
             raise req.error
-        assert req.result is not None
+        if req.result is None:  # cannot happen: every way out of _drive resolves it
+            raise errors.StageClosed(f"the {c.route} worker is {c.state.value}")
         return req.result
 
     def _call_fast(self, region: shm.Region, feeds: Mapping[str, np.ndarray],
@@ -299,10 +300,11 @@ class Pipeline:
             self._drive(lambda: not self.inflight, publish=False)
 
     def take_queued(self) -> list[_Req]:
-        """Hand over the requests not yet published (a restarted stage serves them)."""
+        """Hand over the submitted requests not yet published (a restarted stage serves them)."""
         with self.mu:
-            queued = list(self.queue)
-            self.queue.clear()
+            queued = [r for r in self.queue if r.future is not None]
+            for req in queued:
+                self.queue.remove(req)
         return queued
 
     def adopt(self, reqs: list[_Req]) -> None:
@@ -660,7 +662,9 @@ class Pipeline:
         with self.mu:
             inflight = list(self.inflight)
             self.inflight.clear()
-            queued = list(self.queue)
+            # A synchronous caller drives its own request: it hears of the death itself.
+            inflight += [r for r in self.queue if r.future is None]
+            queued = [r for r in self.queue if r.future is not None]
             self.queue.clear()
         gen_exc: BaseException = exc
         if isinstance(exc, errors.CallTimeout):

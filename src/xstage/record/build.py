@@ -40,12 +40,14 @@ def build_record(
     memory: Mapping[str, Any] | None = None,
     ledger: Mapping[str, Any] | None = None,
     device_attestation: Mapping[str, Any] | None = None,
+    serving: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The versioned record every ``external`` run writes, placed, refused or failed.
 
     ``exit_code`` defaults to the one ``status`` implies (``xstage.exit_codes``).
     ``device_attestation`` is the attested device of the chosen candidate, or of the last one
     refused after its worker ran (DESIGN §4 layer 3); None where no worker ran.
+    ``serving`` is an API stage's depth, restart policy and generations (absent otherwise).
     """
     candidates = _candidates(plan, tried)
     chosen = next(({"device": c.device, "route": c.route.name} for c, o, _ in tried
@@ -54,7 +56,7 @@ def build_record(
     if error is not None:
         err = {"type": type(error).__name__, "message": getattr(error, "message", str(error)),
                "remedy": getattr(error, "remedy", None)}
-    return {
+    doc = {
         "schema_version": SCHEMA_VERSION,
         "kind": "xstage.external",
         "xstage_version": __version__,
@@ -76,6 +78,9 @@ def build_record(
         "ledger": dict(ledger) if ledger else None,
         "device_attestation": dict(device_attestation) if device_attestation else None,
     }
+    if serving is not None:
+        doc["serving"] = dict(serving)
+    return doc
 
 
 def _candidates(plan: Plan | None,
