@@ -132,7 +132,7 @@ class RemoteProtocolError(ProtocolError):
 
 
 class WorkerError(XstageError):
-    """Raised when the worker process fails; names the route and pid where known."""
+    """Raised when the worker process fails; names the route, pid and generation where known."""
 
     def __init__(
         self,
@@ -141,14 +141,17 @@ class WorkerError(XstageError):
         remedy: str | None = None,
         pid: int | None = None,
         log_tail: str = "",
+        generation: int | None = None,
     ) -> None:
         super().__init__(message, remedy=remedy)
         self.pid = pid
         self.log_tail = log_tail
+        #: The worker's generation in its stage (1 for the first worker), where known.
+        self.generation = generation
 
 
 class WorkerDied(WorkerError):
-    """Raised when the worker exited; ``exit_status`` and ``log_tail`` say how."""
+    """Raised when the worker exited; ``exit_status``, ``generation`` and ``log_tail`` say how."""
 
     def __init__(
         self,
@@ -158,8 +161,10 @@ class WorkerDied(WorkerError):
         remedy: str | None = None,
         pid: int | None = None,
         log_tail: str = "",
+        generation: int | None = None,
     ) -> None:
-        super().__init__(message, remedy=remedy, pid=pid, log_tail=log_tail)
+        super().__init__(message, remedy=remedy, pid=pid, log_tail=log_tail,
+                         generation=generation)
         self.exit_status = exit_status
 
 

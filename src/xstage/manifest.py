@@ -27,7 +27,7 @@ from typing import Any
 from xstage import errors
 
 __all__ = ["MANIFEST_KIND", "MANIFEST_VERSION", "check_files", "file_entry", "manifest_path",
-           "read_manifest", "sha256_file", "validate_manifest", "write_manifest"]
+           "read_manifest", "sha256_file", "state_pairs", "validate_manifest", "write_manifest"]
 
 MANIFEST_KIND = "xstage.artifact"
 MANIFEST_VERSION = 1
@@ -49,6 +49,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "fp32_source": ((str, type(None)), False),
     "calibration": ((dict, type(None)), False),
     "created": ((str,), False),
+    "state": ((list, type(None)), False),
 }
 _FORMAT = re.compile(r"^(onnx:(fp32|fp16|a16w8)|pt:(fp32|fp16))$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
@@ -123,7 +124,48 @@ def validate_manifest(doc: Any, where: Path) -> dict[str, Any]:
             if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
                     or not isinstance(spec.get("dtype"), str) or not isinstance(spec.get("shape"), list):
                 raise bad(f"each of {key} must be {{name, dtype, shape}}")
+    _check_state(doc, where, bad)
     return doc
+
+
+def _check_state(doc: Mapping[str, Any], where: Path, bad: Any) -> None:
+    """``state``: pairs ``{input, output, init}``, an output fed back as an input on the next
+    call; ``init`` is ``"zeros"`` or a ``.npy`` file beside the manifest. Each input and
+    output is one of the manifest's own, used once."""
+    pairs = doc.get("state")
+    if pairs is None:
+        return
+    if not pairs:
+        raise bad("state lists no pairs (leave it out, or null, for a stage without state)")
+    ins = {spec["name"] for spec in doc["inputs"]}
+    outs = {spec["name"] for spec in doc["outputs"]}
+    used: set[tuple[str, str]] = set()
+    for pair in pairs:
+        if not isinstance(pair, dict) or set(pair) != {"input", "output", "init"} \
+                or not all(isinstance(pair[k], str) for k in pair):
+            raise bad("each state pair must be {input, output, init} of strings")
+        if pair["input"] not in ins or pair["output"] not in outs:
+            raise bad(f"state pair {pair['output']!r} -> {pair['input']!r} names no output and "
+                      "input of this manifest")
+        for role in ("input", "output"):
+            if (role, pair[role]) in used:
+                raise bad(f"state {role} {pair[role]!r} is in two pairs")
+            used.add((role, pair[role]))
+        if pair["init"] != "zeros":
+            if not pair["init"].endswith(".npy"):
+                raise bad(f"state init {pair['init']!r} is neither \"zeros\" nor a .npy file")
+            _inside(where.parent, pair["init"], "state init", where)
+
+
+def state_pairs(doc: Mapping[str, Any], where: Path | None) -> list[dict[str, Any]]:
+    """The manifest's state pairs, each with ``path`` (the init file, absolute) or None."""
+    out = []
+    for pair in doc.get("state") or []:
+        path = None
+        if pair["init"] != "zeros" and where is not None:
+            path = str(_inside(where.parent, pair["init"], "state init", where))
+        out.append({**pair, "path": path})
+    return out
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -182,8 +224,12 @@ def write_manifest(graph: Path, *, component: str, fmt: str, files: Sequence[Pat
                    inputs: Sequence[Mapping[str, Any]], outputs: Sequence[Mapping[str, Any]],
                    opset: int | None = None, sanitize: Mapping[str, Any] | None = None,
                    parity: Mapping[str, Any] | None = None, fp32_source: str | None = None,
-                   calibration: Mapping[str, Any] | None = None) -> Path:
-    """Hash ``files`` (all beside ``graph``), validate, and write the manifest atomically."""
+                   calibration: Mapping[str, Any] | None = None,
+                   state: Sequence[Mapping[str, str]] | None = None) -> Path:
+    """Hash ``files`` (all beside ``graph``), validate, and write the manifest atomically.
+
+    ``state``: the stage's state pairs, ``{input, output, init}`` (docs/serving.md).
+    """
     folder = graph.parent
     doc: dict[str, Any] = {
         "kind": MANIFEST_KIND, "manifest_version": MANIFEST_VERSION, "component": component,
@@ -193,6 +239,8 @@ def write_manifest(graph: Path, *, component: str, fmt: str, files: Sequence[Pat
         "parity": dict(parity) if parity else None, "fp32_source": fp32_source,
         "calibration": dict(calibration) if calibration else None, "created": _utc_now(),
     }
+    if state:
+        doc["state"] = [dict(pair) for pair in state]
     where = manifest_path(graph)
     validate_manifest(doc, where)
     fd, tmp = tempfile.mkstemp(prefix=f".{where.name}.", dir=folder)

@@ -377,7 +377,7 @@ class OrtRuntime:
             "bound_device": bound_device,
         }
         self._binding = None
-        self._bound_key = None
+        self._bindings = {}  # slot set -> (its io binding, the input shapes it was made for)
 
     def run(self, feeds):
         """Outputs by name, in graph order, for inputs by name."""
@@ -415,16 +415,19 @@ class OrtRuntime:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
             self._profile_dir = None
 
-    def run_into(self, feeds, out_views):
+    def run_into(self, feeds, out_views, slot_set=0):
         """Run with inputs read in place and fixed-shape outputs written into ``out_views``.
 
         ``out_views`` maps output name → a writable numpy view of its slot, or None where
         the shape is data-dependent (then the value comes back as an array to copy).
+        ``slot_set`` names the region's slot set the views belong to (one binding each).
         Returns the outputs that were not written in place.
         """
-        # Slot addresses never move while a region lives, so shapes alone key the binding.
+        # A set's slot addresses never move while a region lives, so the set and the shapes
+        # key its binding.
         key = tuple((n, a.shape) for n, a in feeds.items())
-        if self._binding is None or key != self._bound_key:
+        bound = self._bindings.get(slot_set)
+        if bound is None or key != bound[1]:
             io = self.session.io_binding()
             for name, arr in feeds.items():
                 io.bind_input(name, "cpu", 0, arr.dtype, list(arr.shape),
@@ -436,8 +439,10 @@ class OrtRuntime:
                                    view.__array_interface__["data"][0])
                 else:
                     io.bind_output(o["name"], "cpu")
-            self._binding, self._bound_key = io, key
+            self._bindings[slot_set] = (io, key)
+            self._binding = io
         else:
+            self._binding = bound[0]
             # After a run the binding holds the value ORT allocated for each unbound output;
             # a data-dependent one must be unallocated again or the next size is refused.
             for o in self.outputs:
@@ -459,12 +464,13 @@ class OrtRuntime:
         return rest
 
     def unbind(self):
-        """Forget the I/O binding: the slots it points at are gone (a resized region)."""
+        """Forget the I/O bindings: the slots they point at are gone (a resized region)."""
         self._binding = None
-        self._bound_key = None
+        self._bindings = {}
 
     def close(self):
         self._binding = None
+        self._bindings = {}
         self.session = None
         if self._profile_dir is not None:
             shutil.rmtree(self._profile_dir, ignore_errors=True)

@@ -5,18 +5,19 @@ inputs and outputs then), handed over once (a memfd passed over the control sock
 named file under /dev/shm unlinked as soon as both ends hold it), and used for every call
 after. On this path the control socket carries only errors, inline fallbacks and liveness.
 
-Layout v2 (integers little-endian, offsets in bytes)::
+Layout v2 with K slot sets (integers little-endian, offsets in bytes; ``b(s) = 64 + 192 s``)::
 
       0 +--------------------------------------------------+
         | "XSR1" | u32 version | u64 size | u32 n_slots     |   identity (client, once)
-        | u32 generation | u32 n_sets                      |
-     64 +--------------------------------------------------+
-        | req_id u64 | client_asleep u32 | client_cpu u32 |   client writes (set 0)
-        | req_gen u32                                      |
-    128 +--------------------------------------------------+
-        | resp_id u64 | status u32 | pad | worker_ns u64   |   worker writes (set 0)
-        | rss u64 | peak u64 | worker_asleep u32 | worker_cpu u32 | resp_gen u32 |
-    256 +--------------------------------------------------+
+        | u32 generation | u32 n_sets (K)                  |
+   b(s) +--------------------------------------------------+   control block of set s:
+        | req_id u64 | client_asleep u32 | client_cpu u32 |   client writes
+        | req_gen u32 | req_flags u32 | pub_ns u64 | cancel_id u64 |
+ b(s)+64+--------------------------------------------------+
+        | resp_id u64 | status u32 | pad | worker_ns u64   |   worker writes
+        | rss u64 | peak u64 | worker_asleep u32 | worker_cpu u32 | resp_gen u32 | pad |
+        | taken_id u64 | pad u64 | start_ns u64 | end_ns u64 | flags u32 |
+  b(K) +--------------------------------------------------+   (aligned to 64)
         | descriptor[0] .. descriptor[n_slots-1]           |   272 B each:
         |   u8 dtype code, u8 rank, u16 pad, u32 pad,      |   inputs: client writes
         |   u64 nbytes, u64 dims[32]                       |   outputs: worker writes
@@ -24,19 +25,42 @@ Layout v2 (integers little-endian, offsets in bytes)::
         | slot data, each slot aligned to 64 B             |
    size +--------------------------------------------------+
 
-Every slot belongs to a *slot set* (its ``set`` field): the inputs and outputs of one request
-in flight. There is one set for now (``n_sets == 1``); the control block above is set 0's.
+With K = 1 this is the layout of one set exactly (descriptors at 256). The asleep flags and CPU
+numbers exist once, in set 0's block: the doorbell is the region's, not a set's.
 
-Who may touch what, by the two request ids (one call in flight per set)::
+Every slot belongs to a *slot set* (its ``set`` field): the inputs and outputs of one request
+in flight. K sets let K requests be in flight at once: the client writes request n+1's inputs
+into the next set while the worker computes request n. The client publishes requests into the
+sets in cyclic order (0, 1, .., K-1, 0, ..) and the worker takes them in the same order, so
+results come back in submission order.
+
+Who may touch a set, by its two request ids (one request in flight per set)::
 
     state       condition                 owner of slots+descriptors  next move
     IDLE        req_id == resp_id         client                      client writes inputs,
-                                                                      then req_gen, req_id
-                                                                      (a fresh id), rings
-    REQUESTED   req_id != resp_id         worker                      worker runs, writes
-                                                                      outputs + status, then
-                                                                      resp_gen, resp_id =
+                                                                      then req_gen, pub_ns,
+                                                                      req_id (a fresh id),
+                                                                      rings
+    REQUESTED   req_id != resp_id,        worker (may read)           worker writes taken_id
+                taken_id != req_id                                    = req_id (the request
+                                                                      has *started*), then
+                                                                      reads cancel_id
+    RUNNING     taken_id == req_id        worker                      worker runs, writes
+                                                                      outputs, status, stamps,
+                                                                      then resp_gen, resp_id =
                                                                       req_id, rings
+
+Cancel (a request published but not started): the client writes ``cancel_id = req_id``, then
+reads ``taken_id``. The worker reads ``cancel_id`` *before* it writes ``taken_id``; a cancelled
+request is answered with status 3 and never run. So a client that still sees ``taken_id !=
+req_id`` after writing ``cancel_id`` knows no result will be delivered for it; on x86 the
+worker may, in a window of a store buffer's drain, miss the cancel and run the request anyway:
+its outputs are then discarded by the client, never delivered (a stateful stage therefore does
+not withdraw published requests).
+
+Stamps (``time.monotonic_ns``, one clock for both processes on one kernel): ``pub_ns`` when the
+client published the request, ``start_ns``/``end_ns`` around the worker's compute. They let
+tests check order without a wall clock.
 
 A request id is the client's per-stage request counter (the same ids its frames carry, never
 reused), so a reply left over from an interrupted call can never be taken for a later call's:
@@ -89,14 +113,18 @@ from .wire import CODE_DTYPES, DTYPE_CODES, DTYPES, MAX_DIM, MAX_RANK, ProtocolE
 
 __all__ = [
     "DATA_ALIGN",
+    "FLAG_RESET_STATE",
+    "FLAG_STATE_RESET",
     "MAX_REGION_BYTES",
     "SPIN",
     "SPIN_SECONDS",
+    "STATUS_CANCELLED",
     "STATUS_ERROR",
     "STATUS_INLINE",
     "STATUS_OK",
     "Doorbell",
     "Region",
+    "desc_offset",
     "plan_layout",
     "validate_layout",
 ]
@@ -104,8 +132,8 @@ __all__ = [
 MAGIC = b"XSR1"
 #: 2: request ids and generations in the control block, slot sets in the slot table.
 VERSION = 2
-#: Slot sets in one region (requests in flight at once); issue 15 raises it.
-MAX_SETS = 1
+#: Slot sets in one region at most (requests in flight at once; ``open_stage(depth=K)``).
+MAX_SETS = 64
 MAX_GENERATION = (1 << 32) - 1
 #: The documented ceiling of one region; stages whose declared I/O exceed it go inline.
 #: Malformed ``XSTAGE_*`` numbers read below, one line each (the default is used meanwhile);
@@ -131,6 +159,10 @@ def _env_number(name, default, cast, example):
 
 MAX_REGION_BYTES = _env_number("XSTAGE_MAX_REGION_BYTES", 4 << 30, int, "4294967296")
 MAX_SLOTS = 1024
+#: The first control block, and the stride of one set's block (client half 64, worker 128).
+CTL_OFF = 64
+CTL_STRIDE = 192
+#: Where descriptors start in a one-set region (``desc_offset(1)``).
 DESC_OFF = 256
 DESC = struct.Struct("<BBHIQ" + "Q" * MAX_RANK)  # 272 bytes
 DATA_ALIGN = 64
@@ -153,6 +185,16 @@ NUDGE_SECONDS = 0.001
 STATUS_OK = 0
 STATUS_ERROR = 1
 STATUS_INLINE = 2
+#: The request was withdrawn by the client before it started; it did not run.
+STATUS_CANCELLED = 3
+
+# Offsets inside one set's control block (see the layout above).
+_R_REQ_ID, _R_REQ_GEN, _R_REQ_FLAGS, _R_PUB_NS, _R_CANCEL_ID = 0, 16, 20, 24, 32
+#: ``req_flags``: reset the stage's state to its initial value before this request.
+FLAG_RESET_STATE = 1
+#: ``flags`` of an answer: the request ran from the initial state (a reset, or a new worker).
+FLAG_STATE_RESET = 1
+_R_RESP_ID, _R_STATUS, _R_RESP_GEN, _R_TAKEN_ID, _R_STAMPS = 64, 72, 112, 120, 136
 
 #: Spin only where plain stores and loads are ordered (see the NOTE above).
 SPIN = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
@@ -175,6 +217,14 @@ _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _HEAD = struct.Struct("<4sIQIII")
 _RESPONSE = struct.Struct("<IIQQQ")
+_STAMPS = struct.Struct("<QQI")  # start_ns, end_ns, flags
+#: A set's whole answer in one read, from ``status`` to ``flags``.
+_ANSWER = struct.Struct("<IIQQQIIIIQQQQI")
+
+
+def desc_offset(n_sets):
+    """Where the descriptors start in a region of ``n_sets`` slot sets."""
+    return _align(CTL_OFF + CTL_STRIDE * n_sets, DATA_ALIGN)
 
 
 def _load_getcpu():
@@ -197,25 +247,28 @@ def _align(n, a):
     return (n + a - 1) // a * a
 
 
-def plan_layout(inputs, outputs):
+def plan_layout(inputs, outputs, sets=1):
     """Slot table for declared I/O: ``[(name, role, tag, capacity)]`` → (slots, size).
 
     Every input needs a known capacity (else ``(None, 0)``: the stage runs inline). An
     output whose capacity is ``None`` (a data-dependent dimension) gets no slot and comes
-    back inline. Returns ``(slots, size)``; ``(None, 0)`` also when the region would exceed
-    ``MAX_REGION_BYTES``.
+    back inline. ``sets`` slot sets hold the same slots each. Returns ``(slots, size)``;
+    ``(None, 0)`` also when the region would exceed ``MAX_REGION_BYTES``.
     """
     if not inputs or any(c is None for _, _, c in inputs):
         return None, 0
+    if type(sets) is not int or not 1 <= sets <= MAX_SETS:
+        raise ValueError("sets %r is outside [1, %d]" % (sets, MAX_SETS))
     specs = [(n, "in", t, c) for n, t, c in inputs]
     specs += [(n, "out", t, c) for n, t, c in outputs if c is not None]
-    data_off = _align(DESC_OFF + len(specs) * DESC.size, PAGE)
+    data_off = _align(desc_offset(sets) + len(specs) * sets * DESC.size, PAGE)
     cursor = data_off
     slots = []
-    for name, role, tag, cap in specs:
-        slots.append({"name": name, "role": role, "dtype": tag, "capacity": int(cap),
-                      "offset": cursor, "set": 0})
-        cursor = _align(cursor + max(int(cap), 1), DATA_ALIGN)
+    for s in range(sets):
+        for name, role, tag, cap in specs:
+            slots.append({"name": name, "role": role, "dtype": tag, "capacity": int(cap),
+                          "offset": cursor, "set": s})
+            cursor = _align(cursor + max(int(cap), 1), DATA_ALIGN)
     size = _align(cursor, PAGE)
     if size > MAX_REGION_BYTES:
         return None, 0
@@ -225,7 +278,7 @@ def plan_layout(inputs, outputs):
 _SLOT_KEYS = {"name", "role", "dtype", "capacity", "offset", "set"}
 
 
-def validate_layout(size, slots):
+def validate_layout(size, slots, n_sets=1):
     """Check a slot table received from the peer before mapping anything.
 
     Every malformed table raises ``ProtocolError`` (never ``TypeError``/``ValueError``): the
@@ -233,21 +286,23 @@ def validate_layout(size, slots):
     """
     if type(size) is not int or size <= 0 or size > MAX_REGION_BYTES:
         raise ProtocolError("region size %r is outside (0, %d]" % (size, MAX_REGION_BYTES))
+    if type(n_sets) is not int or not 1 <= n_sets <= MAX_SETS:
+        raise ProtocolError("region set count %r is outside [1, %d]" % (n_sets, MAX_SETS))
     if not isinstance(slots, list) or not slots or len(slots) > MAX_SLOTS:
         raise ProtocolError("region slot table must list 1..%d slots" % MAX_SLOTS)
-    data_off = _align(DESC_OFF + len(slots) * DESC.size, PAGE)
+    data_off = _align(desc_offset(n_sets) + len(slots) * DESC.size, PAGE)
     seen = set()
     end = data_off
     for i, s in enumerate(slots):
         if not isinstance(s, dict) or set(s) != _SLOT_KEYS:
             raise ProtocolError("region slot %d must have exactly %s" % (i, ", ".join(sorted(_SLOT_KEYS))))
         name, role = s["name"], s["role"]
+        if type(s["set"]) is not int or not 0 <= s["set"] < n_sets:
+            raise ProtocolError("region slot %r: set %r is outside [0, %d)" % (name, s["set"], n_sets))
         if not isinstance(name, str) or not isinstance(role, str) or role not in ("in", "out") \
-                or (role, name) in seen:
+                or (s["set"], role, name) in seen:
             raise ProtocolError("region slot %d: bad or duplicate role/name %r" % (i, (role, name)))
-        seen.add((role, name))
-        if type(s["set"]) is not int or not 0 <= s["set"] < MAX_SETS:
-            raise ProtocolError("region slot %r: set %r is outside [0, %d)" % (name, s["set"], MAX_SETS))
+        seen.add((s["set"], role, name))
         if not isinstance(s["dtype"], str) or s["dtype"] not in DTYPES:
             raise ProtocolError("region slot %r: dtype %r not on the whitelist" % (name, s["dtype"]))
         cap, off = s["capacity"], s["offset"]
@@ -257,6 +312,11 @@ def validate_layout(size, slots):
             raise ProtocolError("region slot %r at [%d, %d) overlaps or leaves the region"
                                 % (name, off, off + cap))
         end = off + cap
+    first = sorted((d["role"], d["name"], d["dtype"]) for d in slots if d["set"] == 0)
+    for k in range(1, n_sets):
+        other = sorted((d["role"], d["name"], d["dtype"]) for d in slots if d["set"] == k)
+        if other != first:
+            raise ProtocolError("region set %d does not hold the same slots as set 0" % k)
     return data_off
 
 
@@ -267,7 +327,8 @@ class Region:
     ``__del__`` (unmapping under live numpy views raises, so close tolerates it).
     """
 
-    def __init__(self, mm, size, slots, kind, name=None, creator=False, generation=1):
+    def __init__(self, mm, size, slots, kind, name=None, creator=False, generation=1,
+                 n_sets=1):
         self.mm = mm
         self.generation = generation
         self.size = size
@@ -275,7 +336,10 @@ class Region:
         self.kind = kind
         self.name = name
         self.creator = creator
-        self.index = {(s["role"], s["name"]): i for i, s in enumerate(slots)}
+        self.n_sets = n_sets
+        self.desc_off = desc_offset(n_sets)
+        self.index = {(s.get("set", 0), s["role"], s["name"]): i for i, s in enumerate(slots)}
+        self._base = [CTL_OFF + CTL_STRIDE * k for k in range(n_sets)]
         self._views = {}
         self._packed = {}
         self._read = {}
@@ -283,7 +347,7 @@ class Region:
 
     # ------------------------------------------------------------------ creation / attach
     @classmethod
-    def create(cls, size, slots, kind="auto", generation=1):
+    def create(cls, size, slots, kind="auto", generation=1, n_sets=1):
         """Make a region for one worker generation: a memfd where the OS allows, else a
         named file (stale names of dead creators are swept first)."""
         if kind == "auto":
@@ -305,17 +369,18 @@ class Region:
             if name:
                 _unlink(name)
             raise
-        region = cls(mm, size, slots, kind, name, creator=True, generation=generation)
+        region = cls(mm, size, slots, kind, name, creator=True, generation=generation,
+                     n_sets=n_sets)
         region.fd = fd
-        _HEAD.pack_into(mm, 0, MAGIC, VERSION, size, len(slots), generation, MAX_SETS)
+        _HEAD.pack_into(mm, 0, MAGIC, VERSION, size, len(slots), generation, n_sets)
         return region
 
     @classmethod
-    def attach(cls, fd_or_name, size, slots, generation=1):
+    def attach(cls, fd_or_name, size, slots, generation=1, n_sets=1):
         """Map a region the peer made for ``generation``; validates the slot table first,
         then the identity (a region of another generation is refused)."""
         try:
-            validate_layout(size, slots)
+            validate_layout(size, slots, n_sets)
         except ProtocolError:
             if not isinstance(fd_or_name, str):
                 os.close(fd_or_name)
@@ -336,17 +401,18 @@ class Region:
             os.close(fd)
         if name:
             _unlink(name)  # both ends hold it now: the name has done its job
-        magic, version, got_size, n, gen, n_sets = _HEAD.unpack_from(mm, 0)
+        magic, version, got_size, n, gen, got_sets = _HEAD.unpack_from(mm, 0)
         if magic != MAGIC or version != VERSION or got_size != size or n != len(slots) \
-                or n_sets != MAX_SETS:
+                or got_sets != n_sets:
             mm.close()
             raise ProtocolError("region identity %r v%d size %d n %d sets %d does not match the "
-                                "table (v%d)" % (magic, version, got_size, n, n_sets, VERSION))
+                                "table (v%d, %d sets)" % (magic, version, got_size, n, got_sets,
+                                                          VERSION, n_sets))
         if gen != generation:
             mm.close()
             raise ProtocolError("region generation %d, this worker is generation %d (a region is "
                                 "never reused across generations)" % (gen, generation))
-        return cls(mm, size, slots, kind, name, generation=generation)
+        return cls(mm, size, slots, kind, name, generation=generation, n_sets=n_sets)
 
     def handed_over(self):
         """The creator's half of "unlinked as soon as both ends hold it"."""
@@ -372,33 +438,68 @@ class Region:
     def closed(self):
         return self._closed
 
-    # ------------------------------------------------------------------ control block
-    def req_id(self):
-        return _U64.unpack_from(self.mm, OFF_REQ_SEQ)[0]
+    # ------------------------------------------------------------------ control blocks
+    # Every method takes the slot set ``s`` (0 by default: the one set of a depth-1 region).
+    def req_id(self, s=0):
+        return _U64.unpack_from(self.mm, self._base[s] + _R_REQ_ID)[0]
 
-    def resp_id(self):
-        return _U64.unpack_from(self.mm, OFF_RESP_SEQ)[0]
+    def resp_id(self, s=0):
+        return _U64.unpack_from(self.mm, self._base[s] + _R_RESP_ID)[0]
 
-    def req_gen(self):
-        return _U32.unpack_from(self.mm, OFF_REQ_GEN)[0]
+    def req_gen(self, s=0):
+        return _U32.unpack_from(self.mm, self._base[s] + _R_REQ_GEN)[0]
 
-    def resp_gen(self):
-        return _U32.unpack_from(self.mm, OFF_RESP_GEN)[0]
+    def resp_gen(self, s=0):
+        return _U32.unpack_from(self.mm, self._base[s] + _R_RESP_GEN)[0]
 
-    def answered(self, rid):
-        """True when the published response answers request ``rid`` of this generation."""
-        return self.resp_id() == rid and self.resp_gen() == self.generation
+    def answered(self, rid, s=0):
+        """True when set ``s``'s published response answers request ``rid`` of this generation."""
+        return self.resp_id(s) == rid and self.resp_gen(s) == self.generation
 
-    def publish_request(self, rid):
-        # NOTE: inputs and descriptors are already written; the generation, then the id last.
-        _U32.pack_into(self.mm, OFF_REQ_GEN, self.generation)
-        _U64.pack_into(self.mm, OFF_REQ_SEQ, rid)
+    def publish_request(self, rid, s=0, flags=0):
+        # NOTE: inputs and descriptors are already written; the generation, flags and the
+        # stamp, then the id last.
+        base = self._base[s]
+        _U32.pack_into(self.mm, base + _R_REQ_GEN, self.generation)
+        _U32.pack_into(self.mm, base + _R_REQ_FLAGS, flags)
+        _U64.pack_into(self.mm, base + _R_PUB_NS, time.monotonic_ns())
+        _U64.pack_into(self.mm, base + _R_REQ_ID, rid)
 
-    def publish_response(self, rid, status, worker_ns, rss=0, peak=0):
-        # NOTE: outputs and descriptors first, then status and stats, the id last.
-        _RESPONSE.pack_into(self.mm, OFF_STATUS, status, 0, worker_ns, rss, peak)
-        _U32.pack_into(self.mm, OFF_RESP_GEN, self.generation)
-        _U64.pack_into(self.mm, OFF_RESP_SEQ, rid)
+    def req_flags(self, s=0):
+        return _U32.unpack_from(self.mm, self._base[s] + _R_REQ_FLAGS)[0]
+
+    def take(self, rid, s=0):
+        """The worker's start of request ``rid`` in set ``s``: False when it was withdrawn.
+
+        NOTE (ordering): ``cancel_id`` is read *before* ``taken_id`` is written (see "Cancel").
+        """
+        base = self._base[s]
+        if _U64.unpack_from(self.mm, base + _R_CANCEL_ID)[0] == rid:
+            return False
+        _U64.pack_into(self.mm, base + _R_TAKEN_ID, rid)
+        return True
+
+    def withdraw(self, rid, s=0):
+        """The client's cancel of published request ``rid``: True when it had not started.
+
+        NOTE (ordering): ``cancel_id`` is written *before* ``taken_id`` is read.
+        """
+        base = self._base[s]
+        _U64.pack_into(self.mm, base + _R_CANCEL_ID, rid)
+        return _U64.unpack_from(self.mm, base + _R_TAKEN_ID)[0] != rid
+
+    def started(self, rid, s=0):
+        """True once the worker has taken request ``rid`` of set ``s``."""
+        return _U64.unpack_from(self.mm, self._base[s] + _R_TAKEN_ID)[0] == rid
+
+    def publish_response(self, rid, status, worker_ns, rss=0, peak=0, s=0, start_ns=0,
+                         end_ns=0, flags=0):
+        # NOTE: outputs and descriptors first, then status, stats and stamps, the id last.
+        base = self._base[s]
+        _RESPONSE.pack_into(self.mm, base + _R_STATUS, status, 0, worker_ns, rss, peak)
+        _STAMPS.pack_into(self.mm, base + _R_STAMPS, start_ns, end_ns, flags)
+        _U32.pack_into(self.mm, base + _R_RESP_GEN, self.generation)
+        _U64.pack_into(self.mm, base + _R_RESP_ID, rid)
 
     def set_flag(self, off, value):
         _U32.pack_into(self.mm, off, value)
@@ -406,18 +507,31 @@ class Region:
     def flag(self, off):
         return _U32.unpack_from(self.mm, off)[0]
 
-    def response(self):
-        """(status, worker_ns, rss, peak) of the last published response."""
-        status, _, worker_ns, rss, peak = _RESPONSE.unpack_from(self.mm, OFF_STATUS)
+    def response(self, s=0):
+        """(status, worker_ns, rss, peak) of set ``s``'s last published response."""
+        status, _, worker_ns, rss, peak = _RESPONSE.unpack_from(self.mm, self._base[s] + _R_STATUS)
         return status, worker_ns, rss, peak
 
-    # ------------------------------------------------------------------ descriptors + slots
-    def has(self, role, name):
-        return (role, name) in self.index
+    def answer(self, s=0):
+        """Set ``s``'s answer in one read: (status, worker_ns, rss, peak, published_ns,
+        start_ns, end_ns, flags)."""
+        base = self._base[s]
+        f = _ANSWER.unpack_from(self.mm, base + _R_STATUS)
+        return (f[0], f[2], f[3], f[4], _U64.unpack_from(self.mm, base + _R_PUB_NS)[0],
+                f[11], f[12], f[13])
 
-    def write(self, role, name, arr):
+    # ------------------------------------------------------------------ descriptors + slots
+    def has(self, role, name, s=0):
+        return (s, role, name) in self.index
+
+    def capacity(self, role, name, s=0):
+        """The byte capacity of a slot, or None when it has none."""
+        i = self.index.get((s, role, name))
+        return None if i is None else self.slots[i]["capacity"]
+
+    def write(self, role, name, arr, s=0):
         """Copy ``arr`` into its slot and describe it; False if it has no slot or does not fit."""
-        i = self.index.get((role, name))
+        i = self.index.get((s, role, name))
         if i is None:
             return False
         slot = self.slots[i]
@@ -426,12 +540,12 @@ class Region:
             return False
         self._put_desc(i, arr.shape, nbytes)
         if nbytes:
-            np.copyto(self.view(role, name, arr.dtype, arr.shape), arr, casting="no")
+            np.copyto(self.view(role, name, arr.dtype, arr.shape, s), arr, casting="no")
         return True
 
-    def describe(self, role, name, shape, nbytes):
+    def describe(self, role, name, shape, nbytes, s=0):
         """Write only the descriptor (the data was written in place)."""
-        self._put_desc(self.index[(role, name)], tuple(shape), nbytes)
+        self._put_desc(self.index[(s, role, name)], tuple(shape), nbytes)
 
     def _put_desc(self, i, shape, nbytes):
         # The packed bytes of a (slot, shape) pair never change: pack once, then one slice
@@ -444,13 +558,13 @@ class Region:
             if len(self._packed) > 256:
                 self._packed.clear()
             self._packed[key] = raw
-        off = DESC_OFF + i * DESC.size
+        off = self.desc_off + i * DESC.size
         self.mm[off:off + DESC.size] = raw
 
-    def read_desc(self, role, name):
+    def read_desc(self, role, name, s=0):
         """Validated ``(dtype, shape)`` of a slot's current content, from the peer's descriptor."""
-        i = self.index[(role, name)]
-        off = DESC_OFF + i * DESC.size
+        i = self.index[(s, role, name)]
+        off = self.desc_off + i * DESC.size
         raw = self.mm[off:off + DESC.size]
         known = self._read.get(raw)
         if known is not None and known[0] == i:
@@ -483,13 +597,13 @@ class Region:
         self._read[raw] = (i, dtype, shape)
         return dtype, shape
 
-    def view(self, role, name, dtype, shape):
+    def view(self, role, name, dtype, shape, s=0):
         """A numpy view of a slot's bytes (valid until the region is closed; cached)."""
-        key = (role, name, dtype, shape)
+        key = (s, role, name, dtype, shape)
         cached = self._views.get(key)
         if cached is not None:
             return cached
-        slot = self.slots[self.index[(role, name)]]
+        slot = self.slots[self.index[(s, role, name)]]
         count = 1
         for d in shape:
             count *= d
@@ -500,7 +614,7 @@ class Region:
             return np.empty(shape, dtype=dtype)
         view = np.frombuffer(self.mm, dtype=dtype, count=count,
                              offset=slot["offset"]).reshape(shape)
-        if len(self._views) > 64:
+        if len(self._views) > 64 * self.n_sets:
             self._views.clear()
         self._views[key] = view
         return view

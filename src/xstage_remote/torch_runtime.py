@@ -409,7 +409,7 @@ class TorchRuntime(object):
             out[spec["name"]] = value.detach().numpy()
         return out
 
-    def run_into(self, feeds, out_views):
+    def run_into(self, feeds, out_views, slot_set=0):
         """The shared-region path: outputs copied into their slots where they fit."""
         rest = {}
         for name, value in self.run(feeds).items():

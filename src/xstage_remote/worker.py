@@ -54,6 +54,70 @@ def _watchdog(fd):
     os._exit(EXIT_ORPHANED)
 
 
+class State:
+    """State pairs kept in this worker: an output fed back as an input on the next call.
+
+    Declared by the stage's manifest and sent in ``load``'s options as
+    ``[{"input", "output", "init": "zeros" | "file", "path"}]``. The values never cross the
+    wire: each call reads the inputs from here and leaves the outputs here. ``fresh`` is true
+    while the state is the initial value (a new worker, or after a reset); the next answer
+    says so.
+    """
+
+    def __init__(self, specs, runtime):
+        if not isinstance(specs, list) or not specs:
+            raise ValueError("state: a non-empty list of {input, output, init} is expected")
+        ins = {d["name"]: d for d in runtime.inputs}
+        outs = {d["name"]: d for d in runtime.outputs}
+        self.init, self.values, self.by_output = {}, {}, {}
+        for spec in specs:
+            if not isinstance(spec, dict) or not {"input", "output", "init"} <= set(spec):
+                raise ValueError("state: each pair is {input, output, init[, path]}")
+            name, out = spec["input"], spec["output"]
+            if name not in ins or out not in outs or name in self.init or out in self.by_output:
+                raise ValueError("state pair %r -> %r: not an input and an output of the stage "
+                                 "(each used once)" % (out, name))
+            decl, odecl = ins[name], outs[out]
+            shape = decl["shape"]
+            if not all(isinstance(d, int) for d in shape) or list(shape) != list(odecl["shape"]) \
+                    or decl["dtype"] != odecl["dtype"]:
+                raise ValueError("state pair %r -> %r: %s%s and %s%s must be one fixed shape and "
+                                 "dtype" % (out, name, odecl["dtype"], odecl["shape"],
+                                            decl["dtype"], shape))
+            dtype = wire.dtype_of_tag(decl["dtype"])
+            if spec["init"] == "zeros":
+                value = np.zeros(tuple(shape), dtype=dtype)
+            elif spec["init"] == "file" and isinstance(spec.get("path"), str):
+                value = np.load(spec["path"], allow_pickle=False)
+                if value.dtype != dtype or list(value.shape) != list(shape):
+                    raise ValueError("state %r: %s holds %s%s, the input is %s%s"
+                                     % (name, spec["path"], value.dtype, list(value.shape),
+                                        dtype, list(shape)))
+            else:
+                raise ValueError("state %r: init must be \"zeros\" or \"file\" with a path" % name)
+            self.init[name] = np.ascontiguousarray(value)
+            self.values[name] = self.init[name].copy()  # a fixed buffer: bindings keep its address
+            self.by_output[out] = name
+        self.fresh = True
+
+    def reset(self):
+        for name, value in self.init.items():
+            np.copyto(self.values[name], value)
+        self.fresh = True
+
+    def keep(self, outputs):
+        """Copy the state outputs into the state; the other outputs are returned."""
+        rest = {}
+        for name, value in outputs.items():
+            target = self.by_output.get(name)
+            if target is None:
+                rest[name] = value
+            else:
+                np.copyto(self.values[target], value)
+        self.fresh = False
+        return rest
+
+
 class Worker:
     def __init__(self, sock, bell, generation=1, channel=None):
         self.sock = sock
@@ -63,7 +127,9 @@ class Worker:
         self.runtime = None
         self.region = None
         self.in_slots = []
-        self.out_views = {}
+        self.out_views = []  # per slot set: output name -> its slot's view (None: no slot)
+        self.next_set = 0  # the set the client publishes its next request in (cyclic order)
+        self.state = None  # State, when the stage declares state pairs
 
     # ---------------------------------------------------------------- replies
     def send(self, header, arrays=None):
@@ -104,6 +170,7 @@ class Worker:
             self.runtime = torch_runtime.load(frame.header["path"], options)
         else:
             raise ValueError("unknown runtime %r (this worker has: ort, torch)" % runtime)
+        self.state = State(options["state"], self.runtime) if options.get("state") else None
         self.send({"op": "loaded", "id": frame.id, "inputs": self.runtime.inputs,
                    "outputs": self.runtime.outputs, "info": self.runtime.info})
 
@@ -134,26 +201,35 @@ class Worker:
                 raise wire.ProtocolError("attach: named region without a name")
         else:
             raise wire.ProtocolError("attach: unknown region kind %r" % (spec.get("kind"),))
-        region = shm_mod.Region.attach(target, size, slots, self.generation)
+        n_sets = spec.get("sets", 1)
+        if type(n_sets) is not int:
+            if isinstance(target, int):
+                os.close(target)
+            raise wire.ProtocolError("attach: region set count %r is not an integer" % (n_sets,))
+        region = shm_mod.Region.attach(target, size, slots, self.generation, n_sets)
         if self.region is not None:  # a resized region replaces the old one
             self.region.close()
             if hasattr(self.runtime, "unbind"):
                 self.runtime.unbind()
         self.region = region
         self.bell.bind(self.region, shm_mod.OFF_WORKER_ASLEEP, shm_mod.OFF_CLIENT_ASLEEP)
-        self.in_slots = [s for s in slots if s["role"] == "in"]
-        self.out_views = {}
+        self.in_slots = [s for s in slots if s["role"] == "in" and s["set"] == 0]
+        self.next_set = 0
         known = {o["name"]: o for o in self.runtime.outputs}
         for s in slots:
             if s["role"] == "out" and s["name"] not in known:
                 raise wire.ProtocolError("attach: slot for unknown output %r" % s["name"])
-        for name, decl in known.items():
-            shape = decl["shape"]
-            if self.region.has("out", name) and all(isinstance(d, int) for d in shape):
-                self.out_views[name] = self.region.view(
-                    "out", name, wire.dtype_of_tag(decl["dtype"]), tuple(shape))
-            else:
-                self.out_views[name] = None
+        self.out_views = []
+        for k in range(n_sets):
+            views = {}
+            for name, decl in known.items():
+                shape = decl["shape"]
+                if self.region.has("out", name, k) and all(isinstance(d, int) for d in shape):
+                    views[name] = self.region.view(
+                        "out", name, wire.dtype_of_tag(decl["dtype"]), tuple(shape), k)
+                else:
+                    views[name] = None
+            self.out_views.append(views)
         self.send({"op": "attached", "id": frame.id, "info": {"kind": self.region.kind}})
 
     def on_evidence(self, frame):
@@ -169,7 +245,8 @@ class Worker:
         self.send({"op": "evidence_data", "id": frame.id, "info": info}, arrays)
 
     def check_feeds(self, feeds):
-        declared = {i["name"]: i for i in self.runtime.inputs}
+        held = self.state.values if self.state is not None else {}
+        declared = {i["name"]: i for i in self.runtime.inputs if i["name"] not in held}
         if set(feeds) != set(declared):
             raise ValueError("inputs %s do not match the stage's %s"
                              % (sorted(feeds), sorted(declared)))
@@ -179,34 +256,58 @@ class Worker:
             raise RuntimeError("run before load")
         feeds = frame.arrays()
         self.check_feeds(feeds)
+        timing = {}
+        if self.state is not None:
+            if (frame.header.get("options") or {}).get("reset_state"):
+                self.state.reset()
+            timing["state_reset"] = self.state.fresh
+            feeds.update(self.state.values)
         t0 = time.perf_counter_ns()
         outputs = self.runtime.run(feeds)
         worker_ns = time.perf_counter_ns() - t0
+        if self.state is not None:
+            outputs = self.state.keep(outputs)
         rss, peak = memory.read()
-        self.send({"op": "result", "id": frame.id,
-                   "timing": {"worker_ns": worker_ns, "rss": rss, "peak": peak}},
-                  outputs)
+        timing.update(worker_ns=worker_ns, rss=rss, peak=peak)
+        self.send({"op": "result", "id": frame.id, "timing": timing}, outputs)
 
-    def on_shm_call(self, seq):
+    def on_shm_call(self, seq, s=0):
+        """Serve request ``seq`` published in slot set ``s`` (docs/wire.md, shm.py's table)."""
         region = self.region
-        if region.req_gen() != self.generation:
+        if region.req_gen(s) != self.generation:
             raise wire.ProtocolError("shared-region request #%d carries gen %d, this worker is "
-                                     "generation %d" % (seq, region.req_gen(), self.generation))
+                                     "generation %d" % (seq, region.req_gen(s), self.generation))
+        if not region.take(seq, s):  # withdrawn before it started: never run
+            region.publish_response(seq, shm_mod.STATUS_CANCELLED, 0, s=s)
+            self.bell.ring()
+            return
+        out_views = self.out_views[s]
+        start = end = flags = 0
+        state = self.state
         try:
             feeds = {}
-            for s in self.in_slots:
-                dtype, shape = region.read_desc("in", s["name"])
-                feeds[s["name"]] = region.view("in", s["name"], dtype, shape)
-            t0 = time.perf_counter_ns()
-            rest = self.runtime.run_into(feeds, self.out_views)
-            worker_ns = time.perf_counter_ns() - t0
+            for slot in self.in_slots:
+                name = slot["name"]
+                dtype, shape = region.read_desc("in", name, s)
+                feeds[name] = region.view("in", name, dtype, shape, s)
+            if state is not None:
+                if region.req_flags(s) & shm_mod.FLAG_RESET_STATE:
+                    state.reset()
+                flags = shm_mod.FLAG_STATE_RESET if state.fresh else 0
+                feeds.update(state.values)
+            start = time.monotonic_ns()  # one clock for both processes (shm.py, "Stamps")
+            rest = self.runtime.run_into(feeds, out_views, s)
+            end = time.monotonic_ns()
+            worker_ns = end - start
+            if state is not None:
+                rest = state.keep(rest)
             inline = {}
-            for name, view in self.out_views.items():
+            for name, view in out_views.items():
                 if view is not None:
-                    region.describe("out", name, view.shape, view.nbytes)
+                    region.describe("out", name, view.shape, view.nbytes, s)
             for name, value in rest.items():
                 value = np.ascontiguousarray(value)
-                if not region.write("out", name, value):
+                if not region.write("out", name, value, s):
                     inline[name] = value
             rss, peak = memory.read()
             if inline:
@@ -214,16 +315,23 @@ class Worker:
                 allout = {}
                 for o in self.runtime.outputs:
                     n = o["name"]
+                    if state is not None and n in state.by_output:
+                        continue
                     allout[n] = inline[n] if n in inline else (
-                        rest[n] if n in rest else np.array(self.out_views[n]))
-                self.send({"op": "result", "id": seq,
-                           "timing": {"worker_ns": worker_ns, "rss": rss, "peak": peak}}, allout)
-                region.publish_response(seq, shm_mod.STATUS_INLINE, worker_ns, rss, peak)
+                        rest[n] if n in rest else np.array(out_views[n]))
+                timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak}
+                if state is not None:
+                    timing["state_reset"] = bool(flags)
+                self.send({"op": "result", "id": seq, "timing": timing}, allout)
+                region.publish_response(seq, shm_mod.STATUS_INLINE, worker_ns, rss, peak, s,
+                                        start, end, flags)
             else:
-                region.publish_response(seq, shm_mod.STATUS_OK, worker_ns, rss, peak)
+                region.publish_response(seq, shm_mod.STATUS_OK, worker_ns, rss, peak, s,
+                                        start, end, flags)
         except Exception as exc:
             self.send_error(seq, exc)
-            region.publish_response(seq, shm_mod.STATUS_ERROR, 0)
+            region.publish_response(seq, shm_mod.STATUS_ERROR, 0, s=s, start_ns=start,
+                                    end_ns=end)
         self.bell.ring()
 
     # ---------------------------------------------------------------- loop
@@ -232,13 +340,15 @@ class Worker:
                     "evidence": self.on_evidence}
         while True:
             if self.region is not None:
-                region = self.region
-                last = region.resp_id()
+                # Requests come in the sets' cyclic order: wait on the next set only.
+                region, k = self.region, self.next_set
+                last = region.resp_id(k)
                 state = self.bell.wait(
-                    lambda r=region, w=last: r.req_id() != w, None, watch=[self.sock],
+                    lambda r=region, w=last, k=k: r.req_id(k) != w, None, watch=[self.sock],
                     spin=shm_mod.WORKER_SPIN_SECONDS)
                 if state == "ready":
-                    self.on_shm_call(region.req_id())
+                    self.next_set = (k + 1) % region.n_sets
+                    self.on_shm_call(region.req_id(k), k)
                     continue
                 if state == "closed":
                     return EXIT_ORPHANED

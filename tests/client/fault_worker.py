@@ -68,7 +68,7 @@ elif fault in ("hang-on-run", "garbage-descriptor"):
     def hang(self, *a, **k):
         time.sleep(3600)
 
-    def bad_desc(self, seq):
+    def bad_desc(self, seq, s=0):
         # Claim an output shape that does not match its byte count.
         self.region.describe("out", self.runtime.outputs[0]["name"], (1 << 20, 1 << 20), 8)
         self.region.publish_response(seq, 0, 0)

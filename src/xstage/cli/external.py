@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
             shapes=parse_shapes(args.shape), dims=parse_dims(args.dim), on_event=out.log,
             ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None,
-            deadlines=parse_timeouts(args.timeout))
+            deadlines=parse_timeouts(args.timeout), record_on_close=False)  # it writes its own
     except errors.UsageError:
         raise
     except errors.XstageError as exc:  # refused or failed: the API's record, with the timing plan

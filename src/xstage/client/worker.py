@@ -31,6 +31,7 @@ import numpy as np
 from xstage import errors
 from xstage.client import connect_back
 from xstage.client.deadlines import Deadlines
+from xstage.client.pipeline import USE_DEADLINE, Outputs, Pipeline, StageFuture
 from xstage.client.staging import local_hash, worker_argv
 from xstage.home import LOG_KEEP_DEFAULT, logs_dir, prune_logs
 from xstage.signature import check_inputs, wire_order
@@ -100,6 +101,8 @@ class WorkerClient:
         worker_path: Callable[[str], str] | None = None,
         end_tree: Callable[[int], None] | None = None,
         generation: int = 1,
+        depth: int = 1,
+        first_id: int = 1,
     ) -> None:
         """Set up a client; the worker starts in ``start()`` (or on entering ``with``).
 
@@ -120,9 +123,16 @@ class WorkerClient:
                 (a Windows tree is not this OS's process group).
             generation: this worker's generation in its stage (1 for the first worker, +1 per
                 replacement); every frame and the region carry it (docs/wire.md).
+            depth: slot sets in the shared region, i.e. requests in flight at once (``submit``
+                queues the rest in the client).
+            first_id: the first request id (a replacement worker continues its stage's ids).
         """
         if type(generation) is not int or not 1 <= generation <= wire.MAX_GENERATION:
             raise errors.UsageError(f"generation {generation!r} is outside [1, 2^32)")
+        if type(depth) is not int or not 1 <= depth <= shm.MAX_SETS:
+            raise errors.UsageError(f"depth {depth!r} is outside 1..{shm.MAX_SETS}",
+                                    remedy="give a whole number of requests in flight, e.g. 2")
+        self.depth = depth
         self.generation = generation
         self.interpreter = interpreter
         self.route = route
@@ -156,7 +166,11 @@ class WorkerClient:
         self._bell: shm.Doorbell | None = None
         self._stdin: Any = None
         self._region: shm.Region | None = None
-        self._next_id = 1
+        self._next_id = first_id
+        self._pipe = Pipeline(self)
+        #: The state pairs the worker keeps (``load``'s ``options["state"]``).
+        self.state_pairs: list[dict[str, Any]] = []
+        self._reset_next = False
         # The request whose reply has not been read yet: ("frame" | "shm", id). Set once the
         # request is wholly sent, cleared when its reply is read; a call interrupted between
         # the two leaves it set and the next request first reads and discards that reply.
@@ -344,6 +358,8 @@ class WorkerClient:
             self._close_locked()
         finally:
             self._lock.release()
+        self._pipe.close(errors.StageClosed(f"the {self.route} worker was closed"))
+        self._pipe.release()
 
     def _kill_group(self) -> None:
         """SIGKILL the worker's process group without touching descriptors (thread-safe)."""
@@ -426,17 +442,21 @@ class WorkerClient:
                 code = self._proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 code = None
-        tail = self.log_tail()
-        exc = errors.WorkerDied(
-            f"the {self.route} worker (pid {self.pid}) {_describe_exit(code)}",
-            exit_status=code,
-            pid=self.pid,
-            log_tail=tail,
-            remedy=f"see its log {self.log_path}" if self.log_path else None,
-        )
+        exc = self._death_of(_describe_exit(code), exit_status=code, log_tail=self.log_tail())
         self._abort()
         self.state = WorkerState.DEAD
         return exc
+
+    def _death_of(self, how: str, *, exit_status: int | None, log_tail: str) -> errors.WorkerDied:
+        """``WorkerDied`` naming this worker's pid and generation and how it ended."""
+        return errors.WorkerDied(
+            f"the {self.route} worker (pid {self.pid}, generation {self.generation}) {how}",
+            exit_status=exit_status,
+            pid=self.pid,
+            log_tail=log_tail,
+            generation=self.generation,
+            remedy=f"see its log {self.log_path}" if self.log_path else None,
+        )
 
     @contextlib.contextmanager
     def _boundary(self, phase: str, seconds: float | None) -> Iterator[None]:
@@ -583,20 +603,8 @@ class WorkerClient:
         pending = self._pending
         if pending is None:
             return
-        kind, rid = pending
+        _, rid = pending
         seconds = self.deadlines.call
-        if kind == "shm":
-            region = self._region
-            assert region is not None and self._bell is not None and self._ctl is not None
-            deadline = None if seconds is None else time.monotonic() + seconds
-            state = self._bell.wait(lambda: region.answered(rid), deadline, spin=0)
-            if state == "timeout":
-                self._call_timeout("call", seconds)
-            if state == "closed" and not region.answered(rid):
-                raise self._died()
-            if region.response()[0] == shm.STATUS_OK:
-                self._pending = None
-                return
         frame = self._recv("call", seconds)
         if frame.id != rid:
             self._abort()
@@ -615,6 +623,7 @@ class WorkerClient:
     def _request(self, header: dict[str, Any], reply: str, phase: str,
                  arrays: Mapping[str, np.ndarray] | None = None) -> wire.Frame:
         self._require_ready()
+        self._pipe.drain()  # region requests in flight are answered before any frame
         self._repair()
         rid = self._take_id()
         header = dict(header, id=rid)
@@ -646,15 +655,31 @@ class WorkerClient:
 
     def load(self, path: str | os.PathLike[str], *, runtime: str = "ort",
              options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Load a stage; then set up the shared region when the signature allows one."""
+        """Load a stage; then set up the shared region when the signature allows one.
+
+        ``options["state"]`` (``[{"input", "output", "init": "zeros" | "file", "path"}]``)
+        declares state pairs the worker keeps: their inputs are not the caller's to give, their
+        outputs are not returned, and requests run one at a time (docs/serving.md).
+        """
         with self._lock:
+            options = dict(options or {})
+            state = [dict(p) for p in options.get("state") or []]
+            for pair in state:
+                if isinstance(pair.get("path"), str):
+                    pair["path"] = self.worker_path(pair["path"])
+            if state:
+                options["state"] = state
             header = {"op": "load", "runtime": runtime, "path": self.worker_path(str(path)),
-                      "options": dict(options or {})}
+                      "options": options}
             frame = self._request(header, "loaded", "load")
             self.loaded = frame.header
-            self._inputs = frame.header["inputs"]
+            held_in = {p["input"] for p in state}
+            held_out = {p["output"] for p in state}
+            self._inputs = [d for d in frame.header["inputs"] if d["name"] not in held_in]
             self._accepted.clear()
-            self._outputs = frame.header["outputs"]
+            self._outputs = [d for d in frame.header["outputs"] if d["name"] not in held_out]
+            self.state_pairs = state
+            self._pipe.stateful = bool(state)
             if self.shm_mode != "off" and self._bell is not None:
                 self._attach_region()
             return self.loaded
@@ -694,8 +719,8 @@ class WorkerClient:
                 need = self._observed.get(d["name"], self._capacity(d))
                 if need is None:
                     continue
-                i = region.index.get((role, d["name"]))
-                if i is None or region.slots[i]["capacity"] < need:
+                have = region.capacity(role, d["name"])
+                if have is None or have < need:
                     return False
         return True
 
@@ -710,16 +735,19 @@ class WorkerClient:
         slots, size = shm.plan_layout(
             [(d["name"], d["dtype"], cap(d)) for d in self._inputs],
             [(d["name"], d["dtype"], cap(d)) for d in self._outputs],
+            sets=self.depth,
         )
         if slots is None:
             return
         kind = "memfd" if self.shm_mode in ("auto", "memfd") and hasattr(os, "memfd_create") \
             else "named"
-        region = shm.Region.create(size, slots, kind, generation=self.generation)
-        spec: dict[str, Any] = {"kind": kind, "size": size, "slots": slots}
+        self._pipe.drain()
+        self._repair()
+        region = shm.Region.create(size, slots, kind, generation=self.generation,
+                                   n_sets=self.depth)
+        spec: dict[str, Any] = {"kind": kind, "size": size, "slots": slots, "sets": self.depth}
         if kind == "named":
             spec["name"] = region.name
-        self._repair()
         rid = self._take_id()
         try:
             self._send({"op": "attach", "id": rid, "region": spec}, phase="load")
@@ -735,6 +763,7 @@ class WorkerClient:
         if self._region is not None:
             self._region.close()  # the worker let go of it when it attached the new one
         self._region = region
+        self._pipe.reset_sets()
         assert self._bell is not None
         self._bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP, nudge=True)
 
@@ -775,88 +804,55 @@ class WorkerClient:
             if self.loaded is None:
                 raise errors.UsageError("run() before load()")
             feeds = self._check_inputs(inputs)
-            self._repair()
-            region = self._region
-            if region is not None and all(
-                a.nbytes <= region.slots[region.index[("in", n)]]["capacity"]
-                for n, a in feeds.items()
-            ):
-                return self._run_shm(region, feeds, out or {}, phase)
-            frame = self._request({"op": "run"}, "result", phase, arrays=feeds)
-            self.last_timing = dict(frame.header.get("timing", {}))
-            return self._collect(frame.arrays(), out or {})
+            return self._pipe.call(feeds, out or {}, phase)
+
+    def submit(self, inputs: Mapping[str, Any], *, timeout: Any = USE_DEADLINE) -> StageFuture:
+        """Queue one call; its future's result is what ``run`` returns.
+
+        At most ``depth`` requests are in flight in the worker; the rest wait in the client, in
+        order. The deadline (``timeout`` seconds, ``None`` for none, by default the call
+        deadline) runs from now.
+
+        Raises:
+            InputError: inputs that do not match the stage (checked before queuing).
+            StageClosed: the worker was closed or died.
+            UsageError: a ``timeout`` that is not a number of seconds > 0 or None.
+        """
+        seconds = self.deadlines.call if timeout is USE_DEADLINE else timeout
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(
+                seconds, (int, float)) or not seconds > 0 or seconds == float("inf")):
+            raise errors.UsageError(f"timeout={timeout!r} is not a number of seconds > 0",
+                                    remedy="give seconds, or None for no limit")
+        self._require_ready()
+        if self.loaded is None:
+            raise errors.UsageError("submit() before load()")
+        return self._pipe.submit(self._check_inputs(inputs), seconds)
+
+    def reset_state(self) -> None:
+        """The next request (submitted after this) runs from the initial state."""
+        self._reset_next = True
+
+    def _take_reset(self) -> int:
+        if not self._reset_next:
+            return 0
+        self._reset_next = False
+        return shm.FLAG_RESET_STATE
+
+    def in_flight(self) -> int:
+        """Requests queued or in flight (not yet answered)."""
+        return len(self._pipe.queue) + len(self._pipe.inflight)
 
     def _collect(self, arrays: Mapping[str, np.ndarray],
-                 out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        result = {}
+                 out: Mapping[str, np.ndarray]) -> Outputs:
+        result = Outputs()
         for d in self._outputs:
             name = d["name"]
             result[name] = _fill(out.get(name), arrays[name], name)
         return result
 
-    def _run_shm(self, region: shm.Region, feeds: Mapping[str, np.ndarray],
-                 out: Mapping[str, np.ndarray], phase: str = "call") -> dict[str, np.ndarray]:
-        assert self._bell is not None and self._ctl is not None
-        rid = self._take_id()  # a fresh id per call: a stale response can never match it
-        t0 = time.perf_counter_ns()
-        for name, arr in feeds.items():
-            region.write("in", name, arr)
-        self._copy_in_ns = time.perf_counter_ns() - t0
-        region.publish_request(rid)
-        self._pending = ("shm", rid)
-        self._bell.ring()
-        seconds = getattr(self.deadlines, phase)
-        deadline = None if seconds is None else time.monotonic() + seconds
-        # Spin only for calls expected to be short (see shm.LONG_CALL_SECONDS).
-        spin = 0.0 if self._expected_s > shm.LONG_CALL_SECONDS else None
-        # The spin checks the id alone (one read); the generation is checked once, after.
-        state = self._bell.wait(lambda: region.resp_id() == rid, deadline, watch=[self._ctl],
-                                spin=spin)
-        if state == "timeout":
-            self._call_timeout(phase, seconds)
-        if state in ("closed", "watch") and region.resp_id() != rid:
-            # The worker either died or sent a frame ahead of its response (error, inline).
-            if self._close_requested:
-                raise self._closed_under_call()
-            frame = self._recv(phase, seconds)
-            if region.resp_id() != rid:
-                self._bell.wait(lambda: region.resp_id() == rid, deadline, spin=0)
-            return self._finish_shm(region, rid, frame, out)
-        return self._finish_shm(region, rid, None, out)
-
-    def _finish_shm(self, region: shm.Region, rid: int, frame: wire.Frame | None,
-                    out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if not region.answered(rid):
-            self._abort()
-            raise errors.RemoteProtocolError(
-                f"the region's response #{region.resp_id()} carries gen {region.resp_gen()}, "
-                f"expected #{rid} of generation {self.generation}")
-        status, worker_ns, rss, peak = region.response()
-        self._expected_s = 0.7 * self._expected_s + 0.3 * worker_ns / 1e9
-        timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak,
-                  "copy_in_ns": self._copy_in_ns}
-        self.last_timing = timing
-        if status == shm.STATUS_OK:
-            self._pending = None
-            t0 = time.perf_counter_ns()
-            result = {}
-            for d in self._outputs:
-                name = d["name"]
-                try:
-                    dtype, shape = region.read_desc("out", name)
-                except wire.ProtocolError as exc:
-                    self._abort()
-                    raise errors.RemoteProtocolError(f"worker {self.pid}: {exc}") from exc
-                result[name] = _fill(out.get(name), region.view("out", name, dtype, shape), name)
-            # The caller's two copies, apart from the rest of the round trip (benchmarks).
-            timing["copy_out_ns"] = time.perf_counter_ns() - t0
-            return result
-        if frame is None:
-            frame = self._recv("call", self.deadlines.call)
-        self._pending = None
-        frame = self._expect(frame, "result", rid)
-        self.last_timing = dict(frame.header.get("timing", {}))
-        return self._collect(frame.arrays(), out)
+    @staticmethod
+    def _fill_output(target: np.ndarray | None, value: np.ndarray, name: str) -> np.ndarray:
+        return _fill(target, value, name)
 
 
 def _fill(target: np.ndarray | None, value: np.ndarray, name: str) -> np.ndarray:

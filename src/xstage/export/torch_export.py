@@ -151,9 +151,13 @@ def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: s
                     input_names: Sequence[str], output_names: Sequence[str],
                     component: str, source: dict[str, Any], fp32_source: str | None,
                     io_spec: tuple[list[dict[str, Any]], list[dict[str, Any]]],
-                    wrapper_check: dict[str, Any]) -> dict[str, Any]:
+                    wrapper_check: dict[str, Any],
+                    state: Sequence[dict[str, str]] | None = None) -> dict[str, Any]:
     """Write ``module`` as ``fmt`` at ``path`` (ONNX: exported, then sanitized in place of the
-    raw export; .pt2: saved and reloaded to check it) and its manifest; return the report."""
+    raw export; .pt2: saved and reloaded to check it) and its manifest; return the report.
+
+    ``state``: state pairs the manifest declares (``{input, output, init}``, docs/serving.md).
+    """
     import torch
 
     from xstage.manifest import write_manifest
@@ -195,7 +199,7 @@ def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: s
     report["manifest"] = str(write_manifest(
         path, component=component, fmt=fmt, files=files, source=source, exporter=versions(),
         inputs=io_spec[0], outputs=io_spec[1], opset=None if fmt.startswith("pt:") else opset,
-        sanitize=sanitize_report, fp32_source=fp32_source,
+        sanitize=sanitize_report, fp32_source=fp32_source, state=state,
         parity={"wrapper_vs_model": wrapper_check,
                 **({"onnxruntime_cpu_vs_torch_max_abs": report["onnxruntime_vs_torch_max_abs"]}
                    if "onnxruntime_vs_torch_max_abs" in report else {})}))

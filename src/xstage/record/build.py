@@ -41,6 +41,7 @@ def build_record(
     ledger: Mapping[str, Any] | None = None,
     device_attestation: Mapping[str, Any] | None = None,
     detail: Mapping[str, Any] | None = None,
+    serving: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The versioned record every ``external`` run writes, placed, refused or failed.
 
@@ -49,6 +50,7 @@ def build_record(
     refused after its worker ran (DESIGN §4 layer 3); None where no worker ran.
     ``detail`` (schema 1.x, optional) is what ``xstage report`` draws: the client's phases and
     calls, the per-node placement and the profiled kernels; left out where no worker ran.
+    ``serving`` is an API stage's depth, restart policy and generations (absent otherwise).
     """
     candidates = _candidates(plan, tried)
     chosen = next(({"device": c.device, "route": c.route.name} for c, o, _ in tried
@@ -81,6 +83,8 @@ def build_record(
     }
     if detail is not None:
         doc["detail"] = dict(detail)
+    if serving is not None:
+        doc["serving"] = dict(serving)
     return doc
 
 

@@ -199,8 +199,13 @@ def _output(argv: list[str]) -> str:
     return run_tool(argv, 10, check=False) or ""
 
 
-def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None) -> WorkerClient:
-    """A started worker in the route's interpreter (the caller closes it)."""
+def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None, depth: int = 1,
+                generation: int = 1, first_id: int = 1) -> WorkerClient:
+    """A started worker in the route's interpreter (the caller closes it).
+
+    ``depth`` slot sets (requests in flight); ``generation`` and ``first_id`` continue a
+    stage's count when a worker replaces another.
+    """
     if not status.resolved or not status.interpreter:
         raise _missing(status)
     extra: dict[str, Any] = {}
@@ -212,6 +217,7 @@ def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None) -> W
             ip_route=_output(["ip", "route"]),
             kill=lambda argv: run_tool(argv, 30, check=False),
         )
-    client = WorkerClient(status.interpreter, route=status.name, deadlines=deadlines, **extra)
+    client = WorkerClient(status.interpreter, route=status.name, deadlines=deadlines, depth=depth,
+                          generation=generation, first_id=first_id, **extra)
     client.start()
     return client

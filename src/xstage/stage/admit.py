@@ -44,6 +44,7 @@ from xstage.refusal import Refusal
 from xstage.routes.launch import load_options, open_worker
 from xstage.stage import refusals, tiebreak
 from xstage.stage.ledger import Holding, Ledger
+from xstage.stage.state import StatePair, reference_calls, state_bytes
 
 __all__ = ["Admission", "Setup", "WarmUp", "admit"]
 
@@ -69,6 +70,11 @@ class Setup:
         details: each tried candidate's record ``detail`` block (phases, per-node placement),
             appended by :func:`admit` once its worker has warmed up; a refused record takes
             the last one.
+        depth: slot sets in the worker's region (requests in flight at once).
+        state: the stage's state pairs (``xstage.stage.state``), kept in the worker;
+            ``state_init`` their initial values.
+        generation: the worker's generation (1, +1 for each restart); ``first_id`` its first
+            request id (a restarted stage's ids continue).
     """
 
     artifact: Artifact
@@ -85,6 +91,11 @@ class Setup:
     request: dict[str, Any]
     started: str
     details: list[dict[str, Any]] = field(default_factory=list)
+    depth: int = 2
+    generation: int = 1
+    first_id: int = 1
+    state: tuple[StatePair, ...] = ()
+    state_init: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,7 @@ class WarmUp:
     target: str  # the torch device string, or the EP name for ONNX
     #: (phase, start, end) in the client's ``perf_counter_ns``: spawn + hello, load, warm-up, evidence
     phases: tuple[tuple[str, int, int], ...] = ()
+    second: Mapping[str, np.ndarray] | None = None  # a stateful stage's second call
 
 
 @dataclass(frozen=True)
@@ -127,10 +139,15 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         ArtifactError: the route's worker could not load or run the artifact.
         WorkerError: the worker died or timed out (an error, not a refusal).
     """
-    budget = ledger_mod.make_budget(
-        footprint.reservations(setup.artifact, cand.route.spec.memory_cost(cand.route.versions),
-                               cand.pool, {n: tuple(a.shape) for n, a in setup.feeds.items()},
-                               route=cand.route.name), pool=cand.pool)
+    held = footprint.reservations(setup.artifact, cand.route.spec.memory_cost(cand.route.versions),
+                                  cand.pool, {n: tuple(a.shape) for n, a in setup.feeds.items()},
+                                  route=cand.route.name)
+    if setup.state:
+        held.append(ledger_mod.Reservation(
+            "state", state_bytes(setup.state, setup.artifact), cand.pool, "session", "D",
+            f"{len(setup.state)} state pair(s) kept in the worker: each value and its initial "
+            "copy, at their declared shapes"))
+    budget = ledger_mod.make_budget(held, pool=cand.pool)
     book = setup.ledger if setup.ledger is not None else Ledger.default()
     holding, fit = book.reserve(
         budget, f"{setup.artifact.path.name} on {cand.device} ({cand.route.name})", setup.devices)
@@ -152,11 +169,8 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
             return refusals.attestation_refusal(cand, attested, conflict, proof, warm.worker)
         if proof.verdict != "placed":
             return refusals.declined_refusal(cand, proof, warm.worker, attested)
-        reference = setup.reference.outputs(setup.feeds)
-        gate = parity.compare(warm.outputs, reference, fmt=setup.artifact.format,
-                              reference_kind=setup.reference.kind, tolerance=setup.tolerance,
-                              declared={o.name: o.shape for o in setup.artifact.outputs})
-        if gate.verdict != "passed":  # float criteria only: the float64 tie-break may decide
+        gate, reference = _gate(setup, warm)
+        if gate.verdict != "passed" and not setup.state:  # float criteria: the tie-break decides
             gate = tiebreak.settle(gate, setup.artifact, setup.feeds, warm.outputs, reference,
                                    setup.reference)
         if gate.verdict != "passed":
@@ -173,6 +187,27 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
                          attestation=attested, notes=warm.notes, detail=doc)
 
 
+def _gate(setup: Setup, warm: WarmUp) -> tuple[parity.Parity, Mapping[str, np.ndarray]]:
+    """Rule 4: the outputs against the reference arm's.
+
+    A stateful stage's two calls from the initial state go against the reference run the same
+    way (``call 2`` names the second call's outputs).
+    """
+    declared = {o.name: o.shape for o in setup.artifact.outputs}
+    if not setup.state:
+        reference = setup.reference.outputs(setup.feeds)
+        return parity.compare(warm.outputs, reference, fmt=setup.artifact.format,
+                              reference_kind=setup.reference.kind, tolerance=setup.tolerance,
+                              declared=declared), reference
+    first, second = reference_calls(setup.reference, setup.feeds, setup.state, setup.state_init)
+    reference = {**first, **{f"{k} (call 2)": v for k, v in second.items()}}
+    ours = {**warm.outputs, **{f"{k} (call 2)": v for k, v in (warm.second or {}).items()}}
+    shapes = {k: declared[k.removesuffix(" (call 2)")] for k in reference}
+    return parity.compare(ours, reference, fmt=setup.artifact.format,
+                          reference_kind=setup.reference.kind, tolerance=setup.tolerance,
+                          declared=shapes), reference
+
+
 def _start_and_warm_up(cand: Candidate, setup: Setup,
                        cleanup: ExitStack) -> tuple[WorkerClient, WarmUp]:
     """Rule 2: start the worker, load, run once profiled, collect what the proof rests on.
@@ -186,6 +221,10 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
                            output_names=[o.name for o in art.outputs])
     t_spawn = time.perf_counter_ns()
     client = open_worker(cand.route, deadlines=setup.deadlines)
+    if setup.state:
+        options["state"] = [pair.option() for pair in setup.state]
+    client = open_worker(cand.route, deadlines=setup.deadlines, depth=setup.depth,
+                         generation=setup.generation, first_id=setup.first_id)
     cleanup.callback(client.close)
     try:
         t_ready = time.perf_counter_ns()
@@ -197,6 +236,10 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
         info, profile = client.evidence()
         t_evidence = time.perf_counter_ns()
         client.fit_region({**setup.feeds, **outputs})  # symbolic dims: slots sized from real ones
+        second = None
+        if setup.state:  # the gate's second call, from the state the first one left
+            second = client.run(setup.feeds)
+            client.reset_state()  # the stage serves from the initial state
     except errors.WorkerRaised as exc:
         if _ep_compile_failure(art, options, exc.message):
             worker = {"hello": client.hello, "log": str(client.log_path)}
@@ -210,7 +253,7 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
               ("warm-up", t_loaded, t_warm), ("evidence", t_warm, t_evidence))
     return client, WarmUp(outputs=outputs, timing=timing, info=info, profile=profile,
                           worker=worker, notes=tuple(options.get("notes", [])), target=target,
-                          phases=phases)
+                          phases=phases, second=second)
 
 
 class _CompileFailed(Exception):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -12,33 +15,49 @@ import numpy as np
 from xstage import errors, evidence, parity
 from xstage import ledger as ledger_mod
 from xstage.artifact import Artifact
+from xstage.client.pipeline import USE_DEADLINE, StageFuture
 from xstage.planner import Candidate, Plan
 from xstage.record.build import build_record
+from xstage.record.io import records_path, utc_now, write_record
 from xstage.refusal import Refusal
-from xstage.stage.admit import Admission
+from xstage.stage.admit import Admission, admit
 from xstage.stage.ledger import Holding
+from xstage.stage.state import state_bytes
 from xstage.timings import summarize
 
-__all__ = ["Stage"]
+__all__ = ["RESTART_POLICIES", "Stage"]
+
+
+#: ``open_stage(restart=...)``: what a stage does when its worker dies.
+RESTART_POLICIES = ("never", "on_death")
 
 
 class Stage:
     """An admitted stage: call it like a function; it knows where it ran and how well.
 
     Built by ``open_stage`` from an ``Admission`` (the candidate that passed every gate) and
-    the plan it came from. Calls are serialized by the worker client's lock. After the worker
-    dies every call raises ``StageClosed``; ``close()`` is idempotent and the stage is a
-    context manager.
+    the plan it came from. ``stage(inputs)`` waits in the caller's thread; ``submit`` returns
+    a ``concurrent.futures.Future`` and keeps up to ``depth`` requests in flight
+    (docs/serving.md). With ``restart="never"`` a dead worker makes a dead stage: every call
+    raises ``StageClosed``. With ``restart="on_death"`` the requests in flight fail with
+    ``WorkerDied`` naming the generation, and generation n+1 is proven and gated again before
+    it serves the queued requests and the next call (at most ``max_restarts`` in
+    ``restart_window`` seconds; a refused restart closes the stage). ``close()`` is
+    idempotent, writes the stage's record (restarts included), and the stage is a context
+    manager.
     """
 
     def __init__(self, admission: Admission, *, plan: Plan,
-                 tried: Sequence[tuple[Candidate, str, Refusal | None]]) -> None:
+                 tried: Sequence[tuple[Candidate, str, Refusal | None]],
+                 restart: str = "never", max_restarts: int = 3, restart_window: float = 60.0,
+                 record_on_close: bool = True,
+                 say: Callable[[str], None] | None = None) -> None:
         self._admission = admission
         self._client = admission.client
         self._ledger = admission.ledger
         self._holding: Holding | None = admission.holding
         self._request = dict(admission.setup.request)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the worker swap (a restart); calls take it briefly
         self.candidate: Candidate = admission.candidate
         self.artifact: Artifact = admission.setup.artifact
         self.plan = plan
@@ -53,6 +72,29 @@ class Stage:
         #: Things that went wrong after admission and did not stop the stage (a call whose
         #: peak passed the budget); they go into the record.
         self.warnings: list[str] = []
+        self.restart = restart
+        self.max_restarts = max_restarts
+        self.restart_window = restart_window
+        self.record_on_close = record_on_close
+        #: Each restart: generation, cause, when (UTC), outcome.
+        self.restarts: list[dict[str, Any]] = []
+        self._restart_times: list[float] = []
+        self._state_resets = 0
+        self._closed_cause: str | None = None
+        self._closed = False
+        self._record_path: str | None = None
+        self._say = say or (lambda _m: None)
+        self._install(self._client)
+
+    @property
+    def generation(self) -> int:
+        """The serving worker's generation (1, then +1 per restart)."""
+        return self._client.generation
+
+    @property
+    def depth(self) -> int:
+        """Requests in flight at once in the worker (``open_stage(depth=...)``)."""
+        return self._client.depth
 
     @property
     def device(self) -> str:
@@ -80,23 +122,216 @@ class Stage:
         return self._client.pid
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Outputs by name in graph order; a dtype or shape mismatch raises ``InputError``."""
+        """Outputs by name in graph order; a dtype or shape mismatch raises ``InputError``.
+
+        The same as ``submit(inputs).result()`` (order, deadline, generation) but waited for in
+        the caller's thread, without a Future.
+        """
         return self._run(inputs)
 
-    def _run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def submit(self, inputs: Mapping[str, Any], *, timeout: Any = USE_DEADLINE) -> StageFuture:
+        """Queue one call and return its ``concurrent.futures.Future`` (docs/serving.md).
+
+        At most ``depth`` requests are in flight in the worker; the rest wait here, and
+        results come back in submission order. ``timeout``: seconds from now (``None``: no
+        limit; by default the stage's call deadline).
+
+        Raises:
+            InputError: inputs that do not match the stage (checked before queuing).
+            StageClosed: the stage is closed.
+            UsageError: a ``timeout`` that is not a number of seconds > 0 or None.
+        """
+        client = self._serving()
         try:
-            out = self._client.run(inputs)
-        except (errors.WorkerDied, errors.StageClosed):
-            self._ledger.release(self._holding)  # its memory went with its worker
-            self._holding = None
+            return client.submit(inputs, timeout=timeout)
+        except errors.StageClosed:
+            if not self._after_death(client, None):
+                raise
+            return self._serving().submit(inputs, timeout=timeout)
+
+    async def acall(self, inputs: Mapping[str, Any], *,
+                    timeout: Any = USE_DEADLINE) -> dict[str, np.ndarray]:
+        """``await stage.acall(inputs)``: ``submit`` for asyncio (the event loop never blocks).
+
+        Raises:
+            InputError, StageClosed, UsageError: as ``submit``, before anything is queued.
+        """
+        return await asyncio.wrap_future(self.submit(inputs, timeout=timeout))
+
+    def map(self, inputs: Iterable[Mapping[str, Any]], *, depth: int | None = None,
+            timeout: Any = USE_DEADLINE) -> Iterator[dict[str, np.ndarray]]:
+        """Outputs for each item of ``inputs``, in order, ``depth`` requests in flight.
+
+        The next item is taken from ``inputs`` (and produced, if it is a generator) while the
+        worker computes the ones before it. ``depth`` defaults to the stage's and may not exceed
+        it. Leaving the loop early cancels what has not started.
+
+        Raises:
+            UsageError: ``depth`` is not a whole number in 1..the stage's depth.
+        """
+        k = self.depth if depth is None else depth
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.depth:
+            raise errors.UsageError(
+                f"map(depth={depth!r}) needs 1 <= depth <= {self.depth}, the stage's depth",
+                remedy=f"open the stage with open_stage(..., depth={depth}) to keep that many "
+                "requests in flight" if isinstance(depth, int) and not isinstance(depth, bool)
+                and depth > self.depth else "give a whole number of requests in flight")
+        return self._map(iter(inputs), k, timeout)
+
+    def _map(self, items: Iterator[Mapping[str, Any]], k: int,
+             timeout: Any) -> Iterator[dict[str, np.ndarray]]:
+        window: deque[StageFuture] = deque()
+        try:
+            for feeds in items:
+                window.append(self.submit(feeds, timeout=timeout))
+                if len(window) >= k:
+                    yield window.popleft().result()
+            while window:
+                yield window.popleft().result()
+        finally:
+            for fut in window:
+                fut.cancel()
+
+    def _run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        client = self._serving()
+        try:
+            out = client.run(inputs)
+        except (errors.WorkerDied, errors.StageClosed, errors.CallTimeout) as exc:
+            if client.state.value in ("dead", "closed") and self._after_death(client, exc) \
+                    and isinstance(exc, errors.StageClosed):
+                return self._run(inputs)  # it never reached the dead worker: the next one serves
             raise
-        peak = self._client.last_timing.get("peak")
+        peak = client.last_timing.get("peak")
         limit = self._admission.ledger_doc["budget_bytes"]
         if peak and peak > limit and not self.warnings:
             self.warnings.append(
                 f"a call's peak {ledger_mod.format_bytes(peak)} passed the budget of "
                 f"{ledger_mod.format_bytes(limit)} (the stage was not stopped)")
         return out
+
+    # ------------------------------------------------------------------ generations
+    def _install(self, client: Any) -> None:
+        client._pipe.on_death = lambda queued, exc, c=client: self._on_death(c, queued, exc)
+
+    def _serving(self) -> Any:
+        """The client of the serving generation (waits while a restart runs)."""
+        with self._lock:
+            if self._closed:
+                raise errors.StageClosed(
+                    "the stage is closed" + (f": {self._closed_cause}" if self._closed_cause
+                                             else ""))
+            return self._client
+
+    def _on_death(self, client: Any, queued: list[Any], exc: BaseException) -> bool:
+        """The pump found the worker dead: a restart takes over the queued requests."""
+        if self.restart != "on_death" or self._closed:
+            return False
+        threading.Thread(target=self._after_death, args=(client, exc, queued), daemon=True,
+                         name="xstage-restart").start()
+        return True
+
+    def _after_death(self, client: Any, exc: BaseException | None,
+                     queued: Sequence[Any] = ()) -> bool:
+        """Restart after ``client``'s worker died (once per generation); True when serving.
+
+        Without a restart the stage's memory goes back to the ledger with its worker.
+        """
+        with self._lock:
+            if self._client is not client:  # another thread restarted it already
+                self._client._pipe.adopt(list(queued))
+                return not self._closed
+            if self.restart != "on_death" or self._closed:
+                self._ledger.release(self._holding)
+                self._holding = None
+                if not self._closed and self.restart == "never":
+                    self._closed_cause = f"its worker died: {_cause(exc)}"
+                return False
+            return self._restart_locked(client, _cause(exc), list(queued))
+
+    def _restart_locked(self, client: Any, cause: str, queued: list[Any]) -> bool:
+        now = time.monotonic()
+        self._restart_times = [t for t in self._restart_times if now - t < self.restart_window]
+        entry = {"generation": client.generation + 1, "cause": cause, "at": utc_now()}
+        self._ledger.release(self._holding)
+        self._holding = None
+        queued = queued + client._pipe.take_queued()  # left by a synchronous caller's death
+        client.close()
+        if len(self._restart_times) >= self.max_restarts:
+            entry["outcome"] = "limit"
+            self.restarts.append(entry)
+            return self._shut(f"{self.max_restarts} restarts within {self.restart_window:g} s; "
+                              f"the last cause: {cause}", queued)
+        self._restart_times.append(now)
+        self._say(f"restarting: generation {client.generation + 1} ({cause})")
+        setup = replace(self._admission.setup, generation=client.generation + 1,
+                        first_id=client._next_id)
+        try:
+            outcome = admit(self.candidate, setup, self._say)
+        except (errors.XstageError, errors.StageClosed) as exc:
+            entry["outcome"] = "failed"
+            entry["error"] = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+            self.restarts.append(entry)
+            return self._shut(f"generation {entry['generation']} failed to start: "
+                              f"{entry['error']}", queued)
+        if isinstance(outcome, Refusal):
+            entry["outcome"] = "refused"
+            entry["refusal"] = outcome.to_dict()
+            self.restarts.append(entry)
+            return self._shut(f"generation {entry['generation']} was refused: "
+                              f"{outcome.message}", queued)
+        entry["outcome"] = "serving"
+        self.restarts.append(entry)
+        self._admission = outcome
+        self._client = outcome.client
+        self._holding = outcome.holding
+        self.proof, self.parity = outcome.proof, outcome.parity
+        self._install(self._client)
+        self._client._pipe.adopt(queued)
+        return True
+
+    def _shut(self, cause: str, queued: Sequence[Any]) -> bool:
+        """Close the stage for ``cause``: the queued requests fail with ``StageClosed``."""
+        self._closed = True
+        self._closed_cause = cause
+        closed = errors.StageClosed(f"the stage is closed: {cause}")
+        for req in queued:
+            if req.future is not None and not req.future.done():
+                req.future.set_exception(closed)
+        return False
+
+    def reset_state(self) -> None:
+        """The next call (or request submitted after this) runs from the initial state.
+
+        Only for a stage whose manifest declares state pairs; its result says
+        ``state_reset=True``.
+
+        Raises:
+            UsageError: the stage declares no state.
+            StageClosed: the stage is closed.
+        """
+        if not self._admission.setup.state:
+            raise errors.UsageError(
+                f"{self.artifact.path.name} declares no state, so there is none to reset",
+                remedy="declare state pairs in its manifest (docs/serving.md)")
+        self._serving().reset_state()
+        self._state_resets += 1
+
+    def health(self) -> dict[str, Any]:
+        """Generation, restarts with their causes, requests in flight, the last proof's digest.
+
+        ``state`` is ``serving`` or ``closed`` (with ``closed_cause``).
+        """
+        with self._lock:
+            client = self._client
+            return {
+                "state": "closed" if self._closed or client.state.value in ("dead", "closed")
+                else "serving",
+                "generation": client.generation,
+                "restarts": [dict(r) for r in self.restarts],
+                "in_flight": client.in_flight(),
+                "proof_sha256": self._admission.warm.worker["evidence_sha256"],
+                "closed_cause": self._closed_cause,
+            }
 
     def __enter__(self) -> Stage:
         return self
@@ -105,10 +340,25 @@ class Stage:
         self.close()
 
     def close(self) -> None:
-        """Stop the worker and give the stage's budget back to the ledger (idempotent)."""
-        self._client.close()
-        self._ledger.release(self._holding)
-        self._holding = None
+        """Stop the worker, give the budget back and write the stage's record (idempotent).
+
+        The record goes under ``XSTAGE_HOME/records`` (``record_path`` names it) unless the
+        stage was opened with ``record_on_close=False`` (the CLI writes its own).
+        """
+        with self._lock:
+            self._closed = True
+            self._client.close()
+            self._ledger.release(self._holding)
+            self._holding = None
+            if self.record_on_close and self._record_path is None:
+                self._record_path = ""  # once, even when writing fails
+                path = records_path(graph=self.artifact.path)
+                self._record_path = str(write_record(self.record(argv=()), path))
+
+    @property
+    def record_path(self) -> str | None:
+        """Where ``close()`` wrote the stage's record (None before, or when not written)."""
+        return self._record_path or None
 
     def measure(self, *, runs: int = 20, warmup: int = 3, compare_cpu: bool = False,
                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -155,6 +405,7 @@ class Stage:
                   "runtime": dict((client.loaded or {}).get("info") or {}),
                   "evidence_sha256": self._admission.warm.worker["evidence_sha256"]}
         return build_record(
+            serving=self._serving_block(),
             argv=argv, started=self._admission.setup.started, request=self._request,
             status="placed", artifact=self.artifact, plan=self.plan,
             tried=self.tried, worker=worker, proof=self.proof.to_dict(),
@@ -165,3 +416,24 @@ class Stage:
                                 if self._admission.attestation else None),
             detail=({**self._admission.detail, "calls": list(self._calls)}
                     if self._admission.detail is not None else None))
+
+    def _serving_block(self) -> dict[str, Any]:
+        """The record's ``serving`` block: depth, restart policy, generations."""
+        return {"depth": self.depth, "restart": self.restart, "max_restarts": self.max_restarts,
+                "restart_window_s": self.restart_window, "generation": self.generation,
+                "restarts": [dict(r) for r in self.restarts],
+                "closed_cause": self._closed_cause, "state": self._state_block()}
+
+    def _state_block(self) -> dict[str, Any] | None:
+        pairs = self._admission.setup.state
+        if not pairs:
+            return None
+        return {"pairs": [p.to_dict() for p in pairs],
+                "bytes": state_bytes(pairs, self.artifact), "resets": self._state_resets}
+
+
+def _cause(exc: BaseException | None) -> str:
+    """One line naming why a worker went away."""
+    if exc is None:
+        return "its worker died"
+    return f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"

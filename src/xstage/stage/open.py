@@ -29,12 +29,16 @@ from xstage.refusal import Refusal
 from xstage.signature import check_inputs
 from xstage.stage import refusals
 from xstage.stage.admit import Admission, Setup, admit
-from xstage.stage.handle import Stage
+from xstage.stage.handle import RESTART_POLICIES, Stage
 from xstage.stage.ledger import Ledger
 from xstage.stage.reference import make_reference
 from xstage.stage.request import build_request, describe_feeds
+from xstage.stage.state import declared_state, initial_values
 
-__all__ = ["open_stage"]
+__all__ = ["MAX_DEPTH", "open_stage"]
+
+#: The most slot sets a region holds (``xstage_remote.shm.MAX_SETS``).
+MAX_DEPTH = 64
 
 
 def open_stage(
@@ -51,12 +55,19 @@ def open_stage(
     graph_opt_level: str | None = None, deadlines: Deadlines | None = None,
     report: DeviceReport | None = None, ledger: Ledger | None = None,
     on_event: Callable[[str], None] | None = None,
+    depth: int = 2, restart: str = "never", max_restarts: int = 3,
+    restart_window: float = 60.0, record_on_close: bool = True,
 ) -> Stage:
     """Open ``artifact`` where the plan and the evidence allow; see the module docstring.
 
     ``offload``: every resolved route but the reference arm first, in plan order, and the
     reference arm last. ``tolerance``: a number (relative L2) or ``xstage.parity.CRITERIA``
-    names to values, each replacing that criterion's default, tighter or looser.
+    names to values, each replacing that criterion's default, tighter or looser. ``depth``:
+    requests in flight at once (``Stage.submit``, ``Stage.map``; docs/serving.md).
+    ``restart``: ``"never"`` or ``"on_death"`` (a dead worker is replaced by generation n+1,
+    proven and gated again; at most ``max_restarts`` in ``restart_window`` seconds).
+    ``record_on_close``: ``Stage.close()`` writes the stage's record under
+    ``XSTAGE_HOME/records``.
 
     Raises:
         Refused: every candidate was refused (``.refusals``, ``.record``).
@@ -70,26 +81,35 @@ def open_stage(
         device=device, prefer=prefer, route=route, offload=offload, min_placement=min_placement,
         tolerance=tolerance, ep_options=ep_options, threads=threads,
         graph_opt_level=graph_opt_level, inputs=inputs, seed=SEED)
-    _check_numbers(min_placement, threads)
+    _check_numbers(min_placement, threads, depth)
+    _check_restart(restart, max_restarts, restart_window)
     art: Artifact | None = None
     try:
         art = inspect_artifact(artifact, fmt=fmt, component=component)
         nodes = graph_nodes(art)
-        feeds = resolve_feeds(art.inputs, inputs, shapes=shapes, dims=dims)
+        pairs = declared_state(art)  # state the worker keeps: not the caller's inputs
+        held = {p.input for p in pairs}
+        declared = [spec for spec in art.inputs if spec.name not in held]
+        feeds = resolve_feeds(declared, inputs, shapes=shapes, dims=dims)
         describe_feeds(request, feeds)
-        feeds = check_inputs(feeds, art.inputs)  # big-endian converted once, for both arms
+        feeds = check_inputs(feeds, declared)  # big-endian converted once, for both arms
+        init = initial_values(pairs, art)
         report = report or device_report()
         session = _session_options(threads, graph_opt_level)
         ref = make_reference(art, reference, session, report)
-        ref.precheck(feeds)  # ONNX: inputs the reference cannot run fail before any worker starts
+        ref.precheck({**feeds, **init})  # ONNX: bad inputs fail before any worker starts
         plan = make_plan(report, art.format, device=device, prefer=prefer, route=route,
                          offload=offload)
         setup = Setup(artifact=art, feeds=feeds, reference=ref, nodes=nodes,
                       min_placement=min_placement, tolerance=tolerance,
                       ep_options=dict(ep_options or {}), session=session, deadlines=deadlines,
                       ledger=ledger, devices=tuple(row.device for row in report.devices),
-                      request=request, started=started)
-        return _first_admitted(plan, setup, on_event or _quiet)
+                      request=request, started=started,
+                      depth=1 if pairs else depth,  # state carries from call to call: one at a time
+                      state=pairs, state_init=init)
+        serving = {"restart": restart, "max_restarts": max_restarts,
+                   "restart_window": restart_window, "record_on_close": record_on_close}
+        return _first_admitted(plan, setup, on_event or _quiet, serving)
     except (errors.UsageError, errors.Refused):
         raise
     except errors.XstageError as exc:  # the run ended in an error: it still has its record
@@ -98,7 +118,8 @@ def open_stage(
         raise
 
 
-def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None]) -> Stage:
+def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None],
+                    serving: Mapping[str, Any]) -> Stage:
     """Try the plan's candidates in order; the first admission is the stage."""
     tried: list[tuple[Candidate, str, Refusal | None]] = []
     refused: list[Refusal] = list(plan.refusals)
@@ -107,7 +128,7 @@ def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None]) -> Sta
         outcome = admit(cand, setup, say)
         if isinstance(outcome, Admission):
             tried.append((cand, "chosen", None))
-            return Stage(outcome, plan=plan, tried=tried)
+            return Stage(outcome, plan=plan, tried=tried, say=say, **serving)
         refused.append(outcome)
         tried.append((cand, "refused", outcome))
         say(f"refused: {outcome.message}")
@@ -125,16 +146,19 @@ def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None]) -> Sta
     raise refusals.refused(refused, setup.artifact, record)
 
 
-def _check_numbers(min_placement: float, threads: int | None) -> None:
+def _check_numbers(min_placement: float, threads: int | None, depth: int = 2) -> None:
     """The numeric arguments checked before anything runs.
 
     Raises:
         UsageError: ``min_placement`` outside [0, 1]; ``threads`` below 0 (0: the runtime's
             default) or above this machine's CPU count (more threads than CPUs only slows a
-            stage: 2048 took 76 s).
+            stage: 2048 took 76 s); ``depth`` not a whole number in 1..64.
     """
     if not 0.0 <= min_placement <= 1.0:
         raise errors.UsageError(f"--min-placement {min_placement} is outside [0, 1]")
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
+        raise errors.UsageError(f"depth={depth!r} is outside 1..{MAX_DEPTH}",
+                                remedy="give the number of requests to keep in flight, e.g. 2")
     if threads is None:
         return
     cpus = os.cpu_count() or 1
@@ -142,6 +166,23 @@ def _check_numbers(min_placement: float, threads: int | None) -> None:
         raise errors.UsageError(
             f"--threads {threads} is outside 0..{cpus} (this machine's CPU count)",
             remedy=f"give a whole number from 1 to {cpus}, or 0 for the runtime's default")
+
+
+def _check_restart(restart: str, max_restarts: int, window: float) -> None:
+    """The restart policy checked before anything runs.
+
+    Raises:
+        UsageError: ``restart`` not one of ``RESTART_POLICIES``; ``max_restarts`` not a whole
+            number >= 0; ``restart_window`` not a number of seconds > 0.
+    """
+    if restart not in RESTART_POLICIES:
+        raise errors.UsageError(f"restart={restart!r} is not one of "
+                                f"{', '.join(RESTART_POLICIES)}")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise errors.UsageError(f"max_restarts={max_restarts!r} is not a whole number >= 0")
+    if isinstance(window, bool) or not isinstance(window, (int, float)) \
+            or not 0 < window < float("inf"):
+        raise errors.UsageError(f"restart_window={window!r} is not a number of seconds > 0")
 
 
 def _session_options(threads: int | None, graph_opt_level: str | None) -> dict[str, Any]:

@@ -69,6 +69,10 @@ class OnnxReference:
             self._outputs = dict(zip(self.names, values, strict=True))
         return self._outputs
 
+    def call(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The reference outputs for ``feeds``, not cached (a stateful stage's later calls)."""
+        return dict(zip(self.names, self.session.run(self.names, dict(feeds)), strict=True))
+
     def time(self, feeds: Mapping[str, np.ndarray], runs: int) -> list[float]:
         """Seconds per run of the reference, ``runs`` times (for ``--compare-cpu``)."""
         times = []
@@ -123,6 +127,14 @@ class TorchReference:
             finally:
                 client.close()
         return self._outputs
+
+    def call(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The fp32 program's outputs for ``feeds``, not cached (a stateful stage's later calls)."""
+        client = self._worker()
+        try:
+            return client.run(feeds)
+        finally:
+            client.close()
 
     def float64_outputs(self, path: Path, feeds: Mapping[str, np.ndarray],
                         time_limit_s: float) -> dict[str, np.ndarray]:
