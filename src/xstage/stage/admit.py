@@ -44,6 +44,7 @@ from xstage.refusal import Refusal
 from xstage.routes.launch import load_options, open_worker
 from xstage.stage import refusals, tiebreak
 from xstage.stage.ledger import Holding, Ledger
+from xstage.stage.reference import quantized_outputs
 
 __all__ = ["Admission", "Setup", "WarmUp", "admit"]
 
@@ -155,7 +156,8 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         reference = setup.reference.outputs(setup.feeds)
         gate = parity.compare(warm.outputs, reference, fmt=setup.artifact.format,
                               reference_kind=setup.reference.kind, tolerance=setup.tolerance,
-                              declared={o.name: o.shape for o in setup.artifact.outputs})
+                              declared={o.name: o.shape for o in setup.artifact.outputs},
+                              quantized=quantized_outputs(setup.artifact))
         if gate.verdict != "passed":  # float criteria only: the float64 tie-break may decide
             gate = tiebreak.settle(gate, setup.artifact, setup.feeds, warm.outputs, reference,
                                    setup.reference)
