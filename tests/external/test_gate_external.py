@@ -168,6 +168,74 @@ def test_a_graph_the_tiebreak_cannot_evaluate_stays_refused_with_unavailable(tmp
     assert "float64 tie-break" in r.stdout and "unavailable" in r.stdout
 
 
+def _qdq_region(root: Path) -> tuple[Path, Path, str]:
+    """A real ``DQ → MatMul → Q`` region, as ``xstage bisect`` cuts one: a Tanh·MatMul chain
+    (8 wide) quantized by ``xstage quantize`` (A16W8: uint16 activations, int8 weights), cut
+    from the second MatMul's input Q to its output Q; its input captured on the CPU EP."""
+    import onnx.utils
+    import onnxruntime as ort
+
+    from xstage.export.quantize import quantize_a16w8
+
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for i in range(3):
+        w = (rng.standard_normal((8, 8)) / np.sqrt(8)).astype("f4")
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Tanh", [f"m{i}"], ["y" if i == 2 else f"t{i}"])]
+        prev = f"t{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(root / "chain.onnx"))
+    quantize_a16w8(root / "chain.onnx", root / "chain.a16w8.onnx", synthetic=4)
+    cut_in, cut_out = "t0_QuantizeLinear_Output", "m1_QuantizeLinear_Output"
+    onnx.utils.extract_model(str(root / "chain.a16w8.onnx"), str(root / "region.onnx"), [cut_in], [cut_out])
+    full = onnx.load(str(root / "chain.a16w8.onnx"))
+    full.graph.output.append(helper.make_tensor_value_info(cut_in, TensorProto.UINT16, None))
+    session = ort.InferenceSession(full.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    (captured,) = session.run([cut_in], {"x": x})
+    np.savez(root / "region.npz", **{cut_in: captured})
+    return root / "region.onnx", root / "region.npz", cut_out
+
+
+@pytest.mark.parametrize("route", ["ort-cpu", "ort-openvino"])
+def test_a_qdq_region_is_compared_dequantized(route, openvino_python, tmp_path, external):
+    """docs/bisect.md's case: OpenVINO requantizes the region's uint16 output differently from
+    the CPU EP (measured here: 31 of 32 positions, up to 126 steps; rel_l2 3.2e-03
+    dequantized), so the exact rule refused a region the EP takes whole. Dequantized with the
+    Q's scale and zero point, under A16W8's tolerance, it passes, and the record names the
+    output. On ort-cpu the two arms agree bit for bit, dequantized too."""
+    import onnxruntime as ort
+
+    from xstage.parity import compare
+
+    graph, inputs, name = _qdq_region(tmp_path)
+    out = tmp_path / "out.npz"
+    r = external("--graph", str(graph), "--inputs", str(inputs), "--route", route,
+                 "--save-outputs", str(out), env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
+    assert r.code == 0, r.stdout + r.stderr
+    gate = r.record["parity"]
+    (row,) = gate["outputs"]
+    assert gate["dequantized"] == [name] and row["dtype"] == "uint16"
+    assert row["dequantized"]["node"] == "m1_QuantizeLinear" and row["criterion"].startswith("dequantized")
+    assert "dequantized" in r.stdout
+    stage = np.load(out)[name]
+    feeds = dict(np.load(inputs))
+    (reference,) = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"]).run(None, feeds)
+    steps = np.abs(stage.astype(np.int64) - reference.astype(np.int64))
+    print(f"\n{route}: {np.count_nonzero(steps)} of {steps.size} positions differ, max {steps.max()} "
+          f"steps; dequantized rel_l2 {row['rel_l2']:.2e}")
+    exact = compare({name: stage}, {name: reference}, fmt="onnx:a16w8", reference_kind="same_graph_cpu")
+    if route == "ort-openvino":
+        assert np.count_nonzero(steps) > 0 and exact.verdict == "failed"  # what the exact rule did
+        assert 0 < row["rel_l2"] < 3e-2
+    else:
+        assert not steps.any() and row["rel_l2"] == 0.0
+
+
 _ZERO_D = textwrap.dedent('''
     import sys, torch
     from pathlib import Path

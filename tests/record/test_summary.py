@@ -78,3 +78,38 @@ def test_a_torch_proof_counts_ops_and_copies():
                     "nodes_total": 40, "copies": 2}
     assert dict(summary_rows(doc))["proof"] == (
         "placed: 40/40 ops on torch:cuda (op log of the warm-up), 2 host/device copies")
+
+
+def test_the_noise_tier_and_dequantized_outputs_are_said_and_valid():
+    """A gate the noise tier decided (its tie-break unavailable) and a dequantized output: the
+    record validates (additive optional keys) and the summary says which tier, why, what the
+    noise tier cannot catch, and which outputs were compared dequantized."""
+    import numpy as np
+
+    from xstage.parity import NOISE_TIER_BLIND, at_noise_tier, compare, tiebreak_unavailable
+    from xstage.record import validate_record
+
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal(512).astype(np.float32)
+    y = (r + np.float32(2e-6) * rng.standard_normal(512).astype(np.float32)).astype(np.float32)
+    gate = tiebreak_unavailable(compare({"y": y}, {"y": r}, fmt="onnx:fp32", reference_kind="same_graph_cpu"),
+                                "over its 120 s limit")
+    doc = record_docs.placed()
+    doc["parity"] = at_noise_tier(gate, {"y": y}, {"y": r},
+                                  "the float64 tie-break was unavailable: over its 120 s limit").to_dict()
+    validate_record(doc)
+    rows = dict(summary_rows(doc))
+    assert rows["gate tier"] == ("noise (elem_a=1e-05, not 1e-07), passed: the float64 tie-break was "
+                                 "unavailable: over its 120 s limit")
+    assert rows["noise tier misses"] == NOISE_TIER_BLIND
+    assert rows["float64 tie-break"] == "unavailable: over its 120 s limit"
+
+    q = np.array([[1, 2], [3, 4]], np.uint16)
+    doc["parity"] = compare({"q": q + 1}, {"q": q}, fmt="onnx:a16w8", reference_kind="same_graph_cpu",
+                            quantized={"q": {"scale": np.array(1e-3, np.float32),
+                                             "zero_point": np.array(0, np.uint16), "axis": 1,
+                                             "node": "q_out"}}).to_dict()
+    validate_record(doc)
+    rows = dict(summary_rows(doc))
+    assert rows["dequantized"].startswith("q: QuantizeLinear outputs compared as")
+    assert rows["parity q"].startswith("FAILED: dequantized (uint16 of q_out, scale 0.001, zero point 0)")

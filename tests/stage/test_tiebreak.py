@@ -160,3 +160,107 @@ def test_a_bf16_block_beside_large_values_is_refused_through_the_real_float64_pa
     assert refused.verdict == "failed" and refused.tiebreak["status"] == "failed"
     assert row["worst_band"]["magnitude"][1] < 8 and row["worst_band"]["ratio"] > 100
     assert "worst magnitude band" in refused.summary
+
+
+# --- the noise tier: what decides when the tie-break is unavailable ---------------------------
+
+
+def _reordered_head(tmp_path: Path) -> tuple:
+    """The two-scale head of the test above: its graph, the CPU EP's output, and a stage that
+    sums the large part in another order (fp32 noise beyond 1e-7·rms, within 1e-5·rms)."""
+    path = _two_scale_graph(tmp_path / "head.onnx")
+    x = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    (ref,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    w1, w2 = (numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer)
+    big = np.zeros((64, 256), np.float32)
+    for i in range(64):
+        big += np.outer(x[:, i], w1[i]).astype(np.float32)
+    return inspect_artifact(path), x, np.concatenate([big, x @ w2], axis=1), ref
+
+
+def test_a_stage_failing_only_the_tight_tier_passes_at_the_noise_tier(tmp_path, monkeypatch):
+    """The tie-break made unavailable by its memory limit (forced to nothing): the fp32
+    reordering that the float64 answer would have passed passes at the noise tier, and the
+    record says which tier decided and why."""
+    art, x, stage, ref = _reordered_head(tmp_path)
+    fmt = {"fmt": "onnx:fp32", "reference_kind": "same_graph_cpu"}
+    gate = compare({"y": stage}, {"y": ref}, **fmt)
+    assert gate.cause == "elementwise"
+    monkeypatch.setattr(tiebreak, "MEMORY_SHARE", 0.0)
+    settled = tiebreak.settle(gate, art, {"x": x}, {"y": stage}, {"y": ref})
+    assert settled.passed and settled.tiebreak["status"] == "unavailable"
+    assert "its float64 copy needs" in settled.tiebreak["reason"]
+    assert settled.tier["decided"] == "noise" and settled.tier["elem_a"] == 1e-5
+    assert settled.tier["why"] == f"the float64 tie-break was unavailable: {settled.tiebreak['reason']}"
+    doc = settled.to_dict()
+    assert doc["tier"]["verdict"] == "passed" and doc["tolerance"]["elem_a"] == 1e-7
+
+
+def test_a_stage_failing_the_noise_tier_stays_refused_with_unavailable(tmp_path, monkeypatch):
+    art, x, stage, ref = _reordered_head(tmp_path)
+    stage = stage.copy()
+    stage[:2, :128] *= np.float32(1 + 3e-4)  # 1% of the elements 3e-4 relative off
+    gate = compare({"y": stage}, {"y": ref}, fmt="onnx:fp32", reference_kind="same_graph_cpu")
+    monkeypatch.setattr(tiebreak, "MEMORY_SHARE", 0.0)
+    settled = tiebreak.settle(gate, art, {"x": x}, {"y": stage}, {"y": ref})
+    assert settled.verdict == "failed" and settled.cause == "elementwise"
+    assert settled.tiebreak["status"] == "unavailable" and settled.tier["verdict"] == "failed"
+
+
+def test_an_explicit_elem_a_is_kept_when_the_tiebreak_is_unavailable(tmp_path, monkeypatch):
+    art, x, stage, ref = _reordered_head(tmp_path)
+    gate = compare({"y": stage}, {"y": ref}, fmt="onnx:fp32", reference_kind="same_graph_cpu",
+                   tolerance={"elem_a": 1e-7})
+    monkeypatch.setattr(tiebreak, "MEMORY_SHARE", 0.0)
+    settled = tiebreak.settle(gate, art, {"x": x}, {"y": stage}, {"y": ref})
+    assert settled.verdict == "failed" and settled.tiebreak["status"] == "unavailable"
+    assert settled.tier is None and "tier" not in settled.to_dict()
+
+
+def test_an_op_the_evaluator_lacks_decides_at_the_noise_tier(tmp_path):
+    """A com.microsoft op (FusedMatMul) ReferenceEvaluator cannot load: the tie-break is
+    unavailable for its own reason, and the noise tier decides a reordering-sized difference
+    (2e-6·rms on every element: the 12-block tower's measured size)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((256, 64)).astype(np.float32), "w")
+    node = helper.make_node("FusedMatMul", ["x", "w"], ["y"], domain="com.microsoft", alpha=1.0)
+    graph = helper.make_graph([node], "fused",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 64])], [w])
+    path = tmp_path / "fused.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                      helper.make_opsetid("com.microsoft", 1)],
+                                ir_version=8), str(path))
+    x = rng.standard_normal((32, 256)).astype(np.float32)
+    (ref,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    rms = float(np.sqrt(np.mean(ref.astype(np.float64) ** 2)))
+    noise = rng.standard_normal(ref.shape) * 2e-6 * rms  # a deep graph's reordering, 2e-6·rms
+    stage = (ref + noise).astype(np.float32)
+    gate = compare({"y": stage}, {"y": ref}, fmt="onnx:fp32", reference_kind="same_graph_cpu")
+    assert gate.cause == "elementwise"
+    settled = tiebreak.settle(gate, inspect_artifact(path), {"x": x}, {"y": stage}, {"y": ref})
+    assert "ReferenceEvaluator" in settled.tiebreak["reason"]
+    assert settled.passed and settled.tier["decided"] == "noise"
+
+
+def test_quantized_outputs_names_only_the_outputs_of_a_quantizelinear(tmp_path):
+    """A QDQ graph with a Q output and an ArgMax output: only the Q's is dequantized."""
+    from xstage.stage.reference import quantized_outputs
+
+    inits = [numpy_helper.from_array(np.array(1e-3, np.float32), "s"),
+             numpy_helper.from_array(np.array(32768, np.uint16), "z")]
+    nodes = [helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["x"], name="dq"),
+             helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s", "z"], ["y"], name="q_y"),
+             helper.make_node("ArgMax", ["r"], ["i"], axis=1)]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("xq", TensorProto.UINT16, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT16, [2, 4]),
+                               helper.make_tensor_value_info("i", TensorProto.INT64, [2, 1])], inits)
+    path = tmp_path / "qdq.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), str(path))
+    art = inspect_artifact(path)
+    assert art.format == "onnx:a16w8"
+    found = quantized_outputs(art)
+    assert list(found) == ["y"] and found["y"]["node"] == "q_y"
+    assert float(found["y"]["scale"]) == np.float32(1e-3)
+    assert quantized_outputs(inspect_artifact(_two_scale_graph(tmp_path / "fp32.onnx"))) == {}

@@ -210,6 +210,16 @@ def _gate_extras(parity: Mapping[str, Any]) -> Rows:
             f"{o['name']}: stage {fmt(o['stage_rel_l2'])} vs reference {fmt(o['reference_rel_l2'])} "
             "rel_l2 from float64" for o in tiebreak.get("outputs") or [])
         rows.append(("float64 tie-break", f"{tiebreak.get('status')}: {detail}"))
+    tier = parity.get("tier")
+    if isinstance(tier, Mapping):
+        rows.append(("gate tier", f"{tier.get('decided')} (elem_a={fmt(tier.get('elem_a'))}, not "
+                                  f"{fmt(tier.get('tight_elem_a'))}), {tier.get('verdict')}: "
+                                  f"{tier.get('why')}"))
+        rows.append(("noise tier misses", str(tier.get("cannot_catch"))))
+    dequantized = parity.get("dequantized")
+    if dequantized:
+        rows.append(("dequantized", ", ".join(str(n) for n in dequantized)
+                     + ": QuantizeLinear outputs compared as (q - zero_point)·scale"))
     return rows
 
 

@@ -44,6 +44,7 @@ from xstage.refusal import Refusal
 from xstage.routes.launch import load_options, open_worker
 from xstage.stage import refusals, tiebreak
 from xstage.stage.ledger import Holding, Ledger
+from xstage.stage.reference import quantized_outputs
 from xstage.stage.state import StatePair, reference_calls, state_bytes
 
 __all__ = ["Admission", "Setup", "WarmUp", "admit"]
@@ -198,7 +199,7 @@ def _gate(setup: Setup, warm: WarmUp) -> tuple[parity.Parity, Mapping[str, np.nd
         reference = setup.reference.outputs(setup.feeds)
         return parity.compare(warm.outputs, reference, fmt=setup.artifact.format,
                               reference_kind=setup.reference.kind, tolerance=setup.tolerance,
-                              declared=declared), reference
+                              declared=declared, quantized=quantized_outputs(setup.artifact)), reference
     first, second = reference_calls(setup.reference, setup.feeds, setup.state, setup.state_init)
     reference = {**first, **{f"{k} (call 2)": v for k, v in second.items()}}
     ours = {**warm.outputs, **{f"{k} (call 2)": v for k, v in (warm.second or {}).items()}}

@@ -5,6 +5,10 @@
   client has no torch of its own (a torch is ~1 GB, and the route's interpreter already has
   one), so the reference runs in a ``torch-cpu`` worker, started when the gate needs it and
   closed at once.
+
+It also reads, for a quantized (QDQ) artifact, which outputs a ``QuantizeLinear`` produced and
+with what scale and zero point (:func:`quantized_outputs`): the gate compares those integers
+dequantized.
 """
 
 from __future__ import annotations
@@ -17,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from xstage import errors
+from xstage import errors, parity
 from xstage.artifact import Artifact
 from xstage.client import Deadlines
 from xstage.device_table import DeviceReport
 from xstage.routes import reference_spec
 from xstage.routes.launch import load_options, open_worker
 
-__all__ = ["OnnxReference", "TorchReference", "make_reference"]
+__all__ = ["OnnxReference", "TorchReference", "make_reference", "quantized_outputs"]
 
 
 class OnnxReference:
@@ -191,3 +195,47 @@ def make_reference(art: Artifact, reference: str | os.PathLike[str], session: Ma
         return TorchReference(report, path, "torch_cpu" if kind == "same_graph_cpu" else kind,
                               [o.name for o in art.outputs])
     return OnnxReference(path, kind, session)
+
+
+def quantized_outputs(art: Artifact) -> dict[str, parity.QuantParams]:
+    """The graph outputs of a quantized artifact that a ``QuantizeLinear`` produces.
+
+    Each comes with that Q's scale, zero point and axis (for the gate's dequantized comparison).
+    Empty for every format not in :data:`xstage.parity.QUANTIZED_FORMATS` (the graph is not
+    read then), and for a Q whose scale or zero point is not a constant of the graph or that
+    quantizes in blocks (``block_size``): those outputs stay compared exactly.
+    """
+    if art.format not in parity.QUANTIZED_FORMATS or art.format.startswith("pt:"):
+        return {}
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(art.path), load_external_data=False).graph
+    consts: dict[str, Any] = {}
+    for init in graph.initializer:
+        consts[init.name] = init
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                consts[node.output[0]] = value
+    producers = {out: node for node in graph.node for out in node.output}
+    found: dict[str, parity.QuantParams] = {}
+    for output in graph.output:
+        node = producers.get(output.name)
+        if node is None or node.op_type != "QuantizeLinear" or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+        scale = consts.get(node.input[1]) if len(node.input) > 1 else None
+        zp_name = node.input[2] if len(node.input) > 2 else ""
+        zp = consts.get(zp_name) if zp_name else None
+        if attrs.get("block_size") or scale is None or (zp_name and zp is None):
+            continue
+        try:
+            scale_a = numpy_helper.to_array(scale)
+            zp_a = numpy_helper.to_array(zp) if zp is not None else np.zeros((), np.uint8)
+        except Exception:  # external data not loaded, or a type numpy cannot hold
+            continue
+        found[output.name] = {"scale": scale_a, "zero_point": zp_a, "axis": int(attrs.get("axis", 1)),
+                              "node": node.name or f"QuantizeLinear→{output.name}"}
+    return found
