@@ -156,3 +156,17 @@ def test_proofs_are_bound_to_both_nonces_and_the_role() -> None:
         wire.check_proof("another secret", "client", t, wire.proof(SECRET, "client", t))
     with pytest.raises(wire.ProtocolError, match="nonce is not 64 hex digits"):
         wire.transcript(dict(hello, nonce="00"), nc)
+
+
+def test_the_prepared_mac_is_hmac_sha256() -> None:
+    """The records' MAC, with its key's padded blocks hashed once, is HMAC-SHA256 exactly."""
+    import hashlib
+    import hmac
+    import os
+
+    for key in (os.urandom(32), b"", os.urandom(64), os.urandom(100)):
+        mac = wire._Mac(key)
+        for parts in ([b""], [b"abc", memoryview(b"defg")], [os.urandom(300_000)]):
+            counter = wire.COUNTER.pack(7)
+            want = hmac.new(key, counter + b"".join(bytes(p) for p in parts), hashlib.sha256).digest()
+            assert mac.tag(counter, parts) == want
