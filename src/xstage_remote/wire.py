@@ -839,9 +839,9 @@ class Channel:
         """Send one frame already encoded by ``encode_frame`` as authenticated records.
 
         A small frame is one record and one ``send``; a large one is its head record, then
-        payload records of ``CHUNK_BYTES``, each one ``sendmsg`` of the chunk's buffers and
-        its trailer (sealed just before it is sent, so the reader checks a record while the
-        next is sealed).
+        payload records of ``CHUNK_BYTES``, each sent before it is sealed: the reader's MAC of
+        a record runs while this end computes the same one (on two CPUs, the two MACs
+        overlap instead of following each other), and its trailer follows.
         """
         head = parts[:2]
         body = [memoryview(p).cast("B") for p in parts[2:]]
@@ -861,10 +861,16 @@ class Channel:
                 chunk.append(take)
                 room -= len(take)
                 if room == 0:
-                    send_parts(self.sock, chunk + [self._seal(chunk)])
+                    self._send_record(chunk)
                     chunk, room = [], CHUNK_BYTES
         if chunk:
-            send_parts(self.sock, chunk + [self._seal(chunk)])
+            self._send_record(chunk)
+
+    def _send_record(self, chunk):
+        """A payload record: its bytes first, so the reader hashes them while this end does,
+        then its trailer (the reader checks nothing before the trailer has come)."""
+        send_parts(self.sock, chunk)
+        send_parts(self.sock, [self._seal(chunk)])
 
     # ------------------------------------------------------------------ receiving
     def _need(self, n, started=True):
