@@ -9,6 +9,9 @@ connect-back. This script takes that call apart, in one run, on TCP loopback:
   records (``wire.Channel``), and ``xstage`` the whole call (``WorkerClient.run``,
   ``transport="tcp"``, a Slice graph): its overhead is the round trip minus the worker's own
   time, as in ``transport.py``. Each layer's difference from the one below is its cost.
+  Beside each: both ends' CPU time over the wall time of the same calls (main threads,
+  ``/proc/PID/schedstat``): above 1 the two ends ran at once (the MACs overlapped), below 1
+  someone waited for a CPU.
 * **CPU per frame** (one thread, both ends over a TCP loopback pair, the thread's CPU clock,
   which a loaded machine does not inflate with waiting): encoding, sealing, the kernel's send
   and receive, checking the tag, checking the header, the arrays; and the system calls a
@@ -98,10 +101,24 @@ def _echo(port_q: mp.Queue, layer: str, n: int, cpu: int | None) -> None:
             wire.send_frame(conn, header, arrays)
 
 
+def _cpu_ns(pid: int) -> int:
+    """CPU time a process's main thread has run, in ns (``/proc/PID/schedstat``), or 0."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 class Layer:
-    def __init__(self, name: str, call: Callable[[], int], close: Callable[[], None]) -> None:
-        self.name, self.call, self.close = name, call, close
+    def __init__(self, name: str, call: Callable[[], int], close: Callable[[], None],
+                 peer: int | None = None) -> None:
+        self.name, self.call, self.close, self.peer = name, call, close, peer
         self.over: list[int] = []
+        self.wall = self.cpu = 0  # ns, over the measured calls: both ends' CPU against the wall
+
+    def cpu_now(self) -> int:
+        return _cpu_ns(os.getpid()) + (_cpu_ns(self.peer) if self.peer else 0)
 
 
 def _socket_layer(layer: str, x: np.ndarray, pin: bool) -> Layer:
@@ -138,7 +155,7 @@ def _socket_layer(layer: str, x: np.ndarray, pin: bool) -> Layer:
         if proc.is_alive():
             proc.kill()
 
-    return Layer(layer, call, close)
+    return Layer(layer, call, close, proc.pid)
 
 
 def _xstage_layer(x: np.ndarray, tmp: Path) -> Layer:
@@ -154,7 +171,7 @@ def _xstage_layer(x: np.ndarray, tmp: Path) -> Layer:
         client.run({"x": x})
         return int(client.last_timing.get("worker_ns", 0))
 
-    return Layer("xstage", call, client.close)
+    return Layer("xstage", call, client.close, client.pid)
 
 
 def layers(rounds: int, calls: int, pin: bool, with_worker: bool) -> list[dict]:
@@ -175,10 +192,13 @@ def layers(rounds: int, calls: int, pin: bool, with_worker: bool) -> list[dict]:
                         arm.call()
                 for _ in range(rounds):
                     for arm in arms:
+                        cpu0, wall0 = arm.cpu_now(), time.perf_counter_ns()
                         for _ in range(per_round):
                             t0 = time.perf_counter_ns()
                             worker = arm.call()
                             arm.over.append(time.perf_counter_ns() - t0 - worker)
+                        arm.wall += time.perf_counter_ns() - wall0
+                        arm.cpu += arm.cpu_now() - cpu0
             finally:
                 for arm in arms:
                     arm.close()
@@ -189,6 +209,7 @@ def layers(rounds: int, calls: int, pin: bool, with_worker: bool) -> list[dict]:
                 med = statistics.median(arm.over)
                 row["arms"][arm.name] = {"half_round_trip_us": med / 2e3,
                                          "gbps_each_way": n * 4 / (med / 2),
+                                         "both_ends_cpu_over_wall": arm.cpu / arm.wall,
                                          "samples": len(arm.over)}
             rows.append(row)
     return rows
@@ -323,7 +344,8 @@ def main() -> None:
     for row in doc["layers"]:
         for name, a in row["arms"].items():
             print(f"  {row['payload']:<7}{name:<9}half round trip {a['half_round_trip_us']:>9.1f} µs"
-                  f"   {a['gbps_each_way']:>6.2f} GB/s each way")
+                  f"   {a['gbps_each_way']:>6.2f} GB/s each way"
+                  f"   both ends' CPU / wall {a['both_ends_cpu_over_wall']:.2f}")
     print("\nCPU per 64 B frame (thread clock, median µs):")
     for name, us in doc["cpu_per_frame"]["steps_us"].items():
         print(f"  {name:<40}{us:>7.2f}")

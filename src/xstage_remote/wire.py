@@ -787,14 +787,23 @@ class _Mac:
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
 
-    def tag(self, counter, parts):
+    def begin(self, counter):
+        """The inner hash of a record, fed its counter; ``update`` it with the bytes."""
         inner = self._inner.copy()
         inner.update(counter)
-        for part in parts:
-            inner.update(part)
+        return inner
+
+    def finish(self, inner):
+        """The tag of a record whose bytes ``inner`` has hashed."""
         outer = self._outer.copy()
         outer.update(inner.digest())
         return outer.digest()
+
+    def tag(self, counter, parts):
+        inner = self.begin(counter)
+        for part in parts:
+            inner.update(part)
+        return self.finish(inner)
 
 
 _EMPTY = np.empty(0, dtype=np.uint8)
@@ -839,9 +848,10 @@ class Channel:
         """Send one frame already encoded by ``encode_frame`` as authenticated records.
 
         A small frame is one record and one ``send``; a large one is its head record, then
-        payload records of ``CHUNK_BYTES``, each sent before it is sealed: the reader's MAC of
-        a record runs while this end computes the same one (on two CPUs, the two MACs
-        overlap instead of following each other), and its trailer follows.
+        payload records of ``CHUNK_BYTES``, each sent before it is sealed: the reader hashes a
+        record's bytes as they arrive, under the counter it expects, while this end computes
+        the same tag (on two CPUs, the two MACs overlap instead of following each other); the
+        trailer follows.
         """
         head = parts[:2]
         body = [memoryview(p).cast("B") for p in parts[2:]]
@@ -888,8 +898,10 @@ class Channel:
             self._end += k
         return self._start
 
-    def _fill(self, target):
-        """Fill ``target`` (a memoryview) from the buffer, then the socket."""
+    def _fill(self, target, inner=None):
+        """Fill ``target`` (a memoryview) from the buffer, then the socket; ``inner`` (a hash)
+        takes each piece as it lands, while it is in the cache and while the rest is on its
+        way."""
         got = 0
         n = len(target)
         have = self._end - self._start
@@ -897,17 +909,21 @@ class Channel:
             got = min(have, n)
             target[:got] = self._view[self._start:self._start + got]
             self._start += got
+            if inner is not None:
+                inner.update(target[:got])
         while got < n:
             if n - got >= len(self._buf) // 2:  # large: straight into the target
                 k = self.sock.recv_into(target[got:], n - got)
                 if k == 0:
                     raise PeerClosed(True)
-                got += k
-                continue
-            s = self._need(n - got)
-            target[got:] = self._view[s:s + n - got]
-            self._start = s + n - got
-            got = n
+            else:
+                s = self._need(n - got)
+                k = n - got
+                target[got:] = self._view[s:s + k]
+                self._start = s + k
+            if inner is not None:
+                inner.update(target[got:got + k])
+            got += k
 
     def _trailer(self):
         """The next record's trailer, consumed from the buffer (a copy)."""
@@ -915,10 +931,17 @@ class Channel:
         self._start = s + TRAILER_BYTES
         return bytes(self._view[s:s + TRAILER_BYTES])
 
-    def _verify(self, parts, trailer, what):
-        """Check a record's tag, then its counter; ProtocolError naming the failed check."""
+    def _verify(self, parts, trailer, what, tag=None):
+        """Check a record's tag, then its counter; ProtocolError naming the failed check.
+
+        ``tag``: the record's tag computed ahead under the expected counter (the payload's
+        records are hashed as they arrive); any other counter in the trailer is hashed again
+        under that counter, so each failure is named as if it had been checked afresh.
+        """
         counter = trailer[:COUNTER.size]
-        if not hmac.compare_digest(self._check_mac.tag(counter, parts), trailer[COUNTER.size:]):
+        if tag is None or counter != COUNTER.pack(self.received):
+            tag = self._check_mac.tag(counter, parts)
+        if not hmac.compare_digest(tag, trailer[COUNTER.size:]):
             raise ProtocolError("frame integrity check failed (mac): record %d (%s) does not "
                                 "verify under this connection's key: tampered or injected"
                                 % (self.received, what))
@@ -962,8 +985,10 @@ class Channel:
         header, tensors = _validate_head(raw, plen)
         payload = np.empty(plen, dtype=np.uint8)
         view = memoryview(payload)
+        mac = self._check_mac
         for start in range(0, plen, CHUNK_BYTES):
             part = view[start:start + CHUNK_BYTES]
-            self._fill(part)
-            self._verify((part,), self._trailer(), "payload at byte %d" % start)
+            inner = mac.begin(COUNTER.pack(self.received))  # the counter this record must carry
+            self._fill(part, inner)
+            self._verify((part,), self._trailer(), "payload at byte %d" % start, mac.finish(inner))
         return Frame(header, payload, tensors)

@@ -7,6 +7,7 @@ naming its check; the process-level attacker is ``tests/client/test_tcp_attacker
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 
@@ -174,3 +175,37 @@ def test_the_prepared_mac_is_hmac_sha256() -> None:
             counter = wire.COUNTER.pack(7)
             want = hmac.new(key, counter + b"".join(bytes(p) for p in parts), hashlib.sha256).digest()
             assert mac.tag(counter, parts) == want
+
+
+@pytest.mark.parametrize("attack, check", [("flip", "integrity check failed (mac)"),
+                                           ("replay", "sequence check failed (replay)"),
+                                           ("drop", "sequence check failed (reorder)")])
+def test_a_payload_record_hashed_as_it_arrives_names_each_failure(attack: str, check: str) -> None:
+    """The reader hashes payload records under the counter it expects before the trailer
+    comes; a record that carries another counter is checked again under that one."""
+    tx, rx, a, b = _pair()
+    a.mute = True
+    tx.send({"op": "run", "id": 1}, {"x": np.arange(200_000, dtype=np.float32)})
+    sends = a.sends
+    records = [sends[0]] + [sends[i] + sends[i + 1] for i in range(1, len(sends), 2)]
+    if attack == "flip":
+        bad = bytearray(records[2])
+        bad[1000] ^= 0x10
+        records[2] = bytes(bad)
+    elif attack == "replay":
+        records[2] = records[1]
+    else:
+        del records[1]
+
+    def write() -> None:
+        try:
+            a.sock.sendall(b"".join(records))
+        except OSError:
+            pass  # the reader stopped at the check and closed
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    with pytest.raises(wire.ProtocolError, match=re.escape(check)):
+        rx.recv()
+    b.sock.close()
+    writer.join(10)
