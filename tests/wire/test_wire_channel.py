@@ -209,3 +209,33 @@ def test_a_payload_record_hashed_as_it_arrives_names_each_failure(attack: str, c
         rx.recv()
     b.sock.close()
     writer.join(10)
+
+
+def test_back_to_back_frames_of_every_size_class_arrive_whole() -> None:
+    """Frames written back to back, read after: records straddle the channel's buffer (the
+    unread bytes move to its front), small and large frames mix, and one frame's header is
+    larger than the buffer itself (read beside it)."""
+    tx, rx, _, _ = _pair()
+    rng = np.random.default_rng(5)
+    many = {f"t{i:04d}-" + "n" * 60: np.full(3, i, np.int32) for i in range(700)}
+    frames = [{"x": rng.standard_normal(int(n)).astype(np.float32)}
+              for n in rng.integers(0, 4000, size=60)]
+    frames[7] = {"x": np.arange(100_000, dtype=np.float32)}  # head + payload records
+    frames[30] = many                                          # a header over 64 KiB
+    assert len(wire.encode_frame({"op": "run", "id": 0}, many)[1]) > len(rx._buf)
+
+    def write() -> None:
+        for i, arrays in enumerate(frames):
+            tx.send({"op": "run", "id": i}, arrays)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    for i, arrays in enumerate(frames):
+        frame = rx.recv()
+        assert frame.id == i
+        got = frame.arrays()
+        assert list(got) == list(arrays)
+        for name, value in arrays.items():
+            np.testing.assert_array_equal(got[name], value)
+    writer.join(10)
+    assert tx.sent == rx.received
