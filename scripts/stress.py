@@ -39,6 +39,7 @@ import collections
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -422,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transport", choices=["local", "tcp"], default="local",
                         help="frames and calls over the socketpair (local: calls through the "
                              "shared region) or the TCP connect-back's authenticated records")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the run's scratch folder (home, TMPDIR) and print its path")
     parser.add_argument("--_opener", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._opener:
@@ -469,6 +472,10 @@ def main(argv: list[str] | None = None) -> int:
            or any(k.startswith(("UNNAMED", "process")) for k in report.get("opens", {}).get("outcomes", {}))
            or report.get("opens", {}).get("tracebacks"))
     report["verdict"] = "fail" if bad else "pass"
+    if args.keep:
+        report["scratch"] = str(scratch)
+    else:  # its own folder: home, TMPDIR, graph (what leaked into it was counted above)
+        shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps(report, indent=2, sort_keys=True))
     return 1 if bad else 0
 
