@@ -463,6 +463,9 @@ def encode_tensors(arrays):
 #: (the dtype carries the byte order); value: ``(t JSON, payload length, byte views)``.
 _SIGNATURES = {}
 _MAX_SIGNATURES = 256
+#: Only descriptor lists up to this size are kept (by writers and readers): the common
+#: signatures of a few tensors, never a megabyte header of thousands.
+_MAX_CACHED_T_BYTES = 4096
 #: Every encoder here writes ``t`` last, so a reader can take the descriptor list apart from
 #: the rest of the header (``_split_head``).
 _T_KEY = b',"t":'
@@ -492,9 +495,10 @@ def _encode_arrays(arrays):
     if known is None:
         descs, buffers, plen = encode_tensors(dict(arrs))
         raw = _ENCODER.encode(descs).encode("utf-8")
-        if len(_SIGNATURES) >= _MAX_SIGNATURES:
-            _SIGNATURES.clear()
-        _SIGNATURES[key] = (raw, plen, [d["nbytes"] != 0 for d in descs])
+        if len(raw) <= _MAX_CACHED_T_BYTES:  # bounded: at most 256 lists of 4 KiB
+            if len(_SIGNATURES) >= _MAX_SIGNATURES:
+                _SIGNATURES.clear()
+            _SIGNATURES[key] = (raw, plen, [d["nbytes"] != 0 for d in descs])
         return raw, buffers, plen
     raw, plen, nonempty = known
     buffers = []
@@ -628,7 +632,7 @@ def _validate_head(raw, plen):
     op = validate_header(header)
     if "t" in header:
         tensors = validate_tensor_descs(header["t"], plen)
-        if split is not None and len(split[1]) <= 4096:
+        if split is not None and len(split[1]) <= _MAX_CACHED_T_BYTES:
             _remember_t(split, plen, header["t"], tensors)
         return header, tensors
     if plen:

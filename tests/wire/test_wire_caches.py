@@ -110,3 +110,11 @@ def test_the_same_list_under_another_payload_length_is_checked_again() -> None:
     wire.parse_frame(_frame(b'{"op":"run","id":1,"t":' + T8 + b"}"))
     with pytest.raises(wire.ProtocolError, match="cover 8 bytes of a 12-byte payload"):
         wire.parse_frame(_frame(b'{"op":"run","id":2,"t":' + T8 + b"}", plen=12))
+
+
+def test_only_small_descriptor_lists_are_kept() -> None:
+    many = {f"tensor-{i:04d}": np.zeros(1, np.float32) for i in range(300)}
+    data = b"".join(bytes(p) for p in wire.encode_frame({"op": "run", "id": 1}, many))
+    assert len(data) > 2 * wire._MAX_CACHED_T_BYTES and not wire._SIGNATURES
+    wire.parse_frame(data)
+    assert not wire._CHECKED_T
