@@ -4,6 +4,7 @@ the command are in docs/reliability.md.
 
     PYTHONPATH=src python3 scripts/stress.py                      # the full counts
     PYTHONPATH=src python3 scripts/stress.py --frames 2000 --calls 2000 --opens 8 --procs 2
+    PYTHONPATH=src python3 scripts/stress.py --transport tcp --only frames --only calls
 
 Three parts, each on its own fresh ``XSTAGE_HOME`` and ``TMPDIR`` (so leftovers are ours):
 
@@ -14,10 +15,13 @@ Three parts, each on its own fresh ``XSTAGE_HOME`` and ``TMPDIR`` (so leftovers 
   the worker must answer, close (fail closed), or wait for bytes it was promised (then the
   deadline kills it); a closed or killed worker is replaced. Hostile frames go through the
   client's socket: the one place this script reaches past the public API.
+  With ``--transport tcp`` the worker connects back over TCP and every frame travels in
+  authenticated records; a byte-flipped record must then never be answered.
 * ``calls``: a stage from ``open_stage`` takes N calls with fresh random inputs, each output
   checked against onnxruntime in this process; about ``--interrupt-rate`` of them get a SIGINT
   at a random moment. A wrong output (a stale reply) is counted, never tolerated silently; a
-  stage that closes itself (``StageClosed``, ``WorkerError``) is reopened and counted.
+  stage that closes itself (``StageClosed``, ``WorkerError``) is reopened and counted. With
+  ``--transport tcp``, a ``WorkerClient`` over the TCP connect-back instead (no shared region).
 * ``opens``: ``--procs`` processes, ``--opens`` threads in all, released together on a fresh
   home, each ``open_stage`` of the built-in stage (first use of every cached thing), one call,
   close. Each must end placed, refused (its cause), or a timeout or error naming its cause.
@@ -35,6 +39,7 @@ import collections
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,9 +97,43 @@ def _hostile(rng: random.Random, x: np.ndarray):
     return kind, {"op": "load", "runtime": "ort", "path": "/nonexistent/g.onnx", "options": {}}, None
 
 
-def _frames(n: int, mutated: int, graph: Path, seed: int) -> dict:
-    from xstage import Deadlines, WorkerClient, errors
+class _Capture:
+    """Stands in for the channel's socket while a frame is sealed: keeps the record bytes."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def sendall(self, data) -> None:  # type: ignore[no-untyped-def]
+        self.data += bytes(data)
+
+    def sendmsg(self, buffers) -> int:  # type: ignore[no-untyped-def]
+        n = len(self.data)
+        for b in buffers:
+            self.data += bytes(b)
+        return len(self.data) - n
+
+
+def _mutated_bytes(client, x: np.ndarray, rid: int) -> bytearray:  # type: ignore[no-untyped-def]
+    """A run frame as this client would send it: plain, or sealed records on the TCP channel
+    (the channel's counter advances, as for a frame really sent)."""
     from xstage_remote import wire
+
+    parts = wire.encode_frame(wire.with_generation({"op": "run", "id": rid}, client.generation),
+                              {"x": x})
+    channel = client._channel
+    if channel is None:
+        return bytearray(b"".join(bytes(p) for p in parts))
+    real, tap = channel.sock, _Capture()
+    channel.sock = tap
+    try:
+        channel.send_parts(parts)
+    finally:
+        channel.sock = real
+    return tap.data
+
+
+def _frames(n: int, mutated: int, graph: Path, seed: int, transport: str = "local") -> dict:
+    from xstage import Deadlines, WorkerClient, errors
 
     rng = random.Random(seed)
     ref = _reference(graph)
@@ -103,7 +142,7 @@ def _frames(n: int, mutated: int, graph: Path, seed: int) -> dict:
     mutate_at = set(rng.sample(range(n), min(mutated, n)))
 
     def fresh() -> WorkerClient:
-        client = WorkerClient(sys.executable, route="ort-cpu", shm_mode="off",
+        client = WorkerClient(sys.executable, route="ort-cpu", shm_mode="off", transport=transport,
                               deadlines=Deadlines(call=5.0, load=60.0))
         client.start()
         client.load(graph)
@@ -115,8 +154,7 @@ def _frames(n: int, mutated: int, graph: Path, seed: int) -> dict:
         x = np.asarray(rng.random() * np.ones((2, 16)), np.float32) + np.float32(i % 7)
         try:
             if i in mutate_at:
-                base = wire.encode_frame({"op": "run", "id": 10**9 + i}, {"x": x})
-                data = bytearray(b"".join(bytes(p) for p in base))
+                data = _mutated_bytes(client, x, 10**9 + i)
                 for _ in range(rng.randint(1, 4)):
                     data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
                 client._ctl.sendall(bytes(data))
@@ -126,8 +164,11 @@ def _frames(n: int, mutated: int, graph: Path, seed: int) -> dict:
                     counts["mutated: answered"] += 1
                 except errors.CallTimeout:
                     counts["mutated: worker waited for promised bytes (killed at the deadline)"] += 1
-                except errors.WorkerDied:
-                    counts["mutated: worker closed (fail closed)"] += 1
+                except errors.WorkerDied as exc:
+                    check = next((c for c in ("mac", "replay", "reorder") if f"({c})" in exc.log_tail),
+                                 None)
+                    counts["mutated: worker closed (fail closed)"
+                           + (f", its log names the check ({check})" if check else "")] += 1
                 except errors.ProtocolError as exc:
                     counts[f"mutated: protocol error ({str(exc).split(':')[-1].strip()[:40]})"] += 1
                 except errors.WorkerRaised:
@@ -160,14 +201,33 @@ def _frames(n: int, mutated: int, graph: Path, seed: int) -> dict:
             client = fresh()
             restarts += 1
     client.close()
-    return {"frames": n, "mutated": len(mutate_at), "outcomes": dict(sorted(counts.items())),
-            "wrong_outputs": wrong, "worker_restarts": restarts}
+    return {"frames": n, "mutated": len(mutate_at), "transport": transport,
+            "outcomes": dict(sorted(counts.items())), "wrong_outputs": wrong,
+            "worker_restarts": restarts}
 
 
 # ---------------------------------------------------------------------------- calls
 
 
-def _calls(n: int, rate: float, graph: Path, seed: int) -> dict:
+class _TcpStage:
+    """A worker over the TCP connect-back (authenticated records), called like a Stage."""
+
+    def __init__(self, graph: Path, deadlines) -> None:  # type: ignore[no-untyped-def]
+        from xstage import WorkerClient
+
+        self.client = WorkerClient(sys.executable, route="ort-cpu", shm_mode="off",
+                                   transport="tcp", deadlines=deadlines)
+        self.client.start()
+        self.client.load(graph)
+
+    def __call__(self, feeds):  # type: ignore[no-untyped-def]
+        return self.client.run(feeds)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _calls(n: int, rate: float, graph: Path, seed: int, transport: str = "local") -> dict:
     from xstage import Deadlines, errors, open_stage
 
     rng = random.Random(seed)
@@ -175,7 +235,13 @@ def _calls(n: int, rate: float, graph: Path, seed: int) -> dict:
     ref = _reference(graph)
     counts: collections.Counter[str] = collections.Counter()
     deadlines = Deadlines(call=10.0)
-    stage = open_stage(graph, route="ort-cpu", deadlines=deadlines)
+
+    def open_():  # type: ignore[no-untyped-def]
+        if transport == "tcp":
+            return _TcpStage(graph, deadlines)
+        return open_stage(graph, route="ort-cpu", deadlines=deadlines)
+
+    stage = open_()
     main = threading.get_ident()
     timer: threading.Timer | None = None
     reopened = 0
@@ -204,7 +270,7 @@ def _calls(n: int, rate: float, graph: Path, seed: int) -> dict:
         except (errors.StageClosed, errors.WorkerError) as exc:
             counts[f"stage closed itself: {type(exc).__name__}"] += 1
             stage.close()
-            stage = open_stage(graph, route="ort-cpu", deadlines=deadlines)
+            stage = open_()
             reopened += 1
         except errors.XstageError as exc:
             counts[f"error {type(exc).__name__}: {exc.message[:80]}"] += 1
@@ -212,8 +278,8 @@ def _calls(n: int, rate: float, graph: Path, seed: int) -> dict:
         stage.close()
     except KeyboardInterrupt:
         stage.close()
-    return {"calls": n, "interrupt_rate": rate, "outcomes": dict(sorted(counts.items())),
-            "reopened": reopened}
+    return {"calls": n, "interrupt_rate": rate, "transport": transport,
+            "outcomes": dict(sorted(counts.items())), "reopened": reopened}
 
 
 # ---------------------------------------------------------------------------- opens
@@ -354,6 +420,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--opens-timeout", type=float, default=1200.0)
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--only", choices=["frames", "calls", "opens"], action="append")
+    parser.add_argument("--transport", choices=["local", "tcp"], default="local",
+                        help="frames and calls over the socketpair (local: calls through the "
+                             "shared region) or the TCP connect-back's authenticated records")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the run's scratch folder (home, TMPDIR) and print its path")
     parser.add_argument("--_opener", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._opener:
@@ -374,9 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     for part in parts:
         started = time.monotonic()
         if part == "frames":
-            report["frames"] = _frames(args.frames, args.mutated, graph, args.seed)
+            report["frames"] = _frames(args.frames, args.mutated, graph, args.seed, args.transport)
         elif part == "calls":
-            report["calls"] = _calls(args.calls, args.interrupt_rate, graph, args.seed)
+            report["calls"] = _calls(args.calls, args.interrupt_rate, graph, args.seed,
+                                     args.transport)
         else:
             report["opens"] = _opens(args.opens, args.procs, args.opens_timeout)
         report[part]["seconds"] = round(time.monotonic() - started, 1)
@@ -394,10 +466,16 @@ def main(argv: list[str] | None = None) -> int:
            or report["leaks"]["dev_shm_names"] or report["leaks"]["profile_temp_folders"]
            or report["caches"]["problems"]
            or report.get("frames", {}).get("wrong_outputs")
+           or (args.transport == "tcp" and any(  # a changed record must never be acted on
+               k.startswith("mutated: answered") for k in report.get("frames", {}).get("outcomes", {})))
            or any("WRONG" in k for k in report.get("calls", {}).get("outcomes", {}))
            or any(k.startswith(("UNNAMED", "process")) for k in report.get("opens", {}).get("outcomes", {}))
            or report.get("opens", {}).get("tracebacks"))
     report["verdict"] = "fail" if bad else "pass"
+    if args.keep:
+        report["scratch"] = str(scratch)
+    else:  # its own folder: home, TMPDIR, graph (what leaked into it was counted above)
+        shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps(report, indent=2, sort_keys=True))
     return 1 if bad else 0
 

@@ -266,8 +266,35 @@ def validate_header_bytes(raw):
     return obj
 
 
+#: Per op, for the common case checked with set operations: the keys allowed, the keys
+#: required, and each field's type. Any miss takes ``_header_problem`` for the message.
+_ALLOWED = {op: frozenset(spec) | _COMMON | {GEN_FIELD} for op, spec in OPS.items()}
+_REQUIRED = {op: frozenset(k for k, (_, req) in spec.items() if req) for op, spec in OPS.items()}
+_TYPED = {op: tuple((k, typ) for k, (typ, _) in spec.items()) for op, spec in OPS.items()}
+
+
 def validate_header(obj):
     """Check op, id and the op's fields (no unknown ones); return the op name."""
+    op = obj.get("op")
+    if type(op) is str and op in OPS:
+        rid = obj.get("id")
+        gen = obj.get(GEN_FIELD, 1)
+        keys = obj.keys()
+        if (type(rid) is int and 0 <= rid < 1 << 63 and type(gen) is int
+                and 1 <= gen <= MAX_GENERATION and keys <= _ALLOWED[op]
+                and _REQUIRED[op] <= keys):
+            for key, typ in _TYPED[op]:
+                if key in obj:
+                    value = obj[key]
+                    if not isinstance(value, typ) or (typ is _INT and isinstance(value, bool)):
+                        break
+            else:
+                return op
+    return _header_problem(obj)
+
+
+def _header_problem(obj):
+    """``validate_header`` field by field, raising the first problem in a fixed order."""
     op = obj.get("op")
     if not isinstance(op, str) or op not in OPS:
         raise ProtocolError("unknown op %r (known: %s)" % (op, ", ".join(sorted(OPS))))
@@ -426,33 +453,99 @@ def encode_tensors(arrays):
         descs.append({"name": name, "dtype": tag, "shape": [int(d) for d in arr.shape],
                       "offset": offset, "nbytes": nbytes})
         if nbytes:
-            # A uint8 view, not memoryview(arr): numpy cannot export bfloat16 (ml_dtypes)
-            # through the buffer protocol.
-            buffers.append(memoryview(arr.reshape(-1).view(np.uint8)))
+            buffers.append(_byte_view(arr))
         offset += nbytes
     return descs, buffers, offset
 
 
+#: Descriptor JSON by signature: calls repeat one signature, and building the ``t`` list and
+#: encoding it is most of a small frame's encoding time. Key: ``((name, dtype, shape), ...)``
+#: (the dtype carries the byte order); value: ``(t JSON, payload length, byte views)``.
+_SIGNATURES = {}
+_MAX_SIGNATURES = 256
+#: Only descriptor lists up to this size are kept (by writers and readers): the common
+#: signatures of a few tensors, never a megabyte header of thousands.
+_MAX_CACHED_T_BYTES = 4096
+#: Every encoder here writes ``t`` last, so a reader can take the descriptor list apart from
+#: the rest of the header (``_split_head``).
+_T_KEY = b',"t":'
+
+
+def _byte_view(arr):
+    """The bytes of a C-contiguous, non-empty array (a tenth of the cost of a uint8 view)."""
+    try:
+        return memoryview(arr).cast("B")
+    except (ValueError, TypeError, BufferError, NotImplementedError):
+        # numpy cannot export bfloat16 (ml_dtypes) through the buffer protocol.
+        return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def _encode_arrays(arrays):
+    """``(t JSON bytes, buffers, payload length)`` for name → array; a signature met before
+    reuses its descriptor JSON (names, dtypes and shapes were checked when it was built)."""
+    if len(arrays) > MAX_TENSORS:
+        raise ProtocolError("%d tensors in one frame exceed the limit %d" % (len(arrays), MAX_TENSORS))
+    arrs = [(name, arr if type(arr) is np.ndarray else np.asarray(arr))
+            for name, arr in arrays.items()]
+    try:
+        key = tuple([(name, arr.dtype, arr.shape) for name, arr in arrs])
+        known = _SIGNATURES.get(key)
+    except TypeError:  # an unhashable name: the full path names the problem
+        known = None
+    if known is None:
+        descs, buffers, plen = encode_tensors(dict(arrs))
+        raw = _ENCODER.encode(descs).encode("utf-8")
+        if len(raw) <= _MAX_CACHED_T_BYTES:  # bounded: at most 256 lists of 4 KiB
+            if len(_SIGNATURES) >= _MAX_SIGNATURES:
+                _SIGNATURES.clear()
+            _SIGNATURES[key] = (raw, plen, [d["nbytes"] != 0 for d in descs])
+        return raw, buffers, plen
+    raw, plen, nonempty = known
+    buffers = []
+    for (name, arr), keep in zip(arrs, nonempty):
+        if keep:
+            if not arr.flags.c_contiguous or arr.dtype.byteorder == ">" or (
+                    arr.dtype.byteorder == "=" and sys.byteorder == "big"):
+                arr = encode_tensors({name: arr})[1][0]  # the copy the full path makes
+                buffers.append(arr)
+            else:
+                buffers.append(_byte_view(arr))
+    return raw, buffers, plen
+
+
 def encode_frame(header, arrays=None):
-    """A list of buffers making one frame: prefix + header + tensor bytes (no joined copy)."""
+    """A list of buffers making one frame: prefix + header + tensor bytes (no joined copy).
+
+    The header is encoded with ``t`` as its last member (``docs/wire.md`` does not require
+    an order; this encoder's fixed one lets a reader reuse the descriptors it checked for an
+    earlier frame of the same signature).
+    """
     header = dict(header)
     buffers = []
     plen = 0
+    tjson = None
     if arrays is not None:
         # Descriptors built here meet every limit by construction (encode_tensors checks
         # what numpy does not), so only a caller's own ``t`` list is validated again.
-        descs, buffers, plen = encode_tensors(arrays)
-        header["t"] = descs
+        tjson, buffers, plen = _encode_arrays(arrays)
+        header["t"] = _NO_TENSORS
     elif "t" in header:
         validate_tensor_descs(header["t"], plen)
     validate_header(header)
+    if tjson is not None:
+        del header["t"]
     try:
         raw = _ENCODER.encode(header).encode("utf-8")
     except (TypeError, ValueError) as exc:  # NaN/inf, sets, numpy scalars, cycles
         raise ProtocolError("header cannot be encoded as strict JSON (%s)" % exc) from None
+    if tjson is not None:
+        raw = b"".join((raw[:-1], _T_KEY, tjson, b"}"))
     if len(raw) > MAX_HEADER_BYTES:
         raise ProtocolError("header is %d bytes, over the limit %d" % (len(raw), MAX_HEADER_BYTES))
     return [PREFIX.pack(MAGIC, len(raw), plen), raw] + buffers
+
+
+_NO_TENSORS = []
 
 
 def send_frame(sock, header, arrays=None):
@@ -483,18 +576,85 @@ def _recv_exactly(sock, view, started):
         got += k
 
 
+#: Checked descriptor lists by their exact bytes and the payload length: ``(t JSON, plen)``
+#: → ``(descriptors, tensors)``. Filled by ``_validate_head``; a hit skips the parse and the
+#: checks of a list already checked, byte for byte.
+_CHECKED_T = {}
+_MAX_CHECKED_T = 256
+
+
+def _split_head(raw):
+    """``(rest, t JSON)`` for a header whose last member is ``"t":[...]``, else None.
+
+    ``rest`` is the header without that member. When ``rest`` parses as a JSON object
+    without a ``t`` key and the tail as a JSON array, the whole is exactly that object with
+    ``t`` added: ``,"t":[`` cannot occur inside a JSON string (a quote there is escaped), and
+    a split inside a nested object leaves ``rest`` unbalanced, which its parse refuses (the
+    caller then takes the full path).
+    """
+    if raw[-2:] != b"]}":
+        return None
+    cut = raw.rfind(_T_KEY + b"[")
+    if cut <= 1:
+        return None
+    return raw[:cut] + b"}", raw[cut + len(_T_KEY):-1]
+
+
+def _rest_object(rest):
+    """The header without its ``t`` member, parsed, or None where that is not a non-empty
+    JSON object without ``t`` (then the split was not the top level's last member)."""
+    try:
+        obj = validate_header_bytes(rest)
+    except ProtocolError:
+        return None
+    return obj if obj and "t" not in obj else None
+
+
 def _validate_head(raw, plen):
     """A frame's header bytes, checked cheapest-first, and its tensor list against ``plen``.
 
     The one head check of every reader (``recv_frame``, ``parse_frame``, ``Channel.recv``).
+    A descriptor list byte-identical to one checked before (with the same ``plen``) is
+    taken from ``_CHECKED_T`` instead of being parsed and checked again.
     """
+    raw = bytes(raw)
+    split = _split_head(raw) if plen else None
+    if split is not None:
+        known = _CHECKED_T.get((split[1], plen))
+        if known is not None:
+            header = _rest_object(split[0])
+            if header is not None:
+                descs, tensors = known
+                header["t"] = [dict(d) for d in descs]
+                validate_header(header)
+                return header, tensors
     header = validate_header_bytes(raw)
     op = validate_header(header)
     if "t" in header:
-        return header, validate_tensor_descs(header["t"], plen)
+        tensors = validate_tensor_descs(header["t"], plen)
+        if split is not None and len(split[1]) <= _MAX_CACHED_T_BYTES:
+            _remember_t(split, plen, header["t"], tensors)
+        return header, tensors
     if plen:
         raise ProtocolError("op %s carries a %d-byte payload and no tensor list" % (op, plen))
     return header, []
+
+
+def _remember_t(split, plen, descs, tensors):
+    """Keep a checked list for its exact bytes, once the split is shown to be the top level's
+    last member (the rest an object without ``t``, the tail exactly this list)."""
+    rest, tail = split
+    if _rest_object(rest) is None:
+        return
+    try:
+        same = json.loads(tail.decode("utf-8")) == descs
+    except ValueError:
+        same = False
+    if not same:
+        return
+    if len(_CHECKED_T) >= _MAX_CHECKED_T:
+        _CHECKED_T.clear()
+    _CHECKED_T[(tail, plen)] = (tuple(dict(d) for d in descs), tensors)
 
 
 def recv_frame(sock, max_payload=MAX_PAYLOAD_BYTES):
@@ -613,21 +773,65 @@ def check_proof(secret, role, transcript_digest, got):
                             "secret for this connection's nonces" % role)
 
 
+class _Mac:
+    """HMAC-SHA256 (RFC 2104) under one key, with the key's two padded blocks hashed once.
+
+    ``hmac.digest`` redoes that per call, and an ``hmac.HMAC`` copy wraps a Python object
+    around it: the copies of two prepared SHA-256 states here cost about half (a record of a
+    small frame pays this twice per round trip on each side). The tag equals
+    ``hmac.digest(key, counter + bytes, "sha256")`` (tests/wire/test_wire_channel.py).
+    """
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key):
+        if len(key) > 64:  # never here: the keys are 32-byte HMAC outputs
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(64, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+
+    def begin(self, counter):
+        """The inner hash of a record, fed its counter; ``update`` it with the bytes."""
+        inner = self._inner.copy()
+        inner.update(counter)
+        return inner
+
+    def finish(self, inner):
+        """The tag of a record whose bytes ``inner`` has hashed."""
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+    def tag(self, counter, parts):
+        inner = self.begin(counter)
+        for part in parts:
+            inner.update(part)
+        return self.finish(inner)
+
+
+_EMPTY = np.empty(0, dtype=np.uint8)
+
+
 class Channel:
     """Frames with integrity over one connection, after the handshake.
 
     ``role`` is this end (``client`` or ``worker``). Every record carries a counter per
     direction; a record that does not verify fails as ``mac``, a verified record with a
     counter already seen as ``replay``, one from ahead as ``reorder``. After any of these
-    the connection is unusable (docs/wire.md). Reads go through a buffer, so a small frame
-    costs one ``recv``; no descriptors are ever passed on this stream.
+    the connection is unusable (docs/wire.md). Reads go through a buffer that a small frame
+    is checked and parsed in place of (one ``recv`` for the whole record, usually); a large
+    frame's payload is read straight into its array. No descriptors are ever passed on this
+    stream.
     """
 
     def __init__(self, sock, secret, transcript_digest, role):
         c2w = _derive(secret, b"xstage-key-c2w", transcript_digest)
         w2c = _derive(secret, b"xstage-key-w2c", transcript_digest)
         self.sock = sock
-        self._send_key, self._recv_key = (c2w, w2c) if role == "client" else (w2c, c2w)
+        send_key, recv_key = (c2w, w2c) if role == "client" else (w2c, c2w)
+        self._seal_mac = _Mac(send_key)
+        self._check_mac = _Mac(recv_key)
         self.sent = 0
         self.received = 0
         self._buf = bytearray(SMALL_FRAME + TRAILER_BYTES + 4096)
@@ -636,27 +840,30 @@ class Channel:
 
     # ------------------------------------------------------------------ sending
     def _seal(self, parts):
-        mac = hmac.new(self._send_key, COUNTER.pack(self.sent), "sha256")
-        for part in parts:
-            mac.update(part)
-        trailer = COUNTER.pack(self.sent) + mac.digest()
+        counter = COUNTER.pack(self.sent)
         self.sent += 1
-        return trailer
+        return counter + self._seal_mac.tag(counter, parts)
 
     def send(self, header, arrays=None):
         """Encode one frame and send it as authenticated records."""
         self.send_parts(encode_frame(header, arrays))
 
     def send_parts(self, parts):
-        """Send one frame already encoded by ``encode_frame`` as authenticated records."""
+        """Send one frame already encoded by ``encode_frame`` as authenticated records.
+
+        A small frame is one record and one ``send``; a large one is its head record, then
+        payload records of ``CHUNK_BYTES``, each sent before it is sealed: the reader hashes a
+        record's bytes as they arrive, under the counter it expects, while this end computes
+        the same tag (on two CPUs, the two MACs overlap instead of following each other); the
+        trailer follows.
+        """
         head = parts[:2]
         body = [memoryview(p).cast("B") for p in parts[2:]]
         plen = sum(len(b) for b in body)
         if len(head[0]) + len(head[1]) + plen <= SMALL_FRAME:
-            counter = COUNTER.pack(self.sent)
-            blob = b"".join(parts)
-            self.sent += 1
-            self.sock.sendall(blob + counter + hmac.digest(self._send_key, counter + blob, "sha256"))
+            parts = head + body
+            parts.append(self._seal(parts))
+            self.sock.sendall(b"".join(parts))
             return
         send_parts(self.sock, head + [self._seal(head)])
         chunk = []
@@ -668,78 +875,124 @@ class Channel:
                 chunk.append(take)
                 room -= len(take)
                 if room == 0:
-                    send_parts(self.sock, chunk + [self._seal(chunk)])
+                    self._send_record(chunk)
                     chunk, room = [], CHUNK_BYTES
         if chunk:
-            send_parts(self.sock, chunk + [self._seal(chunk)])
+            self._send_record(chunk)
+
+    def _send_record(self, chunk):
+        """A payload record: its bytes first, so the reader hashes them while this end does,
+        then its trailer (the reader checks nothing before the trailer has come)."""
+        send_parts(self.sock, chunk)
+        send_parts(self.sock, [self._seal(chunk)])
 
     # ------------------------------------------------------------------ receiving
-    def _fill(self, target, started=True):
-        """Fill ``target`` (a memoryview) from the buffer, then the socket."""
+    def _need(self, n, started=True):
+        """Make the buffer hold ``n`` unread bytes (``n`` fits it); return where they start."""
+        have = self._end - self._start
+        if have >= n:
+            return self._start
+        if self._start + n > len(self._buf):  # move the unread bytes to the front
+            self._buf[:have] = bytes(self._view[self._start:self._end])
+            self._start, self._end = 0, have
+        while self._end - self._start < n:
+            k = self.sock.recv_into(self._view[self._end:])
+            if k == 0:
+                raise PeerClosed(started or self._end > self._start)
+            self._end += k
+        return self._start
+
+    def _fill(self, target, inner=None):
+        """Fill ``target`` (a memoryview) from the buffer, then the socket; ``inner`` (a hash)
+        takes each piece as it lands, while it is in the cache and while the rest is on its
+        way."""
         got = 0
         n = len(target)
+        have = self._end - self._start
+        if have:
+            got = min(have, n)
+            target[:got] = self._view[self._start:self._start + got]
+            self._start += got
+            if inner is not None:
+                inner.update(target[:got])
         while got < n:
-            have = self._end - self._start
-            if have:
-                k = min(have, n - got)
-                target[got:got + k] = self._view[self._start:self._start + k]
-                self._start += k
-                got += k
-                continue
             if n - got >= len(self._buf) // 2:  # large: straight into the target
                 k = self.sock.recv_into(target[got:], n - got)
                 if k == 0:
                     raise PeerClosed(True)
-                got += k
-                continue
-            self._start = 0
-            self._end = self.sock.recv_into(self._view)
-            if self._end == 0:
-                raise PeerClosed(started or got > 0)
+            else:
+                s = self._need(n - got)
+                k = n - got
+                target[got:] = self._view[s:s + k]
+                self._start = s + k
+            if inner is not None:
+                inner.update(target[got:got + k])
+            got += k
 
-    def _verify(self, parts, what):
-        trailer = bytearray(TRAILER_BYTES)
-        self._fill(memoryview(trailer))
-        (counter,) = COUNTER.unpack_from(trailer)
-        if len(parts) == 2:  # a small frame: one-shot HMAC, cheaper than an HMAC object
-            tag = hmac.digest(self._recv_key, bytes(trailer[:COUNTER.size]) + parts[0] + parts[1],
-                              "sha256")
-        else:
-            mac = hmac.new(self._recv_key, bytes(trailer[:COUNTER.size]), "sha256")
-            for part in parts:
-                mac.update(part)
-            tag = mac.digest()
-        if not hmac.compare_digest(tag, bytes(trailer[COUNTER.size:])):
+    def _trailer(self):
+        """The next record's trailer, consumed from the buffer (a copy)."""
+        s = self._need(TRAILER_BYTES)
+        self._start = s + TRAILER_BYTES
+        return bytes(self._view[s:s + TRAILER_BYTES])
+
+    def _verify(self, parts, trailer, what, tag=None):
+        """Check a record's tag, then its counter; ProtocolError naming the failed check.
+
+        ``tag``: the record's tag computed ahead under the expected counter (the payload's
+        records are hashed as they arrive); any other counter in the trailer is hashed again
+        under that counter, so each failure is named as if it had been checked afresh.
+        """
+        counter = trailer[:COUNTER.size]
+        if tag is None or counter != COUNTER.pack(self.received):
+            tag = self._check_mac.tag(counter, parts)
+        if not hmac.compare_digest(tag, trailer[COUNTER.size:]):
             raise ProtocolError("frame integrity check failed (mac): record %d (%s) does not "
                                 "verify under this connection's key: tampered or injected"
                                 % (self.received, what))
-        if counter < self.received:
+        (number,) = COUNTER.unpack(counter)
+        if number < self.received:
             raise ProtocolError("frame sequence check failed (replay): record %d arrived again "
-                                "where %d was expected" % (counter, self.received))
-        if counter > self.received:
+                                "where %d was expected" % (number, self.received))
+        if number > self.received:
             raise ProtocolError("frame sequence check failed (reorder): record %d arrived where "
                                 "%d was expected: records reordered or dropped"
-                                % (counter, self.received))
+                                % (number, self.received))
         self.received += 1
 
     def recv(self, max_payload=MAX_PAYLOAD_BYTES):
         """Read, authenticate, validate and return one Frame (nothing unverified is returned)."""
-        prefix = bytearray(PREFIX.size)
-        self._fill(memoryview(prefix), started=False)
-        hlen, plen = validate_prefix(bytes(prefix), max_payload)
-        small = PREFIX.size + hlen + plen <= SMALL_FRAME
-        rest = bytearray(hlen + (plen if small else 0))
-        self._fill(memoryview(rest))
-        self._verify((prefix, rest), "frame head")
-        raw = memoryview(rest)[:hlen]
-        header, tensors = _validate_head(raw, plen)
-        if small:
-            payload = np.frombuffer(rest, dtype=np.uint8)[hlen:]
+        s = self._need(PREFIX.size, started=False)
+        hlen, plen = validate_prefix(bytes(self._view[s:s + PREFIX.size]), max_payload)
+        end = PREFIX.size + hlen
+        if end + plen <= SMALL_FRAME:  # one record: checked and parsed in the buffer
+            s = self._need(end + plen + TRAILER_BYTES)
+            record = self._view[s:s + end + plen]
+            self._verify((record,), bytes(self._view[s + end + plen:s + end + plen + TRAILER_BYTES]),
+                         "frame head")
+            self._start = s + end + plen + TRAILER_BYTES
+            header, tensors = _validate_head(record[PREFIX.size:end], plen)
+            payload = np.frombuffer(bytearray(record[end:]), dtype=np.uint8) if plen else _EMPTY
             return Frame(header, payload, tensors)
+        if end + TRAILER_BYTES <= len(self._buf):
+            s = self._need(end + TRAILER_BYTES)
+            head = self._view[s:s + end]
+            self._verify((head,), bytes(self._view[s + end:s + end + TRAILER_BYTES]), "frame head")
+            self._start = s + end + TRAILER_BYTES
+            raw = bytes(head[PREFIX.size:])
+        else:  # a header larger than the buffer
+            prefix = bytes(self._view[s:s + PREFIX.size])
+            self._start = s + PREFIX.size
+            rest = bytearray(hlen)
+            self._fill(memoryview(rest))
+            self._verify((prefix, rest), self._trailer(), "frame head")
+            raw = rest
+        header, tensors = _validate_head(raw, plen)
         payload = np.empty(plen, dtype=np.uint8)
         view = memoryview(payload)
+        mac = self._check_mac
         for start in range(0, plen, CHUNK_BYTES):
             part = view[start:start + CHUNK_BYTES]
-            self._fill(part)
-            self._verify((part,), "payload at byte %d" % start)
+            inner = mac.begin(COUNTER.pack(self.received))  # the counter this record must carry
+            self._fill(part, inner)
+            self._verify((part,), self._trailer(), "payload at byte %d" % start, mac.finish(inner))
         return Frame(header, payload, tensors)

@@ -7,6 +7,7 @@ naming its check; the process-level attacker is ``tests/client/test_tcp_attacker
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 
@@ -115,7 +116,11 @@ def test_reordered_payload_records_fail_as_reorder() -> None:
     tx, rx, a, b = _pair()
     a.mute = True
     tx.send({"op": "run", "id": 1}, {"x": np.arange(200_000, dtype=np.float32)})
-    head, first, second, *rest = a.sends
+    # A payload record goes out as two sends, its bytes and then its trailer (so the reader
+    # hashes the bytes while the sender does): regroup them.
+    assert [len(x) for x in a.sends[2::2]] == [wire.TRAILER_BYTES] * ((len(a.sends) - 1) // 2)
+    head, first, second, *rest = [a.sends[0]] + [a.sends[i] + a.sends[i + 1]
+                                                 for i in range(1, len(a.sends), 2)]
 
     def write() -> None:
         try:
@@ -156,3 +161,81 @@ def test_proofs_are_bound_to_both_nonces_and_the_role() -> None:
         wire.check_proof("another secret", "client", t, wire.proof(SECRET, "client", t))
     with pytest.raises(wire.ProtocolError, match="nonce is not 64 hex digits"):
         wire.transcript(dict(hello, nonce="00"), nc)
+
+
+def test_the_prepared_mac_is_hmac_sha256() -> None:
+    """The records' MAC, with its key's padded blocks hashed once, is HMAC-SHA256 exactly."""
+    import hashlib
+    import hmac
+    import os
+
+    for key in (os.urandom(32), b"", os.urandom(64), os.urandom(100)):
+        mac = wire._Mac(key)
+        for parts in ([b""], [b"abc", memoryview(b"defg")], [os.urandom(300_000)]):
+            counter = wire.COUNTER.pack(7)
+            want = hmac.new(key, counter + b"".join(bytes(p) for p in parts), hashlib.sha256).digest()
+            assert mac.tag(counter, parts) == want
+
+
+@pytest.mark.parametrize("attack, check", [("flip", "integrity check failed (mac)"),
+                                           ("replay", "sequence check failed (replay)"),
+                                           ("drop", "sequence check failed (reorder)")])
+def test_a_payload_record_hashed_as_it_arrives_names_each_failure(attack: str, check: str) -> None:
+    """The reader hashes payload records under the counter it expects before the trailer
+    comes; a record that carries another counter is checked again under that one."""
+    tx, rx, a, b = _pair()
+    a.mute = True
+    tx.send({"op": "run", "id": 1}, {"x": np.arange(200_000, dtype=np.float32)})
+    sends = a.sends
+    records = [sends[0]] + [sends[i] + sends[i + 1] for i in range(1, len(sends), 2)]
+    if attack == "flip":
+        bad = bytearray(records[2])
+        bad[1000] ^= 0x10
+        records[2] = bytes(bad)
+    elif attack == "replay":
+        records[2] = records[1]
+    else:
+        del records[1]
+
+    def write() -> None:
+        try:
+            a.sock.sendall(b"".join(records))
+        except OSError:
+            pass  # the reader stopped at the check and closed
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    with pytest.raises(wire.ProtocolError, match=re.escape(check)):
+        rx.recv()
+    b.sock.close()
+    writer.join(10)
+
+
+def test_back_to_back_frames_of_every_size_class_arrive_whole() -> None:
+    """Frames written back to back, read after: records straddle the channel's buffer (the
+    unread bytes move to its front), small and large frames mix, and one frame's header is
+    larger than the buffer itself (read beside it)."""
+    tx, rx, _, _ = _pair()
+    rng = np.random.default_rng(5)
+    many = {f"t{i:04d}-" + "n" * 60: np.full(3, i, np.int32) for i in range(700)}
+    frames = [{"x": rng.standard_normal(int(n)).astype(np.float32)}
+              for n in rng.integers(0, 4000, size=60)]
+    frames[7] = {"x": np.arange(100_000, dtype=np.float32)}  # head + payload records
+    frames[30] = many                                          # a header over 64 KiB
+    assert len(wire.encode_frame({"op": "run", "id": 0}, many)[1]) > len(rx._buf)
+
+    def write() -> None:
+        for i, arrays in enumerate(frames):
+            tx.send({"op": "run", "id": i}, arrays)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    for i, arrays in enumerate(frames):
+        frame = rx.recv()
+        assert frame.id == i
+        got = frame.arrays()
+        assert list(got) == list(arrays)
+        for name, value in arrays.items():
+            np.testing.assert_array_equal(got[name], value)
+    writer.join(10)
+    assert tx.sent == rx.received

@@ -1,0 +1,368 @@
+"""The authenticated socket path (issue 13), layer by layer: where a call's time goes.
+
+``transport.py``'s ``tcp-auth`` arm times a whole ``WorkerClient.run`` over the TCP
+connect-back. This script takes that call apart, in one run, on TCP loopback:
+
+* **Layers** (two processes, an echo of the same bytes, arms interleaved in rounds; medians):
+  ``tcp`` a bare echo (the floor: two wake-ups and the kernel's copies), ``frames`` plain
+  frames (``wire.send_frame``/``recv_frame``), ``channel`` the same frames as authenticated
+  records (``wire.Channel``), and ``xstage`` the whole call (``WorkerClient.run``,
+  ``transport="tcp"``, a Slice graph): its overhead is the round trip minus the worker's own
+  time, as in ``transport.py``. Each layer's difference from the one below is its cost.
+  Beside each: both ends' CPU time over the wall time of the same calls (main threads,
+  ``/proc/PID/schedstat``): above 1 the two ends ran at once (the MACs overlapped), below 1
+  someone waited for a CPU.
+* **CPU per frame** (one thread, both ends over a TCP loopback pair, the thread's CPU clock,
+  which a loaded machine does not inflate with waiting): encoding, sealing, the kernel's send
+  and receive, checking the tag, checking the header, the arrays; and the system calls a
+  64 B round trip makes on each side (counted by wrapping the sockets).
+* **The MAC** on one core: HMAC-SHA256 (``hmac.digest`` and the records' prepared ``_Mac``),
+  keyed BLAKE2b and BLAKE2s, per MiB and per 100-byte record (the candidates the issue
+  names; the records use ``wire.MAC_NAME``).
+
+Targets (issue 13): 64 B half round trip ≤ 15 µs over loopback, and ≥ 1 GB/s each way at
+1 MiB in + 1 MiB out with the MAC. ``--pin`` puts the two ends of each layer on different
+CPUs (``sched_setaffinity``), to show what overlap of the two ends' MACs gives where the
+scheduler would otherwise run both on one CPU. Not a test: nothing asserts.
+
+Run: ``PYTHONPATH=src python benchmarks/channel.py [--json] [--rounds N] [--pin]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from xstage_remote import wire
+
+SECRET = "5e" * 16
+DIGEST = hashlib.sha256(b"benchmarks/channel.py").digest()
+PAYLOADS = [("64 B", 16), ("1 MiB", 262_144)]
+RESULT = {"worker_ns": 5000, "rss": 10**8, "peak": 10**9}  # a reply's usual timing block
+
+
+def _pin(cpu: int | None) -> None:
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu % (os.cpu_count() or 1)})
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    srv.close()
+    for s in (a, b):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return a, b
+
+
+# --------------------------------------------------------------------------- layers
+def _echo(port_q: mp.Queue, layer: str, n: int, cpu: int | None) -> None:
+    _pin(cpu)
+    srv = socket.create_server(("127.0.0.1", 0))
+    port_q.put(srv.getsockname()[1])
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if layer == "tcp":
+        buf = bytearray(n * 4)
+        view = memoryview(buf)
+        while True:
+            got = 0
+            while got < len(buf):
+                k = conn.recv_into(view[got:])
+                if k == 0:
+                    return
+                got += k
+            conn.sendall(view)
+    channel = wire.Channel(conn, SECRET, DIGEST, "worker") if layer == "channel" else None
+    while True:
+        try:
+            frame = channel.recv() if channel else wire.recv_frame(conn)
+        except EOFError:
+            return
+        header = {"op": "result", "id": frame.id, "gen": 1, "timing": RESULT}
+        arrays = {"y": frame.arrays()["x"]}
+        if channel:
+            channel.send(header, arrays)
+        else:
+            wire.send_frame(conn, header, arrays)
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time a process's main thread has run, in ns (``/proc/PID/schedstat``), or 0."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Layer:
+    def __init__(self, name: str, call: Callable[[], int], close: Callable[[], None],
+                 peer: int | None = None) -> None:
+        self.name, self.call, self.close, self.peer = name, call, close, peer
+        self.over: list[int] = []
+        self.wall = self.cpu = 0  # ns, over the measured calls: both ends' CPU against the wall
+
+    def cpu_now(self) -> int:
+        return _cpu_ns(os.getpid()) + (_cpu_ns(self.peer) if self.peer else 0)
+
+
+def _socket_layer(layer: str, x: np.ndarray, pin: bool) -> Layer:
+    q: mp.Queue = mp.Queue()
+    proc = mp.Process(target=_echo, args=(q, layer, x.size, 1 if pin else None), daemon=True)
+    proc.start()
+    sock = socket.create_connection(("127.0.0.1", q.get(timeout=60)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    channel = wire.Channel(sock, SECRET, DIGEST, "client") if layer == "channel" else None
+    data = memoryview(x).cast("B")
+    back = bytearray(len(data))
+    view = memoryview(back)
+    ids = iter(range(1 << 62))
+
+    def call() -> int:
+        if layer == "tcp":
+            sock.sendall(data)
+            got = 0
+            while got < len(view):
+                got += sock.recv_into(view[got:])
+            return 0
+        header = {"op": "run", "id": next(ids), "gen": 1}
+        if channel:
+            channel.send(header, {"x": x})
+            channel.recv().arrays()
+        else:
+            wire.send_frame(sock, header, {"x": x})
+            wire.recv_frame(sock).arrays()
+        return 0
+
+    def close() -> None:
+        sock.close()
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+
+    return Layer(layer, call, close, proc.pid)
+
+
+def _xstage_layer(x: np.ndarray, tmp: Path) -> Layer:
+    from xstage import builtin_graphs
+    from xstage.client import WorkerClient
+
+    graph = builtin_graphs.write(builtin_graphs.slice_graph(x.size, x.size), tmp / f"s{x.size}.onnx")
+    client = WorkerClient(sys.executable, shm_mode="off", transport="tcp")
+    client.start()
+    client.load(graph)
+
+    def call() -> int:
+        client.run({"x": x})
+        return int(client.last_timing.get("worker_ns", 0))
+
+    return Layer("xstage", call, client.close, client.pid)
+
+
+def layers(rounds: int, calls: int, pin: bool, with_worker: bool) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
+        for label, n in PAYLOADS:
+            x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+            arms = [_socket_layer(name, x, pin) for name in ("tcp", "frames", "channel")]
+            if with_worker:
+                arms.append(_xstage_layer(x, Path(tmp)))
+            if pin:
+                _pin(0)
+            try:
+                per_round = max(1, calls // rounds) if n > 1000 else max(1, 4 * calls // rounds)
+                for arm in arms:
+                    for _ in range(30):
+                        arm.call()
+                for _ in range(rounds):
+                    for arm in arms:
+                        cpu0, wall0 = arm.cpu_now(), time.perf_counter_ns()
+                        for _ in range(per_round):
+                            t0 = time.perf_counter_ns()
+                            worker = arm.call()
+                            arm.over.append(time.perf_counter_ns() - t0 - worker)
+                        arm.wall += time.perf_counter_ns() - wall0
+                        arm.cpu += arm.cpu_now() - cpu0
+            finally:
+                for arm in arms:
+                    arm.close()
+                if pin and hasattr(os, "sched_setaffinity"):
+                    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+            row: dict = {"payload": label, "bytes_each_way": n * 4, "arms": {}}
+            for arm in arms:
+                med = statistics.median(arm.over)
+                row["arms"][arm.name] = {"half_round_trip_us": med / 2e3,
+                                         "gbps_each_way": n * 4 / (med / 2),
+                                         "both_ends_cpu_over_wall": arm.cpu / arm.wall,
+                                         "samples": len(arm.over)}
+            rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- CPU per frame
+class _Counting:
+    """A socket that counts the system calls the channel makes through it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.calls = sock, 0
+
+    def sendall(self, data) -> None:  # type: ignore[no-untyped-def]
+        self.calls += 1
+        self.sock.sendall(data)
+
+    def sendmsg(self, buffers) -> int:  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return self.sock.sendmsg(buffers)
+
+    def recv_into(self, *args) -> int:  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return self.sock.recv_into(*args)
+
+
+def cpu_per_frame(repeats: int = 25, per: int = 200) -> dict:
+    """Median thread-CPU µs of each step of one 64 B reply frame (the client reads it)."""
+    a, b = _tcp_pair()
+    ca, cb = _Counting(a), _Counting(b)
+    tx, rx = wire.Channel(ca, SECRET, DIGEST, "worker"), wire.Channel(cb, SECRET, DIGEST, "client")
+    y = np.zeros(16, np.float32)
+    header = {"op": "result", "id": 3, "gen": 1, "timing": RESULT}
+    parts = wire.encode_frame(header, {"y": y})
+    raw = bytes(parts[1])
+    blob = b"".join(bytes(p) for p in parts) + bytes(wire.TRAILER_BYTES)
+    sink = bytearray(1 << 16)
+    mac = wire._Mac(os.urandom(32))
+    counter = wire.COUNTER.pack(1)
+    head, tensors = wire._validate_head(raw, 64)
+    frame = wire.Frame(head, np.zeros(64, np.uint8), tensors)
+
+    def tcp_send() -> None:
+        a.sendall(blob)
+        b.recv_into(sink)
+
+    steps = {
+        "encode (encode_frame)": lambda: wire.encode_frame(header, {"y": y}),
+        "seal or verify (MAC of one record)": lambda: mac.tag(counter, [blob]),
+        "kernel: TCP send + receive": tcp_send,
+        "header check (_validate_head)": lambda: wire._validate_head(raw, 64),
+        "arrays (Frame.arrays)": frame.arrays,
+        "whole frame (Channel.send + recv)": lambda: (tx.send(header, {"y": y}), rx.recv().arrays()),
+    }
+    clock = time.thread_time_ns
+    got: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            t0 = clock()
+            for _ in range(per):
+                fn()
+            got[name].append((clock() - t0) / per / 1e3)
+    before = ca.calls, cb.calls
+    tx.send(header, {"y": y})
+    rx.recv()
+    syscalls = {"send side": ca.calls - before[0], "receive side": cb.calls - before[1]}
+    a.close()
+    b.close()
+    return {"steps_us": {k: statistics.median(v) for k, v in got.items()},
+            "socket_calls_per_small_frame": syscalls}
+
+
+# --------------------------------------------------------------------------- the MAC
+def mac_costs(repeats: int = 15) -> dict:
+    key = os.urandom(32)
+    big = os.urandom(1 << 20)
+    small = os.urandom(100)
+    prepared = wire._Mac(key)
+    b2b = hashlib.blake2b(key=key, digest_size=32)
+    b2s = hashlib.blake2s(key=key, digest_size=32)
+
+    def copy_update(h):  # type: ignore[no-untyped-def]
+        def run(data: bytes) -> bytes:
+            m = h.copy()
+            m.update(data)
+            return m.digest()
+        return run
+
+    macs = {
+        "HMAC-SHA256 (hmac.digest)": lambda d: hmac.digest(key, d, "sha256"),
+        "HMAC-SHA256 (prepared, the records')": lambda d: prepared.tag(b"", [d]),
+        "keyed BLAKE2b-256": copy_update(b2b),
+        "keyed BLAKE2s-256": copy_update(b2s),
+    }
+    out = {}
+    for name, fn in macs.items():
+        per_mib, per_rec = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter_ns()
+            fn(big)
+            per_mib.append((time.perf_counter_ns() - t0) / 1e3)
+            t0 = time.perf_counter_ns()
+            for _ in range(500):
+                fn(small)
+            per_rec.append((time.perf_counter_ns() - t0) / 500 / 1e3)
+        mib = min(per_mib)  # the single-core rate: the least disturbed repeat
+        out[name] = {"us_per_mib": mib, "gbps": (1 << 20) / mib / 1e3,
+                     "us_per_100_byte_record": min(per_rec)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=200, help="calls per layer and payload")
+    parser.add_argument("--pin", action="store_true",
+                        help="run the two ends of each layer on different CPUs")
+    parser.add_argument("--no-worker", action="store_true",
+                        help="leave out the whole-call layer (no onnxruntime worker)")
+    args = parser.parse_args()
+    doc = {"benchmark": "channel", "python": sys.version.split()[0], "cpus": os.cpu_count(),
+           "sha_ni": _has_sha_ni(), "load_average": os.getloadavg(), "mac": wire.MAC_NAME,
+           "macs": mac_costs(), "cpu_per_frame": cpu_per_frame(),
+           "layers": layers(args.rounds, args.calls, args.pin, not args.no_worker),
+           "pinned": args.pin}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return
+    print(f"{doc['cpus']} CPUs, sha_ni={doc['sha_ni']}, load average "
+          f"{', '.join(f'{v:.1f}' for v in doc['load_average'])}, pinned={args.pin}")
+    print("\nlayers (median; each layer's cost is its difference from the one above):")
+    for row in doc["layers"]:
+        for name, a in row["arms"].items():
+            print(f"  {row['payload']:<7}{name:<9}half round trip {a['half_round_trip_us']:>9.1f} µs"
+                  f"   {a['gbps_each_way']:>6.2f} GB/s each way"
+                  f"   both ends' CPU / wall {a['both_ends_cpu_over_wall']:.2f}")
+    print("\nCPU per 64 B frame (thread clock, median µs):")
+    for name, us in doc["cpu_per_frame"]["steps_us"].items():
+        print(f"  {name:<40}{us:>7.2f}")
+    print(f"  socket calls per small frame: {doc['cpu_per_frame']['socket_calls_per_small_frame']}")
+    print(f"\nMAC on one core (records use {doc['mac']}):")
+    for name, m in doc["macs"].items():
+        print(f"  {name:<40}{m['us_per_mib']:>7.0f} µs/MiB  {m['gbps']:.2f} GB/s"
+              f"   {m['us_per_100_byte_record']:.2f} µs per 100 B record")
+
+
+def _has_sha_ni() -> bool | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " sha_ni" in f.read()
+    except OSError:
+        return None
+
+
+if __name__ == "__main__":
+    main()
