@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["OrtRuntime", "load"]
+__all__ = ["OrtRuntime", "device_memory", "load"]
 
 _ORT_TYPES = {
     "tensor(bool)": "bool", "tensor(int8)": "int8", "tensor(int16)": "int16",
@@ -357,6 +357,34 @@ def _read_report(kind, path):
     return out
 
 
+#: The EPs whose memory is on an NVIDIA GPU (read by NVML) or a DirectML adapter (DXGI).
+_DEVICE_MEMORY = {"CUDAExecutionProvider": "nvml", "TensorrtExecutionProvider": "nvml",
+                  "NvTensorRTRTXExecutionProvider": "nvml", "DmlExecutionProvider": "dxgi"}
+
+
+def device_memory(ep_name):
+    """This process's device memory where ``ep_name`` keeps its tensors on a GPU, else None.
+
+    The ledger charges ``peak`` against the device's pool: the bytes NVML (NVIDIA) or DXGI's
+    per-process video-memory usage (DirectML) attributes to this process after the warm-up,
+    when the EP's arena holds what it grew to. None there means no figure (``why`` says
+    why), so the stage is ``peak_unreported``, never charged a guess.
+    """
+    kind = _DEVICE_MEMORY.get(ep_name)
+    if kind == "nvml":
+        from . import nvml
+
+        out = nvml.process_memory()
+    elif kind == "dxgi":
+        from . import dxgi
+
+        out = dxgi.process_memory()
+    else:
+        return None
+    out["peak"] = out.get("process_used")
+    return out
+
+
 class OrtRuntime:
     """One session, its signature, and two ways to run: by value, or bound to slots."""
 
@@ -378,6 +406,7 @@ class OrtRuntime:
         }
         self._binding = None
         self._bindings = {}  # slot set -> (its io binding, the input shapes it was made for)
+        self._memory_read = False
 
     def run(self, feeds):
         """Outputs by name, in graph order, for inputs by name."""
@@ -398,8 +427,14 @@ class OrtRuntime:
         return PROFILED_RUNS - 1 if self._profile_dir is not None else 0
 
     def _after_first_run(self):
-        """End profiling after the first (warm-up) call: later calls are not profiled. The EP's
-        own operator report, where it writes one, is read now too (its text is evidence)."""
+        """After the first (warm-up) call: the device memory read once (GPU EPs), the EP's own
+        operator report read where it writes one (its text is evidence), and the profiling ended
+        (later calls are not profiled)."""
+        if not self._memory_read:
+            self._memory_read = True
+            memory = device_memory(self.evidence.get("requested_ep"))
+            if memory is not None:
+                self.evidence["device_memory"] = memory
         if self._profile_dir is None:
             return
         kind, report_path = getattr(self, "ep_report", (None, None))

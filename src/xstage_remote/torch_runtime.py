@@ -3,8 +3,12 @@ placement evidence from its first run. Python 3.9 syntax; needs only torch and n
 
 Loading: ``torch.export.load``; a program is moved to its device with
 ``torch.export.passes.move_to_device_pass`` where the torch has it (>= 2.5; plain
-``.module().to()`` leaves device arguments baked into nodes), and otherwise must have been
-exported on its target device. No ``.eval()`` on the loaded module (older builds reject it).
+``.module().to()`` leaves device arguments baked into nodes), and on an older torch (torch 2.4,
+which torch-directml pins) by ``move_program``, the same rewrite: parameters, buffers and
+constants moved, every ``device=`` argument and ``aten.to.device`` target in every graph
+rewritten. torch 2.4 reads the flat archive ``xstage export --for-torch 2.4`` writes, not the
+layout of torch >= 2.5 (the error says so). No ``.eval()`` on the loaded module (older builds
+reject it).
 Option ``float64`` (the numeric gate's tie-break, CPU only): the program's floating
 parameters, buffers and constants are widened to float64, so is every float dtype its graph
 names (casts, factories, the ``_assert_tensor_metadata`` checks a ``.to(dtype)`` leaves; as
@@ -28,7 +32,7 @@ import numpy as np
 
 from .formats import is_torchscript
 
-__all__ = ["load", "pick_adapter"]
+__all__ = ["load", "move_program", "pick_adapter"]
 
 
 def _dtype_tag(dtype):
@@ -147,9 +151,10 @@ def load(path, options):
     try:
         program = torch.export.load(path)
     except Exception as exc:
-        raise RuntimeError("torch %s could not load %s (a .pt2 saved by another torch version "
-                           "may not load: see docs/torch.md): %s: %s"
-                           % (torch.__version__, path, type(exc).__name__, exc)) from exc
+        raise RuntimeError("torch %s could not load %s (%s): %s: %s"
+                           % (torch.__version__, path, _load_hint(path), type(exc).__name__,
+                              exc)) from exc
+    ignored = _unknown_arguments(torch, path)
     device = _device(torch, device_name, options)
     if options.get("fp32_strict") and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -171,11 +176,9 @@ def load(path, options):
         if move_to_device_pass is not None:
             program = move_to_device_pass(program, device)
             moved = "move_to_device_pass"
-        else:  # the weights are elsewhere (else the first branch was taken): no way to move
-            raise RuntimeError(
-                "torch %s has no torch.export.passes.move_to_device_pass (it came in 2.5) "
-                "and the program's weights are on %s: export the program on %s"
-                % (torch.__version__, sorted(weights), device))
+        else:  # torch < 2.5 (torch-directml's 2.4.1): the same rewrite, done here
+            moved = "move_program (%d device arguments rewritten)" % move_program(
+                torch, program, device)
     module = program.module()
     if options.get("float64"):
         if device.type != "cpu":
@@ -183,12 +186,148 @@ def load(path, options):
         _widen(torch, module)
     runtime = TorchRuntime(torch, program, module, device, time.perf_counter() - t0, moved,
                            options.get("output_names"), bool(options.get("profile")))
+    if ignored is not None:
+        runtime.info["archive"] = runtime.evidence["archive"] = "flat (torch 2.4 layout)"
+        runtime.info["ignored_arguments"] = ignored
     if options.get("float64"):
         runtime.float64 = True
         for spec in runtime.outputs:
             if spec["dtype"] in _NARROW:
                 spec["dtype"] = "float64"
     return runtime
+
+
+def _load_hint(path):
+    """Which archive layout ``path`` has, and which torch reads it."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return "not a zip archive"
+    if "serialized_exported_program.json" in names:
+        return ("the flat archive torch 2.4 reads, as `xstage export --for-torch 2.4` writes it; "
+                "torch >= 2.5 reads only its own layout: see docs/torch.md")
+    if any(n.endswith("/archive_format") for n in names):
+        return ("the archive layout of torch >= 2.5; for a torch 2.4 worker (torch-directml) "
+                "export it with `xstage export ... --for-torch 2.4`: see docs/torch.md")
+    return "a .pt2 saved by another torch version may not load: see docs/torch.md"
+
+
+#: Arguments a newer op schema added that only narrow an assertion: a torch whose schema lacks
+#: them checks less, computes the same. Any other argument it lacks refuses the load.
+_ASSERT_ONLY = {("_assert_tensor_metadata", "device"), ("_assert_tensor_metadata", "layout")}
+
+
+def _unknown_arguments(torch, path):
+    """For the flat archive torch 2.4 reads: the arguments its deserializer would drop.
+
+    torch 2.4 rebuilds each call from its own op schema and silently drops an argument the
+    schema does not name; a newer exporter may have set one (an op that gained a keyword).
+    Each node's arguments are checked against this torch's schema of its op: an assertion's
+    extra checks (``_ASSERT_ONLY``) are listed and ignored, anything else is an error naming
+    the op and the argument. None for any other archive (its deserializer is the exporter's).
+    """
+    import json
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            if "serialized_exported_program.json" not in z.namelist():
+                return None
+            doc = json.loads(z.read("serialized_exported_program.json").decode("utf-8"))
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return None
+    ignored, refused = {}, {}
+
+    def graphs(module):
+        yield module["graph"]
+        for sub in module["graph"].get("nodes", ()):
+            for arg in sub.get("inputs", ()):
+                graph = (arg.get("arg") or {}).get("as_graph")
+                if graph:
+                    yield from graphs(graph)
+
+    for graph in graphs(doc["graph_module"]):
+        for node in graph.get("nodes", ()):
+            target = node.get("target", "")
+            parts = target.split(".")
+            if len(parts) != 5 or parts[:2] != ["torch", "ops"]:
+                continue  # a higher-order op or a Python callable: no op schema to check
+            try:
+                op = getattr(getattr(getattr(torch.ops, parts[2]), parts[3]), parts[4])
+                names = {a.name for a in op._schema.arguments}
+            except (AttributeError, RuntimeError):
+                continue  # an op this torch lacks: its deserializer has already failed on it
+            for given in node.get("inputs", ()):
+                name = given.get("name")
+                if name in names or not name or "as_none" in (given.get("arg") or {}):
+                    continue
+                key = "%s.%s(%s)" % (parts[2], parts[3] + "." + parts[4], name)
+                book = ignored if (parts[3], name) in _ASSERT_ONLY else refused
+                book[key] = book.get(key, 0) + 1
+    if refused:
+        raise RuntimeError(
+            "torch %s's op schemas lack arguments the program sets, which its loader would "
+            "drop: %s; the program cannot run on this torch as exported"
+            % (torch.__version__, ", ".join("%s x%d" % kv for kv in sorted(refused.items()))))
+    return ["%s x%d" % kv for kv in sorted(ignored.items())]
+
+
+def move_program(torch, program, device):
+    """``program`` moved to ``device`` in place, for a torch without ``move_to_device_pass``.
+
+    What that pass does (torch >= 2.5), written for torch 2.4: parameters (kept parameters),
+    buffers, tensor constants and example inputs are moved; in every graph module, each node's
+    ``device=`` keyword and ``aten.to.device``'s device argument are rewritten; so is the
+    device of each node's example value where torch can move it (a fake tensor that cannot
+    keeps its old device: the runtime reads only its dtype and shape). Returns how many
+    device arguments were rewritten.
+    """
+    target = str(device)
+
+    def move(t):
+        return t.to(device) if isinstance(t, torch.Tensor) else t
+
+    state = program._state_dict
+    for key, value in list(state.items()):
+        if isinstance(value, torch.nn.Parameter):
+            state[key] = torch.nn.Parameter(value.detach().to(device), value.requires_grad)
+        elif isinstance(value, torch.Tensor):
+            state[key] = value.to(device)
+    constants = program._constants
+    for key, value in list(constants.items()):
+        constants[key] = move(value)
+    examples = getattr(program, "_example_inputs", None)
+    if examples is not None:
+        import torch.utils._pytree as pytree
+
+        program._example_inputs = pytree.tree_map(move, examples)
+    rewritten = 0
+    to_device = getattr(torch.ops.aten.to, "device", None)
+    for sub in program.graph_module.modules():
+        if not isinstance(sub, torch.fx.GraphModule):
+            continue
+        for node in sub.graph.nodes:
+            if "device" in node.kwargs:
+                kwargs = dict(node.kwargs)
+                kwargs["device"] = torch.device(target)
+                node.kwargs = kwargs
+                rewritten += 1
+            if node.op == "call_function" and node.target is to_device and len(node.args) > 1:
+                args = list(node.args)
+                args[1] = torch.device(target)
+                node.args = tuple(args)
+                rewritten += 1
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                try:
+                    node.meta["val"] = val.to(device)
+                except Exception:  # a fake tensor this torch will not move: shape and dtype stay
+                    pass
+        sub.recompile()
+    return rewritten
 
 
 _NARROW = ("float32", "float16", "bfloat16")
@@ -309,26 +448,35 @@ def _gpu_identity(torch, device):
 def _device_memory(torch, device):
     """What this process holds on the GPU. ``max_memory_allocated`` is only torch's tensors;
     the CUDA context and the caching allocator's reserve are not in it, so the ledger's
-    figure is the process's own use as nvidia-smi reports it, where it can."""
+    figure is the process's own use as NVML reports it (``nvml``, the reader the ORT GPU
+    workers use), else as nvidia-smi does, else torch's reserve."""
     import os
     import subprocess
+
+    from . import nvml
 
     out = {"peak_allocated": int(torch.cuda.max_memory_allocated(device)),
            "reserved": int(torch.cuda.memory_reserved(device)),
            "free_total": [int(x) for x in torch.cuda.mem_get_info(device)],
            "process_used": None}
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                              timeout=20)
-        for line in done.stdout.splitlines():
-            pid, _, used = line.partition(",")
-            if pid.strip() == str(os.getpid()):
-                out["process_used"] = int(float(used.strip())) * (1 << 20)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        pass
+    figure = nvml.process_memory()
+    out["nvml"] = figure
+    source = "nvml" if figure["process_used"] else None
+    out["process_used"] = figure["process_used"]
+    if not source:
+        try:
+            done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                   "--format=csv,noheader,nounits"], capture_output=True,
+                                  text=True, timeout=20)
+            for line in done.stdout.splitlines():
+                pid, _, used = line.partition(",")
+                if pid.strip() == str(os.getpid()):
+                    out["process_used"] = int(float(used.strip())) * (1 << 20)
+                    source = "nvidia-smi compute-apps"
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass
     out["peak"] = out["process_used"] or out["reserved"] or out["peak_allocated"]
-    out["source"] = "nvidia-smi compute-apps" if out["process_used"] else "torch reserved"
+    out["source"] = source or "torch reserved"
     return out
 
 

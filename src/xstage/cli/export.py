@@ -56,6 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--out", required=True, metavar="PATH",
                        help="artifact path (the extension follows --format)")
         q.add_argument("--json", dest="json_path", metavar="REPORT.json")
+        q.add_argument("--for-torch", choices=["2.4"], default=None, metavar="2.4",
+                       help="pt:* only: write the .pt2 in the layout and schema torch 2.4 reads "
+                       "(torch-directml pins torch 2.4.1; see docs/torch.md)")
         q.set_defaults(func=run)
 
 
@@ -66,15 +69,18 @@ def _export(args: argparse.Namespace, fmt: str, out: Path, fp32_source: str | No
         return export_vision_tower(out, family=args.family, config=args.config,
                                    checkpoint=args.checkpoint, image_size=args.image_size,
                                    images=args.images, fmt=fmt, opset=args.opset, seed=args.seed,
-                                   fp32_source=fp32_source)
+                                   fp32_source=fp32_source, for_torch=args.for_torch)
     from xstage.export.code2wav import export_code2wav
 
     return export_code2wav(out, config=args.config, frames=args.frames, fmt=fmt, opset=args.opset,
-                           seed=args.seed, fp32_source=fp32_source)
+                           seed=args.seed, fp32_source=fp32_source, for_torch=args.for_torch)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     target = Path(args.out)
+    if args.for_torch and not args.fmt.startswith("pt:"):
+        raise errors.UsageError(f"--for-torch applies to a .pt2 (--format pt:fp32 or pt:fp16), "
+                                f"not {args.fmt}", remedy="drop --for-torch, or export a pt: format")
     reports = []
     fp32_source = None
     if args.fmt == "onnx:fp16":
@@ -95,5 +101,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
         out.result(f"{escape(r['path'])} ({r['format']}, {r['bytes'] / 1024:.0f} KiB, "
                    f"{r['export_s']:.1f} s): wrapper bitwise equal to the model's forward "
                    f"({wrapper['outputs']} output(s)){escape(extra)}")
+        if r.get("legacy"):
+            legacy = r["legacy"]
+            out.result(f"  for torch {legacy['for_torch']}: schema {legacy['schema']}, the flat "
+                       "archive layout; read back by this torch's deserializer bitwise equal")
         out.result(f"  manifest {escape(r['manifest'])}")
     return EXIT_OK

@@ -69,7 +69,7 @@ def _make_wrapper_class() -> Any:
 
 def export_code2wav(out: str | Path, *, config: str = "tiny", frames: int = DEFAULT_FRAMES,
                     fmt: str = "onnx:fp32", opset: int = 21, seed: int = 0,
-                    fp32_source: str | None = None) -> dict[str, Any]:
+                    fp32_source: str | None = None, for_torch: str | None = None) -> dict[str, Any]:
     """Export code2wav for ``frames`` codec frames; see the module docstring."""
     from xstage.export.torch_export import (
         FORMATS,
@@ -119,6 +119,6 @@ def export_code2wav(out: str | Path, *, config: str = "tiny", frames: int = DEFA
     report = export_artifact(wrapper, (codes,), artifact_paths(Path(out), fmt), fmt=fmt,
                              opset=opset, input_names=["codes"], output_names=["wav"],
                              component="code2wav", source=source, fp32_source=fp32_source,
-                             io_spec=io, wrapper_check=check)
+                             io_spec=io, wrapper_check=check, for_torch=for_torch)
     report.update(frames=frames, wrapper=check, transformers=transformers.__version__)
     return report

@@ -152,9 +152,11 @@ def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: s
                     component: str, source: dict[str, Any], fp32_source: str | None,
                     io_spec: tuple[list[dict[str, Any]], list[dict[str, Any]]],
                     wrapper_check: dict[str, Any],
-                    state: Sequence[dict[str, str]] | None = None) -> dict[str, Any]:
+                    state: Sequence[dict[str, str]] | None = None,
+                    for_torch: str | None = None) -> dict[str, Any]:
     """Write ``module`` as ``fmt`` at ``path`` (ONNX: exported, then sanitized in place of the
-    raw export; .pt2: saved and reloaded to check it) and its manifest; return the report.
+    raw export; .pt2: saved and reloaded to check it, or with ``for_torch`` written for that
+    older torch by ``pt2_legacy``, which checks itself) and its manifest; return the report.
 
     ``state``: state pairs the manifest declares (``{input, output, init}``, docs/serving.md).
     """
@@ -166,7 +168,15 @@ def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: s
     report: dict[str, Any] = {"format": fmt, "path": str(path)}
     t0 = time.perf_counter()
     sanitize_report = None
-    if fmt.startswith("pt:"):
+    exporter = versions()
+    if fmt.startswith("pt:") and for_torch:
+        from xstage.export.pt2_legacy import write_legacy_pt2
+
+        program = torch.export.export(module, example, strict=False)
+        report["legacy"] = write_legacy_pt2(program, path, for_torch)
+        exporter.update(pt2_for_torch=for_torch, pt2_schema=report["legacy"]["schema"])
+        files = [path]
+    elif fmt.startswith("pt:"):
         program = torch.export.export(module, example, strict=False)
         torch.export.save(program, str(path))
         loaded = torch.export.load(str(path))
@@ -197,7 +207,7 @@ def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: s
     report["export_s"] = round(time.perf_counter() - t0, 3)
     report["bytes"] = sum(f.stat().st_size for f in files)
     report["manifest"] = str(write_manifest(
-        path, component=component, fmt=fmt, files=files, source=source, exporter=versions(),
+        path, component=component, fmt=fmt, files=files, source=source, exporter=exporter,
         inputs=io_spec[0], outputs=io_spec[1], opset=None if fmt.startswith("pt:") else opset,
         sanitize=sanitize_report, fp32_source=fp32_source, state=state,
         parity={"wrapper_vs_model": wrapper_check,

@@ -236,7 +236,7 @@ def _torch() -> tuple[Any, Any]:
 def export_vision_tower(out: str | Path, *, family: str = "qwen3_5", config: str | None = None,
                         checkpoint: str | None = None, image_size: tuple[int, int] = (64, 64),
                         images: int = 1, fmt: str = "onnx:fp32", opset: int = 21, seed: int = 0,
-                        fp32_source: str | None = None) -> dict[str, Any]:
+                        fp32_source: str | None = None, for_torch: str | None = None) -> dict[str, Any]:
     """Export the tower at one size; see the module docstring. Returns the report."""
     torch, transformers = _torch()
     from xstage.export.torch_export import FORMATS, artifact_paths, bitwise_check, export_artifact
@@ -274,7 +274,7 @@ def export_vision_tower(out: str | Path, *, family: str = "qwen3_5", config: str
     report = export_artifact(tower, (patches,), path, fmt=fmt, opset=opset,
                              input_names=["patches"], output_names=names,
                              component="vision_tower", source=source, fp32_source=fp32_source,
-                             io_spec=io, wrapper_check=check)
+                             io_spec=io, wrapper_check=check, for_torch=for_torch)
     report.update(family=family, image_size=list(image_size), images=images, wrapper=check,
                   grid_thw=grid.tolist(), transformers=transformers.__version__)
     return report

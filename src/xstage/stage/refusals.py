@@ -177,10 +177,17 @@ def load_failed(cand: Candidate, art: Artifact, exc: errors.WorkerRaised, log: o
                 hello: Mapping[str, Any] | None) -> errors.ArtifactError:
     """The route's worker could not load or run the artifact: an error (exit 1), not a refusal."""
     if art.format.startswith("pt:"):
-        saved_by = (art.manifest.get("exporter") or {}).get("torch", "an unknown torch")
-        remedy = (f"the program was saved by torch {saved_by}; export it with the torch this "
-                  f"route runs (see docs/torch.md for what loads where); the full message is in "
-                  f"the worker log {log}")
+        exporter = art.manifest.get("exporter") or {}
+        saved_by = exporter.get("torch", "an unknown torch")
+        if exporter.get("pt2_for_torch"):
+            remedy = (f"the program was written by torch {saved_by} for torch "
+                      f"{exporter['pt2_for_torch']} (--for-torch); export it without --for-torch "
+                      "for this route's torch")
+        else:
+            remedy = (f"the program was saved by torch {saved_by}; export it with the torch this "
+                      "route runs, or for a torch 2.4 worker (torch-directml) with "
+                      "`xstage export ... --for-torch 2.4`")
+        remedy += f" (docs/torch.md: what loads where); the full message is in the worker log {log}"
     else:
         version = hello["worker"]["versions"].get("onnxruntime") if hello else None
         remedy = (f"check the graph loads in that route's onnxruntime ({version}); the full "
