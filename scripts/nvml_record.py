@@ -64,8 +64,17 @@ def _program(root: Path) -> Path:
 
     from xstage.manifest import write_manifest
 
+    class MLP(torch.nn.Module):  # forward(x): the program's input is named as the manifest says
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(),
+                                            torch.nn.Linear(1024, 512))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
     torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512))
+    module = MLP()
     x = torch.randn(64, 512)
     path = root / "mlp.pt2"
     torch.export.save(torch.export.export(module, (x,), strict=False), str(path))
