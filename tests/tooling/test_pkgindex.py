@@ -51,7 +51,7 @@ def test_require_skips_naming_what_and_why(monkeypatch):
 
 def _pip_answers(code: int, stderr: str = ""):
     def run(cmd, **kw):
-        assert kw["timeout"] <= 3
+        assert kw["timeout"] <= pkgindex.CHECK_S
         return pkgindex.subprocess.CompletedProcess(cmd, code, "", stderr)
 
     return run
