@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import psutil
-from onnx import TensorProto, helper
 
 from xstage import builtin_graphs, errors
 from xstage.client import Deadlines, WorkerClient
@@ -44,18 +43,7 @@ N = 1536
 
 def slow_graph(depth: int = 160) -> onnx.ModelProto:
     """Seconds of MatMul: a call that is still running when the worker is killed."""
-    rng = np.random.default_rng(1)
-    w = onnx.numpy_helper.from_array((rng.standard_normal((N, N)) / N).astype(np.float32), "w")
-    nodes, prev = [], "x"
-    for i in range(depth):
-        nodes.append(helper.make_node("MatMul", [prev, "w"], [f"m{i}"]))
-        prev = f"m{i}"
-    nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    graph = helper.make_graph(
-        nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, N])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, N])], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
+    return builtin_graphs.matmul_chain(depth, N, name="slow")
 
 def sigkill_to_died(graph: Path, **client: object) -> float:
     x = np.ones((N, N), np.float32)

@@ -35,25 +35,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from xstage import open_stage
+from xstage import builtin_graphs, open_stage
 
 N = 256  # the MatMul side: one 256x256 MatMul is ~0.3-1 ms on one core
 
 
 def chain(depth: int, n: int = N) -> onnx.ModelProto:
     """``depth`` MatMuls of an n×n input by a fixed n×n weight."""
-    rng = np.random.default_rng(1)
-    w = onnx.numpy_helper.from_array((rng.standard_normal((n, n)) / n).astype(np.float32), "w")
-    nodes, prev = [], "x"
-    for i in range(depth):
-        nodes.append(helper.make_node("MatMul", [prev, "w"], [f"m{i}"]))
-        prev = f"m{i}"
-    nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    graph = helper.make_graph(nodes, "chain",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
+    return builtin_graphs.matmul_chain(depth, n, name="chain")
 
 def tiny() -> onnx.ModelProto:
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "tiny",

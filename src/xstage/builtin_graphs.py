@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["IR_VERSION", "OPSET", "builtin_stage", "mlp", "slice_graph", "write"]
+__all__ = ["IR_VERSION", "OPSET", "builtin_stage", "matmul_chain", "mlp", "slice_graph", "write"]
 
 IR_VERSION = 8
 OPSET = 17
@@ -49,6 +49,22 @@ def mlp(width: int = 256, depth: int = 4, batch: int = 8, seed: int = 0) -> onnx
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width])],
         inits,
     )
+    return _model(graph)
+
+
+def matmul_chain(depth: int, n: int, name: str = "chain", seed: int = 1) -> onnx.ModelProto:
+    """``depth`` MatMuls of an n×n input by one fixed n×n weight (scaled by 1/n, so values stay
+    bounded): compute of a chosen length with almost no transport, for the benchmarks' stages
+    and the fault tests' calls that must still be running when a worker is killed."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array((rng.standard_normal((n, n)) / n).astype(np.float32), "w")
+    nodes, prev = [], "x"
+    for i in range(depth):
+        nodes.append(helper.make_node("MatMul", [prev, "w"], [f"m{i}"]))
+        prev = f"m{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])], [w])
     return _model(graph)
 
 

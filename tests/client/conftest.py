@@ -79,19 +79,7 @@ def identity_graph() -> onnx.ModelProto:
 
 def slow_graph(n: int = 1536, depth: int = 160) -> onnx.ModelProto:
     """Seconds of MatMul on two cores: a call that is reliably still running when killed."""
-    rng = np.random.default_rng(1)
-    w = onnx.numpy_helper.from_array((rng.standard_normal((n, n)) / n).astype(np.float32), "w")
-    nodes, prev = [], "x"
-    for i in range(depth):
-        nodes.append(helper.make_node("MatMul", [prev, "w"], [f"m{i}"]))
-        prev = f"m{i}"
-    nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    graph = helper.make_graph(
-        nodes, "slow",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
+    return builtin_graphs.matmul_chain(depth, n, name="slow")
 
 def identity_inputs(seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
