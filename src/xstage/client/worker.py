@@ -643,6 +643,18 @@ class WorkerClient:
         with self._lock:
             return self._request({"op": "ping"}, "pong", "call").header.get("info", {})
 
+    def waits(self) -> dict[str, Any]:
+        """The shared region's spin-or-block decisions so far, on both sides.
+
+        Returns:
+            ``{"caller": …, "worker": …}``, each the doorbell policy's counts by rule and by
+            outcome with a ``line`` in words (``xstage_remote/waitpolicy.py``); ``{}`` for a
+            side that has no region (inline frames, TCP) or a worker that does not say.
+        """
+        caller = self._bell.summary() if self._bell is not None else {}
+        worker = self.ping().get("doorbell", {}) if self.state is WorkerState.READY else {}
+        return {"caller": caller, "worker": worker}
+
     def load(self, path: str | os.PathLike[str], *, runtime: str = "ort",
              options: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Load a stage; then set up the shared region when the signature allows one."""
@@ -806,11 +818,11 @@ class WorkerClient:
         self._bell.ring()
         seconds = getattr(self.deadlines, phase)
         deadline = None if seconds is None else time.monotonic() + seconds
-        # Spin only for calls expected to be short (see shm.LONG_CALL_SECONDS).
-        spin = 0.0 if self._expected_s > shm.LONG_CALL_SECONDS else None
+        # The doorbell's policy spins only where it can pay (shm.py, waitpolicy.py): told the
+        # worker's recent compute, it blocks for calls expected to be long.
         # The spin checks the id alone (one read); the generation is checked once, after.
         state = self._bell.wait(lambda: region.resp_id() == rid, deadline, watch=[self._ctl],
-                                spin=spin)
+                                expected=self._expected_s)
         if state == "timeout":
             self._call_timeout(phase, seconds)
         if state in ("closed", "watch") and region.resp_id() != rid:
