@@ -648,6 +648,7 @@ class Doorbell:
         self.trace = None
         self._load = None
         self._sampled = -LOAD_SAMPLE_SECONDS
+        self._next = None  # the decision ring() made for the wait that follows it
 
     def bind(self, region, own, peer, nudge=False, spin=None):
         """Use ``region``'s flags; ``nudge``: this side checks for a shared CPU and moves off
@@ -693,13 +694,25 @@ class Doorbell:
         self.region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
         return False
 
-    def ring(self):
-        if SPIN and self.region is not None:
+    def ring(self, expected=None):
+        """Wake the peer if it sleeps (the answer or request is already published).
+
+        A side always waits after it rings, so with a region bound the policy decides that
+        wait here (``expected`` as for ``wait``): a side that will block raises its flag
+        before it rings and has almost nothing left to do between the ring and its sleep. The
+        woken peer is usually put on the ringer's CPU and runs once the ringer sleeps.
+        """
+        region = self.region
+        if self.policy is not None and self._next is None and not region.closed:
+            self._next = self._decide(expected)
+            if self._next[0].spin <= 0:
+                region.set_flag(self.own, 1)  # before the fence below: the peer may answer at once
+        if SPIN and region is not None:
             # NOTE (ordering): the number just published must be visible to the peer before
             # its flag is read here, or both sides could miss each other (store→load); a
             # locked instruction orders them (see the wait policy above).
             _fence()
-            if not self.region.flag(self.peer):
+            if not region.flag(self.peer):
                 return  # the peer is spinning and will see the published number
         try:
             self.sock.send(b"\0")
@@ -707,6 +720,14 @@ class Doorbell:
             pass  # the buffer is full: a wake-up is already pending
         except OSError:
             pass  # the peer is gone; the waiter's end-of-file check reports it
+
+    def _decide(self, expected):
+        """(decision, expected, when): the policy asked, with a fresh load sample if due."""
+        now = time.monotonic()
+        if now - self._sampled >= LOAD_SAMPLE_SECONDS:
+            self._sampled = now
+            self._load = _read_load()
+        return self.policy.decide(self._load, expected), expected, now
 
     def _consume(self):
         """Take the pending rings (one read: a ring is one byte, a few at most are pending);
@@ -723,29 +744,31 @@ class Doorbell:
         "closed" (the other end of the bell is gone) or "timeout". ``deadline`` is a
         ``time.monotonic()`` value or None. ``spin=0`` blocks at once without asking the
         policy; otherwise the policy decides (``spin`` caps its budget), told the answer's
-        ``expected`` seconds where the caller knows them."""
-        policy = self.policy
+        ``expected`` seconds where the caller knows them (a decision ``ring`` made stands)."""
+        policy, region = self.policy, self.region
+        made, self._next = self._next, None
         if ready():
+            if made is not None and made[0].spin <= 0 and not region.closed:
+                region.set_flag(self.own, 0)
             if policy is not None and spin != 0:
                 policy.observe(0.0, 0.0, "ready", 0.0)
                 if self.trace is not None:
-                    self._record(None, expected, 0.0, 0.0, "ready", 0.0)
+                    self._record(made[0] if made else None, expected, 0.0, 0.0, "ready", 0.0)
+            elif made is not None and self.trace is not None:
+                self._record(made[0], made[1], 0.0, 0.0, None, None)
             return "ready"
-        region = self.region
         if policy is None or spin == 0:
+            if made is not None and self.trace is not None:
+                self._record(made[0], made[1], 0.0, 0.0, None, None)
             return self._sleep(ready, deadline, watch)
-        start = time.monotonic()
-        if start - self._sampled >= LOAD_SAMPLE_SECONDS:
-            self._sampled = start
-            self._load = _read_load()
-        decision = policy.decide(self._load, expected)
+        decision, expected, start = made if made is not None else self._decide(expected)
         budget = decision.spin if spin is None else min(decision.spin, spin)
         tell = _getcpu is not None  # publish where this side runs
         if tell:
             region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
         outcome, longest, spun = "blocked", 0.0, 0.0
         if budget > 0:
-            outcome, longest, now = self._spin(ready, start, budget, tell)
+            outcome, longest, now = self._spin(ready, time.monotonic(), budget, tell)
             spun = now - start
             if outcome == "answered":
                 policy.observe(spun, longest, outcome, spun)

@@ -29,18 +29,23 @@ Rules, in order; a decision names the rule that made it:
 2. ``one_cpu``: this process may run on one CPU only: a spinner holds the CPU the answer needs.
 3. ``long_call``: the answer is expected later than ``long_call`` seconds: a spin cannot pay,
    and on a small machine it steals a core from the runtime's own threads.
-4. ``backoff``: a recent spin did not pay: it was preempted (one yield lasted longer than
-   ``preempted`` seconds: another task ran on this CPU meanwhile), or nothing came for its whole
-   budget (beside busy neighbours a worker's spin often expires without a long yield: its
-   caller is the one kept off a CPU). Block for the next ``backoff`` waits, then spin once more
-   (a probe); each probe that does not pay doubles the backoff (``min_backoff`` up to
-   ``max_backoff``), an answered spin ends it.
+4. ``backoff``: recent spins did not pay: ``failures`` of the last ``window`` spins were
+   preempted (one yield lasted longer than ``preempted`` seconds: another task ran on this CPU
+   meanwhile) or found nothing for their whole budget (beside busy neighbours a worker's spin
+   often expires without a long yield: its caller is the one kept off a CPU). Block for the
+   next ``backoff`` waits, then spin once more (a probe); each probe that does not pay doubles
+   the backoff (``min_backoff`` up to ``max_backoff``), each answered spin halves it (below
+   ``min_backoff``: none). One unpaid spin alone is no pattern: neighbours that run in bursts
+   preempt ~1% of spins (this 2-core VM at a load average of 4), and blocking there made the
+   median 64 B overhead 40 µs instead of 14 µs and its p99 worse, not better (blocked wake-ups
+   wait behind the same neighbours). Neighbours that never sleep preempt every spin, so two
+   in a row start the backoff.
 5. ``oversubscribed``: the backoff is over, but more tasks are runnable than there are CPUs:
-   the probe waits for a sample that shows a CPU free, or for ``max_backoff`` waits at most.
-   The load alone never stops a spin that pays: neighbours that run in bursts (a test suite,
-   an installer) leave the spinner's CPU to it most of the time, and there a spin answered a
-   64 B call in ~6 µs where blocking took ~20 µs. Neighbours that never sleep (a decode loop)
-   take the CPU at every yield, which rule 4 sees at once.
+   the probe waits for a sample that shows a CPU free, for as many waits again as the backoff
+   at most (a crowded machine doubles the time between probes). Outside a backoff the load
+   alone never stops a spin: a load sample cannot tell neighbours that run in bursts (where
+   spinning pays) from neighbours that never sleep (where it does not); the spins themselves
+   can.
 6. ``slow_answers``: most of the last ``window`` answers came later than the spin budget (a
    worker whose caller calls every few milliseconds): spinning would burn the budget every
    time. Blocked waits keep reporting their answers' times, so this rule lets go as soon as
@@ -94,13 +99,15 @@ class WaitPolicy:
         spinning: False where plain loads and stores are not ordered (rule 1).
         long_call: rule 3's bound, seconds.
         preempted: rule 4's yield, seconds: longer means another task ran on this CPU.
-        window: rule 6's number of recent answers.
+        window: rule 6's number of recent answers, and rule 4's number of recent spins.
+        failures: rule 4's unpaid spins among the last ``window`` spins that start a backoff.
         min_backoff: rule 4's first backoff, in waits.
-        max_backoff: rule 4's longest backoff, in waits, and rule 5's longest wait for a probe.
+        max_backoff: rule 4's longest backoff, in waits.
     """
 
     def __init__(self, spin_seconds, allowed_cpus, spinning=True, long_call=0.0002,
-                 preempted=0.0002, window=8, min_backoff=8, max_backoff=1024):
+                 preempted=0.0002, window=8, failures=2, min_backoff=8,
+                 max_backoff=256):
         self.spin_seconds = float(spin_seconds)
         self.allowed_cpus = int(allowed_cpus)
         self.spinning = bool(spinning)
@@ -109,9 +116,13 @@ class WaitPolicy:
         self.window = int(window)
         self.min_backoff = int(min_backoff)
         self.max_backoff = int(max_backoff)
+        self.failures = int(failures)
         self._slow = [False] * self.window  # a ring: which recent answers were slow
         self._slow_at = 0
         self._slow_count = 0
+        self._unpaid = [False] * self.window  # a ring: which recent spins did not pay
+        self._spun_at = 0
+        self._unpaid_count = 0
         self._backoff = 0  # the current backoff length, in waits (0: none)
         self._blocked_for = 0  # waits left in the current backoff
         self._since_probe = 0  # waits blocked since the last preempted spin
@@ -143,7 +154,7 @@ class WaitPolicy:
             self._since_probe += 1
             return _BLOCK["backoff"]
         if self._backoff and load is not None and load[0] > load[1] \
-                and self._since_probe < self.max_backoff:
+                and self._since_probe < 2 * self._backoff:
             self._since_probe += 1
             return _BLOCK["oversubscribed"]
         if 2 * self._slow_count > self.window:
@@ -161,13 +172,21 @@ class WaitPolicy:
         self._slow_at = (at + 1) % self.window
         if spun <= 0:
             return
-        if outcome in ("preempted", "expired") or longest_yield > self.preempted:
-            # The spin did not pay: it was preempted, or nothing came for its whole budget.
+        # The spin did not pay: it was preempted, or nothing came for its whole budget.
+        unpaid = outcome in ("preempted", "expired") or longest_yield > self.preempted
+        at = self._spun_at
+        self._unpaid_count += unpaid - self._unpaid[at]
+        self._unpaid[at] = unpaid
+        self._spun_at = (at + 1) % self.window
+        if unpaid and (self._backoff or self._unpaid_count >= self.failures):
+            # A probe that did not pay, or the failures-th such spin of the last window.
             self._backoff = min(max(2 * self._backoff, self.min_backoff), self.max_backoff)
             self._blocked_for = self._backoff
             self._since_probe = 0
         elif outcome == "answered":
-            self._backoff = 0
+            # Halved, not forgotten: beside busy neighbours a probe is answered now and then,
+            # and the next spins would fail again.
+            self._backoff = self._backoff // 2 if self._backoff > self.min_backoff else 0
 
     def summary(self):
         """The decisions and outcomes so far, for ``--verbose`` and benchmarks (counts only)."""

@@ -815,7 +815,7 @@ class WorkerClient:
         self._copy_in_ns = time.perf_counter_ns() - t0
         region.publish_request(rid)
         self._pending = ("shm", rid)
-        self._bell.ring()
+        self._bell.ring(expected=self._expected_s)  # decides the wait below (shm.Doorbell.ring)
         seconds = getattr(self.deadlines, phase)
         deadline = None if seconds is None else time.monotonic() + seconds
         # The doorbell's policy spins only where it can pay (shm.py, waitpolicy.py): told the
