@@ -35,7 +35,9 @@ Rules, in order; a decision names the rule that made it:
    often expires without a long yield: its caller is the one kept off a CPU). Block for the
    next ``backoff`` waits, then spin once more (a probe); each probe that does not pay doubles
    the backoff (``min_backoff`` up to ``max_backoff``), each answered spin halves it (below
-   ``min_backoff``: none). One unpaid spin alone is no pattern: neighbours that run in bursts
+   ``min_backoff``: none). A load sample that shows a CPU free ends a backoff early (after
+   ``min_backoff`` waits): when the neighbours stop, spinning resumes within a few calls instead
+   of hundreds. One unpaid spin alone is no pattern: neighbours that run in bursts
    preempt ~1% of spins (this 2-core VM at a load average of 4), and blocking there made the
    median 64 B overhead 40 µs instead of 14 µs and its p99 worse, not better (blocked wake-ups
    wait behind the same neighbours). Neighbours that never sleep preempt every spin, so two
@@ -150,9 +152,12 @@ class WaitPolicy:
         if expected is not None and expected > self.long_call:
             return _BLOCK["long_call"]
         if self._blocked_for > 0:
-            self._blocked_for -= 1
-            self._since_probe += 1
-            return _BLOCK["backoff"]
+            if load is not None and load[0] <= load[1] and self._since_probe >= self.min_backoff:
+                self._blocked_for = 0  # a CPU is free again: probe now, not in hundreds of waits
+            else:
+                self._blocked_for -= 1
+                self._since_probe += 1
+                return _BLOCK["backoff"]
         if self._backoff and load is not None and load[0] > load[1] \
                 and self._since_probe < 2 * self._backoff:
             self._since_probe += 1

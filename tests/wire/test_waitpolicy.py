@@ -99,7 +99,7 @@ def test_rule_4_each_preempted_probe_doubles_the_backoff_up_to_its_bound() -> No
     for _ in range(5):
         preempted(p)
         n = 0
-        while p.decide(QUIET).rule == "backoff":
+        while p.decide(None).rule == "backoff":
             n += 1
         lengths.append(n)
     assert lengths == [2, 4, 8, 8, 8]
@@ -110,9 +110,9 @@ def test_rule_4_a_spin_unanswered_for_its_whole_budget_backs_off() -> None:
     the one kept off the CPU. That spin paid nothing, and the next ones would not either."""
     p = policy(min_backoff=2)
     p.observe(SPIN, 1e-6, "expired", SPIN)
-    assert [p.decide(QUIET).rule for _ in range(3)] == ["backoff", "backoff", "spin"]
+    assert [p.decide(None).rule for _ in range(3)] == ["backoff", "backoff", "spin"]
     p.observe(SPIN, 1e-6, "expired", SPIN)
-    assert [p.decide(QUIET).rule for _ in range(5)] == ["backoff"] * 4 + ["spin"]
+    assert [p.decide(None).rule for _ in range(5)] == ["backoff"] * 4 + ["spin"]
 
 
 def test_a_shared_cpu_is_no_reason_to_back_off() -> None:
@@ -149,6 +149,23 @@ def test_rule_4_and_5_a_lucky_probe_beside_busy_neighbours_keeps_the_spins_rare(
     answered(p)  # the probe happened to be answered
     rules = [p.decide(CROWDED).rule for _ in range(200)]
     assert "spin" not in rules
+
+
+def test_rule_4_a_free_cpu_ends_a_long_backoff_early() -> None:
+    p = policy(min_backoff=4, max_backoff=256)
+    for _ in range(6):
+        preempted(p)
+        while p.decide(CROWDED).rule != "spin":
+            pass
+    preempted(p)  # backoff 256
+    assert [p.decide(CROWDED).rule for _ in range(10)] == ["backoff"] * 10
+    assert p.decide(QUIET).rule == "spin"  # the neighbours stopped: probe now
+
+
+def test_rule_4_a_free_cpu_does_not_cut_the_shortest_backoff() -> None:
+    p = policy(min_backoff=4)
+    preempted(p)
+    assert [p.decide(QUIET).rule for _ in range(5)] == ["backoff"] * 4 + ["spin"]
 
 
 def test_rule_5_a_crowded_machine_holds_the_probe_back_as_long_again_at_most() -> None:
