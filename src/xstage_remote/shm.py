@@ -753,7 +753,8 @@ class Doorbell:
             if policy is not None and spin != 0:
                 policy.observe(0.0, 0.0, "ready", 0.0)
                 if self.trace is not None:
-                    self._record(made[0] if made else None, expected, 0.0, 0.0, "ready", 0.0)
+                    self._record(made[0] if made else None, made[1] if made else expected,
+                                 0.0, 0.0, "ready", 0.0)
             elif made is not None and self.trace is not None:
                 self._record(made[0], made[1], 0.0, 0.0, None, None)
             return "ready"
@@ -831,6 +832,8 @@ class Doorbell:
         p = self.policy
         return {"role": role, "spin_seconds": p.spin_seconds, "allowed_cpus": p.allowed_cpus,
                 "spinning": p.spinning, "long_call": p.long_call, "preempted": p.preempted,
+                "window": p.window, "failures": p.failures, "min_backoff": p.min_backoff,
+                "max_backoff": p.max_backoff, "load_margin": p.load_margin,
                 "cpus": os.cpu_count(), "waits": list(self.trace or [])}
 
     def _sleep(self, ready, deadline, watch):

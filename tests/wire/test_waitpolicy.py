@@ -26,7 +26,7 @@ CROWDED = Load(20, 16)
 def policy(**kw: object) -> WaitPolicy:
     """A policy that backs off at the first unpaid spin unless told otherwise (rule 4's
     ``failures`` has its own tests)."""
-    args = {"spin_seconds": SPIN, "allowed_cpus": 16, "failures": 1}
+    args = {"spin_seconds": SPIN, "allowed_cpus": 16, "failures": 1, "load_margin": 0}
     args.update(kw)
     return WaitPolicy(**args)  # type: ignore[arg-type]
 
@@ -187,6 +187,16 @@ def test_rule_5_the_probe_goes_as_soon_as_a_cpu_is_free() -> None:
     assert p.decide(QUIET).rule == "spin"
 
 
+def test_rule_5_the_peers_spinning_runtime_thread_is_no_crowd() -> None:
+    """One runnable task beyond the CPUs (onnxruntime's pool thread spinning after a run) is
+    room by default; two are a crowd."""
+    p = WaitPolicy(SPIN, 2, failures=1, min_backoff=2)
+    p.observe(0.001, 0.001, "preempted", 0.001)
+    assert [p.decide(Load(3, 2)).rule for _ in range(3)] == ["backoff", "backoff", "spin"]
+    p.observe(0.001, 0.001, "preempted", 0.001)
+    assert [p.decide(Load(4, 2)).rule for _ in range(8)] == ["backoff"] * 4 + ["oversubscribed"] * 4
+
+
 def test_rule_5_load_alone_never_stops_a_spin_that_pays() -> None:
     """Neighbours that run in bursts leave the spinner its CPU: spinning still pays there."""
     p = policy()
@@ -256,9 +266,12 @@ def _load(path: Path) -> dict:
 
 
 def _policy_of(doc: dict) -> WaitPolicy:
-    """A fresh policy with the recorded one's parameters (the rest: the defaults it ran with)."""
+    """A fresh policy with the recorded one's parameters."""
     return WaitPolicy(doc["spin_seconds"], doc["allowed_cpus"], spinning=doc["spinning"],
-                      long_call=doc["long_call"], preempted=doc["preempted"])
+                      long_call=doc["long_call"], preempted=doc["preempted"],
+                      window=doc["window"], failures=doc["failures"],
+                      min_backoff=doc["min_backoff"], max_backoff=doc["max_backoff"],
+                      load_margin=doc["load_margin"])
 
 
 def _replay(doc: dict) -> list[list | None]:
