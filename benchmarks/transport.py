@@ -25,7 +25,16 @@ For the shared-memory arms the overhead is split into the caller's two copies (`
 as the client measures them) and the rest: the copies alone show how far the floor — a copy
 whose lines one core owns — is from a copy into lines the worker's core touched last.
 
-Run: ``python benchmarks/transport.py [--json] [--rounds N]``. Not a test: nothing asserts.
+``--busy N`` measures every arm twice in one run: quiet, then with N CPU-burning processes beside
+it (``benchmarks/_busy.py``: arithmetic in a loop, never sleeping, ended by their pids), as an
+engine's decode threads and tokenizers keep a machine's cores busy. The summary puts each arm's
+figure beside the TCP echo's, quiet and busy: issue 14 asks, for ``--busy`` equal to the core
+count, the xstage arm's 64 B half round trip ≤ 1.5× the TCP arm's and its overhead at 1 MiB and
+8.8 MB ≤ 0.5× the TCP arm's. ``--verbose`` prints the doorbell's decisions (spin or block, and
+why) for each xstage arm.
+
+Run: ``python benchmarks/transport.py [--json] [--rounds N] [--busy N] [--verbose]``. Not a test:
+nothing asserts.
 """
 
 from __future__ import annotations
@@ -49,6 +58,9 @@ import numpy as np
 from xstage import builtin_graphs
 from xstage.client import WorkerClient
 from xstage_remote import shm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _busy import Neighbours  # noqa: E402  (beside this file)
 
 PAYLOADS = [
     ("64 B", 16, 16),
@@ -84,13 +96,21 @@ def _mp_child(conn, n_out: int) -> None:  # type: ignore[no-untyped-def]
 
 
 # --------------------------------------------------------------------------- arms
+#: The two conditions each arm is measured under, round by round (``--busy``).
+STATES = ("quiet", "busy")
+
+
 class Arm:
     def __init__(self, name: str, call: Callable[[], int], close: Callable[[], None],
-                 timing: Callable[[], dict] | None = None) -> None:
-        self.name, self.call, self.close, self.timing = name, call, close, timing
-        self.rt: list[int] = []
-        self.worker: list[int] = []
-        self.copies: list[int] = []  # the caller's copy-in + copy-out, shared path only
+                 timing: Callable[[], dict] | None = None,
+                 waits: Callable[[], dict] | None = None) -> None:
+        self.name, self.call, self.close, self.timing, self.waits = name, call, close, timing, waits
+        # Per state: round trips, the worker's own time, and the caller's copy-in + copy-out
+        # (shared path only).
+        self.rt: dict[str, list[int]] = {s: [] for s in STATES}
+        self.worker: dict[str, list[int]] = {s: [] for s in STATES}
+        self.copies: dict[str, list[int]] = {s: [] for s in STATES}
+        self.decisions: dict[str, dict] = {}
 
 
 def _xstage_arm(name: str, graph: Path, x: np.ndarray, n_out: int, *, shm_mode: str,
@@ -105,7 +125,8 @@ def _xstage_arm(name: str, graph: Path, x: np.ndarray, n_out: int, *, shm_mode: 
         client.run(feeds, out=out)
         return client.last_timing.get("worker_ns", 0)
 
-    return Arm(name, call, client.close, lambda: client.last_timing)
+    waits = getattr(client, "waits", None) if shm_mode != "off" else None
+    return Arm(name, call, client.close, lambda: client.last_timing, waits)
 
 
 def _tcp_arm(x: np.ndarray, n_out: int) -> Arm:
@@ -182,8 +203,57 @@ def mac_us_per_mib(repeats: int = 30) -> float:
     return statistics.median(times) / 1e3
 
 
-def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS) -> list[dict]:
-    results = []
+def _summarize(arm: Arm, state: str, floor: float, n_in: int) -> dict:
+    over = [r - w for r, w in zip(arm.rt[state], arm.worker[state], strict=True)]
+    med_over = statistics.median(over)
+    a = {
+        "round_trip_us": statistics.median(arm.rt[state]) / 1e3,
+        "worker_us": statistics.median(arm.worker[state]) / 1e3,
+        "overhead_us": med_over / 1e3,
+        "half_round_trip_us": med_over / 2e3,
+        "ratio_vs_memcpy": med_over / floor if floor else None,
+        "gbps_each_way": n_in * 4 / (med_over / 2) if med_over > 0 else None,
+        "samples": len(arm.rt[state]),
+    }
+    if arm.copies[state]:
+        # The overhead split: the caller's two copies (one each way, across cores: the
+        # worker touched those lines last) and everything else (validation, descriptors,
+        # both wake-ups, the worker's bookkeeping).
+        copies = statistics.median(arm.copies[state])
+        a.update(copies_us=copies / 1e3, copies_vs_memcpy=copies / floor if floor else None,
+                 rest_us=(med_over - copies) / 1e3)
+    if state in arm.decisions:
+        a["waits"] = arm.decisions[state]
+    return a
+
+
+def _waits_delta(after: dict, before: dict) -> dict:
+    """The doorbell decisions made between two ``WorkerClient.waits()`` readings, per side."""
+    delta = {}
+    for side, now in after.items():
+        then = before.get(side, {})
+        side_delta = {}
+        for key in ("rules", "outcomes"):
+            counts = {k: v - then.get(key, {}).get(k, 0) for k, v in now.get(key, {}).items()}
+            side_delta[key] = {k: v for k, v in counts.items() if v}
+        delta[side] = side_delta
+    return delta
+
+
+def _add_waits(total: dict, more: dict) -> None:
+    for side, counts in more.items():
+        for key, values in counts.items():
+            into = total.setdefault(side, {}).setdefault(key, {})
+            for k, v in values.items():
+                into[k] = into.get(k, 0) + v
+
+
+def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS,
+            neighbours: Neighbours | None = None) -> dict[str, list[dict]]:
+    """Every arm, per payload, in interleaved rounds; with ``neighbours``, each round twice:
+    quiet (the neighbours stopped), then busy. Returns the rows per state."""
+    states = STATES if neighbours is not None and neighbours.n else STATES[:1]
+    results: dict[str, list[dict]] = {state: [] for state in states}
     for label, n_in, n_out in PAYLOADS:
         graph = builtin_graphs.write(builtin_graphs.slice_graph(n_in, n_out), tmp / f"s{n_in}.onnx")
         x = np.random.default_rng(0).standard_normal(n_in).astype(np.float32)
@@ -207,48 +277,59 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS) ->
                 for _ in range(50):
                     arm.call()
             for _ in range(rounds):
-                for arm in arms:
-                    for _ in range(per_round):
-                        t0 = time.perf_counter_ns()
-                        w = arm.call()
-                        arm.rt.append(time.perf_counter_ns() - t0)
-                        arm.worker.append(w)
-                        t = arm.timing() if arm.timing else {}
-                        if "copy_out_ns" in t:
-                            arm.copies.append(t["copy_in_ns"] + t["copy_out_ns"])
-                    # A worker spins SPIN_SECONDS after its last call; let it fall asleep so
-                    # the next arm is not measured against a core someone else is burning.
-                    time.sleep(3 * shm.SPIN_SECONDS)
+                for state in states:
+                    if neighbours is not None and state == "busy":
+                        neighbours.busy()
+                    elif neighbours is not None:
+                        neighbours.quiet()
+                    for arm in arms:
+                        before = arm.waits() if arm.waits else {}
+                        for _ in range(per_round):
+                            t0 = time.perf_counter_ns()
+                            w = arm.call()
+                            arm.rt[state].append(time.perf_counter_ns() - t0)
+                            arm.worker[state].append(w)
+                            t = arm.timing() if arm.timing else {}
+                            if "copy_out_ns" in t:
+                                arm.copies[state].append(t["copy_in_ns"] + t["copy_out_ns"])
+                        if arm.waits:
+                            _add_waits(arm.decisions.setdefault(state, {}),
+                                       _waits_delta(arm.waits(), before))
+                        # A worker spins a while after its last call; let it fall asleep so
+                        # the next arm is not measured against a core someone else is burning.
+                        time.sleep(3 * shm.SPIN_SECONDS)
         finally:
+            if neighbours is not None:
+                neighbours.quiet()
             for arm in arms:
                 arm.close()
-        floor = statistics.median(arms[0].rt)
-        row = {"payload": label, "bytes_in": n_in * 4, "bytes_out": n_out * 4,
-               "floor_us": floor / 1e3, "mac_us_per_mib": mac_us_per_mib(), "arms": {}}
-        for arm in arms[1:]:
-            over = [r - w for r, w in zip(arm.rt, arm.worker, strict=True)]
-            med_over = statistics.median(over)
-            row["arms"][arm.name] = {
-                "round_trip_us": statistics.median(arm.rt) / 1e3,
-                "worker_us": statistics.median(arm.worker) / 1e3,
-                "overhead_us": med_over / 1e3,
-                "half_round_trip_us": med_over / 2e3,
-                "ratio_vs_memcpy": med_over / floor if floor else None,
-                "gbps_each_way": n_in * 4 / (med_over / 2) if med_over > 0 else None,
-                "samples": len(arm.rt),
-            }
-            if arm.copies:
-                # The overhead split: the caller's two copies (one each way, across cores:
-                # the worker touched those lines last) and everything else (validation,
-                # descriptors, both wake-ups, the worker's bookkeeping).
-                copies = statistics.median(arm.copies)
-                row["arms"][arm.name].update(copies_us=copies / 1e3,
-                                             copies_vs_memcpy=copies / floor if floor else None,
-                                             rest_us=(med_over - copies) / 1e3)
-        first = "xstage" if "xstage" in row["arms"] else next(iter(row["arms"]))
-        row["ratio_vs_memcpy"] = row["arms"][first]["ratio_vs_memcpy"]
-        results.append(row)
+        for state in states:
+            floor = statistics.median(arms[0].rt[state])
+            row = {"payload": label, "bytes_in": n_in * 4, "bytes_out": n_out * 4,
+                   "floor_us": floor / 1e3, "mac_us_per_mib": mac_us_per_mib(), "arms": {}}
+            for arm in arms[1:]:
+                row["arms"][arm.name] = _summarize(arm, state, floor, n_in)
+            first = "xstage" if "xstage" in row["arms"] else next(iter(row["arms"]))
+            row["ratio_vs_memcpy"] = row["arms"][first]["ratio_vs_memcpy"]
+            results[state].append(row)
     return results
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    """Issue 14's comparisons against the TCP echo, for one state's rows: the 64 B half round
+    trip (≤ 1.5× the TCP arm's) and the overhead at the larger payloads (≤ 0.5×)."""
+    out = []
+    for row in rows:
+        arms = row["arms"]
+        if "xstage" not in arms or "tcp" not in arms:
+            continue
+        small = row["bytes_in"] < 4096
+        key, bound = ("half_round_trip_us", 1.5) if small else ("overhead_us", 0.5)
+        ratio = arms["xstage"][key] / arms["tcp"][key] if arms["tcp"][key] > 0 else None
+        out.append({"payload": row["payload"], "figure": key, "xstage": arms["xstage"][key],
+                    "tcp": arms["tcp"][key], "ratio": ratio, "bound": bound,
+                    "met": ratio is not None and ratio <= bound})
+    return out
 
 
 #: Arms that move megabytes through sockets or pickle flush the caches the shared-memory arms
@@ -256,37 +337,28 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS) ->
 PHASES = (("xstage", "xstage-out"), ("inline", "tcp-auth", "tcp", "mp-pickle"))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--calls", type=int, default=400, help="calls per arm and payload")
-    parser.add_argument("--arms", default=",".join(ARMS),
-                        help=f"comma-separated arms besides the floor (default: {','.join(ARMS)})")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
-        wanted = [a for a in args.arms.split(",") if a]
-        results = []
-        for phase in PHASES:
-            arms = tuple(a for a in phase if a in wanted)
-            if not arms:
+def _run(args: argparse.Namespace, tmp: Path, neighbours: Neighbours) -> dict[str, list[dict]]:
+    wanted = [a for a in args.arms.split(",") if a]
+    results: dict[str, list[dict]] = {}
+    for phase in PHASES:
+        arms = tuple(a for a in phase if a in wanted)
+        if not arms:
+            continue
+        by_state = measure(args.rounds, args.calls, tmp, arms, neighbours)
+        for state, rows in by_state.items():
+            if state not in results:
+                results[state] = rows
                 continue
-            rows = measure(args.rounds, args.calls, Path(tmp), arms)
-            if not results:
-                results = rows
-            else:
-                for row, more in zip(results, rows, strict=True):
-                    row["arms"].update(more["arms"])
-                    row.setdefault("floor_us_by_phase", [row["floor_us"]]).append(more["floor_us"])
-    doc = {"benchmark": "transport", "python": sys.version.split()[0], "cpus": os.cpu_count(),
-           "results": results}
-    if args.json:
-        print(json.dumps(doc, indent=2))
-        return
+            for row, more in zip(results[state], rows, strict=True):
+                row["arms"].update(more["arms"])
+                row.setdefault("floor_us_by_phase", [row["floor_us"]]).append(more["floor_us"])
+    return results
+
+
+def _print_rows(rows: list[dict], verbose: bool) -> None:
     print(f"{'payload':<18}{'arm':<12}{'round trip':>12}{'worker':>10}{'overhead':>10}"
           f"{'half RTT':>10}{'× floor':>9}{'GB/s':>7}{'copies':>10}{'× floor':>9}{'rest':>9}")
-    for row in results:
+    for row in rows:
         print(f"{row['payload']:<18}{'floor':<12}{row['floor_us']:>10.1f}µs   "
               f"(HMAC-SHA256: {row['mac_us_per_mib']:.0f} µs/MiB, "
               f"{(1 << 20) / row['mac_us_per_mib'] / 1e3:.2f} GB/s on one core)")
@@ -298,6 +370,55 @@ def main() -> None:
                 line += (f"{a['copies_us']:>8.1f}µs{a['copies_vs_memcpy']:>9.2f}"
                          f"{a['rest_us']:>7.1f}µs")
             print(line)
+            if verbose and a.get("waits"):
+                for side, counts in a["waits"].items():
+                    print(f"{'':<30}doorbell ({side}): {describe_waits(counts)}")
+
+
+def describe_waits(counts: dict) -> str:
+    """``rule n, …; outcome n, …`` for one side's decisions."""
+    rules = ", ".join(f"{k} {v}" for k, v in counts.get("rules", {}).items()) or "none"
+    outcomes = ", ".join(f"{k} {v}" for k, v in counts.get("outcomes", {}).items()) or "none"
+    return f"decided: {rules}; ended: {outcomes}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=400, help="calls per arm, payload and state")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated arms besides the floor (default: {','.join(ARMS)})")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="also measure every arm beside N busy-looping processes "
+                             "(quiet and busy rounds interleaved; N = the core count for issue 14)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print the doorbell's decisions (spin or block, and why) per arm")
+    args = parser.parse_args()
+    if args.busy < 0:
+        parser.error("--busy takes a number of processes >= 0")
+    with tempfile.TemporaryDirectory() as tmp, Neighbours(args.busy) as neighbours:
+        os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
+        results = _run(args, Path(tmp), neighbours)
+    doc: dict = {"benchmark": "transport", "python": sys.version.split()[0],
+                 "cpus": os.cpu_count(), "results": results["quiet"],
+                 "targets": {"quiet": targets(results["quiet"])}}
+    if "busy" in results:
+        doc["busy"] = {"processes": args.busy, "results": results["busy"]}
+        doc["targets"]["busy"] = targets(results["busy"])
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return
+    for state, rows in results.items():
+        if len(results) > 1:
+            print(f"\n{state}" + (f" ({args.busy} busy-looping processes beside it)"
+                                   if state == "busy" else ""))
+        _print_rows(rows, args.verbose)
+    for state, checks in doc["targets"].items():
+        for c in checks:
+            print(f"{state:<6}{c['payload']:<18}xstage {c['figure']} {c['xstage']:.1f} µs = "
+                  f"{c['ratio']:.2f}× tcp's {c['tcp']:.1f} µs (target ≤ {c['bound']}×: "
+                  f"{'met' if c['met'] else 'missed'})")
 
 
 if __name__ == "__main__":

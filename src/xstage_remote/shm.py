@@ -74,15 +74,29 @@ and loads in order, so a spinning reader that sees the new number sees the data.
 CPUs do not promise that and Python has no fence: there ``SPIN`` is off and the reader
 blocks on the doorbell, whose send/recv pair orders memory in the kernel.
 
-Wait policy: spin with ``sched_yield`` for ``SPIN_SECONDS`` (a call's answer usually arrives
-within it, and a yield lets the other side run on a busy 2-core machine), then raise one's
-``*_asleep`` flag, drain the doorbell, re-check, and block in ``select``. A poster rings only
-when the peer's flag is up, which saves two system calls (~4 µs) per call while both sides
-are awake. NOTE: flag-then-recheck on one side and publish-then-read-flag on the other is a
-store→load pattern that x86 may reorder, so both sides could miss each other once; the first
-block therefore lasts at most ``FIRST_BLOCK_SECONDS`` before re-checking, which turns that
-rare race into a millisecond, never a hang. Where spinning is off, posters always ring. The
-ring is non-blocking: a full doorbell buffer already holds a pending wake-up.
+Wait policy: each wait asks ``waitpolicy.WaitPolicy`` (a pure module: its rules, and why, are
+in its docstring) whether to spin, and for how long, before it blocks. It spins with
+``sched_yield`` (a yield lets the other side run on a busy 2-core machine) while spinning can
+pay: the answer is expected soon, recent spins were answered, and no yield came back late (a
+late yield means another task ran on this CPU: the spin stops at once and the policy backs
+off). Otherwise it blocks at once: beside neighbours that never sleep, a spinner's yield hands
+its CPU to them for a whole scheduler slice, and a 64 B call took ~2-10 ms instead of ~15 µs
+(issue 14). The doorbell measures what the policy needs: the machine's runnable tasks
+(``/proc/loadavg``, at most every ``LOAD_SAMPLE_SECONDS``), each spin's longest yield, how long
+each answer took. ``Doorbell.summary()`` counts the decisions (``--verbose``);
+``XSTAGE_WAIT_TRACE`` records them with their inputs (``scripts/record_wait_traces.py``).
+
+To block, a side raises its ``*_asleep`` flag, re-checks, and sleeps in ``select``; a poster
+rings only when the peer's flag is up, which saves two system calls (~4 µs) per call while
+both sides are awake. NOTE (ordering): flag-then-recheck on one side and publish-then-read-flag
+on the other is a store→load pattern that x86 may reorder, so both sides could miss each other
+and sleep forever. Each side therefore puts a full barrier between its store and its load
+(``_fence``: a lock taken and released, whose locked instructions order every earlier store
+before every later load). The sleep has no timeout of its own beyond the caller's deadline: a
+1 ms safety timeout used to bound that race instead, and arming a short timer cost ~6 µs per
+blocked wait on this VM (timer reprogramming traps to the hypervisor), half a blocked round
+trip. Where spinning is off, posters always ring. The ring is non-blocking: a full doorbell
+buffer already holds a pending wake-up; a woken waiter takes the pending rings in one read.
 
 Shared CPU: when both sides run on one CPU, spinning is a trap. onnxruntime pins its
 intra-op threads to cores, so the scheduler often leaves the caller and the worker's main
@@ -98,6 +112,7 @@ main thread belongs beside onnxruntime's pinned threads, and moving it onto one 
 cores doubled a 5 ms graph's compute here.
 """
 
+import atexit
 import mmap
 import os
 import platform
@@ -105,10 +120,12 @@ import select
 import socket
 import struct
 import sys
+import threading
 import time
 
 import numpy as np
 
+from . import waitpolicy
 from .wire import CODE_DTYPES, DTYPE_CODES, DTYPES, MAX_DIM, MAX_RANK, ProtocolError, dtype_of_tag
 
 __all__ = [
@@ -127,6 +144,7 @@ __all__ = [
     "desc_offset",
     "plan_layout",
     "validate_layout",
+    "write_traces",
 ]
 
 MAGIC = b"XSR1"
@@ -210,8 +228,20 @@ WORKER_SPIN_SECONDS = _env_number("XSTAGE_WORKER_SPIN_SECONDS", 0.0003, float, "
 #: here: a 0.5 ms call took 1.5 ms round trip with the caller spinning, 0.55 ms without); the
 #: doorbell's wake-up (~20-50 µs) is small against such a call.
 LONG_CALL_SECONDS = _env_number("XSTAGE_LONG_CALL_SECONDS", 0.0002, float, "0.0002")
-#: Bounds the cost of the flag race described above.
-FIRST_BLOCK_SECONDS = 0.001
+#: A yield that returns later than this was preempted: another task ran on this CPU meanwhile
+#: (a yield with nothing else to run takes ~0.3-1 µs here; a neighbour's scheduler slice is
+#: ~1-3 ms). The spin stops at once and the policy backs off (waitpolicy rule 4).
+PREEMPTED_SECONDS = _env_number("XSTAGE_PREEMPTED_SECONDS", 0.0002, float, "0.0002")
+#: How often a waiter re-reads the machine's runnable tasks (waitpolicy rule 5): ~3.6 µs a
+#: read here, so at most every 10 ms costs nothing measurable and follows a load that changes.
+LOAD_SAMPLE_SECONDS = 0.01
+#: ``XSTAGE_WAIT_TRACE=DIR``: each doorbell records its decisions, their inputs and what each
+#: wait saw, and writes them to ``DIR/wait-<role>-<pid>-<n>.json`` at exit
+#: (``scripts/record_wait_traces.py``; the policy's tests replay such traces).
+TRACE_DIR = os.environ.get("XSTAGE_WAIT_TRACE") or None
+#: The most waits one trace keeps.
+MAX_TRACE = 200000
+_TRACES = []
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -241,6 +271,69 @@ def _load_getcpu():
 
 
 _getcpu = _load_getcpu() if sys.platform.startswith("linux") else None
+
+_yield = os.sched_yield if hasattr(os, "sched_yield") else (lambda: None)
+
+_FENCE = threading.Lock()
+
+
+def _fence():
+    """A full memory barrier: CPython's lock takes and releases with locked instructions, and
+    on x86 a locked instruction orders every earlier store before every later load (~0.16 µs)."""
+    _FENCE.acquire()
+    _FENCE.release()
+
+
+def _allowed_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+_LOADAVG = []  # the open /proc/loadavg, once tried: [fd] or [None]
+
+
+def _read_load():
+    """(runnable tasks, CPUs) of the whole machine, or None where /proc/loadavg is not there.
+
+    The fourth field of /proc/loadavg counts the tasks running or runnable at this instant,
+    this one included; ``os.cpu_count()`` counts the same machine's CPUs (in a container both
+    are the host's)."""
+    if not _LOADAVG:
+        try:
+            _LOADAVG.append(os.open("/proc/loadavg", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        except (OSError, AttributeError):
+            _LOADAVG.append(None)
+    fd = _LOADAVG[0]
+    if fd is None:
+        return None
+    try:
+        running = int(os.pread(fd, 128, 0).split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return waitpolicy.Load(running, os.cpu_count() or 1)
+
+
+def write_traces():
+    """``XSTAGE_WAIT_TRACE``: every doorbell's trace, one JSON file each (at exit; a process
+    that ends with ``os._exit`` calls this first)."""
+    if not TRACE_DIR:
+        return
+    import json
+
+    for n, bell in enumerate(_TRACES):
+        role = "caller" if bell.nudge else "worker"
+        path = os.path.join(TRACE_DIR, "wait-%s-%d-%d.json" % (role, os.getpid(), n))
+        try:
+            with open(path, "w") as f:
+                json.dump(bell.trace_document(role), f)
+        except OSError:
+            pass
+
+
+if TRACE_DIR:
+    atexit.register(write_traces)
 
 
 def _align(n, a):
@@ -652,7 +745,10 @@ class Doorbell:
     """One end of a socketpair used only to wake the other side; see the wait policy above.
 
     With a region, ``own``/``peer`` are the offsets of this side's and the peer's asleep
-    flags; without one (or where spinning is off) every ring is sent.
+    flags; without one (or where spinning is off) every ring is sent. ``policy`` (a
+    ``waitpolicy.WaitPolicy``, made at the first ``bind``) decides each wait's spin; ``trace``,
+    when it is a list, receives every decision with its inputs and what the wait saw
+    (``XSTAGE_WAIT_TRACE``).
     """
 
     def __init__(self, sock):
@@ -662,11 +758,33 @@ class Doorbell:
         self.own = self.peer = None
         self._nudged = -NUDGE_SECONDS
         self.nudge = False
+        self.policy = None
+        self.trace = None
+        self._load = None
+        self._sampled = -LOAD_SAMPLE_SECONDS
+        self._next = None  # the decision ring() made for the wait that follows it
 
-    def bind(self, region, own, peer, nudge=False):
+    def bind(self, region, own, peer, nudge=False, spin=None):
         """Use ``region``'s flags; ``nudge``: this side checks for a shared CPU and moves off
-        it (the caller's side only; see "Shared CPU")."""
+        it (the caller's side only; see "Shared CPU"); ``spin``: this side's spin budget
+        (default ``SPIN_SECONDS``). A rebind (a resized region) keeps what the policy learned."""
         self.region, self.own, self.peer, self.nudge = region, own, peer, nudge
+        if self.policy is None:
+            self.policy = waitpolicy.WaitPolicy(
+                SPIN_SECONDS if spin is None else spin, _allowed_cpus(), spinning=SPIN,
+                long_call=LONG_CALL_SECONDS, preempted=PREEMPTED_SECONDS)
+            if TRACE_DIR:
+                self.trace = []
+                _TRACES.append(self)
+
+    def summary(self):
+        """The policy's decisions and outcomes so far (``waitpolicy.WaitPolicy.summary``),
+        with ``line``: the same in words (``waitpolicy.describe``)."""
+        if self.policy is None:
+            return {}
+        summary = self.policy.summary()
+        summary["line"] = waitpolicy.describe(summary)
+        return summary
 
     def _shares_cpu(self):
         """True when this side should stop spinning: the peer last waited on this CPU and
@@ -690,9 +808,26 @@ class Doorbell:
         self.region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
         return False
 
-    def ring(self):
-        if SPIN and self.region is not None and not self.region.flag(self.peer):
-            return  # the peer is spinning and will see the published number
+    def ring(self, expected=None):
+        """Wake the peer if it sleeps (the answer or request is already published).
+
+        A side always waits after it rings, so with a region bound the policy decides that
+        wait here (``expected`` as for ``wait``): a side that will block raises its flag
+        before it rings and has almost nothing left to do between the ring and its sleep. The
+        woken peer is usually put on the ringer's CPU and runs once the ringer sleeps.
+        """
+        region = self.region
+        if self.policy is not None and self._next is None and not region.closed:
+            self._next = self._decide(expected)
+            if self._next[0].spin <= 0:
+                region.set_flag(self.own, 1)  # before the fence below: the peer may answer at once
+        if SPIN and region is not None:
+            # NOTE (ordering): the number just published must be visible to the peer before
+            # its flag is read here, or both sides could miss each other (store→load); a
+            # locked instruction orders them (see the wait policy above).
+            _fence()
+            if not region.flag(self.peer):
+                return  # the peer is spinning and will see the published number
         try:
             self.sock.send(b"\0")
         except (BlockingIOError, InterruptedError):
@@ -700,45 +835,123 @@ class Doorbell:
         except OSError:
             pass  # the peer is gone; the waiter's end-of-file check reports it
 
-    def _drain(self):
-        """Empty pending rings; True if the other end has closed."""
-        while True:
-            try:
-                data = self.sock.recv(4096)
-            except (BlockingIOError, InterruptedError):
-                return False
-            except OSError:  # reset: the peer died with rings it never read
-                return True
-            if not data:
-                return True
+    def _decide(self, expected):
+        """(decision, expected, when): the policy asked, with a fresh load sample if due."""
+        now = time.monotonic()
+        if now - self._sampled >= LOAD_SAMPLE_SECONDS:
+            self._sampled = now
+            self._load = _read_load()
+        return self.policy.decide(self._load, expected), expected, now
 
-    def wait(self, ready, deadline, watch=(), spin=None):
+    def _consume(self):
+        """Take the pending rings (one read: a ring is one byte, a few at most are pending);
+        True if the other end has closed."""
+        try:
+            return not self.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:  # reset: the peer died with rings it never read
+            return True
+
+    def wait(self, ready, deadline, watch=(), spin=None, expected=None):
         """Wait until ``ready()``; returns "ready", "watch" (a watched fd is readable),
         "closed" (the other end of the bell is gone) or "timeout". ``deadline`` is a
-        ``time.monotonic()`` value or None."""
+        ``time.monotonic()`` value or None. ``spin=0`` blocks at once without asking the
+        policy; otherwise the policy decides (``spin`` caps its budget), told the answer's
+        ``expected`` seconds where the caller knows them (a decision ``ring`` made stands)."""
+        policy, region = self.policy, self.region
+        made, self._next = self._next, None
         if ready():
+            if made is not None and made[0].spin <= 0 and not region.closed:
+                region.set_flag(self.own, 0)
+            if policy is not None and spin != 0:
+                policy.observe(0.0, 0.0, "ready", 0.0)
+                if self.trace is not None:
+                    self._record(made[0] if made else None, made[1] if made else expected,
+                                 0.0, 0.0, "ready", 0.0)
+            elif made is not None and self.trace is not None:
+                self._record(made[0], made[1], 0.0, 0.0, None, None)
             return "ready"
-        spin = SPIN_SECONDS if spin is None else spin
-        region = self.region
-        tell = region is not None and _getcpu is not None  # publish where this side runs
+        if policy is None or spin == 0:
+            if made is not None and self.trace is not None:
+                self._record(made[0], made[1], 0.0, 0.0, None, None)
+            return self._sleep(ready, deadline, watch)
+        decision, expected, start = made if made is not None else self._decide(expected)
+        budget = decision.spin if spin is None else min(decision.spin, spin)
+        tell = _getcpu is not None  # publish where this side runs
         if tell:
             region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
-        if SPIN and spin > 0:
-            stop = time.monotonic() + spin
-            yield_ = os.sched_yield if hasattr(os, "sched_yield") else (lambda: None)
-            shared = self._shares_cpu if tell and self.nudge else None
-            while True:
-                # Checked before yielding: on a shared CPU the yield itself hands over, so a
-                # short call would always be answered before a later check could see it.
-                if shared is not None and shared():
-                    break
-                yield_()
-                if ready():
-                    if tell:  # the scheduler may have moved this side while it spun
-                        region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
-                    return "ready"
-                if time.monotonic() > stop:
-                    break
+        outcome, longest, spun = "blocked", 0.0, 0.0
+        if budget > 0:
+            outcome, longest, now = self._spin(ready, time.monotonic(), budget, tell)
+            spun = now - start
+            if outcome == "answered":
+                policy.observe(spun, longest, outcome, spun)
+                if self.trace is not None:
+                    self._record(decision, expected, spun, longest, outcome, spun)
+                return "ready"
+        state = self._sleep(ready, deadline, watch)
+        if state == "ready":
+            latency = time.monotonic() - start
+            policy.observe(spun, longest, outcome, latency)
+            if self.trace is not None:
+                self._record(decision, expected, spun, longest, outcome, latency)
+        elif self.trace is not None:  # a wake-up for something else: no answer to learn from
+            self._record(decision, expected, spun, longest, None, None)
+        return state
+
+    def _spin(self, ready, start, budget, tell):
+        """Spin with yields until ``ready()`` or the budget ends; (outcome, longest yield,
+        end time). A yield longer than the policy's ``preempted`` ends the spin at once:
+        someone else wanted this CPU."""
+        stop = start + budget
+        preempted = self.policy.preempted
+        shared = self._shares_cpu if tell and self.nudge else None
+        monotonic = time.monotonic
+        last = start
+        longest = 0.0
+        while True:
+            # Checked before yielding: on a shared CPU the yield itself hands over, so a
+            # short call would always be answered before a later check could see it.
+            if shared is not None and shared():
+                return "shared", longest, monotonic()
+            _yield()
+            now = monotonic()
+            gap = now - last
+            last = now
+            if gap > longest:
+                longest = gap
+            if ready():
+                if tell:  # the scheduler may have moved this side while it spun
+                    self.region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
+                return "answered", longest, now
+            if gap > preempted:
+                return "preempted", longest, now
+            if now > stop:
+                return "expired", longest, now
+
+    def _record(self, decision, expected, spun, longest, outcome, latency):
+        """One trace entry: the decision's inputs and the decision (None: the answer was
+        there before the wait began), then what the wait saw (None: it ended for another
+        reason, so the policy learned nothing from it)."""
+        if len(self.trace) < MAX_TRACE:
+            self.trace.append({
+                "load": list(self._load) if self._load is not None and decision else None,
+                "expected": expected,
+                "decision": list(decision) if decision is not None else None,
+                "wait": [spun, longest, outcome, latency] if outcome is not None else None})
+
+    def trace_document(self, role):
+        """The recorded trace with the policy's parameters (``tests/wire/test_waitpolicy.py``)."""
+        p = self.policy
+        return {"role": role, "spin_seconds": p.spin_seconds, "allowed_cpus": p.allowed_cpus,
+                "spinning": p.spinning, "long_call": p.long_call, "preempted": p.preempted,
+                "window": p.window, "failures": p.failures, "min_backoff": p.min_backoff,
+                "max_backoff": p.max_backoff, "load_margin": p.load_margin,
+                "cpus": os.cpu_count(), "waits": list(self.trace or [])}
+
+    def _sleep(self, ready, deadline, watch):
+        region = self.region
         if region is not None:
             region.set_flag(self.own, 1)
         try:
@@ -748,11 +961,12 @@ class Doorbell:
                 region.set_flag(self.own, 0)
 
     def _block(self, ready, deadline, watch):
-        fds = [self.sock] + list(watch)
-        first = True
+        # NOTE (ordering): this side's asleep flag is stored before the answer is read here,
+        # and the poster stores the answer before reading the flag (``ring``): a full barrier
+        # on each side, so at least one of them sees the other's store.
+        _fence()
+        fds = [self.sock] + list(watch) if watch else [self.sock]
         while True:
-            if self._drain():
-                return "ready" if ready() else "closed"
             if ready():
                 return "ready"
             timeout = None
@@ -760,10 +974,11 @@ class Doorbell:
                 timeout = deadline - time.monotonic()
                 if timeout <= 0:
                     return "timeout"
-            if first and SPIN:
-                timeout = FIRST_BLOCK_SECONDS if timeout is None else min(timeout, FIRST_BLOCK_SECONDS)
-                first = False
             readable, _, _ = select.select(fds, [], [], timeout)
+            # A ring left over from an earlier wait wakes this one at once; it is taken here
+            # and the loop sleeps again.
+            if readable and readable[0] is self.sock and self._consume():
+                return "ready" if ready() else "closed"
             if ready():
                 return "ready"
             if any(r is not self.sock for r in readable):

@@ -212,7 +212,8 @@ class Worker:
             if hasattr(self.runtime, "unbind"):
                 self.runtime.unbind()
         self.region = region
-        self.bell.bind(self.region, shm_mod.OFF_WORKER_ASLEEP, shm_mod.OFF_CLIENT_ASLEEP)
+        self.bell.bind(self.region, shm_mod.OFF_WORKER_ASLEEP, shm_mod.OFF_CLIENT_ASLEEP,
+                       spin=shm_mod.WORKER_SPIN_SECONDS)
         self.in_slots = [s for s in slots if s["role"] == "in" and s["set"] == 0]
         self.next_set = 0
         known = {o["name"]: o for o in self.runtime.outputs}
@@ -362,7 +363,10 @@ class Worker:
                 self.send({"op": "bye", "id": frame.id})
                 return 0
             if op == "ping":
-                self.send({"op": "pong", "id": frame.id, "info": memory.detail()})
+                info = memory.detail()
+                if self.bell is not None and self.bell.policy is not None:
+                    info["doorbell"] = self.bell.summary()  # the wait policy's decisions
+                self.send({"op": "pong", "id": frame.id, "info": info})
                 continue
             handler = handlers.get(op)
             try:
@@ -454,6 +458,7 @@ def main(argv):
     except (wire.ProtocolError, OSError) as exc:
         sys.stderr.write("xstage worker: %s: %s\n" % (type(exc).__name__, exc))
         code = 65
+    shm_mod.write_traces()  # XSTAGE_WAIT_TRACE only
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -231,6 +231,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
             task = bar.add_task("runs", total=args.runs)
             stage.measure(runs=args.runs, warmup=args.warmup, compare_cpu=args.compare_cpu,
                           progress=lambda n: bar.update(task, completed=n))
+        if out.verbosity > 0:  # the doorbell's spin-or-block decisions over the timed runs
+            for side, summary in stage.waits().items():
+                if summary.get("line"):
+                    out.log(f"doorbell ({side}): {summary['line']}")
         doc = stage.record(argv=argv)
         path = _write(doc, args, out)  # the record first: a failed --save-outputs keeps it
         show_summary(doc, out, title="xstage external")

@@ -188,13 +188,14 @@ class Pipeline:
         copy_in = time.perf_counter_ns() - t0
         region.publish_request(rid, s, flags)
         self.next_set = (s + 1) % region.n_sets
-        bell.ring()
+        bell.ring(expected=c._expected_s)  # decides the wait below (shm.Doorbell.ring)
         deadline = None if seconds is None else time.monotonic() + seconds
-        # Spin only for calls expected to be short (see shm.LONG_CALL_SECONDS).
-        spin = 0.0 if c._expected_s > shm.LONG_CALL_SECONDS else None
+        # The doorbell's policy spins only where it can pay (shm.py, waitpolicy.py): told the
+        # worker's recent compute, it blocks for calls expected to be long.
         try:
             # The spin checks the id alone (one read); the generation is checked once, after.
-            state = bell.wait(lambda: region.resp_id(s) == rid, deadline, watch=[ctl], spin=spin)
+            state = bell.wait(lambda: region.resp_id(s) == rid, deadline, watch=[ctl],
+                              expected=c._expected_s)
             frame = None
             if state == "timeout":
                 c._call_timeout(phase, seconds)
@@ -423,9 +424,10 @@ class Pipeline:
                 self._pump_waiting = True
         s, rid = head.set, head.rid
         try:
+            # The pump blocks (it waits beside the threads that submit); a caller waiting in
+            # its own thread lets the doorbell's policy decide.
             state = bell.wait(lambda: region.resp_id(s) == rid, deadline, watch=watch,
-                              spin=0.0 if pump or c._expected_s > shm.LONG_CALL_SECONDS
-                              else None)
+                              spin=0.0 if pump else None, expected=c._expected_s)
         finally:
             self._pump_waiting = False
         if state == "ready":

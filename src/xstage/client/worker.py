@@ -653,6 +653,18 @@ class WorkerClient:
         with self._lock:
             return self._request({"op": "ping"}, "pong", "call").header.get("info", {})
 
+    def waits(self) -> dict[str, Any]:
+        """The shared region's spin-or-block decisions so far, on both sides.
+
+        Returns:
+            ``{"caller": …, "worker": …}``, each the doorbell policy's counts by rule and by
+            outcome with a ``line`` in words (``xstage_remote/waitpolicy.py``); ``{}`` for a
+            side that has no region (inline frames, TCP) or a worker that does not say.
+        """
+        caller = self._bell.summary() if self._bell is not None else {}
+        worker = self.ping().get("doorbell", {}) if self.state is WorkerState.READY else {}
+        return {"caller": caller, "worker": worker}
+
     def load(self, path: str | os.PathLike[str], *, runtime: str = "ort",
              options: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Load a stage; then set up the shared region when the signature allows one.

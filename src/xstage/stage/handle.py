@@ -121,6 +121,15 @@ class Stage:
         """The worker process's pid (None once it is gone)."""
         return self._client.pid
 
+    def waits(self) -> dict[str, Any]:
+        """The shared region's spin-or-block decisions so far, on both sides (``--verbose``).
+
+        Returns:
+            ``WorkerClient.waits()``: ``{"caller": …, "worker": …}``, counts by rule and by
+            outcome with a ``line`` in words; empty for a side without a shared region.
+        """
+        return self._client.waits()
+
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Outputs by name in graph order; a dtype or shape mismatch raises ``InputError``.
 

@@ -1,0 +1,221 @@
+"""When a waiter on the shared region spins and when it blocks: a pure policy.
+
+Nothing here reads a clock, a file or a CPU number. The doorbell (``shm.py``) measures and
+this module decides, so the inputs of one run, recorded as a trace, replay to the same
+decisions (``tests/wire/test_waitpolicy.py`` replays traces recorded from real runs,
+``scripts/record_wait_traces.py``).
+
+A spin answers a short call in a few microseconds where a blocked waiter pays two system calls
+and a wake-up (10-50 µs on a small machine); but a spinner holds a CPU, and when every CPU is
+wanted it holds it *from* someone: the peer that computes the answer, or a neighbour's work. On
+a 2-core machine with two busy neighbours a 64 B call then took ~2 ms instead of ~10 µs (issue
+14). A blocked waiter costs the kernel's wake-up, which hands the CPU straight over.
+
+Inputs of one decision (``decide``):
+
+* ``load``: ``(running, cpus)``, the machine's runnable tasks (this waiter included) and its
+  CPUs, as the doorbell last sampled them (``/proc/loadavg``; ``None`` where unknown). Both
+  count the whole machine, so the comparison holds in a container as on a host.
+* ``expected``: how long the answer is expected to take, in seconds (the caller: the worker's
+  recent compute; the worker, waiting for a request: ``None``).
+
+What each wait reports back (``observe``): how long it spun, its longest single yield, how the
+spin ended (``OUTCOMES``) and how long the answer took.
+
+Rules, in order; a decision names the rule that made it:
+
+1. ``off``: spinning is off (a CPU without ordered loads and stores, see ``shm.py``), or the
+   budget is zero.
+2. ``one_cpu``: this process may run on one CPU only: a spinner holds the CPU the answer needs.
+3. ``long_call``: the answer is expected later than ``long_call`` seconds: a spin cannot pay,
+   and on a small machine it steals a core from the runtime's own threads.
+4. ``backoff``: recent spins did not pay: ``failures`` of the last ``window`` spins were
+   preempted (one yield lasted longer than ``preempted`` seconds: another task ran on this CPU
+   meanwhile) or found nothing for their whole budget (beside busy neighbours a worker's spin
+   often expires without a long yield: its caller is the one kept off a CPU). Block for the
+   next ``backoff`` waits, then spin once more (a probe); each probe that does not pay doubles
+   the backoff (``min_backoff`` up to ``max_backoff``), each answered spin halves it (below
+   ``min_backoff``: none). A load sample with no more runnable tasks than CPUs ends a backoff
+   early (after ``min_backoff`` waits): when the neighbours stop, spinning resumes within a few
+   calls instead of hundreds. One unpaid spin alone is no pattern: neighbours that run in bursts
+   preempt ~1% of spins (this 2-core VM at a load average of 4), and blocking there made the
+   median 64 B overhead 40 µs instead of 14 µs and its p99 worse, not better (blocked wake-ups
+   wait behind the same neighbours). Neighbours that never sleep preempt every spin, so two
+   in a row start the backoff.
+5. ``oversubscribed``: the backoff is over, but more tasks are runnable than there are CPUs
+   (and ``load_margin``):
+   the probe waits for a sample that shows a CPU free, for as many waits again as the backoff
+   at most (a crowded machine doubles the time between probes). Outside a backoff the load
+   alone never stops a spin: a load sample cannot tell neighbours that run in bursts (where
+   spinning pays) from neighbours that never sleep (where it does not); the spins themselves
+   can.
+6. ``slow_answers``: most of the last ``window`` answers came later than the spin budget (a
+   worker whose caller calls every few milliseconds): spinning would burn the budget every
+   time. Blocked waits keep reporting their answers' times, so this rule lets go as soon as
+   answers come quickly again.
+7. ``spin``: otherwise, spin for the budget (``spin_seconds``), then block.
+
+Blocking is the safe side: a wrong block costs a wake-up (microseconds), a wrong spin can cost
+a scheduler slice (milliseconds).
+"""
+
+from collections import namedtuple
+
+__all__ = [
+    "OUTCOMES",
+    "RULES",
+    "Decision",
+    "Load",
+    "Wait",
+    "WaitPolicy",
+    "describe",
+]
+
+#: The rules in the order they are tried (module docstring).
+RULES = ("off", "one_cpu", "long_call", "backoff", "oversubscribed", "slow_answers", "spin")
+
+#: How a wait ended: ``ready`` (answered before it began), ``answered`` (during the spin),
+#: ``expired`` (the budget ran out), ``preempted`` (a yield was preempted: the spin stopped at
+#: once), ``shared`` (the peer was found on this CPU and moving off failed: see ``shm.py``),
+#: ``blocked`` (no spin: decided to block).
+OUTCOMES = ("ready", "answered", "expired", "preempted", "shared", "blocked")
+
+#: Machine-wide runnable tasks (the waiter included) and the machine's CPUs.
+Load = namedtuple("Load", ["running", "cpus"])
+
+#: Seconds to spin before blocking (0: block at once), and the rule that decided it.
+Decision = namedtuple("Decision", ["spin", "rule"])
+
+#: What one wait saw: seconds spun, the longest single yield, how it ended, seconds to answer.
+Wait = namedtuple("Wait", ["spun", "longest_yield", "outcome", "latency"])
+
+#: The blocking decisions, made once (a decision is taken on every call).
+_BLOCK = {rule: Decision(0.0, rule) for rule in RULES if rule != "spin"}
+
+
+class WaitPolicy:
+    """The spin-or-block decision of one waiter (one side of one region).
+
+    Args:
+        spin_seconds: the spin budget of rule 7.
+        allowed_cpus: CPUs this process may run on (rule 2).
+        spinning: False where plain loads and stores are not ordered (rule 1).
+        long_call: rule 3's bound, seconds.
+        preempted: rule 4's yield, seconds: longer means another task ran on this CPU.
+        window: rule 6's number of recent answers, and rule 4's number of recent spins.
+        failures: rule 4's unpaid spins among the last ``window`` spins that start a backoff.
+        min_backoff: rule 4's first backoff, in waits.
+        max_backoff: rule 4's longest backoff, in waits.
+        load_margin: runnable tasks beyond the CPUs that rule 5 still counts as room: the
+            peer's runtime threads spin a while after each run (onnxruntime's pool), so on a
+            quiet 2-core machine the sample showed 3 runnable tasks in 63% of the waits. (Rule
+            4 ends a backoff early only on a sample with no task beyond the CPUs: beside two
+            busy loops on 2 cores the sample shows 3 whenever the caller sleeps.)
+    """
+
+    def __init__(self, spin_seconds, allowed_cpus, spinning=True, long_call=0.0002,
+                 preempted=0.0002, window=8, failures=2, min_backoff=8,
+                 max_backoff=256, load_margin=1):
+        self.spin_seconds = float(spin_seconds)
+        self.allowed_cpus = int(allowed_cpus)
+        self.spinning = bool(spinning)
+        self.long_call = float(long_call)
+        self.preempted = float(preempted)
+        self.window = int(window)
+        self.min_backoff = int(min_backoff)
+        self.max_backoff = int(max_backoff)
+        self.failures = int(failures)
+        self.load_margin = int(load_margin)
+        self._slow = [False] * self.window  # a ring: which recent answers were slow
+        self._slow_at = 0
+        self._slow_count = 0
+        self._unpaid = [False] * self.window  # a ring: which recent spins did not pay
+        self._spun_at = 0
+        self._unpaid_count = 0
+        self._backoff = 0  # the current backoff length, in waits (0: none)
+        self._blocked_for = 0  # waits left in the current backoff
+        self._since_probe = 0  # waits blocked since the last preempted spin
+        #: How many decisions each rule made, and how the waits ended.
+        self.rules = dict.fromkeys(RULES, 0)
+        self._spin = Decision(self.spin_seconds, "spin")
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+
+    def decide(self, load, expected=None):
+        """The decision for the wait about to begin (rules 1-7); counts it.
+
+        Args:
+            load: ``Load(running, cpus)`` or None (unknown).
+            expected: seconds the answer is expected to take, or None (unknown).
+        """
+        decision = self._rule(load, expected)
+        self.rules[decision.rule] += 1
+        return decision
+
+    def _rule(self, load, expected):
+        if not self.spinning or self.spin_seconds <= 0:
+            return _BLOCK["off"]
+        if self.allowed_cpus <= 1:
+            return _BLOCK["one_cpu"]
+        if expected is not None and expected > self.long_call:
+            return _BLOCK["long_call"]
+        if self._blocked_for > 0:
+            if load is not None and load[0] <= load[1] and self._since_probe >= self.min_backoff:
+                self._blocked_for = 0  # a CPU is free again: probe now, not in hundreds of waits
+            else:
+                self._blocked_for -= 1
+                self._since_probe += 1
+                return _BLOCK["backoff"]
+        if self._backoff and load is not None and load[0] > load[1] + self.load_margin \
+                and self._since_probe < 2 * self._backoff:
+            self._since_probe += 1
+            return _BLOCK["oversubscribed"]
+        if 2 * self._slow_count > self.window:
+            return _BLOCK["slow_answers"]
+        self._since_probe = 0  # a spin while backing off is the probe
+        return self._spin
+
+    def observe(self, spun, longest_yield, outcome, latency):
+        """Learn from a finished wait (rules 4 and 6); the arguments are ``Wait``'s fields."""
+        self.outcomes[outcome] += 1
+        slow = latency > self.spin_seconds
+        at = self._slow_at
+        self._slow_count += slow - self._slow[at]
+        self._slow[at] = slow
+        self._slow_at = (at + 1) % self.window
+        if spun <= 0:
+            return
+        # The spin did not pay: it was preempted, or nothing came for its whole budget.
+        unpaid = outcome in ("preempted", "expired") or longest_yield > self.preempted
+        at = self._spun_at
+        self._unpaid_count += unpaid - self._unpaid[at]
+        self._unpaid[at] = unpaid
+        self._spun_at = (at + 1) % self.window
+        if unpaid and (self._backoff or self._unpaid_count >= self.failures):
+            # A probe that did not pay, or the failures-th such spin of the last window.
+            self._backoff = min(max(2 * self._backoff, self.min_backoff), self.max_backoff)
+            self._blocked_for = self._backoff
+            self._since_probe = 0
+        elif outcome == "answered":
+            # Halved, not forgotten: beside busy neighbours a probe is answered now and then,
+            # and the next spins would fail again.
+            self._backoff = self._backoff // 2 if self._backoff > self.min_backoff else 0
+
+    def summary(self):
+        """The decisions and outcomes so far, for ``--verbose`` and benchmarks (counts only)."""
+        return {"rules": {k: v for k, v in self.rules.items() if v},
+                "outcomes": {k: v for k, v in self.outcomes.items() if v},
+                "backoff": self._backoff}
+
+
+def describe(summary):
+    """One line for a summary: ``spin 180 (answered 175, expired 5), block 20 (long_call 20)``."""
+    rules = summary.get("rules", {})
+    outcomes = summary.get("outcomes", {})
+    blocks = ", ".join("%s %d" % (k, v) for k, v in rules.items() if k != "spin")
+    spun = ", ".join("%s %d" % (k, v) for k, v in outcomes.items() if k not in ("blocked", "ready"))
+    parts = ["spin %d (%s)" % (rules.get("spin", 0), spun or "none")]
+    parts.append("block %d (%s)" % (sum(v for k, v in rules.items() if k != "spin"),
+                                    blocks or "none"))
+    if outcomes.get("ready"):
+        parts.append("answered before waiting %d" % outcomes["ready"])
+    return ", ".join(parts)

@@ -1,0 +1,135 @@
+"""The doorbell's waiting and waking (shm.py, "Wait policy"), on real processes and sockets."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from xstage.client import WorkerClient
+from xstage_remote import shm
+
+IO = [("x", "float32", 16)]
+CALLS = 3000
+#: A liveness bound, not a speed one: a lost wake-up would sleep until this deadline.
+DEADLINE_S = 30.0
+
+
+def _worker_side(region: shm.Region, sock, other, spin: float | None, seed: int) -> None:
+    other.close()  # the caller's end, inherited: its close must reach this side as end-of-file
+    bell = shm.Doorbell(sock)
+    bell.bind(region, shm.OFF_WORKER_ASLEEP, shm.OFF_CLIENT_ASLEEP, spin=shm.WORKER_SPIN_SECONDS)
+    rng = random.Random(seed)
+    while True:
+        last = region.resp_id()
+        state = bell.wait(lambda w=last: region.req_id() != w, time.monotonic() + DEADLINE_S,
+                          spin=spin)
+        if state != "ready":
+            os._exit(3 if state == "timeout" else 0)
+        if rng.random() < 0.2:  # shake the interleavings: publish early, late, or in between
+            time.sleep(rng.random() * 5e-5)
+        region.publish_response(region.req_id(), shm.STATUS_OK, 0)
+        bell.ring()
+
+
+@pytest.mark.parametrize("spin", [0, None], ids=["always-block", "policy"])
+def test_no_wake_up_is_ever_lost(spin: float | None) -> None:
+    """Both sides raise their flag and re-check; the poster publishes and reads the flag. With
+    a barrier on each side one of them always sees the other, so no wait outlives its answer
+    (a lost ring would sleep until the 30 s deadline and fail here)."""
+    slots, size = shm.plan_layout(IO, IO)
+    region = shm.Region.create(size, slots)
+    a, b = shm.socketpair()
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")  # so that a failure can be replayed
+    ctx = mp.get_context("fork")
+    child = ctx.Process(target=_worker_side, args=(region, b, a, spin, seed))
+    child.start()
+    b.close()
+    try:
+        bell = shm.Doorbell(a)
+        bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP, nudge=True)
+        rng = random.Random(seed + 1)
+        for rid in range(1, CALLS + 1):
+            region.publish_request(rid)
+            bell.ring()
+            if rng.random() < 0.2:
+                time.sleep(rng.random() * 5e-5)
+            state = bell.wait(lambda r=rid: region.resp_id() == r, time.monotonic() + DEADLINE_S,
+                              spin=spin)
+            assert state == "ready", f"call {rid}: {state}"
+    finally:
+        a.close()
+        child.join(timeout=60)
+        region.close()
+    assert child.exitcode == 0
+
+
+def test_a_preempted_spin_stops_at_once_blocks_and_backs_off(monkeypatch) -> None:
+    """A yield that comes back late means another task held this CPU: the spin ends there,
+    the wait blocks, and the next waits block without spinning."""
+    slots, size = shm.plan_layout(IO, IO)
+    region = shm.Region.create(size, slots)
+    a, b = shm.socketpair()
+    try:
+        bell = shm.Doorbell(a)
+        bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
+        monkeypatch.setattr(shm, "_yield", lambda: time.sleep(0.005))  # the CPU went elsewhere
+        monkeypatch.setattr(shm, "_read_load", lambda: None)
+        for _ in range(2):  # one preempted spin alone is no pattern (waitpolicy rule 4); two are
+            answers = iter([False, False, True])  # before waiting, after the yield, blocked
+            assert bell.wait(lambda a=answers: next(a), time.monotonic() + 5) == "ready"
+        summary = bell.summary()
+        assert summary["rules"] == {"spin": 2}
+        assert summary["outcomes"] == {"preempted": 2}
+        answers = iter([False, True])
+        assert bell.wait(lambda: next(answers), time.monotonic() + 5) == "ready"
+        assert bell.summary()["rules"] == {"spin": 2, "backoff": 1}
+    finally:
+        a.close()
+        b.close()
+        region.close()
+
+
+def test_a_ring_left_over_from_an_earlier_wait_does_not_end_the_next_one() -> None:
+    slots, size = shm.plan_layout(IO, IO)
+    region = shm.Region.create(size, slots)
+    a, b = shm.socketpair()
+    try:
+        bell = shm.Doorbell(a)
+        bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
+        b.send(b"\0\0")  # stale rings
+        assert bell.wait(lambda: False, time.monotonic() + 0.05, spin=0) == "timeout"
+        b.close()
+        assert bell.wait(lambda: False, time.monotonic() + 5, spin=0) == "closed"
+    finally:
+        a.close()
+        region.close()
+
+
+def test_a_worker_records_its_trace_when_asked(tmp_path, monkeypatch) -> None:
+    """``XSTAGE_WAIT_TRACE``: the worker writes its decisions, their inputs and what each
+    wait saw when it exits (the policy's fixtures are recorded this way)."""
+    monkeypatch.setenv("XSTAGE_WAIT_TRACE", str(tmp_path))
+    from xstage import builtin_graphs
+
+    graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 16), tmp_path / "s.onnx")
+    with WorkerClient(sys.executable) as w:
+        w.load(graph)
+        for _ in range(20):
+            w.run({"x": np.ones(16, np.float32)})
+        pid = w.pid
+        waits = w.waits()
+    (path,) = tmp_path.glob(f"wait-worker-{pid}-*.json")
+    doc = json.loads(path.read_text())
+    assert doc["role"] == "worker" and doc["spin_seconds"] == shm.WORKER_SPIN_SECONDS
+    assert len(doc["waits"]) >= 20
+    decided = [w for w in doc["waits"] if w["decision"] is not None]
+    # Some requests were there before the worker waited (no decision); it waited again after.
+    assert 1 <= sum(waits["worker"]["rules"].values()) <= len(decided)
