@@ -29,7 +29,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import cache_root
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -45,7 +44,7 @@ def torch241_python() -> Path:
         pytest.skip(f"{wheels} holds no torch-2.4.1-cp39 wheel (scripts/torch241_wheelhouse.sh)")
     from xstage.routes.envs import find_python
 
-    root = cache_root() / "torch241"
+    root = Path(os.environ.get("XSTAGE_TEST_CACHE", REPO / ".test-cache")) / "torch241"
     root.mkdir(parents=True, exist_ok=True)
     python = root / "venv" / "bin" / "python"
     check = ("import sys, torch; assert sys.version_info[:2] == (3, 9); "
