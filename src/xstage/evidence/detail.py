@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from xstage.evidence.names import check_names, session_names
@@ -127,12 +128,69 @@ def placement_detail(
     check = check_names(entries, names) if names is not None else None
     originals: Mapping[str, str] = check.originals if check is not None else {}
 
-    own_time: dict[str, int] = {}
-    part_time: dict[tuple[str, str], int] = {}
-    seen_parts: dict[str, set[str]] = {}
-    exec_provider: dict[str, str] = {}
-    kernels: list[dict[str, Any]] = []
-    dropped = 0
+    walk = _walk_kernels(per_run, originals, timed)
+
+    plan_provider: dict[str, str] = {}
+    for _, ep, _, name in plan:
+        original = originals.get(name)
+        if original:
+            plan_provider.setdefault(original, ep)
+    members = _partition_members(assignment, plan, originals, walk.seen_parts)
+    outputs: dict[str, list[str]] = {}
+    for value, producer in names.values.items() if names is not None else ():
+        outputs.setdefault(producer, []).append(value)
+    rows = []
+    for node in graph_nodes:
+        name = str(node.get("name") or "")
+        provider = plan_provider.get(name) or walk.exec_provider.get(name)
+        source = "plan" if name in plan_provider else "execution" if name in walk.exec_provider else None
+        rows.append(
+            {
+                "name": name,
+                "op_type": str(node.get("op_type") or ""),
+                "provider": provider,
+                "source": source,
+                "partition": members.get(name),
+                "kernel_time_us": walk.own_time.get(name),
+                "outputs": outputs.get(name, []),
+            }
+        )
+    partitions = _partitions(walk, members)
+    return {
+        "target_ep": target_ep,
+        "names_checked": bool(check is not None and check.passed),
+        "nodes": rows,
+        "partitions": partitions,
+        "runs": [{"run": i, "ts_us": r.get("ts"), "dur_us": r["dur"]} for i, r in enumerate(runs, start=1)],
+        "session_events": [
+            {"name": e["name"], "ts_us": e.get("ts"), "dur_us": e["dur"]}
+            for e in events
+            if e["cat"] == "Session" and e["name"] in _SESSION_EVENTS
+        ],
+        "timed_runs": list(timed),
+        "kernels": walk.kernels,
+        "kernels_dropped": walk.dropped,
+    }
+
+
+@dataclass
+class _KernelWalk:
+    """What one pass over the profiled runs' kernels gathers (rules 3-5 of the module docstring)."""
+
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    dropped: int = 0
+    own_time: dict[str, int] = field(default_factory=dict)  # timed µs of a node's own kernels
+    part_time: dict[tuple[str, str], int] = field(default_factory=dict)  # (provider, partition)
+    seen_parts: dict[str, set[str]] = field(default_factory=dict)
+    exec_provider: dict[str, str] = field(default_factory=dict)
+
+
+def _walk_kernels(
+    per_run: Sequence[Sequence[Mapping[str, Any]]], originals: Mapping[str, str], timed: tuple[int, ...]
+) -> _KernelWalk:
+    walk = _KernelWalk()
+    kernels, own_time, part_time = walk.kernels, walk.own_time, walk.part_time
+    seen_parts, exec_provider = walk.seen_parts, walk.exec_provider
     for index, run in enumerate(per_run, start=1):
         for e in run:
             name = _kernel_node_name(e["name"])
@@ -157,7 +215,7 @@ def placement_detail(
                     }
                 )
             else:
-                dropped += 1
+                walk.dropped += 1
             if original is None or _is_copy(op, name):
                 continue
             if part:
@@ -168,31 +226,13 @@ def placement_detail(
             if index in timed:
                 own_time[original] = own_time.get(original, 0) + e["dur"]
 
-    plan_provider: dict[str, str] = {}
-    for _, ep, _, name in plan:
-        original = originals.get(name)
-        if original:
-            plan_provider.setdefault(original, ep)
-    members = _partition_members(assignment, plan, originals, seen_parts)
-    outputs: dict[str, list[str]] = {}
-    for value, producer in names.values.items() if names is not None else ():
-        outputs.setdefault(producer, []).append(value)
-    rows = []
-    for node in graph_nodes:
-        name = str(node.get("name") or "")
-        provider = plan_provider.get(name) or exec_provider.get(name)
-        source = "plan" if name in plan_provider else "execution" if name in exec_provider else None
-        rows.append(
-            {
-                "name": name,
-                "op_type": str(node.get("op_type") or ""),
-                "provider": provider,
-                "source": source,
-                "partition": members.get(name),
-                "kernel_time_us": own_time.get(name),
-                "outputs": outputs.get(name, []),
-            }
-        )
+    return walk
+
+
+def _partitions(walk: _KernelWalk, members: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Each fused partition: its provider, timed kernel µs and member count (0 µs when seen
+    only outside the timed runs)."""
+    part_time, seen_parts = walk.part_time, walk.seen_parts
     partitions = [
         {
             "name": op,
@@ -212,18 +252,4 @@ def placement_detail(
                     "nodes": sum(1 for label in members.values() if label == op),
                 }
             )
-    return {
-        "target_ep": target_ep,
-        "names_checked": bool(check is not None and check.passed),
-        "nodes": rows,
-        "partitions": partitions,
-        "runs": [{"run": i, "ts_us": r.get("ts"), "dur_us": r["dur"]} for i, r in enumerate(runs, start=1)],
-        "session_events": [
-            {"name": e["name"], "ts_us": e.get("ts"), "dur_us": e["dur"]}
-            for e in events
-            if e["cat"] == "Session" and e["name"] in _SESSION_EVENTS
-        ],
-        "timed_runs": list(timed),
-        "kernels": kernels,
-        "kernels_dropped": dropped,
-    }
+    return partitions

@@ -85,6 +85,25 @@ def trace_events(view: ReportView, worker_pid: int | None = None) -> dict[str, A
         _meta(WORKER_PID, "thread_name", {"name": "profiled runs"}, tid=_RUNS_TID),
         _meta(WORKER_PID, "thread_name", {"name": "calls: compute"}, tid=_CALLS_TID),
     ]
+    events += _client_events(view)
+    clock = view.clock or {}
+    offset = clock.get("profile_offset_us")
+    if isinstance(offset, (int, float)):
+        events += _profile_events(view, float(offset))
+    other = {
+        "xstage": "xstage report --trace",
+        "clock": "µs on the client's perf_counter since the worker's spawn began",
+        "profile_offset_us": offset,
+        "profile_offset_uncertainty_us": clock.get("profile_offset_uncertainty_us"),
+        "alignment": clock.get("method") or "no profile in this record: worker spans not placed",
+    }
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def _client_events(view: ReportView) -> list[dict[str, Any]]:
+    """The client's admission phases and timed calls, each call's compute centred in its round
+    trip on the worker's calls thread, and the worker's memory as a counter."""
+    events: list[dict[str, Any]] = []
     for phase in view.phases:
         events.append(
             _span(
@@ -140,60 +159,57 @@ def trace_events(view: ReportView, worker_pid: int | None = None) -> dict[str, A
                     "args": {"rss": round(call.rss_bytes / 2**20, 2)},
                 }
             )
-    clock = view.clock or {}
-    offset = clock.get("profile_offset_us")
-    if isinstance(offset, (int, float)):
-        for e in view.session_events:
-            if isinstance(e.get("ts_us"), int):
-                events.append(
-                    _span(
-                        WORKER_PID,
-                        _SESSION_TID,
-                        str(e["name"]),
-                        e["ts_us"] + offset,
-                        float(e["dur_us"]),
-                        "onnxruntime",
-                    )
+    return events
+
+
+def _profile_events(view: ReportView, offset: float) -> list[dict[str, Any]]:
+    """The worker's onnxruntime session events, profiled runs and kernels, placed on the
+    client's clock by ``offset`` (each kernel nests under the run that holds it)."""
+    events: list[dict[str, Any]] = []
+    for e in view.session_events:
+        if isinstance(e.get("ts_us"), int):
+            events.append(
+                _span(
+                    WORKER_PID,
+                    _SESSION_TID,
+                    str(e["name"]),
+                    e["ts_us"] + offset,
+                    float(e["dur_us"]),
+                    "onnxruntime",
                 )
-        timed = set(view.timed_runs)
-        for run in view.runs:
-            if isinstance(run.get("ts_us"), int):
-                events.append(
-                    _span(
-                        WORKER_PID,
-                        _RUNS_TID,
-                        f"profiled run {run['run']}",
-                        run["ts_us"] + offset,
-                        float(run["dur_us"]),
-                        "profiled run",
-                        {"timed": run["run"] in timed},
-                    )
+            )
+    timed = set(view.timed_runs)
+    for run in view.runs:
+        if isinstance(run.get("ts_us"), int):
+            events.append(
+                _span(
+                    WORKER_PID,
+                    _RUNS_TID,
+                    f"profiled run {run['run']}",
+                    run["ts_us"] + offset,
+                    float(run["dur_us"]),
+                    "profiled run",
+                    {"timed": run["run"] in timed},
                 )
-        for k in view.kernels:  # on the runs' thread: each nests under the run that holds it
-            if isinstance(k.get("ts_us"), int):
-                provider = str(k["provider"])
-                role = "target" if provider == view.target_ep else "cpu" if provider == CPU_EP else "other"
-                events.append(
-                    _span(
-                        WORKER_PID,
-                        _RUNS_TID,
-                        str(k["node"]),
-                        k["ts_us"] + offset,
-                        float(k["dur_us"]),
-                        f"kernel,{role}" + (",copy" if k.get("kind") == "copy" else ""),
-                        {
-                            "op": k.get("op"),
-                            "run": k.get("run"),
-                            "provider": provider,
-                            "name_checked": k.get("checked"),
-                        },
-                    )
+            )
+    for k in view.kernels:  # on the runs' thread: each nests under the run that holds it
+        if isinstance(k.get("ts_us"), int):
+            provider = str(k["provider"])
+            role = "target" if provider == view.target_ep else "cpu" if provider == CPU_EP else "other"
+            events.append(
+                _span(
+                    WORKER_PID,
+                    _RUNS_TID,
+                    str(k["node"]),
+                    k["ts_us"] + offset,
+                    float(k["dur_us"]),
+                    f"kernel,{role}" + (",copy" if k.get("kind") == "copy" else ""),
+                    {
+                        "op": k.get("op"),
+                        "run": k.get("run"),
+                        "provider": provider,
+                        "name_checked": k.get("checked"),
+                    },
                 )
-    other = {
-        "xstage": "xstage report --trace",
-        "clock": "µs on the client's perf_counter since the worker's spawn began",
-        "profile_offset_us": offset,
-        "profile_offset_uncertainty_us": clock.get("profile_offset_uncertainty_us"),
-        "alignment": clock.get("method") or "no profile in this record: worker spans not placed",
-    }
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+            )
+    return events

@@ -256,6 +256,33 @@ def powershell_commands(
     )
 
 
+def _windows_note(spec: Any, route: str, host_platform: str) -> str:
+    """What a user does after the PowerShell commands of a Windows-side route: point xstage at
+    the venv from WSL, install what PyPI cannot carry (VitisAI's EP library), and, off
+    Windows and WSL, that the route cannot be reached from this host at all."""
+    note = (
+        "Then, from WSL, set "
+        f"{spec.env_var}=/mnt/c/Users/<you>/AppData/Local/xstage/envs/{route}/Scripts/python.exe "
+        f'(or [routes.{route}] python = "..." in xstage.toml) and run `xstage devices`.'
+    )
+    if spec.plugin_ep is not None and spec.plugin_ep.locate == "vitisai":
+        from xstage.routes.plugins import APPX_PACKAGE, VITISAI_ENV
+
+        note = (
+            "The venv carries onnxruntime (>= 1.25); the VitisAI EP library itself "
+            f"({', '.join(spec.plugin_ep.library_names)}) is not on PyPI: it comes with the AMD NPU "
+            f"driver's app package ({APPX_PACKAGE}; `Get-AppxPackage {APPX_PACKAGE}` shows whether it is "
+            f"there) or with AMD Ryzen AI Software; elsewhere, set {VITISAI_ENV} to its full path. "
+            "Never the light onnxruntime_providers_ryzenai.dll beside it: it runs nothing. " + note
+        )
+    if host_platform != "wsl":
+        note = (
+            f"Note: this host is neither Windows nor WSL, so {route} cannot be reached from it; "
+            "the commands are for a Windows machine. " + note
+        )
+    return note
+
+
 def plan(
     route: str,
     *,
@@ -302,26 +329,7 @@ def plan(
         target=target,
     )
     if spec.os_side == "windows" and host_platform != "windows":
-        note = (
-            "Then, from WSL, set "
-            f"{spec.env_var}=/mnt/c/Users/<you>/AppData/Local/xstage/envs/{route}/Scripts/python.exe "
-            f'(or [routes.{route}] python = "..." in xstage.toml) and run `xstage devices`.'
-        )
-        if spec.plugin_ep is not None and spec.plugin_ep.locate == "vitisai":
-            from xstage.routes.plugins import APPX_PACKAGE, VITISAI_ENV
-
-            note = (
-                "The venv carries onnxruntime (>= 1.25); the VitisAI EP library itself "
-                f"({', '.join(spec.plugin_ep.library_names)}) is not on PyPI: it comes with the AMD NPU "
-                f"driver's app package ({APPX_PACKAGE}; `Get-AppxPackage {APPX_PACKAGE}` shows whether it is "
-                f"there) or with AMD Ryzen AI Software; elsewhere, set {VITISAI_ENV} to its full path. "
-                "Never the light onnxruntime_providers_ryzenai.dll beside it: it runs nothing. " + note
-            )
-        if host_platform != "wsl":
-            note = (
-                f"Note: this host is neither Windows nor WSL, so {route} cannot be reached from it; "
-                "the commands are for a Windows machine. " + note
-            )
+        note = _windows_note(spec, route, host_platform)
         return EnvPlan(
             action="powershell",
             base_python=None,

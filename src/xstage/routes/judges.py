@@ -406,6 +406,25 @@ def _row_label(row: Mapping[str, Any]) -> str:
     return f"{row.get('ep_name')} {row.get('device_type')} (vendor {row.get('device_vendor')})"
 
 
+def _registration_failed(spec: RouteSpec, report: Mapping[str, Any], library: Any, where: str,
+                         version: str, build: str) -> Verdict:
+    """Steps 3-4 failed: the registration error classified (a dependency not loadable, the
+    library gone, or an onnxruntime the EP was not built for), with the remedy for that cause."""
+    from xstage.routes.plugins import classify_registration_error
+
+    error = str(report.get("error") or "no error reported")
+    code = classify_registration_error(error, library)
+    folder = str(report.get("dll_directory") or "its folder")
+    remedy = {
+        ReasonCode.EP_DEPENDENCY_NOT_LOADABLE:
+            f"install what {library} depends on (the libraries it loads must be beside it, in "
+            f"{folder}, or on the search path); the message above names the one missing",
+        ReasonCode.EP_LIBRARY_NOT_FOUND: f"check that {library} exists and is readable",
+    }.get(code, f"the onnxruntime in {where} ({version}) could not register it: use the version the "
+                f"EP was built for ({', '.join(spec.packages[spec.variants[0]][:1])})")
+    return fail(code, f"registering {library} with {build} at {where} failed: {error}", remedy)
+
+
 def judge_plugin_ep(
     spec: RouteSpec,
     choice: InterpreterChoice,
@@ -423,7 +442,7 @@ def judge_plugin_ep(
     table's hardware type and vendor (step 5, ``ep_no_device``). The verdict's ``ep_plugin``
     says what the worker binds (step 6) and ``steps`` what each step found.
     """
-    from xstage.routes.plugins import classify_registration_error, wrong_library
+    from xstage.routes.plugins import wrong_library
 
     plugin = spec.plugin_ep
     assert plugin is not None
@@ -474,18 +493,10 @@ def judge_plugin_ep(
     elif plugin.dll_dir:
         steps.append("search path: not needed here (no os.add_dll_directory: not Windows)")
     if report.get("step") == "register" or not report.get("registered"):
-        error = str(report.get("error") or "no error reported")
-        steps.append(f"register: {error}")
-        code = classify_registration_error(error, library)
-        folder = str(report.get("dll_directory") or "its folder")
-        remedy = {
-            ReasonCode.EP_DEPENDENCY_NOT_LOADABLE:
-                f"install what {library} depends on (the libraries it loads must be beside it, in "
-                f"{folder}, or on the search path); the message above names the one missing",
-            ReasonCode.EP_LIBRARY_NOT_FOUND: f"check that {library} exists and is readable",
-        }.get(code, f"the onnxruntime in {where} ({version}) could not register it: use the version the "
-                    f"EP was built for ({', '.join(spec.packages[spec.variants[0]][:1])})")
-        return failed(code, f"registering {library} with {build} at {where} failed: {error}", remedy)
+        verdict = _registration_failed(spec, report, library, where, version, build)
+        steps.append(f"register: {report.get('error') or 'no error reported'}")
+        verdict.steps = steps
+        return verdict
     steps.append(f"registered: {plugin.ep_name} with onnxruntime {version}")
     after = ort.get("ep_devices_after_plugins") or []
     own = [r for r in after if r.get("ep_name") == plugin.ep_name]

@@ -220,10 +220,9 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     options = load_options(cand.route, device=cand.device, ep_options=setup.ep_options,
                            session=setup.session, fmt=art.format, profile=True,
                            output_names=[o.name for o in art.outputs])
-    t_spawn = time.perf_counter_ns()
-    client = open_worker(cand.route, deadlines=setup.deadlines)
     if setup.state:
         options["state"] = [pair.option() for pair in setup.state]
+    t_spawn = time.perf_counter_ns()
     client = open_worker(cand.route, deadlines=setup.deadlines, depth=setup.depth,
                          generation=setup.generation, first_id=setup.first_id)
     cleanup.callback(client.close)
