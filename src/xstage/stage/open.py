@@ -6,6 +6,16 @@ checked inputs, the reference arm, the plan); then each candidate goes through
 is kept, and with ``--prefer``, ``--offload`` or no selector the next candidate is tried. When
 none is admitted, ``Refused`` carries every refusal and the record. docs/architecture.md lists
 the modules one artifact passes through, in order.
+
+``open_stage``'s arguments: where (``device``, ``prefer`` — devices in order —, a pinned
+``route``, or ``offload``: every resolved route but the reference arm first, in plan order, and
+the reference arm last); the proof's bar (``min_placement``); the gate's (``tolerance``: a
+number, relative L2, or ``xstage.parity.CRITERIA`` names to values, each replacing that
+criterion's default, tighter or looser); ``depth``: requests in flight at once
+(``Stage.submit``, ``Stage.map``; docs/serving.md); ``restart``: ``"never"`` or ``"on_death"``
+(a dead worker is replaced by generation n+1, proven and gated again; at most ``max_restarts``
+in ``restart_window`` seconds); ``record_on_close``: ``Stage.close()`` writes the stage's
+record under ``XSTAGE_HOME/records``.
 """
 
 from __future__ import annotations
@@ -42,32 +52,20 @@ MAX_DEPTH = 64
 
 
 def open_stage(
-    artifact: str | os.PathLike[str], *,
-    device: str | None = None, prefer: Sequence[str] | None = None, route: str | None = None,
-    offload: bool = False,  # where: one device, devices in order, a pinned route, or offload
-    min_placement: float = 0.5,  # the proof's bar; the gate's: rel_l2, or criteria by name
-    tolerance: float | Mapping[str, float] | None = None,
+    artifact: str | os.PathLike[str], *, device: str | None = None,
+    prefer: Sequence[str] | None = None, route: str | None = None, offload: bool = False,
+    min_placement: float = 0.5, tolerance: float | Mapping[str, float] | None = None,
     reference: str | os.PathLike[str] = "auto",
     inputs: Mapping[str, np.ndarray] | str | os.PathLike[str] | None = None,
     shapes: Mapping[str, tuple[int, ...]] | None = None, dims: Mapping[str, int] | None = None,
-    fmt: str | None = None, component: str | None = None,  # what the artifact is
+    fmt: str | None = None, component: str | None = None,
     ep_options: Mapping[str, str] | None = None, threads: int | None = None,
     graph_opt_level: str | None = None, deadlines: Deadlines | None = None,
     report: DeviceReport | None = None, ledger: Ledger | None = None,
-    on_event: Callable[[str], None] | None = None,
-    depth: int = 2, restart: str = "never", max_restarts: int = 3,
-    restart_window: float = 60.0, record_on_close: bool = True,
+    on_event: Callable[[str], None] | None = None, depth: int = 2, restart: str = "never",
+    max_restarts: int = 3, restart_window: float = 60.0, record_on_close: bool = True,
 ) -> Stage:
-    """Open ``artifact`` where the plan and the evidence allow; see the module docstring.
-
-    ``offload``: every resolved route but the reference arm first, in plan order, and the
-    reference arm last. ``tolerance``: a number (relative L2) or ``xstage.parity.CRITERIA``
-    names to values, each replacing that criterion's default, tighter or looser. ``depth``:
-    requests in flight at once (``Stage.submit``, ``Stage.map``; docs/serving.md).
-    ``restart``: ``"never"`` or ``"on_death"`` (a dead worker is replaced by generation n+1,
-    proven and gated again; at most ``max_restarts`` in ``restart_window`` seconds).
-    ``record_on_close``: ``Stage.close()`` writes the stage's record under
-    ``XSTAGE_HOME/records``.
+    """Open ``artifact`` where the plan and the evidence allow (the arguments: module docstring).
 
     Raises:
         Refused: every candidate was refused (``.refusals``, ``.record``).
@@ -87,13 +85,7 @@ def open_stage(
     try:
         art = inspect_artifact(artifact, fmt=fmt, component=component)
         nodes = graph_nodes(art)
-        pairs = declared_state(art)  # state the worker keeps: not the caller's inputs
-        held = {p.input for p in pairs}
-        declared = [spec for spec in art.inputs if spec.name not in held]
-        feeds = resolve_feeds(declared, inputs, shapes=shapes, dims=dims)
-        describe_feeds(request, feeds)
-        feeds = check_inputs(feeds, declared)  # big-endian converted once, for both arms
-        init = initial_values(pairs, art)
+        feeds, pairs, init = _feeds_and_state(art, request, inputs, shapes, dims)
         report = report or device_report()
         session = _session_options(threads, graph_opt_level)
         ref = make_reference(art, reference, session, report)
@@ -107,15 +99,31 @@ def open_stage(
                       request=request, started=started,
                       depth=1 if pairs else depth,  # state carries from call to call: one at a time
                       state=pairs, state_init=init)
-        serving = {"restart": restart, "max_restarts": max_restarts,
-                   "restart_window": restart_window, "record_on_close": record_on_close}
-        return _first_admitted(plan, setup, on_event or _quiet, serving)
+        return _first_admitted(plan, setup, on_event or _quiet, {
+            "restart": restart, "max_restarts": max_restarts, "restart_window": restart_window,
+            "record_on_close": record_on_close})
     except (errors.UsageError, errors.Refused):
         raise
     except errors.XstageError as exc:  # the run ended in an error: it still has its record
         exc.record = build_record(argv=(), started=started, request=request, status="error",
                                   error=exc, artifact=art)
         raise
+
+
+def _feeds_and_state(art: Artifact, request: dict[str, Any], inputs: Any,
+                     shapes: Mapping[str, tuple[int, ...]] | None,
+                     dims: Mapping[str, int] | None) -> tuple[dict[str, np.ndarray], Any, Any]:
+    """The caller's inputs, resolved and checked, and the state pairs with their initial values.
+
+    Big-endian inputs are converted once, for both arms; a state pair's input is the worker's
+    to keep, not the caller's to give.
+    """
+    pairs = declared_state(art)
+    held = {p.input for p in pairs}
+    declared = [spec for spec in art.inputs if spec.name not in held]
+    feeds = resolve_feeds(declared, inputs, shapes=shapes, dims=dims)
+    describe_feeds(request, feeds)
+    return check_inputs(feeds, declared), pairs, initial_values(pairs, art)
 
 
 def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None],
