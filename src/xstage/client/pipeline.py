@@ -173,6 +173,22 @@ class Pipeline:
             raise errors.StageClosed(f"the {c.route} worker is {c.state.value}")
         return req.result
 
+    def _read_outputs(self, region: shm.Region, s: int, out: Mapping[str, np.ndarray],
+                      result: dict[str, np.ndarray]) -> None:
+        """Set ``s``'s outputs into ``result``, each descriptor checked before its copy.
+
+        A name the caller gave an ``out`` array for is copied into it.
+        """
+        c = self.client
+        for d in c._outputs:
+            name = d["name"]
+            try:
+                dtype, shape = region.read_desc("out", name, s)
+            except wire.ProtocolError as exc:
+                c._abort()
+                raise errors.RemoteProtocolError(f"worker {c.pid}: {exc}") from exc
+            result[name] = c._fill_output(out.get(name), region.view("out", name, dtype, shape, s), name)
+
     def _call_fast(self, region: shm.Region, feeds: Mapping[str, np.ndarray],
                    out: Mapping[str, np.ndarray], phase: str,
                    seconds: float | None, flags: int) -> dict[str, np.ndarray]:
@@ -223,15 +239,7 @@ class Pipeline:
                 result = Outputs()
                 if answer & shm.FLAG_STATE_RESET:
                     result.state_reset = True
-                for d in c._outputs:
-                    name = d["name"]
-                    try:
-                        dtype, shape = region.read_desc("out", name, s)
-                    except wire.ProtocolError as exc:
-                        c._abort()
-                        raise errors.RemoteProtocolError(f"worker {c.pid}: {exc}") from exc
-                    result[name] = c._fill_output(out.get(name),
-                                                  region.view("out", name, dtype, shape, s), name)
+                self._read_outputs(region, s, out, result)
                 c.last_timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak,
                                  "copy_in_ns": copy_in,
                                  "copy_out_ns": time.perf_counter_ns() - t0,
@@ -608,15 +616,7 @@ class Pipeline:
             result.state_reset = bool(answer & shm.FLAG_STATE_RESET)
             t0 = time.perf_counter_ns()
             if not req.discard:
-                for d in c._outputs:
-                    name = d["name"]
-                    try:
-                        dtype, shape = region.read_desc("out", name, s)
-                    except wire.ProtocolError as exc:
-                        c._abort()
-                        raise errors.RemoteProtocolError(f"worker {c.pid}: {exc}") from exc
-                    result[name] = c._fill_output(req.out.get(name),
-                                                  region.view("out", name, dtype, shape, s), name)
+                self._read_outputs(region, s, req.out, result)
             timing["copy_out_ns"] = time.perf_counter_ns() - t0
             c.last_timing = timing
             self._resolve(req, result, timing)
