@@ -225,8 +225,8 @@ def fake_python(tmp_path: Path):
 
 
 def _dependency_stamp() -> str:
-    """A hash of what pyproject.toml asks pip to install, and nothing else: a change to a tool
-    section (ruff, mypy, pytest) must not rebuild a venv of several hundred MB."""
+    """A hash of what pip installs into the export venv (``.[export]``), and nothing else: a change
+    to a tool section or to another extra (test, ray) must not rebuild a venv of several hundred MB."""
     import hashlib
     import json
 
@@ -236,7 +236,7 @@ def _dependency_stamp() -> str:
     project = data.get("project", {})
     wanted = {"build-system": data.get("build-system"), "requires-python": project.get("requires-python"),
               "dependencies": project.get("dependencies"),
-              "optional-dependencies": project.get("optional-dependencies")}
+              "export": project.get("optional-dependencies", {}).get("export")}
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
 
 
