@@ -78,7 +78,7 @@ def trace_events(view: ReportView, worker_pid: int | None = None) -> dict[str, A
         _meta(
             WORKER_PID,
             "process_name",
-            {"name": f"worker {view.route or ''}" + (f" (pid {worker_pid})" if worker_pid else "")},
+            {"name": f"worker {view.route or ''}" + (f", OS pid {worker_pid}" if worker_pid else "")},
         ),
         _meta(WORKER_PID, "process_sort_index", {"sort_index": 1}),
         _meta(WORKER_PID, "thread_name", {"name": "onnxruntime session"}, tid=_SESSION_TID),
