@@ -130,3 +130,30 @@ def test_external_data_is_not_counted_in_the_parsed_model(tmp_path):
     assert by["weights"].bytes == art.bytes > 256 * 256 * 4  # graph + sidecar, read from disk
     assert by["parsed model"].bytes == graph_file < 4096
     assert "external data" in by["parsed model"].basis
+
+
+def test_a_captured_cuda_graph_reserves_its_pool_beside_the_activations(tmp_path):
+    """torch-cuda serves from a CUDA graph: its private pool (one call's intermediates, inputs
+    and outputs) is reserved in the device pool; ``cuda_graphs=off`` reserves none."""
+    from xstage.artifact import Artifact, IOSpec
+
+    art = Artifact(path=tmp_path / "s.pt2", format="pt:fp32", format_source="manifest",
+                   component="s", sha256="0" * 64, bytes=MiB,
+                   files=({"path": str(tmp_path / "s.pt2"), "sha256": "0" * 64, "bytes": MiB},),
+                   inputs=(IOSpec("x", "float32", (8, 3, 224, 224)),),
+                   outputs=(IOSpec("y", "float32", (8, 256)),), node_count=0, op_types=(),
+                   manifest={})
+    spec = get_spec("torch-cuda")
+    pool = "vram:gpu_discrete:nvidia:0"
+    io = (8 * 3 * 224 * 224 + 8 * 256) * 4
+    on = footprint.reservations(art, spec.memory_cost({}), pool, {}, route="torch-cuda",
+                                graph_pool=spec.captures_graph({}))
+    by = {r.purpose: r for r in on}
+    assert by["cuda graph pool"].bytes == footprint.PT_ACTIVATION_BYTES + io
+    assert by["cuda graph pool"].pool == pool and by["cuda graph pool"].lifetime == "session"
+    assert "captured CUDA graph" in by["cuda graph pool"].basis
+    assert not spec.captures_graph({"cuda_graphs": "off"})
+    assert not get_spec("torch-cpu").captures_graph({})
+    off = footprint.reservations(art, spec.memory_cost({}), pool, {}, route="torch-cuda",
+                                 graph_pool=spec.captures_graph({"cuda_graphs": "OFF"}))
+    assert "cuda graph pool" not in {r.purpose for r in off}

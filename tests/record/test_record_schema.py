@@ -191,3 +191,22 @@ def test_integral_float_counts_as_integer_like_jsonschema():
     doc["request"]["runs"] = 20.0
     validate_record(doc)
     assert jsonschema.Draft202012Validator(load_schema()).is_valid(doc)
+
+
+def test_a_torch_cuda_workers_accelerator_block_is_checked():
+    """issue 20: the worker's stream, pinned region and CUDA graph (an optional key)."""
+    doc = record_docs.placed()
+    doc["worker"]["accelerator"] = {
+        "stream": "dedicated", "sync_per_call": 1,
+        "cuda_graph": {"state": "captured", "capture_ms": 41.2, "pool_bytes": 2097152,
+                       "shapes": [[8, 3, 224, 224]], "eager_vs_replay_max_abs": 0.0,
+                       "gated": "the warm-up call answers with the replay's outputs"},
+        "pinned_region": {"state": "registered", "bytes": 9699328, "register_ms": 1.3,
+                          "via": "torch.cuda.cudart().cudaHostRegister", "is_pinned": True}}
+    validate_record(doc)
+    doc["worker"]["accelerator"]["cuda_graph"] = {"state": "failed", "why": "RuntimeError: x",
+                                                  "note": "CUDA graph capture failed; eager"}
+    validate_record(doc)
+    doc["worker"]["accelerator"]["cuda_graph"]["state"] = "maybe"
+    with pytest.raises(RecordError, match=r"cuda_graph\.state"):
+        validate_record(doc)

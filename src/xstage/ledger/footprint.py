@@ -127,9 +127,15 @@ def _sizes(graph: GraphFacts) -> dict[str, int]:
 
 
 def reservations(artifact: Artifact, cost: RouteCost, pool: str,
-                 shapes: Mapping[str, tuple[int, ...]], *, route: str) -> list[Reservation]:
+                 shapes: Mapping[str, tuple[int, ...]], *, route: str,
+                 graph_pool: bool = False) -> list[Reservation]:
     """The stage's reservations in ``pool`` when ``route`` runs it at input ``shapes``; ``cost``
-    is the route's own (``RouteSpec.memory_cost``), ``route`` names it in the bases."""
+    is the route's own (``RouteSpec.memory_cost``), ``route`` names it in the bases.
+
+    ``graph_pool``: the worker serves from a captured CUDA graph, whose private pool keeps one
+    call's intermediates and outputs for the stage's life, beside the caching allocator's
+    (the eager warm-up's) — reserved as the activations and outputs once more.
+    """
     files = ", ".join(f"{name} {format_bytes(f['bytes'])}"
                       for name, f in zip(artifact.file_names, artifact.files, strict=True))
     out = [
@@ -173,6 +179,13 @@ def reservations(artifact: Artifact, cost: RouteCost, pool: str,
     out.append(Reservation("call tensors", io_bytes * IO_FACTOR, pool, "request", "E",
                            f"inputs + outputs {format_bytes(io_bytes)}, x{IO_FACTOR}: the shared "
                            "region's slots and the runtime's buffers"))
+    if graph_pool:
+        held = next(r for r in out if r.purpose == "activations")
+        out.append(Reservation(
+            "cuda graph pool", held.bytes + io_bytes, pool, "session", "E",
+            f"{route} serves from a captured CUDA graph: its private pool holds one call's "
+            f"intermediates (the activations' {format_bytes(held.bytes)}) and its inputs and "
+            f"outputs ({format_bytes(io_bytes)}) for the stage's life"))
     return out
 
 

@@ -142,7 +142,8 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
     """
     held = footprint.reservations(setup.artifact, cand.route.spec.memory_cost(cand.route.versions),
                                   cand.pool, {n: tuple(a.shape) for n, a in setup.feeds.items()},
-                                  route=cand.route.name)
+                                  route=cand.route.name,
+                                  graph_pool=cand.route.spec.captures_graph(setup.ep_options))
     if setup.state:
         held.append(ledger_mod.Reservation(
             "state", state_bytes(setup.state, setup.artifact), cand.pool, "session", "D",
@@ -252,8 +253,17 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     phases = (("spawn + hello", t_spawn, t_ready), ("load", t_ready, t_loaded),
               ("warm-up", t_loaded, t_warm), ("evidence", t_warm, t_evidence))
     return client, WarmUp(outputs=outputs, timing=timing, info=info, profile=profile,
-                          worker=worker, notes=tuple(options.get("notes", [])), target=target,
+                          worker=worker, notes=(*options.get("notes", []), *_serving_notes(info)),
+                          target=target,
                           phases=phases, second=second)
+
+
+def _serving_notes(info: Mapping[str, Any]) -> tuple[str, ...]:
+    """What the worker's serving set-up said (a CUDA graph that could not be captured)."""
+    acc = info.get("accelerator")
+    graph = acc.get("cuda_graph") if isinstance(acc, dict) else None
+    note = graph.get("note") if isinstance(graph, dict) else None
+    return (note,) if isinstance(note, str) else ()
 
 
 class _CompileFailed(Exception):
