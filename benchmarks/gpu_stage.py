@@ -6,9 +6,10 @@ Run on a CUDA machine with the repository's ``src`` on ``PYTHONPATH``::
 
 Stages (exported here on the GPU, each with its manifest): ``mlp-small`` (under 1 ms),
 ``conv-224`` (issue 20's conv 3→64→64 + GELU + linear at batch 8, 224², ~1 ms), ``mlp-large``
-(tens of ms), and the tiny Qwen3-VL vision tower when ``--tower`` names its ``.pt2`` (with its
-manifest beside it; launch-bound, ~70 small kernels). Arms, interleaved round by round (each
-round runs ``--calls`` calls of every arm in turn), medians over every call:
+(8 x 4096², batch 4096: tens of ms), and the tiny Qwen3-VL vision tower when ``--tower``
+names its ``.pt2`` (with its manifest beside it; launch-bound, ~70 small kernels). Arms,
+interleaved round by round (each round runs ``--calls`` calls of every arm in turn), medians
+over every call:
 
 * ``inproc pageable``: host input → ``.cuda()`` → module → ``.cpu()`` (the issue's baseline);
 * ``inproc pinned``: pinned host tensors, ``non_blocking=True`` both ways, one sync;
@@ -32,6 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+#: fp32's noise tier (docs/external.md): the float64 tie-break of a 1 TFLOP stage on the host's
+#: CPU would cost minutes per arm; the gate itself is what tests/gpu checks.
+TOLERANCE = {"elem_a": 1e-5}
 ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstage graph")
 XS_OPTIONS = {"xstage old": {"pinned_region": "off", "cuda_graphs": "off"},
               "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {}}
@@ -64,7 +68,7 @@ def _modules(torch):
 
     return {"mlp-small": (lambda: Mlp(1024, 4), (64, 1024)),
             "conv-224": (Conv, (8, 3, 224, 224)),
-            "mlp-large": (lambda: Mlp(8192, 4), (2048, 8192))}
+            "mlp-large": (lambda: Mlp(4096, 8), (4096, 4096))}
 
 
 def export_stages(torch, folder):
@@ -141,7 +145,7 @@ def bench_stage(torch, name, path, rounds, calls, say):
     for arm, opts in XS_OPTIONS.items():
         t0 = time.perf_counter()
         stages[arm] = xstage.open_stage(path, route="torch-cuda", ep_options=opts or None,
-                                        record_on_close=False, depth=1)
+                                        record_on_close=False, depth=1, tolerance=TOLERANCE)
         say(f"  {name}: {arm} opened in {time.perf_counter() - t0:.1f} s")
     feeds = dict(stages["xstage graph"].inputs)
     names = [i.name for i in stages["xstage graph"].artifact.inputs]
