@@ -163,6 +163,7 @@ def bench_stage(torch, name, path, rounds, calls, say):
         for _ in range(3):
             fn()
     times = {arm: [] for arm in ARMS}
+    worker = {arm: [] for arm in stages}
     gpu = []
     for _ in range(rounds):
         for arm in ARMS:
@@ -171,10 +172,14 @@ def bench_stage(torch, name, path, rounds, calls, say):
                 t0 = time.perf_counter_ns()
                 fn()
                 times[arm].append((time.perf_counter_ns() - t0) / 1e6)
+                if arm in stages:
+                    worker[arm].append(stages[arm].last_timing.get("worker_ns", 0) / 1e6)
         gpu.extend(gpu_ms() for _ in range(calls))
     row = {"stage": name, "gpu_ms": statistics.median(gpu), "calls": rounds * calls}
     for arm in ARMS:
         row[arm] = statistics.median(times[arm])
+    for arm in stages:
+        row[f"{arm} worker"] = statistics.median(worker[arm])
     for arm, s in stages.items():
         rec = s.record()
         acc = rec["worker"].get("accelerator") or {}
@@ -193,6 +198,59 @@ def bench_stage(torch, name, path, rounds, calls, say):
     return row
 
 
+_RESIDUE = r"""
+import statistics, sys, time
+import torch
+mode = sys.argv[1]
+torch.manual_seed(0)
+m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(20)]).cuda()
+x = torch.randn(64, 256, device="cuda")
+def median_us():
+    ts = []
+    for _ in range(400):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            m(x)
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e6
+before = median_us()
+if mode.startswith("profiler"):
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([] if mode == "profiler-cpu" else [ProfilerActivity.CUDA])
+    with profile(activities=acts):
+        with torch.no_grad():
+            m(x)
+        torch.cuda.synchronize()
+elif mode == "dispatch-mode":
+    from torch.utils._python_dispatch import TorchDispatchMode
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    with Mode(), torch.no_grad():
+        m(x)
+after = median_us()
+print("%-22s before %8.1f us   after %8.1f us   x%.2f" % (mode, before, after, after / before))
+"""
+
+
+def residue(say):
+    """Does a profiled warm-up leave the process's later eager calls slower? 20 small Linears
+    timed before and after one session, each mode in a fresh process."""
+    import subprocess
+
+    lines = []
+    for mode, env in (("plain", {}), ("profiler-cuda", {}), ("profiler-cpu", {}),
+                      ("profiler-cuda", {"TEARDOWN_CUPTI": "1"}), ("dispatch-mode", {})):
+        done = subprocess.run([sys.executable, "-c", _RESIDUE, mode], capture_output=True,
+                              text=True, env={**os.environ, **env}, timeout=300)
+        line = (done.stdout.strip() or done.stderr.strip()[-300:]) + (
+            f"   ({' '.join(f'{k}={v}' for k, v in env.items())})" if env else "")
+        say("  residue: " + line)
+        lines.append(line)
+    return lines
+
+
 def table(rows):
     head = ("stage", "gpu ms", *[f"{a} ms" for a in ARMS], "graph/pageable", "graph/pinned",
             "eager/pageable")
@@ -203,6 +261,13 @@ def table(rows):
                                  *[f"{r[a]:.3f}" for a in ARMS],
                                  f"{r['xstage graph'] / base:.3f}", f"{r['xstage graph'] / pin:.3f}",
                                  f"{r['xstage eager'] / base:.3f}"]))
+    lines.append("")
+    lines.append("stage | " + " | ".join(f"{a} worker ms" for a in XS_OPTIONS)
+                 + " | graph round trip - worker ms")
+    lines.append(" | ".join("---" for _ in range(len(XS_OPTIONS) + 2)))
+    for r in rows:
+        lines.append(" | ".join([r["stage"], *[f"{r[f'{a} worker']:.3f}" for a in XS_OPTIONS],
+                                 f"{r['xstage graph'] - r['xstage graph worker']:.3f}"]))
     lines.append("")
     lines.append("stage | arm | budget/measured | budget | measured | graph | pool | pinned (via)")
     lines.append("--- | --- | --- | --- | --- | --- | --- | ---")
@@ -224,6 +289,8 @@ def main(argv=None):
     parser.add_argument("--tower", help="the tiny vision tower's .pt2 (manifest beside it)")
     parser.add_argument("--only", help="comma-separated stage names")
     parser.add_argument("--json", help="write the rows here too")
+    parser.add_argument("--residue", action="store_true",
+                        help="first: does a profiled warm-up slow the process's eager calls?")
     args = parser.parse_args(argv)
     import torch
 
@@ -237,6 +304,7 @@ def main(argv=None):
     say(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda,
                     "gpu": torch.cuda.get_device_name(0), "cpus": os.cpu_count()}))
     rows = []
+    found = residue(say) if args.residue else []
     with tempfile.TemporaryDirectory(prefix="xs-gpu-bench-") as tmp:
         paths = export_stages(torch, tmp)
         if args.tower:
@@ -251,6 +319,9 @@ def main(argv=None):
                 say(f"  {name}: {type(exc).__name__}: {exc}")
             say(f"  {name}: done")
     print(table(rows))
+    if found:
+        print("\nprofiler residue (eager call of 20 Linears, median of 400):")
+        print("\n".join(found))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     return 0

@@ -68,6 +68,7 @@ def main() -> int:
     parser.add_argument("--rounds", default="7")
     parser.add_argument("--calls", default="30")
     parser.add_argument("--json", help="the benchmark's rows as JSON")
+    parser.add_argument("--residue", action="store_true", help="passed to the benchmark")
     args = parser.parse_args()
     os.environ.setdefault("XSTAGE_HOME", tempfile.mkdtemp(prefix="xs-home-"))
     import torch
@@ -92,6 +93,8 @@ def main() -> int:
             bench += ["--tower", args.tower]
         if args.json:
             bench += ["--json", args.json]
+        if args.residue:
+            bench += ["--residue"]
         print("$ " + " ".join(bench[1:]), flush=True)
         subprocess.run(bench, cwd=REPO)
     return 1 if failed else 0

@@ -114,7 +114,8 @@ def test_both_switches_off_serve_eager_from_pageable_memory(mlp):
 def test_a_capture_that_fails_serves_eager_with_a_note(tmp_path):
     path = tmp_path / "detour.pt2"
     module = _export(_Detour(), path, ["y"])
-    with xstage.open_stage(path, route="torch-cuda", record_on_close=False) as stage:
+    with xstage.open_stage(path, route="torch-cuda", record_on_close=False,
+                           min_placement=0.001) as stage:  # sin on the host: a small share
         x = np.random.default_rng(3).standard_normal((32, 256), dtype=np.float32)
         got = stage({"x": x})
         rec = stage.record()
@@ -122,33 +123,6 @@ def test_a_capture_that_fails_serves_eager_with_a_note(tmp_path):
     graph = rec["worker"]["accelerator"]["cuda_graph"]
     assert graph["state"] == "failed" and graph["why"], graph
     assert any("capture failed" in n for n in rec["worker"]["notes"])
-
-
-def test_a_call_at_another_shape_runs_eager_beside_the_graph(tmp_path):
-    """A program with a dynamic batch: the graph is the warm-up's shape, another runs eager."""
-    path = tmp_path / "dyn.pt2"
-    torch.manual_seed(0)
-    module = _Mlp().cuda().eval()
-    x = torch.randn(32, 256, device="cuda")
-    batch = torch.export.Dim("batch", min=2, max=64)
-    program = torch.export.export(module, (x,), dynamic_shapes=({0: batch},), strict=False)
-    torch.export.save(program, str(path))
-    write_manifest(path, component="dyn", fmt="pt:fp32", files=[path],
-                   source={"kind": "script", "what": "tests/gpu"},
-                   exporter={"torch": torch.__version__},
-                   inputs=[{"name": "x", "dtype": "float32", "shape": ["batch", 256]}],
-                   outputs=[{"name": "y", "dtype": "float32", "shape": ["batch", 128]},
-                            {"name": "s", "dtype": "float32", "shape": ["batch"]}])
-    x32 = np.random.default_rng(4).standard_normal((32, 256), dtype=np.float32)
-    x8 = x32[:8].copy()
-    with xstage.open_stage(path, route="torch-cuda", record_on_close=False,
-                           inputs={"x": x32}) as stage:
-        a = stage({"x": x32})
-        b = stage({"x": x8})
-        rec = stage.record()
-    assert rec["worker"]["accelerator"]["cuda_graph"]["state"] == "captured"
-    np.testing.assert_allclose(a["y"], _inproc(module, x32)[0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(b["y"], _inproc(module, x8)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_the_region_registers_through_either_binding():
