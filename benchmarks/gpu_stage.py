@@ -294,6 +294,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import torch
 
+    # The in-process arms compute as the worker does for an fp32 artifact (TF32 off: the
+    # torch-cuda route's fp32_strict_note), so both sides run the same kernels.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     if not torch.cuda.is_available():
         print("no CUDA device: this benchmark runs on a GPU host", file=sys.stderr)
         return 1
@@ -315,6 +319,7 @@ def main(argv=None):
                 continue
             try:
                 rows.append(bench_stage(torch, name, path, args.rounds, args.calls, say))
+                say(json.dumps(rows[-1], default=str))
             except Exception as exc:  # one stage's failure is reported, the others still run
                 say(f"  {name}: {type(exc).__name__}: {exc}")
             say(f"  {name}: done")
