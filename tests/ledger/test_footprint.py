@@ -224,3 +224,22 @@ def test_a_pt2_archive_without_a_graph_json_keeps_the_constant_and_says_why(tmp_
     symbolic = _pt2(tmp_path, [("relu", ("x",), "y")], {"w": [4], "x": ["s0"], "y": ["s0"]})
     act = footprint.estimate_activations(pt2_graph_facts(symbolic))
     assert act.sized == 0 and act.live_peak_bytes == 0
+
+
+def test_the_pinned_region_is_held_in_host_ram_per_slot_set(tmp_path):
+    from xstage.artifact import Artifact, IOSpec
+
+    art = Artifact(path=tmp_path / "s.pt2", format="pt:fp32", format_source="manifest",
+                   component="s", sha256="0" * 64, bytes=MiB,
+                   files=({"path": str(tmp_path / "s.pt2"), "sha256": "0" * 64, "bytes": MiB},),
+                   inputs=(IOSpec("x", "float32", (8, 3, 224, 224)),),
+                   outputs=(IOSpec("y", "float32", (8, 256)),), node_count=0, op_types=(),
+                   manifest={})
+    (res,) = footprint.pinned_region(art, {}, 2, route="torch-cuda")
+    io = (8 * 3 * 224 * 224 + 8 * 256) * 4
+    assert res.pool == "host_ram" and res.purpose == "pinned region" and res.lifetime == "session"
+    assert res.bytes == 2 * io + footprint.REGION_PAGES_BYTES + 2 * 2 * footprint.REGION_SLOT_BYTES
+    assert "2 slot set(s)" in res.basis and "page-locked" in res.basis
+    spec = get_spec("torch-cuda")
+    assert spec.pins_region({}) and not spec.pins_region({"pinned_region": "off"})
+    assert not get_spec("torch-cpu").pins_region({})

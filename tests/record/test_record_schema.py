@@ -210,3 +210,18 @@ def test_a_torch_cuda_workers_accelerator_block_is_checked():
     doc["worker"]["accelerator"]["cuda_graph"]["state"] = "maybe"
     with pytest.raises(RecordError, match=r"cuda_graph\.state"):
         validate_record(doc)
+
+
+def test_the_ledgers_host_pinned_block_is_checked():
+    doc = record_docs.placed()
+    if doc.get("ledger") is None:
+        pytest.skip("the placed example has no ledger block")
+    res = {"purpose": "pinned region", "bytes": 9764864, "pool": "host_ram", "lifetime": "session",
+           "evidence": "E", "basis": "b"}
+    doc["ledger"]["host_pinned"] = {"pool": "host_ram", "reservations": [res],
+                                    "budget_bytes": 12206080, "measured_bytes": 9699328,
+                                    "state": "registered", "budget_over_measured": 1.258}
+    validate_record(doc)
+    doc["ledger"]["host_pinned"]["extra"] = 1
+    with pytest.raises(RecordError, match="host_pinned"):
+        validate_record(doc)

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from xstage.ledger import Reservation, format_bytes
+from xstage.ledger import HOST_POOL, Reservation, format_bytes
 
 if TYPE_CHECKING:  # the artifact module reads files; the ledger only reads its facts
     from xstage.artifact import Artifact, GraphFacts
 
-__all__ = ["ACTIVATION_FACTOR", "PT_ACTIVATION_BYTES", "PT_ACTIVATION_FACTOR", "Activations", "RouteCost",
+__all__ = ["ACTIVATION_FACTOR", "PT_ACTIVATION_BYTES", "PT_ACTIVATION_FACTOR",
+           "REGION_PAGES_BYTES", "REGION_SLOT_BYTES", "pinned_region", "Activations", "RouteCost",
            "estimate_activations", "reservations"]
 
 MiB = 1 << 20
@@ -188,6 +189,31 @@ def reservations(artifact: Artifact, cost: RouteCost, pool: str,
             f"intermediates (the activations' {format_bytes(held.bytes)}) and its inputs and "
             f"outputs ({format_bytes(io_bytes)}) for the stage's life"))
     return out
+
+
+#: The region's own bytes above its slots: the control page and the page the descriptors
+#: round up to, then per slot and set its descriptor (272 bytes) and alignment (64)
+#: (``xstage_remote.shm``'s layout).
+REGION_PAGES_BYTES = 8 << 10
+REGION_SLOT_BYTES = 512
+
+
+def pinned_region(artifact: Artifact, shapes: Mapping[str, tuple[int, ...]], depth: int, *,
+                  route: str) -> list[Reservation]:
+    """The host RAM a worker page-locks for DMA: its shared region, ``depth`` slot sets of the
+    stage's inputs and outputs (at ``shapes``, else as declared), in ``host_ram``.
+
+    Page-locked memory cannot be swapped or given back while the stage lives, so it is held
+    in the host's pool even when the stage's own budget is on a device.
+    """
+    io_bytes = _declared_io(artifact, shapes)
+    slots = len(artifact.inputs) + len(artifact.outputs)
+    extra = REGION_PAGES_BYTES + REGION_SLOT_BYTES * slots * depth
+    return [Reservation(
+        "pinned region", depth * io_bytes + extra, HOST_POOL, "session", "E",
+        f"{route} registers its shared region with CUDA (page-locked host RAM): {depth} slot "
+        f"set(s) x inputs + outputs {format_bytes(io_bytes)}, + {format_bytes(extra)} for its "
+        f"control page, descriptors and alignment ({slots} slots per set)")]
 
 
 def _pt_activations(artifact: Artifact, pool: str) -> Reservation:

@@ -231,6 +231,15 @@ class RouteSpec:
         value = str((ep_options or {}).get("cuda_graphs", "on")).strip().lower()
         return self.graph_pool and value not in SWITCH_OFF
 
+    def pins_region(self, ep_options: Mapping[str, str] | None) -> bool:
+        """Whether this route's worker will page-lock its shared region.
+
+        The ledger charges it to the host's pool when the route pins one and
+        ``--ep-option pinned_region=off`` was not given.
+        """
+        value = str((ep_options or {}).get("pinned_region", "on")).strip().lower()
+        return "pinned_region" in self.serving_switches and value not in SWITCH_OFF
+
     @property
     def env_var(self) -> str:
         """The environment variable that names this route's interpreter.

@@ -150,9 +150,11 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
             f"{len(setup.state)} state pair(s) kept in the worker: each value and its initial "
             "copy, at their declared shapes"))
     budget = ledger_mod.make_budget(held, pool=cand.pool)
+    pinned = _pinned_budget(cand, setup)
     book = setup.ledger if setup.ledger is not None else Ledger.default()
     holding, fit = book.reserve(
-        budget, f"{setup.artifact.path.name} on {cand.device} ({cand.route.name})", setup.devices)
+        budget, f"{setup.artifact.path.name} on {cand.device} ({cand.route.name})", setup.devices,
+        also=(pinned,) if pinned else ())
     spots = ledger_mod.blind_spots(cand.kind, cand.pool)
     if holding is None:  # rule 1: refused before any worker starts
         return refusals.budget_refusal(cand, fit, measured.record_block(budget, fit, None, spots=spots))
@@ -181,6 +183,10 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         peak = measured.check_measured(
             budget.budget_bytes, _measured_peak(cand.pool, warm.timing, memory, warm.info))
         ledger_doc = measured.record_block(budget, fit, peak, memory=memory, spots=spots)
+        if pinned is not None:
+            acc = warm.info.get("accelerator")
+            ledger_doc["host_pinned"] = measured.pinned_block(
+                pinned, acc.get("pinned_region") if isinstance(acc, dict) else None)
         if peak.cause:
             return refusals.peak_refusal(cand, peak, ledger_doc, warm.worker)
         cleanup.pop_all()  # admitted: the worker and the hold now belong to the Stage
@@ -256,6 +262,18 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
                           worker=worker, notes=(*options.get("notes", []), *_serving_notes(info)),
                           target=target,
                           phases=phases, second=second)
+
+
+def _pinned_budget(cand: Candidate, setup: Setup) -> ledger_mod.Budget | None:
+    """The host RAM a GPU stage's worker page-locks (its shared region), as a host budget.
+
+    It is held in the host's pool beside the stage's own; None where nothing is pinned.
+    """
+    if cand.pool == ledger_mod.HOST_POOL or not cand.route.spec.pins_region(setup.ep_options):
+        return None
+    held = footprint.pinned_region(setup.artifact, {n: tuple(a.shape) for n, a in setup.feeds.items()},
+                                   setup.depth, route=cand.route.name)
+    return ledger_mod.make_budget(held, pool=ledger_mod.HOST_POOL)
 
 
 def _serving_notes(info: Mapping[str, Any]) -> tuple[str, ...]:
