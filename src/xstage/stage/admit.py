@@ -140,17 +140,21 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         ArtifactError: the route's worker could not load or run the artifact.
         WorkerError: the worker died or timed out (an error, not a refusal).
     """
-    held = footprint.reservations(setup.artifact, cand.route.spec.memory_cost(cand.route.versions),
-                                  cand.pool, {n: tuple(a.shape) for n, a in setup.feeds.items()},
-                                  route=cand.route.name,
-                                  graph_pool=cand.route.spec.captures_graph(setup.ep_options))
+    spec, shapes = cand.route.spec, {n: tuple(a.shape) for n, a in setup.feeds.items()}
+    pins = cand.pool != ledger_mod.HOST_POOL and spec.pins_region(setup.ep_options)
+    held = footprint.reservations(setup.artifact, spec.memory_cost(cand.route.versions), cand.pool,
+                                  shapes, route=cand.route.name,
+                                  graph_pool=spec.captures_graph(setup.ep_options))
+    # a GPU stage's page-locked region: host RAM, held beside the device budget
+    locked = footprint.pinned_region(setup.artifact, shapes, setup.depth,
+                                     route=cand.route.name) if pins else []
     if setup.state:
         held.append(ledger_mod.Reservation(
             "state", state_bytes(setup.state, setup.artifact), cand.pool, "session", "D",
             f"{len(setup.state)} state pair(s) kept in the worker: each value and its initial "
             "copy, at their declared shapes"))
     budget = ledger_mod.make_budget(held, pool=cand.pool)
-    pinned = _pinned_budget(cand, setup)
+    pinned = ledger_mod.make_budget(locked, pool=ledger_mod.HOST_POOL) if locked else None
     book = setup.ledger if setup.ledger is not None else Ledger.default()
     holding, fit = book.reserve(
         budget, f"{setup.artifact.path.name} on {cand.device} ({cand.route.name})", setup.devices,
@@ -262,18 +266,6 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
                           worker=worker, notes=(*options.get("notes", []), *_serving_notes(info)),
                           target=target,
                           phases=phases, second=second)
-
-
-def _pinned_budget(cand: Candidate, setup: Setup) -> ledger_mod.Budget | None:
-    """The host RAM a GPU stage's worker page-locks (its shared region), as a host budget.
-
-    It is held in the host's pool beside the stage's own; None where nothing is pinned.
-    """
-    if cand.pool == ledger_mod.HOST_POOL or not cand.route.spec.pins_region(setup.ep_options):
-        return None
-    held = footprint.pinned_region(setup.artifact, {n: tuple(a.shape) for n, a in setup.feeds.items()},
-                                   setup.depth, route=cand.route.name)
-    return ledger_mod.make_budget(held, pool=ledger_mod.HOST_POOL)
 
 
 def _serving_notes(info: Mapping[str, Any]) -> tuple[str, ...]:
