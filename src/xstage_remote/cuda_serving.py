@@ -207,11 +207,14 @@ class CudaServing(object):
         worst = 0.0
         for a, b in zip(eager, replayed):
             if a.is_floating_point() and a.shape == b.shape:
-                worst = max(worst, float((a.float() - b.float()).abs().max()) if a.numel() else 0.0)
+                d = float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+                worst = d if d != d else max(worst, d)  # a NaN stays a NaN
             elif not self.torch.equal(a, b):
                 self.info["cuda_graph"]["eager_vs_replay_max_abs"] = "a non-float output differs"
                 return
-        self.info["cuda_graph"]["eager_vs_replay_max_abs"] = worst
+        # a NaN (or inf) has no JSON number: say it in words
+        self.info["cuda_graph"]["eager_vs_replay_max_abs"] = \
+            worst if worst == worst and worst != float("inf") else "not finite (%r)" % worst
 
     # ----------------------------------------------------------------- calls
     def _fits_graph(self, arrays):

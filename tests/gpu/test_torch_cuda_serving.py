@@ -95,6 +95,10 @@ def test_serves_from_a_captured_graph_through_the_pinned_region(mlp):
     purposes = [r["purpose"] for r in rec["ledger"]["reservations"]]
     assert "cuda graph pool" in purposes
     assert 1.0 <= rec["ledger"]["budget_over_measured"] <= 2.0, rec["ledger"]
+    host = rec["ledger"]["host_pinned"]  # the page-locked region, in host_ram
+    assert host["pool"] == "host_ram" and host["state"] == "registered"
+    assert host["measured_bytes"] == acc["pinned_region"]["bytes"]
+    assert 1.0 <= host["budget_over_measured"] <= 2.0, host
 
 
 def test_both_switches_off_serve_eager_from_pageable_memory(mlp):
@@ -108,6 +112,7 @@ def test_both_switches_off_serve_eager_from_pageable_memory(mlp):
     acc = rec["worker"]["accelerator"]
     assert acc["cuda_graph"]["state"] == "off" and acc["pinned_region"]["state"] == "off"
     assert "cuda graph pool" not in [r["purpose"] for r in rec["ledger"]["reservations"]]
+    assert "host_pinned" not in rec["ledger"]  # nothing page-locked, nothing held for it
     assert any("cuda_graphs off" in n for n in rec["worker"]["notes"])
 
 
