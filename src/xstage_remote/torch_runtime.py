@@ -24,6 +24,10 @@ with the devices of its tensor inputs and outputs. That works on old torch and o
 DirectML, whose profiler sees no device activity. Ops are aggregated by (op, input devices,
 output devices) so a large program's log stays small; the client judges it
 (``xstage.evidence.prove_torch``). On CUDA the profiler's device kernels are counted too.
+
+Serving on CUDA (``cuda_serving.py``): the shared region pinned for DMA (``attach_region``,
+called by the worker when it attaches a region), one stream and one sync per call, and a CUDA
+graph captured right after the profiled warm-up, whose replay answers the warm-up call.
 """
 
 import time
