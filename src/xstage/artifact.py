@@ -72,7 +72,10 @@ class Artifact:
         return tuple(Path(f["path"]).name for f in self.files)
 
     def graph_facts(self, shapes: Mapping[str, tuple[int, ...]]) -> GraphFacts:
-        """:func:`graph_facts` of this artifact's graph file (it reads the file again)."""
+        """:func:`graph_facts` of this artifact's graph file (it reads the file again); a
+        ``.pt2`` program's through :func:`pt2_graph_facts` (its exported shapes)."""
+        if self.format.startswith("pt:"):
+            return pt2_graph_facts(self.path)
         return graph_facts(self.path, shapes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -492,6 +495,81 @@ def graph_facts(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> Grap
         initializers=tuple(i.name for i in graph.initializer),
         outputs=tuple(o.name for o in graph.output),
     )
+
+
+#: torch.export's serialized ``ScalarType`` codes and their element sizes
+#: (``torch/_export/serde/schema.py``); a code not listed leaves its value unsized.
+_PT2_ITEMSIZE = {1: ("uint8", 1), 2: ("int8", 1), 3: ("int16", 2), 4: ("int32", 4),
+                 5: ("int64", 8), 6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8),
+                 12: ("bool", 1), 13: ("bfloat16", 2)}
+#: Ops whose output shares its input's storage: no allocation of their own.
+_PT2_ALIASES = ("view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t",
+                "slice", "select", "squeeze", "unsqueeze", "alias", "as_strided", "split",
+                "split_with_sizes", "chunk", "unbind", "detach", "flatten", "unflatten",
+                "_assert_tensor_metadata", "view_as", "narrow", "movedim", "diagonal")
+
+
+def _pt2_names(args: Any) -> tuple[str, ...]:
+    """The tensor names an argument list of the serialized graph refers to."""
+    out: list[str] = []
+    for a in args:
+        arg = a.get("arg", a) if isinstance(a, dict) else {}
+        if "as_tensor" in arg:
+            out.append(arg["as_tensor"]["name"])
+        for t in arg.get("as_tensors") or ():
+            out.append(t["name"])
+        for t in arg.get("as_optional_tensors") or ():
+            if isinstance(t, dict) and "as_tensor" in t:
+                out.append(t["as_tensor"]["name"])
+    return tuple(out)
+
+
+def pt2_graph_facts(path: str | Path) -> GraphFacts:
+    """A ``torch.export`` archive's top-level graph as facts: every tensor's exported shape
+    and dtype (its serialized ``tensor_values``) and the nodes in order.
+
+    Ops that return a view of their input (:data:`_PT2_ALIASES`) produce values the liveness
+    walk counts as unsized (no storage of their own), and a use of a view counts as a use of
+    the tensor it views (its storage lives as long). A symbolic dimension leaves its value
+    unsized. Never raises: an archive it cannot read gives facts with only ``error`` set.
+    """
+    try:
+        with zipfile.ZipFile(path) as z:
+            name = next((n for n in z.namelist() if n.endswith("/models/model.json")), None)
+            if name is None:
+                return GraphFacts(error="no models/model.json in the archive (an older layout)")
+            doc = json.loads(z.read(name).decode("utf-8"))
+        graph = doc["graph_module"]["graph"]
+        base: dict[str, str] = {}  # a view's name -> the tensor whose storage it shares
+        nodes = []
+        for node in graph["nodes"]:
+            outs = _pt2_names(node.get("outputs") or ())
+            ins = tuple(base.get(n, n) for n in _pt2_names(node.get("inputs") or ()))
+            op = str(node.get("target", "")).split(".")
+            if len(op) >= 4 and op[-2] in _PT2_ALIASES and ins:
+                base.update((o, ins[0]) for o in outs)
+            nodes.append(GraphNode(ins, outs))
+        aliases = set(base)
+        values = []
+        for vname, meta in graph["tensor_values"].items():
+            dims = [d.get("as_int") for d in meta.get("sizes") or ()]
+            known = _PT2_ITEMSIZE.get(meta.get("dtype"))
+            shape = None if vname in aliases else tuple(d if isinstance(d, int) else None
+                                                        for d in dims)
+            values.append(GraphValue(vname, known[0] if known else None,
+                                     known[1] if known else None, shape))
+        lifted = []  # parameters, buffers, constants: the program's inputs that are not the caller's
+        for spec in doc["graph_module"].get("signature", {}).get("input_specs") or ():
+            for kind, body in spec.items():
+                arg = body.get("arg") if isinstance(body, dict) else None
+                if kind != "user_input" and isinstance(arg, dict) and "name" in arg:
+                    lifted.append(arg["name"])
+        return GraphFacts(values=tuple(values), nodes=tuple(nodes),
+                          inputs=_pt2_names(graph.get("inputs") or ()),
+                          initializers=tuple(lifted),
+                          outputs=_pt2_names(graph.get("outputs") or ()))
+    except (OSError, zipfile.BadZipFile, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return GraphFacts(error=f"{type(exc).__name__}: {exc}")
 
 
 def graph_nodes(art: Artifact) -> tuple[dict[str, str], ...]:

@@ -212,6 +212,8 @@ class Worker:
             if hasattr(self.runtime, "unbind"):
                 self.runtime.unbind()
         self.region = region
+        if hasattr(self.runtime, "attach_region"):  # torch-cuda: the region pinned for DMA
+            self.runtime.attach_region(region)
         self.bell.bind(self.region, shm_mod.OFF_WORKER_ASLEEP, shm_mod.OFF_CLIENT_ASLEEP,
                        spin=shm_mod.WORKER_SPIN_SECONDS)
         self.in_slots = [s for s in slots if s["role"] == "in" and s["set"] == 0]

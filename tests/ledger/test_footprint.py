@@ -130,3 +130,116 @@ def test_external_data_is_not_counted_in_the_parsed_model(tmp_path):
     assert by["weights"].bytes == art.bytes > 256 * 256 * 4  # graph + sidecar, read from disk
     assert by["parsed model"].bytes == graph_file < 4096
     assert "external data" in by["parsed model"].basis
+
+
+def test_a_captured_cuda_graph_reserves_its_pool_beside_the_activations(tmp_path):
+    """torch-cuda serves from a CUDA graph: its private pool (one call's intermediates, inputs
+    and outputs) is reserved in the device pool; ``cuda_graphs=off`` reserves none."""
+    from xstage.artifact import Artifact, IOSpec
+
+    art = Artifact(path=tmp_path / "s.pt2", format="pt:fp32", format_source="manifest",
+                   component="s", sha256="0" * 64, bytes=MiB,
+                   files=({"path": str(tmp_path / "s.pt2"), "sha256": "0" * 64, "bytes": MiB},),
+                   inputs=(IOSpec("x", "float32", (8, 3, 224, 224)),),
+                   outputs=(IOSpec("y", "float32", (8, 256)),), node_count=0, op_types=(),
+                   manifest={})
+    spec = get_spec("torch-cuda")
+    pool = "vram:gpu_discrete:nvidia:0"
+    io = (8 * 3 * 224 * 224 + 8 * 256) * 4
+    on = footprint.reservations(art, spec.memory_cost({}), pool, {}, route="torch-cuda",
+                                graph_pool=spec.captures_graph({}))
+    by = {r.purpose: r for r in on}
+    assert by["cuda graph pool"].bytes == footprint.PT_ACTIVATION_BYTES + io
+    assert by["cuda graph pool"].pool == pool and by["cuda graph pool"].lifetime == "session"
+    assert "captured CUDA graph" in by["cuda graph pool"].basis
+    assert not spec.captures_graph({"cuda_graphs": "off"})
+    assert not get_spec("torch-cpu").captures_graph({})
+    off = footprint.reservations(art, spec.memory_cost({}), pool, {}, route="torch-cuda",
+                                 graph_pool=spec.captures_graph({"cuda_graphs": "OFF"}))
+    assert "cuda graph pool" not in {r.purpose for r in off}
+
+
+def _pt2(tmp_path, nodes, values, user="x", params=("w",), outputs=("y",)):
+    """A ``.pt2`` archive holding only its graph's JSON, in torch.export's layout (the keys the
+    ledger reads; the values' ``dtype`` 7 is float32, as torch serializes it)."""
+    import json
+    import zipfile
+
+    graph = {"inputs": [{"as_tensor": {"name": n}} for n in (*params, user)],
+             "outputs": [{"as_tensor": {"name": n}} for n in outputs],
+             "nodes": [{"target": f"torch.ops.aten.{op}.default",
+                        "inputs": [{"name": "self", "arg": {"as_tensor": {"name": i}}} for i in ins],
+                        "outputs": [{"as_tensor": {"name": o}}]} for op, ins, o in nodes],
+             "tensor_values": {n: {"dtype": 7, "sizes": [{"as_int": d} if isinstance(d, int)
+                                                         else {"as_expr": {"expr_str": d}}
+                                                         for d in dims]}
+                               for n, dims in values.items()}}
+    specs = [{"parameter": {"arg": {"name": p}, "parameter_name": p}} for p in params]
+    specs.append({"user_input": {"arg": {"as_tensor": {"name": user}}}})
+    doc = {"graph_module": {"graph": graph, "signature": {"input_specs": specs}}}
+    path = tmp_path / "p.pt2"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("p/models/model.json", json.dumps(doc))
+        z.writestr("p/archive_format", "pt2")
+    return path
+
+
+def test_a_pt2_programs_activations_come_from_its_exported_graph(tmp_path):
+    """Liveness over the archive's tensors; views cost nothing; the constant is the floor."""
+    from xstage.artifact import Artifact, IOSpec, pt2_graph_facts
+
+    big = 64 * MiB // 4  # float32 elements of 64 MiB
+    values = {"w": [4, 4], "x": [big], "a": [big], "v": [big], "b": [big], "y": [4]}
+    nodes = [("relu", ("x",), "a"), ("view", ("a",), "v"), ("gelu", ("v",), "b"),
+             ("sum", ("b",), "y")]
+    path = _pt2(tmp_path, nodes, values)
+    facts = pt2_graph_facts(path)
+    assert facts.error is None and facts.initializers == ("w",) and facts.outputs == ("y",)
+    act = footprint.estimate_activations(facts)
+    assert act.live_peak_bytes == 2 * 64 * MiB  # a and b (v is a's view), never x or y
+    assert act.unsized == 1 and act.io_bytes == 64 * MiB + 16
+    art = Artifact(path=path, format="pt:fp32", format_source="manifest", component="p",
+                   sha256="0" * 64, bytes=path.stat().st_size,
+                   files=({"path": str(path), "sha256": "0" * 64, "bytes": path.stat().st_size},),
+                   inputs=(IOSpec("x", "float32", (big,)),), outputs=(IOSpec("y", "float32", (4,)),),
+                   node_count=0, op_types=(), manifest={})
+    by = {r.purpose: r for r in _reservations(art, "torch-cuda", "vram:gpu_discrete:nvidia:0", {})}
+    assert by["activations"].bytes == int(2 * 64 * MiB * footprint.PT_ACTIVATION_FACTOR)
+    assert "liveness peak 128.0 MiB" in by["activations"].basis
+    small = _pt2(tmp_path, [("relu", ("x",), "y")], {"w": [4], "x": [8], "y": [8]})
+    art_small = Artifact(**{**art.__dict__, "path": small})
+    by = {r.purpose: r for r in _reservations(art_small, "torch-cpu", "host_ram", {})}
+    assert by["activations"].bytes == footprint.PT_ACTIVATION_BYTES  # the floor
+
+
+def test_a_pt2_archive_without_a_graph_json_keeps_the_constant_and_says_why(tmp_path):
+    import zipfile
+
+    from xstage.artifact import pt2_graph_facts
+
+    path = tmp_path / "old.pt2"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("serialized_exported_program.json", "{}")
+    assert "no models/model.json" in (pt2_graph_facts(path).error or "")
+    symbolic = _pt2(tmp_path, [("relu", ("x",), "y")], {"w": [4], "x": ["s0"], "y": ["s0"]})
+    act = footprint.estimate_activations(pt2_graph_facts(symbolic))
+    assert act.sized == 0 and act.live_peak_bytes == 0
+
+
+def test_the_pinned_region_is_held_in_host_ram_per_slot_set(tmp_path):
+    from xstage.artifact import Artifact, IOSpec
+
+    art = Artifact(path=tmp_path / "s.pt2", format="pt:fp32", format_source="manifest",
+                   component="s", sha256="0" * 64, bytes=MiB,
+                   files=({"path": str(tmp_path / "s.pt2"), "sha256": "0" * 64, "bytes": MiB},),
+                   inputs=(IOSpec("x", "float32", (8, 3, 224, 224)),),
+                   outputs=(IOSpec("y", "float32", (8, 256)),), node_count=0, op_types=(),
+                   manifest={})
+    (res,) = footprint.pinned_region(art, {}, 2, route="torch-cuda")
+    io = (8 * 3 * 224 * 224 + 8 * 256) * 4
+    assert res.pool == "host_ram" and res.purpose == "pinned region" and res.lifetime == "session"
+    assert res.bytes == 2 * io + footprint.REGION_PAGES_BYTES + 2 * 2 * footprint.REGION_SLOT_BYTES
+    assert "2 slot set(s)" in res.basis and "page-locked" in res.basis
+    spec = get_spec("torch-cuda")
+    assert spec.pins_region({}) and not spec.pins_region({"pinned_region": "off"})
+    assert not get_spec("torch-cpu").pins_region({})

@@ -231,3 +231,34 @@ def test_summary_rows_show_budget_measurement_and_reservations():
     assert "measured" not in refused and refused["ledger"].startswith("refused (over_budget)")
     assert any(line.startswith("budget: ") for line in summary(record_docs.over_budget()))
     assert ledger_rows(None) == [] and ledger_rows(record_docs.schema_1_0().get("ledger")) == []
+
+
+def test_a_gpu_stage_holds_its_pinned_host_memory_beside_its_device_budget():
+    """``reserve(also=...)``: one stage's budgets in two pools, held and released together."""
+    vram = "vram:gpu_discrete:nvidia:0"
+    book = Ledger(capacity={"host_ram": "300MiB", vram: "1GiB"})
+    gpu = _budget(pool=vram)  # 100 MiB in the device's pool
+    pinned = ledger.make_budget([_res("pinned region", 80, "session")], pool="host_ram")  # 100
+    holding, fit = book.reserve(gpu, "s", also=(pinned,))
+    assert holding is not None and fit.pool.name == vram
+    assert book.held_bytes(vram) == 100 * MiB and book.held_bytes("host_ram") == 100 * MiB
+    # the host pool now has 200 MiB left: a second stage's 250 MiB of pinned memory is refused,
+    # and nothing of it is held in either pool
+    big = ledger.make_budget([_res("pinned region", 200, "session")], pool="host_ram")
+    none, why = book.reserve(gpu, "t", also=(big,))
+    assert none is None and why.pool.name == "host_ram" and why.cause == "over_budget"
+    assert book.held_bytes(vram) == 100 * MiB and book.held_bytes("host_ram") == 100 * MiB
+    book.release(holding)
+    assert book.held_bytes(vram) == 0 and book.held_bytes("host_ram") == 0
+
+
+def test_the_pinned_block_reads_what_the_worker_registered():
+    from xstage.ledger import measured
+
+    pinned = ledger.make_budget([_res("pinned region", 8, "session")], pool="host_ram")
+    doc = measured.pinned_block(pinned, {"state": "registered", "bytes": 8 * MiB})
+    assert doc["budget_bytes"] == 10 * MiB and doc["measured_bytes"] == 8 * MiB
+    assert doc["budget_over_measured"] == 1.25 and doc["state"] == "registered"
+    failed = measured.pinned_block(pinned, {"state": "failed", "bytes": 8 * MiB, "why": "x"})
+    assert failed["measured_bytes"] is None and failed["budget_over_measured"] is None
+    assert measured.pinned_block(pinned, None)["state"] == "unreported"

@@ -191,3 +191,37 @@ def test_integral_float_counts_as_integer_like_jsonschema():
     doc["request"]["runs"] = 20.0
     validate_record(doc)
     assert jsonschema.Draft202012Validator(load_schema()).is_valid(doc)
+
+
+def test_a_torch_cuda_workers_accelerator_block_is_checked():
+    """issue 20: the worker's stream, pinned region and CUDA graph (an optional key)."""
+    doc = record_docs.placed()
+    doc["worker"]["accelerator"] = {
+        "stream": "dedicated", "sync_per_call": 1,
+        "cuda_graph": {"state": "captured", "capture_ms": 41.2, "pool_bytes": 2097152,
+                       "shapes": [[8, 3, 224, 224]], "eager_vs_replay_max_abs": 0.0,
+                       "gated": "the warm-up call answers with the replay's outputs"},
+        "pinned_region": {"state": "registered", "bytes": 9699328, "register_ms": 1.3,
+                          "via": "torch.cuda.cudart().cudaHostRegister", "is_pinned": True}}
+    validate_record(doc)
+    doc["worker"]["accelerator"]["cuda_graph"] = {"state": "failed", "why": "RuntimeError: x",
+                                                  "note": "CUDA graph capture failed; eager"}
+    validate_record(doc)
+    doc["worker"]["accelerator"]["cuda_graph"]["state"] = "maybe"
+    with pytest.raises(RecordError, match=r"cuda_graph\.state"):
+        validate_record(doc)
+
+
+def test_the_ledgers_host_pinned_block_is_checked():
+    doc = record_docs.placed()
+    if doc.get("ledger") is None:
+        pytest.skip("the placed example has no ledger block")
+    res = {"purpose": "pinned region", "bytes": 9764864, "pool": "host_ram", "lifetime": "session",
+           "evidence": "E", "basis": "b"}
+    doc["ledger"]["host_pinned"] = {"pool": "host_ram", "reservations": [res],
+                                    "budget_bytes": 12206080, "measured_bytes": 9699328,
+                                    "state": "registered", "budget_over_measured": 1.258}
+    validate_record(doc)
+    doc["ledger"]["host_pinned"]["extra"] = 1
+    with pytest.raises(RecordError, match="host_pinned"):
+        validate_record(doc)

@@ -46,3 +46,31 @@ def test_an_onnx_route_runs_its_specs_hook():
     out = load_options(_resolved("ort-openvino", ("cpu",), ep_plugin=plugin), fmt="onnx:fp32")
     assert json.loads(out["ep"]["options"]["load_config"]) == {"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}
     assert out["notes"] and out["route"] == "ort-openvino"
+
+
+def test_torch_cuda_serving_switches_travel_as_on_or_off():
+    import pytest
+
+    from xstage import errors
+
+    status = _resolved("torch-cuda", ("gpu_discrete:nvidia:0",))
+    out = load_options(status, fmt="pt:fp32", ep_options={"cuda_graphs": "0", "pinned_region": "On"})
+    assert out["cuda_graphs"] == "off" and out["pinned_region"] == "on"
+    assert any(n.startswith("cuda_graphs off (--ep-option cuda_graphs=off)") for n in out["notes"])
+    default = load_options(status, fmt="pt:fp32")
+    assert "cuda_graphs" not in default and "pinned_region" not in default  # the worker's default: on
+    with pytest.raises(errors.UsageError) as bad:
+        load_options(status, fmt="pt:fp32", ep_options={"cuda_graphs": "sometimes"})
+    assert "expected on or off" in str(bad.value) and "cuda_graphs=off" in bad.value.remedy
+    with pytest.raises(errors.UsageError) as unknown:
+        load_options(status, fmt="pt:fp32", ep_options={"device_id": "1"})
+    assert "no such option" in str(unknown.value)
+    assert "cuda_graphs=on|off" in unknown.value.remedy and "pinned_region=on|off" in unknown.value.remedy
+
+
+def test_a_cuda_switch_given_to_torch_cpu_is_noted_not_applied():
+    """A plan that falls back from torch-cuda to torch-cpu carries the user's switches along."""
+    out = load_options(_resolved("torch-cpu", ("cpu",)), fmt="pt:fp32",
+                       ep_options={"cuda_graphs": "off"})
+    assert "cuda_graphs" not in out
+    assert out["notes"] == ["--ep-option cuda_graphs is not an option of torch-cpu: ignored here"]

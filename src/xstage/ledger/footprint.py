@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from xstage.ledger import Reservation, format_bytes
+from xstage.ledger import HOST_POOL, Reservation, format_bytes
 
 if TYPE_CHECKING:  # the artifact module reads files; the ledger only reads its facts
     from xstage.artifact import Artifact, GraphFacts
 
-__all__ = ["ACTIVATION_FACTOR", "PT_ACTIVATION_BYTES", "Activations", "RouteCost",
+__all__ = ["ACTIVATION_FACTOR", "PT_ACTIVATION_BYTES", "PT_ACTIVATION_FACTOR",
+           "REGION_PAGES_BYTES", "REGION_SLOT_BYTES", "pinned_region", "Activations", "RouteCost",
            "estimate_activations", "reservations"]
 
 MiB = 1 << 20
@@ -59,6 +60,10 @@ ACTIVATION_FACTOR = 3.0
 #: on top of its manifest's I/O. Not calibrated yet (no torch route runs
 #: here); the measured check after the warm-up is what holds it to account.
 PT_ACTIVATION_BYTES = 64 * MiB
+#: A ``.pt2`` program's activations held per byte of its exported graph's liveness peak: the
+#: caching allocator rounds blocks up and keeps what it freed; cuBLAS and cuDNN workspaces
+#: sit beside them (see ``_pt_activations``).
+PT_ACTIVATION_FACTOR = 1.5
 #: The call's inputs and outputs are held twice: in the shared region's slots (or the frame
 #: on the inline path) and in the runtime's own buffers.
 IO_FACTOR = 2
@@ -127,9 +132,15 @@ def _sizes(graph: GraphFacts) -> dict[str, int]:
 
 
 def reservations(artifact: Artifact, cost: RouteCost, pool: str,
-                 shapes: Mapping[str, tuple[int, ...]], *, route: str) -> list[Reservation]:
+                 shapes: Mapping[str, tuple[int, ...]], *, route: str,
+                 graph_pool: bool = False) -> list[Reservation]:
     """The stage's reservations in ``pool`` when ``route`` runs it at input ``shapes``; ``cost``
-    is the route's own (``RouteSpec.memory_cost``), ``route`` names it in the bases."""
+    is the route's own (``RouteSpec.memory_cost``), ``route`` names it in the bases.
+
+    ``graph_pool``: the worker serves from a captured CUDA graph, whose private pool keeps one
+    call's intermediates and outputs for the stage's life, beside the caching allocator's
+    (the eager warm-up's) — reserved as the activations and outputs once more.
+    """
     files = ", ".join(f"{name} {format_bytes(f['bytes'])}"
                       for name, f in zip(artifact.file_names, artifact.files, strict=True))
     out = [
@@ -162,18 +173,67 @@ def reservations(artifact: Artifact, cost: RouteCost, pool: str,
         out.append(Reservation("activations", int(act.live_peak_bytes * ACTIVATION_FACTOR),
                                pool, "request", "E", basis))
         io_bytes = act.io_bytes
-    else:  # a torch program: no graph to walk before it is loaded
-        out.append(Reservation("activations", PT_ACTIVATION_BYTES, pool, "request", "E",
-                               f"{artifact.format}: a constant ({format_bytes(PT_ACTIVATION_BYTES)}) "
-                               "until the torch routes calibrate one; the I/O comes from the "
-                               "manifest's spec"))
+    else:  # a torch program: its exported graph's tensors, read from the archive
+        out.append(_pt_activations(artifact, pool))
         io_bytes = 0
     if not io_bytes:
         io_bytes = _declared_io(artifact, shapes)
     out.append(Reservation("call tensors", io_bytes * IO_FACTOR, pool, "request", "E",
                            f"inputs + outputs {format_bytes(io_bytes)}, x{IO_FACTOR}: the shared "
                            "region's slots and the runtime's buffers"))
+    if graph_pool:
+        held = next(r for r in out if r.purpose == "activations")
+        out.append(Reservation(
+            "cuda graph pool", held.bytes + io_bytes, pool, "session", "E",
+            f"{route} serves from a captured CUDA graph: its private pool holds one call's "
+            f"intermediates (the activations' {format_bytes(held.bytes)}) and its inputs and "
+            f"outputs ({format_bytes(io_bytes)}) for the stage's life"))
     return out
+
+
+#: The region's own bytes above its slots: the control page and the page the descriptors
+#: round up to, then per slot and set its descriptor (272 bytes) and alignment (64)
+#: (``xstage_remote.shm``'s layout).
+REGION_PAGES_BYTES = 8 << 10
+REGION_SLOT_BYTES = 512
+
+
+def pinned_region(artifact: Artifact, shapes: Mapping[str, tuple[int, ...]], depth: int, *,
+                  route: str) -> list[Reservation]:
+    """The host RAM a worker page-locks for DMA: its shared region, ``depth`` slot sets of the
+    stage's inputs and outputs (at ``shapes``, else as declared), in ``host_ram``.
+
+    Page-locked memory cannot be swapped or given back while the stage lives, so it is held
+    in the host's pool even when the stage's own budget is on a device.
+    """
+    io_bytes = _declared_io(artifact, shapes)
+    slots = len(artifact.inputs) + len(artifact.outputs)
+    extra = REGION_PAGES_BYTES + REGION_SLOT_BYTES * slots * depth
+    return [Reservation(
+        "pinned region", depth * io_bytes + extra, HOST_POOL, "session", "E",
+        f"{route} registers its shared region with CUDA (page-locked host RAM): {depth} slot "
+        f"set(s) x inputs + outputs {format_bytes(io_bytes)}, + {format_bytes(extra)} for its "
+        f"control page, descriptors and alignment ({slots} slots per set)")]
+
+
+def _pt_activations(artifact: Artifact, pool: str) -> Reservation:
+    """A ``.pt2`` program's activations: the liveness peak over its exported graph's tensors
+    (``Artifact.graph_facts``) x ``PT_ACTIVATION_FACTOR``, never under the constant
+    ``PT_ACTIVATION_BYTES``; the constant alone when the archive gives no sizes."""
+    act = estimate_activations(artifact.graph_facts({}))
+    if act.note or not act.sized:
+        why = act.note or "no tensor of its graph could be sized"
+        return Reservation("activations", PT_ACTIVATION_BYTES, pool, "request", "E",
+                           f"{artifact.format}: a constant ({format_bytes(PT_ACTIVATION_BYTES)}): "
+                           f"{why}; the I/O comes from the manifest's spec")
+    held = max(PT_ACTIVATION_BYTES, int(act.live_peak_bytes * PT_ACTIVATION_FACTOR))
+    return Reservation(
+        "activations", held, pool, "request", "E",
+        f"liveness peak {format_bytes(act.live_peak_bytes)} over {act.sized} tensors of the "
+        f"exported graph ({act.unsized} views or unsized, counted 0), x{PT_ACTIVATION_FACTOR:g}, "
+        f"at least {format_bytes(PT_ACTIVATION_BYTES)}: measured on an H200 (conv 3-64-64 at "
+        "8x224², 196 MiB live by this walk, held ~250 MiB eager and as much again in its CUDA "
+        "graph's pool)")
 
 
 def _declared_io(artifact: Artifact, shapes: Mapping[str, tuple[int, ...]]) -> int:

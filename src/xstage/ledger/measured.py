@@ -13,7 +13,7 @@ from typing import Any
 
 from xstage.ledger.budget import Budget, Fit, format_bytes
 
-__all__ = ["Measured", "check_measured", "record_block"]
+__all__ = ["Measured", "check_measured", "pinned_block", "record_block"]
 
 
 @dataclass(frozen=True)
@@ -76,3 +76,18 @@ def record_block(budget: Budget, fit: Fit, measured: Measured | None, *,
         "blind_spots": list(spots),
         "warnings": list(warnings),
     }
+
+
+def pinned_block(budget: Budget, pinned: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The record's ``ledger.host_pinned`` object: the page-locked region's budget in the host's
+    pool against the bytes the worker registered (``accelerator.pinned_region``).
+
+    Not a gate: a region whose registration failed is not page-locked and holds nothing more
+    than any shared region (its measured bytes are None, the state says why).
+    """
+    state = str((pinned or {}).get("state") or "unreported")
+    got = (pinned or {}).get("bytes") if state == "registered" else None
+    measured = int(got) if isinstance(got, int) and got > 0 else None
+    return {"pool": budget.pool, "reservations": [r.to_dict() for r in budget.reservations],
+            "budget_bytes": budget.budget_bytes, "measured_bytes": measured, "state": state,
+            "budget_over_measured": budget.budget_bytes / measured if measured else None}

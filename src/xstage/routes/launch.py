@@ -20,8 +20,9 @@ from xstage.host.wsl import WslInfo
 from xstage.routes import RouteStatus
 from xstage.routes.hooks import ep_options_for
 from xstage.routes.option_hooks import DeviceOverride
+from xstage.routes.specs import ROUTES, SWITCH_OFF
 
-__all__ = ["load_options", "open_worker", "windows_side_options"]
+__all__ = ["load_options", "open_worker", "serving_switches", "windows_side_options"]
 
 
 def _missing(status: RouteStatus) -> errors.RouteMissing:
@@ -51,7 +52,7 @@ def load_options(
         raise _missing(status)
     if status.spec.runtime == "torch":
         return _torch_options(status, device=device, profile=profile, output_names=output_names,
-                              fmt=fmt)
+                              fmt=fmt, switches=ep_options or {})
     if status.spec.runtime != "onnxruntime":
         raise errors.UsageError(f"route {status.name} runs {status.spec.runtime}, not ONNX graphs")
     device = device or (status.devices[0] if status.devices else None)
@@ -123,10 +124,46 @@ def _override_error(status: RouteStatus, info: Mapping[str, Any],
         remedy=f"drop --ep-option {over.option}, or ask for that device with {choice}")
 
 
+_ON = ("on", "1", "true", "yes")
+_OFF = SWITCH_OFF
+
+
+def serving_switches(spec: Any, given: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """A torch route's ``--ep-option NAME=on|off`` values (``RouteSpec.serving_switches``),
+    each as ``on`` or ``off``, and a note for each one turned off.
+
+    Raises:
+        UsageError: an option the route does not take, or a value that is not on or off.
+    """
+    known = dict(spec.serving_switches)
+    out: dict[str, str] = {}
+    notes = []
+    elsewhere = {k for other in ROUTES for k in other.serving_switches}
+    for name, value in given.items():
+        if name not in known and name in elsewhere:
+            notes.append(f"--ep-option {name} is not an option of {spec.name}: ignored here")
+            continue
+        if name not in known:
+            takes = ", ".join(f"{k}=on|off" for k in sorted(known)) or "none"
+            raise errors.UsageError(
+                f"--ep-option {name}: route {spec.name} has no such option",
+                remedy=f"its options: {takes}")
+        text = str(value).strip().lower()
+        if text not in _ON + _OFF:
+            raise errors.UsageError(f"--ep-option {name}={value}: expected on or off",
+                                    remedy=f"--ep-option {name}=off turns off {known[name]}")
+        out[name] = "on" if text in _ON else "off"
+        if out[name] == "off":
+            notes.append(f"{name} off (--ep-option {name}=off): no {known[name].split(',')[0]}")
+    return out, notes
+
+
 def _torch_options(status: RouteStatus, *, device: str | None, profile: bool,
-                   output_names: Sequence[str], fmt: str = "pt:fp32") -> dict[str, Any]:
-    """A torch route's options: the torch device for the xstage device id, and the names the
-    program's outputs take (from the manifest; a .pt2 names none of its own)."""
+                   output_names: Sequence[str], fmt: str = "pt:fp32",
+                   switches: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A torch route's options: the torch device for the xstage device id, the names the
+    program's outputs take (from the manifest; a .pt2 names none of its own), and the
+    route's serving switches (``serving_switches``)."""
     device = device or (status.devices[0] if status.devices else "cpu")
     kind = status.spec.torch_device or "cpu"
     if kind == "cpu":
@@ -139,9 +176,11 @@ def _torch_options(status: RouteStatus, *, device: str | None, profile: bool,
     strict = fmt.endswith("fp32") and bool(status.spec.fp32_strict_note)
     if strict:  # an fp32 artifact computes in fp32, as the OpenVINO hook asks of its EP
         notes.append(status.spec.fp32_strict_note)
+    chosen, off = serving_switches(status.spec, switches or {})
+    notes.extend(off)
     out = {"runtime": "torch", "device": torch_device, "xstage_device": device,
            "route": status.name, "profile": profile, "output_names": list(output_names),
-           "fp32_strict": strict, "notes": notes}
+           "fp32_strict": strict, "notes": notes, **chosen}
     if status.spec.adapter_by_name:  # DirectML: the adapter by name, never by index
         details = dict(status.device_details.get(device, {}))
         out["adapter_name"] = details.get("name") or device

@@ -30,6 +30,7 @@ __all__ = [
     "PLUGIN_PREFIX",
     "ROUTES",
     "ROUTE_NAMES",
+    "SWITCH_OFF",
     "UNKNOWN_COST",
     "PluginEP",
     "RouteSpec",
@@ -124,6 +125,10 @@ class PluginEP:
     formats: tuple[str, ...] = ("onnx:fp32", "onnx:fp16")
 
 
+#: The values that turn a serving switch off (``--ep-option cuda_graphs=off``).
+SWITCH_OFF = ("off", "0", "false", "no")
+
+
 @dataclass(frozen=True)
 class RouteSpec:
     """One route, as data.
@@ -177,6 +182,11 @@ class RouteSpec:
         adapter_by_identity: a built-in EP that picks its adapter by index (DirectML's
             ``device_id``): the index comes from the adapter matched to the xstage device by
             identity (``xstage.host.adapters``), never 0 by default.
+        serving_switches: for a torch route, the ``on``/``off`` options its worker serves with
+            (``--ep-option NAME=off``), each with what it turns off (torch-cuda: CUDA graphs,
+            the pinned region); any other option is a usage error.
+        graph_pool: the worker captures the program in a CUDA graph, whose private memory
+            pool the ledger reserves beside the activations (unless ``cuda_graphs=off``).
     """
 
     name: str
@@ -209,6 +219,26 @@ class RouteSpec:
     adapter_by_name: bool = False
     plugin_ep: PluginEP | None = field(default=None, hash=False)
     adapter_by_identity: bool = False
+    serving_switches: Mapping[str, str] = field(default_factory=_frozen, hash=False)
+    graph_pool: bool = False
+
+    def captures_graph(self, ep_options: Mapping[str, str] | None) -> bool:
+        """Whether this route's worker will serve from a captured CUDA graph.
+
+        The ledger reserves the graph's pool when the route captures one and
+        ``--ep-option cuda_graphs=off`` was not given.
+        """
+        value = str((ep_options or {}).get("cuda_graphs", "on")).strip().lower()
+        return self.graph_pool and value not in SWITCH_OFF
+
+    def pins_region(self, ep_options: Mapping[str, str] | None) -> bool:
+        """Whether this route's worker will page-lock its shared region.
+
+        The ledger charges it to the host's pool when the route pins one and
+        ``--ep-option pinned_region=off`` was not given.
+        """
+        value = str((ep_options or {}).get("pinned_region", "on")).strip().lower()
+        return "pinned_region" in self.serving_switches and value not in SWITCH_OFF
 
     @property
     def env_var(self) -> str:
@@ -512,6 +542,12 @@ ROUTES: tuple[RouteSpec, ...] = (
             "measured: on an H200 (torch 2.11+cu130), a worker holding the 1 MB tiny tower uses "
             "732 MiB of device memory by nvidia-smi (the CUDA context and the caching "
             "allocator's reserve; torch's own max_memory_allocated sees a few MiB of it)", True),
+        serving_switches=_frozen({
+            "cuda_graphs": "the program captured in a CUDA graph after the eager warm-up and "
+                           "replayed for calls at the warm-up's shapes",
+            "pinned_region": "the shared region registered with CUDA (cudaHostRegister), so "
+                             "inputs and outputs move by DMA"}),
+        graph_pool=True,
     ),
     RouteSpec(
         name="torch-dml",

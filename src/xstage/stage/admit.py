@@ -140,18 +140,25 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         ArtifactError: the route's worker could not load or run the artifact.
         WorkerError: the worker died or timed out (an error, not a refusal).
     """
-    held = footprint.reservations(setup.artifact, cand.route.spec.memory_cost(cand.route.versions),
-                                  cand.pool, {n: tuple(a.shape) for n, a in setup.feeds.items()},
-                                  route=cand.route.name)
+    spec, shapes = cand.route.spec, {n: tuple(a.shape) for n, a in setup.feeds.items()}
+    pins = cand.pool != ledger_mod.HOST_POOL and spec.pins_region(setup.ep_options)
+    held = footprint.reservations(setup.artifact, spec.memory_cost(cand.route.versions), cand.pool,
+                                  shapes, route=cand.route.name,
+                                  graph_pool=spec.captures_graph(setup.ep_options))
+    # a GPU stage's page-locked region: host RAM, held beside the device budget
+    locked = footprint.pinned_region(setup.artifact, shapes, setup.depth,
+                                     route=cand.route.name) if pins else []
     if setup.state:
         held.append(ledger_mod.Reservation(
             "state", state_bytes(setup.state, setup.artifact), cand.pool, "session", "D",
             f"{len(setup.state)} state pair(s) kept in the worker: each value and its initial "
             "copy, at their declared shapes"))
     budget = ledger_mod.make_budget(held, pool=cand.pool)
+    pinned = ledger_mod.make_budget(locked, pool=ledger_mod.HOST_POOL) if locked else None
     book = setup.ledger if setup.ledger is not None else Ledger.default()
     holding, fit = book.reserve(
-        budget, f"{setup.artifact.path.name} on {cand.device} ({cand.route.name})", setup.devices)
+        budget, f"{setup.artifact.path.name} on {cand.device} ({cand.route.name})", setup.devices,
+        also=(pinned,) if pinned else ())
     spots = ledger_mod.blind_spots(cand.kind, cand.pool)
     if holding is None:  # rule 1: refused before any worker starts
         return refusals.budget_refusal(cand, fit, measured.record_block(budget, fit, None, spots=spots))
@@ -180,6 +187,10 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         peak = measured.check_measured(
             budget.budget_bytes, _measured_peak(cand.pool, warm.timing, memory, warm.info))
         ledger_doc = measured.record_block(budget, fit, peak, memory=memory, spots=spots)
+        if pinned is not None:
+            acc = warm.info.get("accelerator")
+            ledger_doc["host_pinned"] = measured.pinned_block(
+                pinned, acc.get("pinned_region") if isinstance(acc, dict) else None)
         if peak.cause:
             return refusals.peak_refusal(cand, peak, ledger_doc, warm.worker)
         cleanup.pop_all()  # admitted: the worker and the hold now belong to the Stage
@@ -252,8 +263,17 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     phases = (("spawn + hello", t_spawn, t_ready), ("load", t_ready, t_loaded),
               ("warm-up", t_loaded, t_warm), ("evidence", t_warm, t_evidence))
     return client, WarmUp(outputs=outputs, timing=timing, info=info, profile=profile,
-                          worker=worker, notes=tuple(options.get("notes", [])), target=target,
+                          worker=worker, notes=(*options.get("notes", []), *_serving_notes(info)),
+                          target=target,
                           phases=phases, second=second)
+
+
+def _serving_notes(info: Mapping[str, Any]) -> tuple[str, ...]:
+    """What the worker's serving set-up said (a CUDA graph that could not be captured)."""
+    acc = info.get("accelerator")
+    graph = acc.get("cuda_graph") if isinstance(acc, dict) else None
+    note = graph.get("note") if isinstance(graph, dict) else None
+    return (note,) if isinstance(note, str) else ()
 
 
 class _CompileFailed(Exception):

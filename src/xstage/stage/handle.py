@@ -413,6 +413,9 @@ class Stage:
                   "log": str(client.log_path) if client.log_path else None, "notes": self.notes,
                   "runtime": dict((client.loaded or {}).get("info") or {}),
                   "evidence_sha256": self._admission.warm.worker["evidence_sha256"]}
+        accelerator = self._admission.warm.info.get("accelerator")
+        if isinstance(accelerator, dict):  # torch-cuda: stream, pinned region, CUDA graph
+            worker["accelerator"] = accelerator
         return build_record(
             serving=self._serving_block(),
             argv=argv, started=self._admission.setup.started, request=self._request,

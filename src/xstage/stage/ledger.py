@@ -93,21 +93,33 @@ class Ledger:
         with self._lock:
             return [h for p, h in self._held.values() if pool is None or p == pool]
 
-    def reserve(self, budget: Budget, label: str, devices: Sequence[Any] = ()
-                ) -> tuple[Holding | None, Fit]:
-        """Hold ``budget`` if it fits; else nothing is held and the ``Fit`` says why."""
-        pool = self.pool(budget.pool, devices)
+    def reserve(self, budget: Budget, label: str, devices: Sequence[Any] = (),
+                also: Sequence[Budget] = ()) -> tuple[Holding | None, Fit]:
+        """Hold ``budget`` and ``also`` if all fit; else nothing is held.
+
+        ``also``: budgets of the same stage in other pools (a GPU stage's page-locked host
+        memory). The ``Fit`` of the first that does not fit says why; releasing the holding
+        releases them all.
+        """
+        pools = [self.pool(b.pool, devices) for b in (budget, *also)]
         with self._lock:
-            held = sum(h.budget.budget_bytes for p, h in self._held.values() if p == budget.pool)
-            fit = ledger.check_fit(pool, held, budget)
-            if not fit.fits:
-                return None, fit
+            fits = []
+            for pool, b in zip(pools, (budget, *also), strict=True):
+                held = sum(h.budget.budget_bytes for p, h in self._held.values() if p == b.pool)
+                fits.append(ledger.check_fit(pool, held, b))
+                if not fits[-1].fits:
+                    return None, fits[-1]
             holding = Holding(next(self._tokens), label, budget)
             self._held[holding.token] = (budget.pool, holding)
-            return holding, fit
+            for b in also:
+                self._held[-next(self._tokens)] = (b.pool, Holding(holding.token, label, b))
+            return holding, fits[0]
 
     def release(self, holding: Holding | None) -> None:
         """Give a holding back (idempotent)."""
         if holding is not None:
             with self._lock:
                 self._held.pop(holding.token, None)
+                for key in [k for k, (_, h) in self._held.items()
+                            if k < 0 and h.token == holding.token]:
+                    del self._held[key]  # its budgets in other pools

@@ -1,0 +1,336 @@
+"""torch-cuda stages called in process against the same programs behind xstage (issue 20).
+
+Run on a CUDA machine with the repository's ``src`` on ``PYTHONPATH``::
+
+    PYTHONPATH=src python benchmarks/gpu_stage.py [--rounds 7] [--calls 30] [--tower PATH.pt2]
+
+Stages (exported here on the GPU, each with its manifest): ``mlp-small`` (under 1 ms),
+``conv-224`` (issue 20's conv 3→64→64 + GELU + linear at batch 8, 224², ~1 ms), ``mlp-large``
+(8 x 4096², batch 4096: tens of ms), and the tiny Qwen3-VL vision tower when ``--tower``
+names its ``.pt2`` (with its manifest beside it; launch-bound, ~70 small kernels). Arms,
+interleaved round by round (each round runs ``--calls`` calls of every arm in turn), medians
+over every call:
+
+* ``inproc pageable``: host input → ``.cuda()`` → module → ``.cpu()`` (the issue's baseline);
+* ``inproc pinned``: pinned host tensors, ``non_blocking=True`` both ways, one sync;
+* ``xstage old``: ``--ep-option pinned_region=off cuda_graphs=off`` (pageable copies, eager);
+* ``xstage eager``: the pinned region, eager (``cuda_graphs=off``);
+* ``xstage graph``: the pinned region and the CUDA graph (the default).
+
+``gpu`` is the stage's own device time (CUDA events around the module in process). The
+ledger columns are each xstage arm's budget/measured and its CUDA graph pool. Device
+tensors in/out are not built yet (issue 20's third part): no arm for them.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+#: fp32's noise tier (docs/external.md): the float64 tie-break of a 1 TFLOP stage on the host's
+#: CPU would cost minutes per arm; the gate itself is what tests/gpu checks.
+TOLERANCE = {"elem_a": 1e-5}
+ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstage graph")
+XS_OPTIONS = {"xstage old": {"pinned_region": "off", "cuda_graphs": "off"},
+              "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {}}
+
+
+def _modules(torch):
+    nn = torch.nn
+
+    class Mlp(nn.Module):
+        def __init__(self, width, depth):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.nn.functional.gelu(layer(x))
+            return x
+
+    class Conv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 64, 3, padding=1)
+            self.c2 = nn.Conv2d(64, 64, 3, padding=1)
+            self.fc = nn.Linear(64, 256)
+
+        def forward(self, x):
+            h = torch.nn.functional.gelu(self.c1(x))
+            h = torch.nn.functional.gelu(self.c2(h))
+            return self.fc(h.mean(dim=(2, 3)))
+
+    return {"mlp-small": (lambda: Mlp(1024, 4), (64, 1024)),
+            "conv-224": (Conv, (8, 3, 224, 224)),
+            "mlp-large": (lambda: Mlp(4096, 8), (4096, 4096))}
+
+
+def export_stages(torch, folder):
+    """Each built stage as a ``.pt2`` with its manifest, exported on the GPU."""
+    from xstage.manifest import write_manifest
+
+    out = {}
+    for name, (make, shape) in _modules(torch).items():
+        torch.manual_seed(0)
+        module = make().cuda().eval()
+        x = torch.randn(*shape, device="cuda")
+        with torch.no_grad():
+            y = module(x)
+        program = torch.export.export(module, (x,), strict=False)
+        path = Path(folder) / f"{name}.pt2"
+        torch.export.save(program, str(path))
+        write_manifest(path, component=name, fmt="pt:fp32", files=[path],
+                       source={"kind": "script", "what": f"benchmarks/gpu_stage.py {name}"},
+                       exporter={"torch": torch.__version__},
+                       inputs=[{"name": "x", "dtype": "float32", "shape": list(shape)}],
+                       outputs=[{"name": "y", "dtype": "float32", "shape": list(y.shape)}])
+        out[name] = path
+    return out
+
+
+def _inproc(torch, path, feeds, names):
+    """The two in-process arms and the stage's device time, over the program itself."""
+    program = torch.export.load(str(path))
+    try:
+        from torch.export.passes import move_to_device_pass
+
+        program = move_to_device_pass(program, torch.device("cuda:0"))
+    except ImportError:
+        pass
+    module = program.module()
+    host = [torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in names]
+    pinned = [t.pin_memory() for t in host]
+    with torch.no_grad():
+        sample = module(*[t.cuda() for t in host])
+    sample = list(sample) if isinstance(sample, (list, tuple)) else [sample]
+    outs = [torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for v in sample]
+
+    def pageable():
+        with torch.no_grad():
+            r = module(*[t.cuda() for t in host])
+        return [v.cpu() for v in (r if isinstance(r, (list, tuple)) else [r])]
+
+    def pinned_call():
+        with torch.no_grad():
+            r = module(*[t.cuda(non_blocking=True) for t in pinned])
+        for o, v in zip(outs, r if isinstance(r, (list, tuple)) else [r], strict=True):
+            o.copy_(v, non_blocking=True)
+        torch.cuda.synchronize()
+        return outs
+
+    dev = [t.cuda() for t in host]
+
+    def gpu_ms():
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        with torch.no_grad():
+            module(*dev)
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b)
+
+    return pageable, pinned_call, gpu_ms
+
+
+def bench_stage(torch, name, path, rounds, calls, say):
+    import xstage
+
+    stages = {}
+    for arm, opts in XS_OPTIONS.items():
+        t0 = time.perf_counter()
+        stages[arm] = xstage.open_stage(path, route="torch-cuda", ep_options=opts or None,
+                                        record_on_close=False, depth=1, tolerance=TOLERANCE)
+        say(f"  {name}: {arm} opened in {time.perf_counter() - t0:.1f} s")
+    feeds = dict(stages["xstage graph"].inputs)
+    names = [i.name for i in stages["xstage graph"].artifact.inputs]
+    pageable, pinned_call, gpu_ms = _inproc(torch, path, feeds, names)
+    fns = {"inproc pageable": pageable, "inproc pinned": pinned_call,
+           **{arm: (lambda s=s: s(feeds)) for arm, s in stages.items()}}
+    ref = {k: np.asarray(v) for k, v in stages["xstage graph"](feeds).items()}
+    for arm in ("xstage old", "xstage eager"):
+        got = stages[arm](feeds)
+        for k, v in ref.items():
+            if not np.array_equal(np.asarray(got[k]), v):
+                say(f"  {name}: {arm} output {k} differs from the graph's by "
+                    f"{float(np.max(np.abs(np.asarray(got[k]) - v))):.3g}")
+    for fn in fns.values():  # warm every arm once more
+        for _ in range(3):
+            fn()
+    times = {arm: [] for arm in ARMS}
+    worker = {arm: [] for arm in stages}
+    gpu = []
+    for _ in range(rounds):
+        for arm in ARMS:
+            fn = fns[arm]
+            for _ in range(calls):
+                t0 = time.perf_counter_ns()
+                fn()
+                times[arm].append((time.perf_counter_ns() - t0) / 1e6)
+                if arm in stages:
+                    worker[arm].append(stages[arm].last_timing.get("worker_ns", 0) / 1e6)
+        gpu.extend(gpu_ms() for _ in range(calls))
+    row = {"stage": name, "gpu_ms": statistics.median(gpu), "calls": rounds * calls}
+    for arm in ARMS:
+        row[arm] = statistics.median(times[arm])
+    for arm in stages:
+        row[f"{arm} worker"] = statistics.median(worker[arm])
+    for arm, s in stages.items():
+        rec = s.record()
+        acc = rec["worker"].get("accelerator") or {}
+        row[f"{arm} ledger"] = {
+            "budget_over_measured": rec["ledger"].get("budget_over_measured"),
+            "budget_bytes": rec["ledger"].get("budget_bytes"),
+            "measured_peak_bytes": rec["ledger"].get("measured_peak_bytes"),
+            "graph": (acc.get("cuda_graph") or {}).get("state"),
+            "graph_pool_bytes": (acc.get("cuda_graph") or {}).get("pool_bytes"),
+            "pinned": (acc.get("pinned_region") or {}).get("state"),
+            "pinned_via": (acc.get("pinned_region") or {}).get("via"),
+            "pinned_bytes": (acc.get("pinned_region") or {}).get("bytes"),
+            "eager_vs_replay_max_abs": (acc.get("cuda_graph") or {}).get("eager_vs_replay_max_abs"),
+            "notes": rec["worker"].get("notes")}
+        s.close()
+    return row
+
+
+_RESIDUE = r"""
+import statistics, sys, time
+import torch
+mode = sys.argv[1]
+torch.manual_seed(0)
+m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(20)]).cuda()
+x = torch.randn(64, 256, device="cuda")
+def median_us():
+    ts = []
+    for _ in range(400):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            m(x)
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e6
+before = median_us()
+if mode.startswith("profiler"):
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([] if mode == "profiler-cpu" else [ProfilerActivity.CUDA])
+    with profile(activities=acts):
+        with torch.no_grad():
+            m(x)
+        torch.cuda.synchronize()
+elif mode == "dispatch-mode":
+    from torch.utils._python_dispatch import TorchDispatchMode
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    with Mode(), torch.no_grad():
+        m(x)
+after = median_us()
+print("%-22s before %8.1f us   after %8.1f us   x%.2f" % (mode, before, after, after / before))
+"""
+
+
+def residue(say):
+    """Does a profiled warm-up leave the process's later eager calls slower? 20 small Linears
+    timed before and after one session, each mode in a fresh process."""
+    import subprocess
+
+    lines = []
+    for mode, env in (("plain", {}), ("profiler-cuda", {}), ("profiler-cpu", {}),
+                      ("profiler-cuda", {"TEARDOWN_CUPTI": "1"}), ("dispatch-mode", {})):
+        done = subprocess.run([sys.executable, "-c", _RESIDUE, mode], capture_output=True,
+                              text=True, env={**os.environ, **env}, timeout=300)
+        line = (done.stdout.strip() or done.stderr.strip()[-300:]) + (
+            f"   ({' '.join(f'{k}={v}' for k, v in env.items())})" if env else "")
+        say("  residue: " + line)
+        lines.append(line)
+    return lines
+
+
+def table(rows):
+    head = ("stage", "gpu ms", *[f"{a} ms" for a in ARMS], "graph/pageable", "graph/pinned",
+            "eager/pageable")
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        base, pin = r["inproc pageable"], r["inproc pinned"]
+        lines.append(" | ".join([r["stage"], f"{r['gpu_ms']:.3f}",
+                                 *[f"{r[a]:.3f}" for a in ARMS],
+                                 f"{r['xstage graph'] / base:.3f}", f"{r['xstage graph'] / pin:.3f}",
+                                 f"{r['xstage eager'] / base:.3f}"]))
+    lines.append("")
+    lines.append("stage | " + " | ".join(f"{a} worker ms" for a in XS_OPTIONS)
+                 + " | graph round trip - worker ms")
+    lines.append(" | ".join("---" for _ in range(len(XS_OPTIONS) + 2)))
+    for r in rows:
+        lines.append(" | ".join([r["stage"], *[f"{r[f'{a} worker']:.3f}" for a in XS_OPTIONS],
+                                 f"{r['xstage graph'] - r['xstage graph worker']:.3f}"]))
+    lines.append("")
+    lines.append("stage | arm | budget/measured | budget | measured | graph | pool | pinned (via)")
+    lines.append("--- | --- | --- | --- | --- | --- | --- | ---")
+    for r in rows:
+        for arm in XS_OPTIONS:
+            d = r[f"{arm} ledger"]
+            ratio = d["budget_over_measured"]
+            lines.append(" | ".join(str(x) for x in (
+                r["stage"], arm, f"{ratio:.2f}" if ratio else "-",
+                d["budget_bytes"], d["measured_peak_bytes"], d["graph"], d["graph_pool_bytes"],
+                f"{d['pinned']} ({d['pinned_via']})")))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--tower", help="the tiny vision tower's .pt2 (manifest beside it)")
+    parser.add_argument("--only", help="comma-separated stage names")
+    parser.add_argument("--json", help="write the rows here too")
+    parser.add_argument("--residue", action="store_true",
+                        help="first: does a profiled warm-up slow the process's eager calls?")
+    args = parser.parse_args(argv)
+    import torch
+
+    # The in-process arms compute as the worker does for an fp32 artifact (TF32 off: the
+    # torch-cuda route's fp32_strict_note), so both sides run the same kernels.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if not torch.cuda.is_available():
+        print("no CUDA device: this benchmark runs on a GPU host", file=sys.stderr)
+        return 1
+
+    def say(text):
+        print(text, file=sys.stderr, flush=True)
+
+    say(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda,
+                    "gpu": torch.cuda.get_device_name(0), "cpus": os.cpu_count()}))
+    rows = []
+    found = residue(say) if args.residue else []
+    with tempfile.TemporaryDirectory(prefix="xs-gpu-bench-") as tmp:
+        paths = export_stages(torch, tmp)
+        if args.tower:
+            paths["tower-tiny"] = Path(args.tower)
+        only = set(args.only.split(",")) if args.only else None
+        for name, path in paths.items():
+            if only and name not in only:
+                continue
+            try:
+                rows.append(bench_stage(torch, name, path, args.rounds, args.calls, say))
+                say(json.dumps(rows[-1], default=str))
+            except Exception as exc:  # one stage's failure is reported, the others still run
+                say(f"  {name}: {type(exc).__name__}: {exc}")
+            say(f"  {name}: done")
+    print(table(rows))
+    if found:
+        print("\nprofiler residue (eager call of 20 Linears, median of 400):")
+        print("\n".join(found))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

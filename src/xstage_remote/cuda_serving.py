@@ -1,0 +1,251 @@
+"""How a torch-cuda worker serves calls: the shared region as pinned memory, one dedicated
+stream, CUDA graphs for fixed shapes. Python 3.9 syntax; torch is the runtime.
+
+* **Pinned region.** The worker's shared region (``shm.Region``) is registered with CUDA
+  (``cudaHostRegister`` through ``torch.cuda.cudart()``, else the process's own
+  ``libcudart`` through ctypes), so a slot's bytes go to the device by DMA and outputs land
+  in their slots by DMA, without a staging copy. Without it the same copies run from
+  pageable memory (correct, slower); the record says which.
+* **One stream, one sync.** Every copy in, the program (or its graph's replay) and every copy
+  out are queued on one stream of the worker's own; the call waits once, at the end.
+* **CUDA graphs.** After the profiled eager warm-up (the proof's evidence), the program is
+  captured once at the warm-up's shapes and replayed from then on; the warm-up call answers
+  with the replay's outputs, so the numeric gate judges what serves. A call whose shapes
+  differ runs eager. A capture that fails leaves the stage eager, with a note. Options
+  ``cuda_graphs`` and ``pinned_region`` (``on``/``off``, default on) turn each off.
+"""
+
+import ctypes
+import time
+
+import numpy as np
+
+__all__ = ["CudaServing", "register_host", "switch"]
+
+_ON = ("on", "1", "true", "yes")
+_OFF = ("off", "0", "false", "no")
+
+
+def switch(value, name):
+    """``on``/``off`` (also 1/0, true/false, yes/no, a bool); None is on. Anything else is an
+    error naming the option."""
+    if value is None or value is True:
+        return True
+    if value is False:
+        return False
+    text = str(value).strip().lower()
+    if text in _ON:
+        return True
+    if text in _OFF:
+        return False
+    raise ValueError("%s=%r: expected on or off" % (name, value))
+
+
+def _cudart_ctypes():
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so", "cudart64_13.dll",
+                 "cudart64_12.dll"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def register_host(torch, ptr, size):
+    """Page-lock ``size`` bytes at ``ptr`` for DMA. Returns (how, error): ``how`` names the
+    binding that succeeded (None when none did), ``error`` the reasons the others failed."""
+    errors = []
+    try:
+        cudart = torch.cuda.cudart()
+        code = cudart.cudaHostRegister(ptr, size, 0)
+        if int(getattr(code, "value", code)) == 0:
+            return "torch.cuda.cudart().cudaHostRegister", None
+        errors.append("torch.cuda.cudart: cudaError %s" % (code,))
+    except Exception as exc:  # a build without the binding
+        errors.append("torch.cuda.cudart: %s: %s" % (type(exc).__name__, exc))
+    lib = _cudart_ctypes()
+    if lib is None:
+        errors.append("ctypes: no libcudart found")
+        return None, "; ".join(errors)
+    code = lib.cudaHostRegister(ctypes.c_void_p(ptr), ctypes.c_size_t(size), ctypes.c_uint(0))
+    if code == 0:
+        return "ctypes libcudart.cudaHostRegister", None
+    errors.append("ctypes libcudart: cudaError %d" % code)
+    return None, "; ".join(errors)
+
+
+def unregister_host(torch, ptr, how):
+    if how is None:
+        return
+    try:
+        if how.startswith("torch"):
+            torch.cuda.cudart().cudaHostUnregister(ptr)
+        else:
+            lib = _cudart_ctypes()
+            if lib is not None:
+                lib.cudaHostUnregister(ctypes.c_void_p(ptr))
+    except Exception:  # the mapping is going away anyway
+        pass
+
+
+def _values(result):
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def _key(arrays):
+    return [(tuple(a.shape), a.dtype.str) for a in arrays]
+
+
+class CudaServing(object):
+    """The serving half of a torch-cuda runtime (module docstring)."""
+
+    def __init__(self, torch, device, graphs=True, pinned=True):
+        self.torch = torch
+        self.device = device
+        self.graphs = graphs
+        self.pinned = pinned
+        self.stream = torch.cuda.Stream(device)
+        self.graph = None
+        self._key = None
+        self.static_in = None
+        self.static_out = None
+        self._region = None  # (base array, pointer, how)
+        self._hosts = {}  # id(numpy view) -> (view, torch tensor over it)
+        self.info = {"stream": "dedicated", "sync_per_call": 1,
+                     "cuda_graph": {"state": "pending" if graphs else "off"},
+                     "pinned_region": {"state": "pending" if pinned else "off"}}
+        if not graphs:
+            self.info["cuda_graph"]["why"] = "turned off (cuda_graphs=off)"
+        if not pinned:
+            self.info["pinned_region"]["why"] = "turned off (pinned_region=off)"
+
+    # ----------------------------------------------------------------- the region
+    def attach_region(self, region):
+        """Register ``region``'s mapping with CUDA (once per region; the old one unregistered)."""
+        self.detach_region()
+        self._hosts = {}
+        if not self.pinned:
+            return
+        base = np.frombuffer(region.mm, dtype=np.uint8)
+        ptr = int(base.ctypes.data)
+        t0 = time.perf_counter()
+        how, error = register_host(self.torch, ptr, int(base.nbytes))
+        doc = {"bytes": int(base.nbytes), "register_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+        if how is None:
+            doc.update(state="failed", why=error)
+            self._region = None
+        else:
+            probe = self.torch.from_numpy(base[:1])
+            doc.update(state="registered", via=how, is_pinned=bool(probe.is_pinned()))
+            self._region = (base, ptr, how)
+        self.info["pinned_region"] = doc
+
+    def detach_region(self):
+        if self._region is not None:
+            _, ptr, how = self._region
+            self.torch.cuda.synchronize(self.device)
+            unregister_host(self.torch, ptr, how)
+            self._region = None
+        self._hosts = {}
+
+    def _host(self, array):
+        """A torch tensor over ``array``'s bytes (cached for the region's views, which live as
+        long as the region)."""
+        hit = self._hosts.get(id(array))
+        if hit is not None and hit[0] is array:
+            return hit[1]
+        tensor = self.torch.from_numpy(array)
+        if self._region is not None and len(self._hosts) < 4096:
+            self._hosts[id(array)] = (array, tensor)
+        return tensor
+
+    # ----------------------------------------------------------------- capture
+    def capture(self, module, args, arrays):
+        """Capture ``module`` at ``args``' shapes (after the eager warm-up; ``arrays`` are the
+        host inputs they came from); returns the replay's outputs for ``args`` (device tensors,
+        cloned), or None when there is no graph."""
+        torch = self.torch
+        doc = self.info["cuda_graph"]
+        if not self.graphs:
+            return None
+        t0 = time.perf_counter()
+        before = int(torch.cuda.memory_reserved(self.device))
+        try:
+            static_in = [a.clone() for a in args]
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.no_grad(), torch.cuda.stream(self.stream):
+                for _ in range(2):  # cuBLAS/cuDNN choose their algorithms off the capture
+                    module(*static_in)
+            self.stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(graph, stream=self.stream):
+                static_out = _values(module(*static_in))
+            with torch.cuda.stream(self.stream):
+                graph.replay()
+                replayed = [v.clone() for v in static_out]
+            self.stream.synchronize()
+        except Exception as exc:
+            try:
+                torch.cuda.synchronize(self.device)
+            except Exception:
+                pass
+            self.graph = None
+            doc.update(state="failed", why="%s: %s" % (type(exc).__name__, str(exc)[:400]),
+                       note="CUDA graph capture failed; the stage serves eager (%s)"
+                       % type(exc).__name__)
+            return None
+        self.graph, self.static_in, self.static_out = graph, static_in, static_out
+        self._key = _key(arrays)
+        pool = max(int(torch.cuda.memory_reserved(self.device)) - before, 0)
+        doc.update(state="captured", capture_ms=round((time.perf_counter() - t0) * 1e3, 3),
+                   shapes=[list(a.shape) for a in args], pool_bytes=pool,
+                   gated="the warm-up call answers with the replay's outputs")
+        return replayed
+
+    def note_eager_difference(self, eager, replayed):
+        """The largest difference between the eager warm-up and the replay, per the record."""
+        worst = 0.0
+        for a, b in zip(eager, replayed):
+            if a.is_floating_point() and a.shape == b.shape:
+                d = float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+                worst = d if d != d else max(worst, d)  # a NaN stays a NaN
+            elif not self.torch.equal(a, b):
+                self.info["cuda_graph"]["eager_vs_replay_max_abs"] = "a non-float output differs"
+                return
+        # a NaN (or inf) has no JSON number: say it in words
+        self.info["cuda_graph"]["eager_vs_replay_max_abs"] = \
+            worst if worst == worst and worst != float("inf") else "not finite (%r)" % worst
+
+    # ----------------------------------------------------------------- calls
+    def _fits_graph(self, arrays):
+        return self.graph is not None and _key(arrays) == self._key
+
+    def call(self, module, arrays, views):
+        """One call: ``arrays`` (host inputs in the program's order) in, the outputs into
+        ``views`` (a numpy array or None per output). Returns the outputs that had no view
+        (index -> numpy array); one stream, one synchronization."""
+        torch = self.torch
+        rest = []
+        with torch.cuda.stream(self.stream):
+            if self._fits_graph(arrays):
+                for static, a in zip(self.static_in, arrays):
+                    static.copy_(self._host(a), non_blocking=True)
+                self.graph.replay()
+                values = self.static_out
+            else:
+                args = [self._host(a).to(self.device, non_blocking=True) for a in arrays]
+                with torch.no_grad():
+                    values = _values(module(*args))
+            for i, value in enumerate(values):
+                view = views[i] if i < len(views) else None
+                if view is not None and tuple(view.shape) == tuple(value.shape) \
+                        and self._host(view).dtype == value.dtype:
+                    self._host(view).copy_(value, non_blocking=True)
+                else:
+                    rest.append((i, value.to("cpu", non_blocking=True)))
+        self.stream.synchronize()
+        return dict((i, t.numpy()) for i, t in rest)
+
+    def close(self):
+        self.detach_region()
+        self.graph = self.static_in = self.static_out = None
