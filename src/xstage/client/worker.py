@@ -22,7 +22,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -464,16 +464,16 @@ class WorkerClient:
             remedy=f"see its log {self.log_path}" if self.log_path else None,
         )
 
-    @contextlib.contextmanager
-    def _boundary(self, phase: str, seconds: float | None) -> Iterator[None]:
-        """Translate lower-layer failures into the most specific xstage error."""
-        try:
-            yield
-        except (wire.PeerClosed, ConnectionError, BrokenPipeError) as exc:
+    #: What ``_translate`` turns into an xstage error (anything else passes as it is).
+    _LOWER = (wire.PeerClosed, ConnectionError, TimeoutError, wire.ProtocolError)
+
+    def _translate(self, exc: BaseException, phase: str, seconds: float | None) -> BaseException:
+        """A lower-layer failure as the most specific xstage error (ends the worker)."""
+        if isinstance(exc, (wire.PeerClosed, ConnectionError)):
             if self._close_requested:
-                raise self._closed_under_call() from exc
-            raise self._died() from exc
-        except TimeoutError as exc:
+                return self._closed_under_call()
+            return self._died()
+        if isinstance(exc, TimeoutError):
             timeout_cls = {
                 "spawn": errors.SpawnTimeout,
                 "hello": errors.HelloTimeout,
@@ -485,10 +485,9 @@ class WorkerClient:
             tail = self.log_tail()
             pid = self.pid
             self._abort()
-            raise timeout_cls(seconds or 0, pid=pid, log_tail=tail) from exc
-        except wire.ProtocolError as exc:
-            self._abort()
-            raise errors.RemoteProtocolError(f"worker {self.pid}: {exc}") from exc
+            return timeout_cls(seconds or 0, pid=pid, log_tail=tail)
+        self._abort()
+        return errors.RemoteProtocolError(f"worker {self.pid}: {exc}")
 
     def _closed_under_call(self) -> errors.StageClosed:
         self._abort()
@@ -516,17 +515,18 @@ class WorkerClient:
             raise errors.LocalProtocolError(str(exc)) from exc
         seconds = getattr(self.deadlines, phase)
         io.start(seconds)
-        with self._boundary(phase, seconds):
-            try:
-                if self._channel is not None:  # authenticated records
-                    self._channel.send_parts(parts)
-                else:
-                    wire.send_parts(io, parts)  # one sendmsg for a frame the kernel takes whole
-            except BaseException as exc:
-                if not isinstance(exc, (OSError, wire.ProtocolError)):
-                    self._break(f"a request was interrupted ({type(exc).__name__}) while it was "
-                                "being sent; the worker holds part of a frame")
-                raise
+        try:
+            if self._channel is not None:  # authenticated records
+                self._channel.send_parts(parts)
+            else:
+                wire.send_parts(io, parts)  # one sendmsg for a frame the kernel takes whole
+        except self._LOWER as exc:
+            raise self._translate(exc, phase, seconds) from exc
+        except BaseException as exc:
+            if not isinstance(exc, OSError):
+                self._break(f"a request was interrupted ({type(exc).__name__}) while it was "
+                            "being sent; the worker holds part of a frame")
+            raise
 
     def _recv(self, phase: str, seconds: float | None, *, fresh: bool = True) -> wire.Frame:
         """Read one frame within ``seconds``.
@@ -543,16 +543,17 @@ class WorkerClient:
             io.start(seconds)
         else:
             io.got = 0
-        with self._boundary(phase, seconds):
-            try:
-                if self._channel is not None:
-                    return self._channel.recv()
-                return wire.recv_frame(io)
-            except BaseException as exc:
-                if io.got and not isinstance(exc, (OSError, EOFError, wire.ProtocolError)):
-                    self._break(f"a call was interrupted ({type(exc).__name__}) while its reply "
-                                "was being read; the stream's position is unknown")
-                raise
+        try:
+            if self._channel is not None:
+                return self._channel.recv()
+            return wire.recv_frame(io)
+        except self._LOWER as exc:
+            raise self._translate(exc, phase, seconds) from exc
+        except BaseException as exc:
+            if io.got and not isinstance(exc, (OSError, EOFError)):
+                self._break(f"a call was interrupted ({type(exc).__name__}) while its reply "
+                            "was being read; the stream's position is unknown")
+            raise
 
     def _check_generation(self, frame: wire.Frame) -> None:
         gen = frame.header.get(wire.GEN_FIELD)
