@@ -762,11 +762,12 @@ _POOLS = {}
 def _mac_pool(threads):
     """The process's pool of ``threads`` hashing threads (hashlib lets go of the GIL while it
     hashes a large buffer, so they run beside the thread that sends or receives)."""
-    pool = _POOLS.get(threads)
+    key = (threads, os.getpid())  # a forked child has none of its parent's threads
+    pool = _POOLS.get(key)
     if pool is None:
         from concurrent.futures import ThreadPoolExecutor
 
-        pool = _POOLS.setdefault(threads, ThreadPoolExecutor(threads, "xstage-mac"))
+        pool = _POOLS.setdefault(key, ThreadPoolExecutor(threads, "xstage-mac"))
     return pool
 
 
