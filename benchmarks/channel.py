@@ -25,7 +25,14 @@ Targets (issue 13): 64 B half round trip ≤ 15 µs over loopback, and ≥ 1 GB/
 CPUs (``sched_setaffinity``), to show what overlap of the two ends' MACs gives where the
 scheduler would otherwise run both on one CPU. Not a test: nothing asserts.
 
-Run: ``PYTHONPATH=src python benchmarks/channel.py [--json] [--rounds N] [--pin]``.
+``--compare SRC`` times the whole call under another tree (``SRC``, e.g. the parent
+commit's ``src/`` in a worktree: before) and this one (after), one process pair per arm and
+round, interleaved, and prints the medians of the rounds and their ratio. The ``chan-mt`` arm
+(1 MiB) is ``channel`` with its payload records hashed on threads (``wire.MAC_THREADS``, at
+least 2), beside ``channel`` hashed in the thread that sends or receives.
+
+Run: ``PYTHONPATH=src python benchmarks/channel.py [--json] [--rounds N] [--pin]
+[--compare SRC]``.
 """
 
 from __future__ import annotations
@@ -87,7 +94,9 @@ def _echo(port_q: mp.Queue, layer: str, n: int, cpu: int | None) -> None:
                     return
                 got += k
             conn.sendall(view)
-    channel = wire.Channel(conn, SECRET, DIGEST, "worker") if layer == "channel" else None
+    channel = wire.Channel(conn, SECRET, DIGEST, "worker") if layer.startswith("chan") else None
+    if channel is not None:
+        channel.mac_threads = max(2, wire.MAC_THREADS) if layer == "chan-mt" else 0
     while True:
         try:
             frame = channel.recv() if channel else wire.recv_frame(conn)
@@ -127,7 +136,9 @@ def _socket_layer(layer: str, x: np.ndarray, pin: bool) -> Layer:
     proc.start()
     sock = socket.create_connection(("127.0.0.1", q.get(timeout=60)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    channel = wire.Channel(sock, SECRET, DIGEST, "client") if layer == "channel" else None
+    channel = wire.Channel(sock, SECRET, DIGEST, "client") if layer.startswith("chan") else None
+    if channel is not None:  # channel: hashed in the I/O thread; chan-mt: on hashing threads
+        channel.mac_threads = max(2, wire.MAC_THREADS) if layer == "chan-mt" else 0
     data = memoryview(x).cast("B")
     back = bytearray(len(data))
     view = memoryview(back)
@@ -180,7 +191,8 @@ def layers(rounds: int, calls: int, pin: bool, with_worker: bool) -> list[dict]:
         os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
         for label, n in PAYLOADS:
             x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-            arms = [_socket_layer(name, x, pin) for name in ("tcp", "frames", "channel")]
+            names = ("tcp", "frames", "channel") + (("chan-mt",) if n > 1000 else ())
+            arms = [_socket_layer(name, x, pin) for name in names]
             if with_worker:
                 arms.append(_xstage_layer(x, Path(tmp)))
             if pin:
@@ -320,6 +332,55 @@ def mac_costs(repeats: int = 15) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- before/after
+def _xstage_arm(n: int, calls: int) -> dict:
+    """The whole-call layer alone, in this process (run by ``compare`` under either tree)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
+        x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+        arm = _xstage_layer(x, Path(tmp))
+        try:
+            for _ in range(30):
+                arm.call()
+            cpu0, peer0 = time.thread_time_ns(), _cpu_ns(arm.peer or 0)
+            for _ in range(calls):
+                t0 = time.perf_counter_ns()
+                worker = arm.call()
+                arm.over.append(time.perf_counter_ns() - t0 - worker)
+            client_cpu, worker_cpu = time.thread_time_ns() - cpu0, _cpu_ns(arm.peer or 0) - peer0
+        finally:
+            arm.close()
+    return {"half_round_trip_us": statistics.median(arm.over) / 2e3,
+            "client_cpu_us_per_call": client_cpu / calls / 1e3,
+            "worker_cpu_us_per_call": worker_cpu / calls / 1e3}
+
+
+def compare(other_src: str, rounds: int, calls: int) -> list[dict]:
+    """``WorkerClient.run`` over TCP under another source tree (before) and this one
+    (after), one process pair per arm and round, the arms interleaved: medians of rounds."""
+    import subprocess
+
+    own = str(Path(__file__).resolve().parents[1] / "src")
+    rows = []
+    for label, n in PAYLOADS:
+        got: dict[str, list[dict]] = {"before": [], "after": []}
+        for _ in range(rounds):
+            for arm, src in (("before", other_src), ("after", own)):
+                env = dict(os.environ, PYTHONPATH=src)
+                done = subprocess.run([sys.executable, __file__, "--arm", str(n), "--calls",
+                                       str(calls if n < 1000 else max(20, calls // 4))],
+                                      env=env, capture_output=True, text=True, timeout=600)
+                got[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        row: dict = {"payload": label, "bytes_each_way": n * 4}
+        for arm, runs in got.items():
+            row[arm] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            row[arm]["gbps_each_way"] = n * 4 / (row[arm]["half_round_trip_us"] * 1e3)
+        row["after_over_before"] = (row["after"]["half_round_trip_us"]
+                                    / row["before"]["half_round_trip_us"])
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -329,7 +390,30 @@ def main() -> None:
                         help="run the two ends of each layer on different CPUs")
     parser.add_argument("--no-worker", action="store_true",
                         help="leave out the whole-call layer (no onnxruntime worker)")
+    parser.add_argument("--compare", metavar="SRC",
+                        help="time the whole call under another tree's src/ (before) and this "
+                        "one (after), interleaved, e.g. --compare ../main/src")
+    parser.add_argument("--arm", type=int, help=argparse.SUPPRESS)  # one compare run
     args = parser.parse_args()
+    if args.arm:
+        print(json.dumps(_xstage_arm(args.arm, args.calls)))
+        return
+    if args.compare:
+        rows = compare(args.compare, args.rounds, args.calls)
+        if args.json:
+            print(json.dumps({"benchmark": "channel-compare", "load_average": os.getloadavg(),
+                              "rows": rows}, indent=2))
+            return
+        print(f"WorkerClient.run over TCP, before = {args.compare}, after = this tree; "
+              f"load average {', '.join(f'{v:.1f}' for v in os.getloadavg())}")
+        for row in rows:
+            for arm in ("before", "after"):
+                a = row[arm]
+                print(f"  {row['payload']:<7}{arm:<8}half round trip {a['half_round_trip_us']:>8.1f} µs"
+                      f"  {a['gbps_each_way']:>5.2f} GB/s  CPU per call: client "
+                      f"{a['client_cpu_us_per_call']:.0f} µs, worker {a['worker_cpu_us_per_call']:.0f} µs")
+            print(f"  {row['payload']:<7}after / before {row['after_over_before']:.2f}")
+        return
     doc = {"benchmark": "channel", "python": sys.version.split()[0], "cpus": os.cpu_count(),
            "sha_ni": _has_sha_ni(), "load_average": os.getloadavg(), "mac": wire.MAC_NAME,
            "macs": mac_costs(), "cpu_per_frame": cpu_per_frame(),

@@ -734,6 +734,43 @@ CHUNK_BYTES = 1 << 18
 _HANDSHAKE = b"xstage-handshake-v1\0"
 
 
+def _mac_threads_default():
+    """Threads that hash one large frame's payload records at once (0: the caller's thread).
+
+    ``XSTAGE_MAC_THREADS`` sets it (0 to 16); by default half the CPUs this process may run
+    on, at most 4, and none below 4 CPUs: the peer hashes the same records at the same time,
+    and on a 2-CPU machine a second hashing thread only takes the peer's CPU.
+    """
+    raw = os.environ.get("XSTAGE_MAC_THREADS", "").strip()
+    if raw:
+        try:
+            return max(0, min(16, int(raw)))
+        except ValueError:
+            pass
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return min(4, cpus // 2) if cpus >= 4 else 0
+
+
+#: The default of ``Channel.mac_threads`` in this process.
+MAC_THREADS = _mac_threads_default()
+_POOLS = {}
+
+
+def _mac_pool(threads):
+    """The process's pool of ``threads`` hashing threads (hashlib lets go of the GIL while it
+    hashes a large buffer, so they run beside the thread that sends or receives)."""
+    key = (threads, os.getpid())  # a forked child has none of its parent's threads
+    pool = _POOLS.get(key)
+    if pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = _POOLS.setdefault(key, ThreadPoolExecutor(threads, "xstage-mac"))
+    return pool
+
+
 def new_nonce():
     """A fresh handshake nonce (hex)."""
     return os.urandom(NONCE_BYTES).hex()
@@ -834,6 +871,9 @@ class Channel:
         self._check_mac = _Mac(recv_key)
         self.sent = 0
         self.received = 0
+        #: Threads that hash a large frame's records at once (``MAC_THREADS``; 0: this one).
+        self.mac_threads = MAC_THREADS
+        self._stall = None  # called before a receive would block (_recv_checked_behind)
         self._buf = bytearray(SMALL_FRAME + TRAILER_BYTES + 4096)
         self._view = memoryview(self._buf)
         self._start = self._end = 0
@@ -866,6 +906,7 @@ class Channel:
             self.sock.sendall(b"".join(parts))
             return
         send_parts(self.sock, head + [self._seal(head)])
+        records = []
         chunk = []
         room = CHUNK_BYTES
         for view in body:
@@ -875,10 +916,28 @@ class Channel:
                 chunk.append(take)
                 room -= len(take)
                 if room == 0:
-                    self._send_record(chunk)
+                    records.append(chunk)
                     chunk, room = [], CHUNK_BYTES
         if chunk:
+            records.append(chunk)
+        if self.mac_threads and len(records) > 1:
+            self._send_sealed_ahead(records)
+            return
+        for chunk in records:
             self._send_record(chunk)
+
+    def _send_sealed_ahead(self, records):
+        """Payload records whose tags are computed on ``mac_threads`` threads at once while
+        this thread sends: each record's bytes go out at once, its trailer when its tag is
+        ready (the bytes on the wire are those of ``_send_record``)."""
+        pool = _mac_pool(self.mac_threads)
+        first = self.sent
+        self.sent += len(records)
+        counters = [COUNTER.pack(first + i) for i in range(len(records))]
+        tags = [pool.submit(self._seal_mac.tag, c, chunk) for c, chunk in zip(counters, records)]
+        for counter, chunk, tag in zip(counters, records, tags):
+            send_parts(self.sock, chunk)
+            send_parts(self.sock, [counter + tag.result()])
 
     def _send_record(self, chunk):
         """A payload record: its bytes first, so the reader hashes them while this end does,
@@ -887,6 +946,16 @@ class Channel:
         send_parts(self.sock, [self._seal(chunk)])
 
     # ------------------------------------------------------------------ receiving
+    def _recv_into(self, view, n):
+        """One receive; with records hashed behind (``_stall`` set), first what is in is
+        verified when nothing more is ready to read (this thread is about to block)."""
+        if self._stall is not None:
+            import select
+
+            if not select.select([self.sock], [], [], 0)[0]:
+                self._stall()
+        return self.sock.recv_into(view, n)
+
     def _need(self, n, started=True):
         """Make the buffer hold ``n`` unread bytes (``n`` fits it); return where they start."""
         have = self._end - self._start
@@ -896,7 +965,7 @@ class Channel:
             self._buf[:have] = bytes(self._view[self._start:self._end])
             self._start, self._end = 0, have
         while self._end - self._start < n:
-            k = self.sock.recv_into(self._view[self._end:])
+            k = self._recv_into(self._view[self._end:], 0)
             if k == 0:
                 raise PeerClosed(started or self._end > self._start)
             self._end += k
@@ -917,7 +986,7 @@ class Channel:
                 inner.update(target[:got])
         while got < n:
             if n - got >= len(self._buf) // 2:  # large: straight into the target
-                k = self.sock.recv_into(target[got:], n - got)
+                k = self._recv_into(target[got:], n - got)
                 if k == 0:
                     raise PeerClosed(True)
             else:
@@ -990,9 +1059,39 @@ class Channel:
         payload = np.empty(plen, dtype=np.uint8)
         view = memoryview(payload)
         mac = self._check_mac
+        if self.mac_threads and plen > CHUNK_BYTES:
+            self._recv_checked_behind(view, plen)
+            return Frame(header, payload, tensors)
         for start in range(0, plen, CHUNK_BYTES):
             part = view[start:start + CHUNK_BYTES]
             inner = mac.begin(COUNTER.pack(self.received))  # the counter this record must carry
             self._fill(part, inner)
             self._verify((part,), self._trailer(), "payload at byte %d" % start, mac.finish(inner))
         return Frame(header, payload, tensors)
+
+    def _recv_checked_behind(self, view, plen):
+        """Payload records read by this thread while ``mac_threads`` threads hash the ones
+        already in, each under the counter it must carry. Every record is verified in order
+        (``_verify`` names a failure) before any byte of the frame is returned, and before
+        this thread blocks for more bytes: a stream cut short after a bad record fails on
+        that record's check, as in the caller's thread, instead of waiting for bytes that
+        never come."""
+        pool = _mac_pool(self.mac_threads)
+        mac = self._check_mac
+        pending = []
+        self._stall = lambda: self._verify_pending(pending)
+        try:
+            for start in range(0, plen, CHUNK_BYTES):
+                part = view[start:start + CHUNK_BYTES]
+                counter = COUNTER.pack(self.received + len(pending))
+                self._fill(part)
+                trailer = self._trailer()
+                pending.append((part, trailer, start, pool.submit(mac.tag, counter, (part,))))
+        finally:
+            self._stall = None
+        self._verify_pending(pending)
+
+    def _verify_pending(self, pending):
+        for part, trailer, start, tag in pending:
+            self._verify((part,), trailer, "payload at byte %d" % start, tag.result())
+        del pending[:]

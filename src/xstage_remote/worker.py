@@ -130,6 +130,7 @@ class Worker:
         self.out_views = []  # per slot set: output name -> its slot's view (None: no slot)
         self.next_set = 0  # the set the client publishes its next request in (cyclic order)
         self.state = None  # State, when the stage declares state pairs
+        self.fed_names = None  # the input names a run's frame carries (check_feeds)
 
     # ---------------------------------------------------------------- replies
     def send(self, header, arrays=None):
@@ -171,6 +172,7 @@ class Worker:
         else:
             raise ValueError("unknown runtime %r (this worker has: ort, torch)" % runtime)
         self.state = State(options["state"], self.runtime) if options.get("state") else None
+        self.fed_names = None
         self.send({"op": "loaded", "id": frame.id, "inputs": self.runtime.inputs,
                    "outputs": self.runtime.outputs, "info": self.runtime.info})
 
@@ -248,9 +250,12 @@ class Worker:
         self.send({"op": "evidence_data", "id": frame.id, "info": info}, arrays)
 
     def check_feeds(self, feeds):
-        held = self.state.values if self.state is not None else {}
-        declared = {i["name"]: i for i in self.runtime.inputs if i["name"] not in held}
-        if set(feeds) != set(declared):
+        declared = self.fed_names
+        if declared is None:  # once per load: the inputs the caller gives (not the state's)
+            held = self.state.values if self.state is not None else {}
+            declared = self.fed_names = frozenset(
+                i["name"] for i in self.runtime.inputs if i["name"] not in held)
+        if feeds.keys() != declared:
             raise ValueError("inputs %s do not match the stage's %s"
                              % (sorted(feeds), sorted(declared)))
 
@@ -270,7 +275,7 @@ class Worker:
         worker_ns = time.perf_counter_ns() - t0
         if self.state is not None:
             outputs = self.state.keep(outputs)
-        rss, peak = memory.read()
+        rss, peak = memory.read_cached()  # one getrusage unless a page fault happened
         timing.update(worker_ns=worker_ns, rss=rss, peak=peak)
         self.send({"op": "result", "id": frame.id, "timing": timing}, outputs)
 
@@ -312,7 +317,7 @@ class Worker:
                 value = np.ascontiguousarray(value)
                 if not region.write("out", name, value, s):
                     inline[name] = value
-            rss, peak = memory.read()
+            rss, peak = memory.read_cached()
             if inline:
                 # Outputs too large for their slots travel inline, all of them at once.
                 allout = {}

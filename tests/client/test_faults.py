@@ -287,10 +287,12 @@ def _in_thread(fn, timeout=HARD_TIMEOUT):
     return box["exc"]
 
 
-@pytest.mark.parametrize("shm_mode", ["auto", "off"], ids=["region", "socket"])
+@pytest.mark.parametrize("shm_mode", ["auto", "off", "tcp"], ids=["region", "socket", "tcp"])
 def test_a_stopped_worker_cannot_hold_a_large_send(graphs, shm_mode):
     """Defect 4: SIGSTOP, then an input far larger than the socket buffer: CallTimeout."""
-    w = WorkerClient(sys.executable, shm_mode=shm_mode, deadlines=Deadlines(call=2))
+    transport = "tcp" if shm_mode == "tcp" else "local"
+    w = WorkerClient(sys.executable, shm_mode="off" if shm_mode == "tcp" else shm_mode,
+                     transport=transport, deadlines=Deadlines(call=2))
     w.start()
     w.load(graphs["slow"])
     pid = w.pid

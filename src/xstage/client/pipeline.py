@@ -156,6 +156,7 @@ class Pipeline:
             region = c._region
             if region is not None and self._fits(region, feeds):
                 return self._call_fast(region, feeds, out, phase, seconds, flags)
+            return c._call_inline(feeds, out, phase, flags)  # one frame each way, no queue
         req = _Req(feeds, None, seconds, phase, out)
         req.flags = flags
         with self.mu:

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from xstage import errors
 from xstage.client import connect_back
-from xstage.client.deadlines import Deadlines
+from xstage.client.deadlines import Deadlines, DeadlineSocket
 from xstage.client.pipeline import USE_DEADLINE, Outputs, Pipeline, StageFuture
 from xstage.client.staging import local_hash, worker_argv
 from xstage.home import LOG_KEEP_DEFAULT, logs_dir, prune_logs
@@ -160,6 +160,7 @@ class WorkerClient:
         self._lock = threading.RLock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
+        self._io: DeadlineSocket | None = None  # the control socket, one deadline per call
         self._channel: wire.Channel | None = None  # authenticated records (tcp transport)
         self._tcp_hello: dict[str, Any] | None = None
         self.refused_peers: list[str] = []
@@ -270,6 +271,10 @@ class WorkerClient:
         if listener is not None:
             ctl_parent = self._accept(listener)
         self._ctl = ctl_parent
+        if ctl_parent is not None:
+            self._io = DeadlineSocket(ctl_parent)
+            if self._channel is not None:
+                self._channel.sock = self._io  # records bounded by the call's deadline too
         self._bell = shm.Doorbell(bell_parent) if bell_parent is not None else None
 
     def _accept(self, listener: socket.socket) -> socket.socket:
@@ -410,6 +415,7 @@ class WorkerClient:
             if closer is not None:
                 closer.close()
         self._ctl = None
+        self._io = None
         self._channel = None
         self._bell = None
         if self._stdin is not None:
@@ -458,16 +464,16 @@ class WorkerClient:
             remedy=f"see its log {self.log_path}" if self.log_path else None,
         )
 
-    @contextlib.contextmanager
-    def _boundary(self, phase: str, seconds: float | None) -> Iterator[None]:
-        """Translate lower-layer failures into the most specific xstage error."""
-        try:
-            yield
-        except (wire.PeerClosed, ConnectionError, BrokenPipeError) as exc:
+    #: What ``_translate`` turns into an xstage error (anything else passes as it is).
+    _LOWER = (wire.PeerClosed, ConnectionError, TimeoutError, wire.ProtocolError)
+
+    def _translate(self, exc: BaseException, phase: str, seconds: float | None) -> BaseException:
+        """A lower-layer failure as the most specific xstage error (ends the worker)."""
+        if isinstance(exc, (wire.PeerClosed, ConnectionError)):
             if self._close_requested:
-                raise self._closed_under_call() from exc
-            raise self._died() from exc
-        except TimeoutError as exc:
+                return self._closed_under_call()
+            return self._died()
+        if isinstance(exc, TimeoutError):
             timeout_cls = {
                 "spawn": errors.SpawnTimeout,
                 "hello": errors.HelloTimeout,
@@ -479,10 +485,9 @@ class WorkerClient:
             tail = self.log_tail()
             pid = self.pid
             self._abort()
-            raise timeout_cls(seconds or 0, pid=pid, log_tail=tail) from exc
-        except wire.ProtocolError as exc:
-            self._abort()
-            raise errors.RemoteProtocolError(f"worker {self.pid}: {exc}") from exc
+            return timeout_cls(seconds or 0, pid=pid, log_tail=tail)
+        self._abort()
+        return errors.RemoteProtocolError(f"worker {self.pid}: {exc}")
 
     def _closed_under_call(self) -> errors.StageClosed:
         self._abort()
@@ -496,78 +501,59 @@ class WorkerClient:
 
     def _send(self, header: dict[str, Any], arrays: Mapping[str, np.ndarray] | None = None,
               phase: str = "call") -> None:
-        """Send one frame within ``phase``'s deadline (a stopped reader cannot hold us)."""
-        assert self._ctl is not None
+        """Send one frame within ``phase``'s deadline (a stopped reader cannot hold us).
+
+        The deadline starts here and covers the reply's ``_recv`` too (``DeadlineSocket``: the
+        kernel's limits, set once per change, instead of a ``poll`` and two ``ioctl`` per
+        system call).
+        """
+        io = self._io
+        assert io is not None
         try:
             parts = wire.encode_frame(wire.with_generation(header, self.generation), arrays)
         except wire.ProtocolError as exc:
             raise errors.LocalProtocolError(str(exc)) from exc
         seconds = getattr(self.deadlines, phase)
-        deadline = None if seconds is None else time.monotonic() + seconds
-        sent = 0
-        with self._boundary(phase, seconds):
-            if self._channel is not None:  # authenticated records: the deadline bounds each send
-                self._ctl.settimeout(seconds)
-                try:
-                    self._channel.send_parts(parts)
-                except BaseException as exc:
-                    if not isinstance(exc, (OSError, wire.ProtocolError)):
-                        self._break(f"a request was interrupted ({type(exc).__name__}) while its "
-                                    "records were being sent; the worker holds part of one")
-                    raise
-                return
-            if sum(len(p) for p in parts) <= 1 << 16:  # one send for a small frame
-                parts = [b"".join(parts)]
-            try:
-                for part in parts:
-                    view = memoryview(part).cast("B")
-                    while view:
-                        if deadline is not None:
-                            left = deadline - time.monotonic()
-                            if left <= 0:
-                                raise TimeoutError(f"sending took longer than {seconds}s")
-                            self._ctl.settimeout(left)
-                        else:
-                            self._ctl.settimeout(None)
-                        n = self._ctl.send(view)
-                        sent += n
-                        view = view[n:]
-            except BaseException as exc:
-                if sent and not isinstance(exc, (OSError, wire.ProtocolError)):
-                    self._break(f"a request was interrupted ({type(exc).__name__}) after {sent} of "
-                                "its bytes were sent; the worker holds part of a frame")
-                raise
+        io.start(seconds)
+        try:
+            if self._channel is not None:  # authenticated records
+                self._channel.send_parts(parts)
+            else:
+                wire.send_parts(io, parts)  # one sendmsg for a frame the kernel takes whole
+        except self._LOWER as exc:
+            raise self._translate(exc, phase, seconds) from exc
+        except BaseException as exc:
+            if not isinstance(exc, OSError):
+                self._break(f"a request was interrupted ({type(exc).__name__}) while it was "
+                            "being sent; the worker holds part of a frame")
+            raise
 
-    def _recv(self, phase: str, seconds: float | None) -> wire.Frame:
+    def _recv(self, phase: str, seconds: float | None, *, fresh: bool = True) -> wire.Frame:
         """Read one frame within ``seconds``.
 
-        An interrupt while waiting leaves the stream whole; one while reading the frame closes
-        the stage (its position is unknown).
+        ``fresh=False`` goes on with the deadline the request's ``_send`` started (one
+        deadline per call). An interrupt while waiting (no byte of the frame read yet) leaves
+        the stream whole; one while reading the frame closes the stage (its position is
+        unknown).
         """
-        if self._ctl is None:
+        io = self._io
+        if io is None:
             raise errors.StageClosed(f"worker is {self.state.value}")
-        import select
-
-        deadline = None if seconds is None else time.monotonic() + seconds
-        with self._boundary(phase, seconds):
-            while True:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"no reply within {seconds}s")
-                readable, _, _ = select.select([self._ctl], [], [], left)
-                if readable:
-                    break
-            try:
-                self._ctl.settimeout(None if deadline is None
-                                     else max(deadline - time.monotonic(), 1e-3))
-                if self._channel is not None:
-                    return self._channel.recv()
-                return wire.recv_frame(self._ctl)
-            except BaseException as exc:
-                if not isinstance(exc, (OSError, EOFError, wire.ProtocolError)):
-                    self._break(f"a call was interrupted ({type(exc).__name__}) while its reply "
-                                "was being read; the stream's position is unknown")
-                raise
+        if fresh:
+            io.start(seconds)
+        else:
+            io.got = 0
+        try:
+            if self._channel is not None:
+                return self._channel.recv()
+            return wire.recv_frame(io)
+        except self._LOWER as exc:
+            raise self._translate(exc, phase, seconds) from exc
+        except BaseException as exc:
+            if io.got and not isinstance(exc, (OSError, EOFError)):
+                self._break(f"a call was interrupted ({type(exc).__name__}) while its reply "
+                            "was being read; the stream's position is unknown")
+            raise
 
     def _check_generation(self, frame: wire.Frame) -> None:
         gen = frame.header.get(wire.GEN_FIELD)
@@ -633,8 +619,7 @@ class WorkerClient:
         except BaseException:
             self._pending = None  # not sent, or half sent and the worker ended (_break)
             raise
-        seconds = getattr(self.deadlines, phase)
-        frame = self._recv(phase, seconds)
+        frame = self._recv(phase, getattr(self.deadlines, phase), fresh=False)
         self._pending = None
         return self._expect(frame, reply, rid)
 
@@ -818,6 +803,22 @@ class WorkerClient:
             feeds = self._check_inputs(inputs)
             return self._pipe.call(feeds, out or {}, phase)
 
+    def _call_inline(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray],
+                     phase: str, flags: int) -> Outputs:
+        """A synchronous call as one frame each way, nothing queued or in flight (lock held).
+
+        No request object, no queue; the reply's arrays are the outputs.
+        """
+        header: dict[str, Any] = {"op": "run"}
+        if flags & shm.FLAG_RESET_STATE:
+            header["options"] = {"reset_state": True}
+        frame = self._request(header, "result", phase, arrays=feeds)
+        timing = frame.header.get("timing")
+        self.last_timing = dict(timing) if timing else {}
+        result = self._collect(frame.arrays(), out)
+        result.state_reset = bool(self.last_timing.get("state_reset"))
+        return result
+
     def submit(self, inputs: Mapping[str, Any], *, timeout: Any = USE_DEADLINE) -> StageFuture:
         """Queue one call; its future's result is what ``run`` returns.
 
@@ -856,10 +857,21 @@ class WorkerClient:
 
     def _collect(self, arrays: Mapping[str, np.ndarray],
                  out: Mapping[str, np.ndarray]) -> Outputs:
+        """The outputs of a reply frame just read, by name in graph order.
+
+        ``arrays`` view that frame's payload, which nothing else holds, so each is returned as
+        it is (no copy), unless the caller gave an ``out`` array for it or it sits unaligned in
+        the payload (then copied).
+        """
         result = Outputs()
         for d in self._outputs:
             name = d["name"]
-            result[name] = _fill(out.get(name), arrays[name], name)
+            value = arrays[name]
+            target = out.get(name)
+            if target is None and value.flags.aligned and value.flags.writeable:
+                result[name] = value
+            else:
+                result[name] = _fill(target, value, name)
         return result
 
     @staticmethod
