@@ -15,6 +15,7 @@ under ``alarm(60)``, the client under short deadlines, and the test kills both a
 
 from __future__ import annotations
 
+import contextlib
 import encodings.idna  # noqa: F401  (loaded now: uid 65534 cannot read this interpreter's lib)
 import os
 import signal
@@ -129,7 +130,10 @@ def _middle(listener: socket.socket, mode: str) -> None:
         except (EOFError, OSError):
             pass
         finally:
-            worker.close()
+            # Half-close: the worker sees the end of the client's bytes, and the other thread,
+            # still relaying the worker's last reply, keeps its socket (a close here raced it).
+            with contextlib.suppress(OSError):
+                worker.shutdown(socket.SHUT_WR)
 
     threading.Thread(target=upstream, daemon=True).start()
     hello = _records(worker, False)
