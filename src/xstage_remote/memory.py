@@ -20,6 +20,13 @@ macOS readers themselves run only there. Python 3.9 syntax, standard library onl
 
 import os
 import sys
+import time
+
+try:
+    from resource import RUSAGE_SELF as _RUSAGE_SELF
+    from resource import getrusage as _getrusage
+except ImportError:  # Windows
+    _RUSAGE_SELF = _getrusage = None
 
 __all__ = [
     "detail",
@@ -33,7 +40,7 @@ __all__ = [
 _FD = {}
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: Linux: the page-fault count when ``status`` was last read, and the peak it gave.
-_SEEN = {"faults": -1, "peak": 0}
+_SEEN = {"faults": -1, "peak": 0, "rss": 0, "at": float("-inf")}
 
 
 def parse_status(text):
@@ -157,11 +164,17 @@ def _windows_read():  # pragma: no cover - runs on Windows only
 
 
 # --------------------------------------------------------------------------- readers
-def read():
-    """``(rss, peak)`` in bytes for every reply that carries timing; zeros where unknown."""
+def read(max_age=None):
+    """``(rss, peak)`` in bytes for every reply that carries timing; zeros where unknown.
+
+    ``max_age`` (seconds; Linux): a reading this recent is reused while no page fault happened
+    since (one ``getrusage``, ~1 µs, instead of ~4 µs with the ``/proc`` read): the shared
+    region's call path, where the RSS may then lag a free by that long, and the peak, the
+    kernel's high-water mark, is re-read after every fault as before.
+    """
     if sys.platform.startswith("linux"):
         try:
-            return _linux_read()
+            return _linux_read(max_age)
         except OSError:
             pass
     elif sys.platform == "win32":  # pragma: no cover - Windows only
@@ -174,15 +187,17 @@ def read():
     return 0, peak_from_maxrss(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, sys.platform)
 
 
-def _linux_read():
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+def _linux_read(max_age=None):
+    usage = _getrusage(_RUSAGE_SELF)
     faults = usage.ru_minflt + usage.ru_majflt
     if faults != _SEEN["faults"]:
         _SEEN["peak"] = parse_status(_proc_text("status", 4096))[1]
         _SEEN["faults"] = faults
+    elif max_age is not None and time.monotonic() - _SEEN["at"] < max_age:
+        return _SEEN["rss"], max(_SEEN["peak"], _SEEN["rss"])
     rss = int(_proc_text("statm", 256).split()[1]) * _PAGE
+    _SEEN["rss"] = rss
+    _SEEN["at"] = time.monotonic()
     return rss, max(_SEEN["peak"], rss)
 
 
