@@ -980,15 +980,15 @@ class Doorbell:
         """Wake the peer if it sleeps (the answer or request is already published).
 
         A side always waits after it rings, so with a region bound the policy decides that
-        wait here (``expected`` as for ``wait``): a side that will block raises its flag
-        before it rings and has almost nothing left to do between the ring and its sleep. The
-        woken peer is usually put on the ringer's CPU and runs once the ringer sleeps.
+        wait here (``expected`` as for ``wait``). The asleep flag is raised only in the wait
+        itself (flag, barrier, re-check, sleep): a ring often wakes the peer onto the ringer's
+        CPU, where it answers before the ringer's ``write`` returns, and a flag raised before
+        the ring made the peer ring back a side that never slept (one system call each way,
+        and a stale wake-up in the next wait).
         """
         region = self.region
         if self.policy is not None and self._next is None and not region.closed:
             self._next = self._decide(expected)
-            if self._next[0].spin <= 0:
-                region.set_flag(self.own, 1)  # before the fence below: the peer may answer at once
         if SPIN and region is not None:
             # NOTE (ordering): the number just published must be visible to the peer before
             # its flag is read here, or both sides could miss each other (store→load); a
