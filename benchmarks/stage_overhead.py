@@ -8,9 +8,10 @@ its own process, the profiled warm-up already behind it — called through ``Sta
 the target is ≤ 1.05 for a graph of ≥ 5 ms compute.
 
 The built-in graphs: the small MLP (``mlp 512x6 b64``, issue 14's "1.1 ms MLP": 0.55-0.67 ms
-in-process on the 2-core VM on a quiet day; its figure is stated, no target) and an MLP calibrated when the benchmark starts: its batch is chosen
-so that the in-process quiet median lands at 5 ms ± 20% on the machine that runs it (the JSON's
-``calibration`` lists each batch tried and its median).
+in-process on the 2-core VM on a quiet day; its figure is stated, no target) and an MLP
+calibrated when the benchmark starts: its batch is chosen so that the in-process quiet median
+lands at 5 ms ± 20% on the machine that runs it (the JSON's ``calibration`` lists each batch
+tried and its median).
 
 ``--busy [N]`` measures both arms twice in one run, round by round: quiet, then beside N
 busy-looping processes (default: one per CPU; ``benchmarks/_busy.py``: never sleeping, stopped
