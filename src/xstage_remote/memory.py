@@ -20,6 +20,13 @@ macOS readers themselves run only there. Python 3.9 syntax, standard library onl
 
 import os
 import sys
+import time
+
+try:
+    from resource import RUSAGE_SELF as _RUSAGE_SELF
+    from resource import getrusage as _getrusage
+except ImportError:  # Windows
+    _RUSAGE_SELF = _getrusage = None
 
 __all__ = [
     "detail",
@@ -34,7 +41,7 @@ __all__ = [
 _FD = {}
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: Linux: the page-fault count when ``status`` was last read, and the peak it gave.
-_SEEN = {"faults": -1, "peak": 0}
+_SEEN = {"faults": -1, "peak": 0, "rss": 0}
 
 
 def parse_status(text):
@@ -159,7 +166,12 @@ def _windows_read():  # pragma: no cover - runs on Windows only
 
 # --------------------------------------------------------------------------- readers
 def read():
-    """``(rss, peak)`` in bytes for every reply that carries timing; zeros where unknown."""
+    """``(rss, peak)`` in bytes for every reply that carries timing; zeros where unknown.
+
+    The peak (the kernel's high-water mark, from ``/proc``'s status) is re-read only when a page
+    fault happened since the last reading; the RSS is read each time. A reply's reading goes
+    through ``read_cached``.
+    """
     if sys.platform.startswith("linux"):
         try:
             return _linux_read()
@@ -176,14 +188,13 @@ def read():
 
 
 def _linux_read():
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    usage = _getrusage(_RUSAGE_SELF)
     faults = usage.ru_minflt + usage.ru_majflt
     if faults != _SEEN["faults"]:
         _SEEN["peak"] = parse_status(_proc_text("status", 4096))[1]
         _SEEN["faults"] = faults
     rss = int(_proc_text("statm", 256).split()[1]) * _PAGE
+    _SEEN["rss"] = rss
     return rss, max(_SEEN["peak"], rss)
 
 

@@ -86,7 +86,8 @@ its CPU to them for a whole scheduler slice, and a 64 B call took ~2-10 ms inste
 each answer took. ``Doorbell.summary()`` counts the decisions (``--verbose``);
 ``XSTAGE_WAIT_TRACE`` records them with their inputs (``scripts/record_wait_traces.py``).
 
-To block, a side raises its ``*_asleep`` flag, re-checks, and sleeps in ``select``; a poster
+To block, a side raises its ``*_asleep`` flag, re-checks, and sleeps on the doorbell (``poll``
+on its eventfd, or ``select`` on the socketpair where there are no eventfds); a poster
 rings only when the peer's flag is up, which saves two system calls (~4 µs) per call while
 both sides are awake. NOTE (ordering): flag-then-recheck on one side and publish-then-read-flag
 on the other is a store→load pattern that x86 may reorder, so both sides could miss each other
@@ -239,6 +240,9 @@ LOAD_SAMPLE_SECONDS = 0.01
 #: wait saw, and writes them to ``DIR/wait-<role>-<pid>-<n>.json`` at exit
 #: (``scripts/record_wait_traces.py``; the policy's tests replay such traces).
 TRACE_DIR = os.environ.get("XSTAGE_WAIT_TRACE") or None
+#: ``XSTAGE_DOORBELL=socket`` keeps the socketpair as the doorbell even where eventfds exist
+#: (for comparing the two: ``benchmarks/transport.py --doorbell``).
+EVENTFD_BELL = os.environ.get("XSTAGE_DOORBELL", "eventfd") != "socket"
 #: The most waits one trace keeps.
 MAX_TRACE = 200000
 _TRACES = []
@@ -282,6 +286,51 @@ def _fence():
     on x86 a locked instruction orders every earlier store before every later load (~0.16 µs)."""
     _FENCE.acquire()
     _FENCE.release()
+
+
+def _load_eventfd():
+    """A maker of eventfds: ``os.eventfd`` (3.10+), else libc's through ctypes, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    flags = getattr(os, "EFD_NONBLOCK", 0o4000) | getattr(os, "EFD_CLOEXEC", 0o2000000)
+    if hasattr(os, "eventfd"):
+        return lambda: os.eventfd(0, flags)
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).eventfd
+    except (OSError, AttributeError, ImportError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_uint, ctypes.c_int]
+
+    def make():
+        fd = fn(0, flags)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return fd
+
+    return make
+
+
+#: ``make_eventfd()`` → a non-blocking, close-on-exec eventfd; None where the OS has none.
+make_eventfd = _load_eventfd()
+#: What a ring writes to an eventfd: 1, as the kernel's native u64.
+_EVENT_ONE = struct.pack("=Q", 1)
+
+
+def eventfd_pair():
+    """Two eventfds for one region's doorbell (the client's wake-up, the worker's), or None
+    where eventfds are not available (the socketpair then stays the doorbell)."""
+    if make_eventfd is None or not EVENTFD_BELL:
+        return None
+    first = make_eventfd()
+    try:
+        return first, make_eventfd()
+    except OSError:
+        os.close(first)
+        raise
 
 
 def _allowed_cpus():
@@ -334,6 +383,23 @@ def write_traces():
 
 if TRACE_DIR:
     atexit.register(write_traces)
+
+
+#: Regions at least this large ask for transparent huge pages (fewer TLB misses per copy).
+HUGE_ADVICE_BYTES = 4 << 20
+
+
+def _advise_huge(mm, size):
+    """Ask for transparent huge pages on a large region's mapping; honoured only where the
+    kernel allows them for shared memory (``/sys/kernel/mm/transparent_hugepage/shmem_enabled``
+    ``advise`` or ``within_size``), a no-op elsewhere."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or size < HUGE_ADVICE_BYTES:
+        return
+    try:
+        mm.madvise(advice)
+    except (OSError, ValueError):
+        pass
 
 
 def _align(n, a):
@@ -436,6 +502,10 @@ class Region:
         self._views = {}
         self._packed = {}
         self._read = {}
+        self._writes = {}  # (set, role, name, dtype, shape) -> (desc start, end, bytes, view)
+        self._feeds = {}  # (set, the inputs' descriptor bytes) -> {name: view}
+        self._spans = {}  # (set, input names) -> the inputs' descriptors (start, end), or ()
+        self._outs = {}  # (slot index, descriptor bytes) -> view
         self._closed = False
 
     # ------------------------------------------------------------------ creation / attach
@@ -462,6 +532,7 @@ class Region:
             if name:
                 _unlink(name)
             raise
+        _advise_huge(mm, size)
         region = cls(mm, size, slots, kind, name, creator=True, generation=generation,
                      n_sets=n_sets)
         region.fd = fd
@@ -492,6 +563,7 @@ class Region:
             mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
+        _advise_huge(mm, size)
         if name:
             _unlink(name)  # both ends hold it now: the name has done its job
         magic, version, got_size, n, gen, got_sets = _HEAD.unpack_from(mm, 0)
@@ -521,6 +593,9 @@ class Region:
             return
         self._closed = True
         self._views.clear()
+        self._writes.clear()
+        self._feeds.clear()
+        self._outs.clear()
         self.handed_over()
         try:
             self.mm.close()
@@ -623,24 +698,87 @@ class Region:
         return None if i is None else self.slots[i]["capacity"]
 
     def write(self, role, name, arr, s=0):
-        """Copy ``arr`` into its slot and describe it; False if it has no slot or does not fit."""
-        i = self.index.get((s, role, name))
-        if i is None:
-            return False
-        slot = self.slots[i]
-        nbytes = arr.nbytes
-        if nbytes > slot["capacity"] or arr.ndim > MAX_RANK:
-            return False
-        self._put_desc(i, arr.shape, nbytes)
-        if nbytes:
-            np.copyto(self.view(role, name, arr.dtype, arr.shape, s), arr, casting="no")
+        """Copy ``arr`` into its slot and describe it; False if it has no slot or does not fit.
+
+        One copy, straight into the slot (``np.copyto`` into a view of the mapping: no
+        intermediate bytes). A (set, slot, dtype, shape) seen before reuses its descriptor's
+        packed bytes and its view: a call of a known signature costs one slice assignment and
+        the copy."""
+        key = (s, role, name, arr.dtype, arr.shape)
+        plan = self._writes.get(key)
+        if plan is None:
+            i = self.index.get((s, role, name))
+            if i is None:
+                return False
+            nbytes = arr.nbytes
+            if nbytes > self.slots[i]["capacity"] or arr.ndim > MAX_RANK:
+                return False
+            view = self.view(role, name, arr.dtype, arr.shape, s) if nbytes else None
+            off = self.desc_off + i * DESC.size
+            plan = (off, off + DESC.size, self._packed_desc(i, arr.shape, nbytes), view)
+            if len(self._writes) > 64 * self.n_sets:
+                self._writes.clear()
+            self._writes[key] = plan
+        off, end, raw, view = plan
+        self.mm[off:end] = raw
+        if view is not None:
+            np.copyto(view, arr, casting="no")
         return True
+
+    def inputs(self, s, names):
+        """Set ``s``'s inputs (``names``, a tuple) as views by name, each descriptor checked
+        (``read_desc``).
+
+        The descriptors of one set's inputs lie side by side (``plan_layout``); their bytes,
+        read in one slice, key the views made from them before, so a call of a known signature
+        costs one read. (A table whose inputs are not side by side reads each one.)"""
+        if not names:
+            return {}
+        span = self._spans.get((s, names))
+        if span is None:
+            at = [self.index[(s, "in", name)] for name in names]
+            side_by_side = at == list(range(at[0], at[0] + len(at)))
+            off = self.desc_off + at[0] * DESC.size
+            span = self._spans[(s, names)] = (off, off + len(at) * DESC.size) if side_by_side \
+                else ()
+        raw = self.mm[span[0]:span[1]] if span else None
+        known = self._feeds.get((s, raw)) if span else None
+        if known is not None:
+            return dict(known)
+        feeds = {}
+        for name in names:
+            dtype, shape = self.read_desc("in", name, s)
+            feeds[name] = self.view("in", name, dtype, shape, s)
+        if span:
+            if len(self._feeds) > 16 * self.n_sets:
+                self._feeds.clear()
+            self._feeds[(s, raw)] = feeds
+        return dict(feeds)
+
+    def output(self, name, s=0):
+        """A view of set ``s``'s output ``name`` as its descriptor (checked) describes it."""
+        i = self.index[(s, "out", name)]
+        off = self.desc_off + i * DESC.size
+        raw = self.mm[off:off + DESC.size]
+        view = self._outs.get((i, raw))
+        if view is not None:
+            return view
+        dtype, shape = self.read_desc("out", name, s)
+        view = self.view("out", name, dtype, shape, s)
+        if len(self._outs) > 64 * self.n_sets:
+            self._outs.clear()
+        self._outs[(i, raw)] = view
+        return view
 
     def describe(self, role, name, shape, nbytes, s=0):
         """Write only the descriptor (the data was written in place)."""
         self._put_desc(self.index[(s, role, name)], tuple(shape), nbytes)
 
     def _put_desc(self, i, shape, nbytes):
+        off = self.desc_off + i * DESC.size
+        self.mm[off:off + DESC.size] = self._packed_desc(i, shape, nbytes)
+
+    def _packed_desc(self, i, shape, nbytes):
         # The packed bytes of a (slot, shape) pair never change: pack once, then one slice
         # assignment per call (~0.2 µs instead of a 36-field pack).
         key = (i, shape)
@@ -651,8 +789,7 @@ class Region:
             if len(self._packed) > 256:
                 self._packed.clear()
             self._packed[key] = raw
-        off = self.desc_off + i * DESC.size
-        self.mm[off:off + DESC.size] = raw
+        return raw
 
     def read_desc(self, role, name, s=0):
         """Validated ``(dtype, shape)`` of a slot's current content, from the peer's descriptor."""
@@ -742,7 +879,15 @@ def _unlink(name):
 
 
 class Doorbell:
-    """One end of a socketpair used only to wake the other side; see the wait policy above.
+    """One side's wake-ups: one end of a socketpair, or a pair of eventfds once the region is
+    attached (``use_eventfds``); see the wait policy above.
+
+    With eventfds a ring writes the peer's eventfd and a blocked wait polls this side's (and
+    the watched fds) and reads it: a blocked round trip costs ~8 µs of system calls here
+    instead of ~12-14 µs through the socketpair (``benchmarks/doorbell.py``; a futex through
+    ctypes, ~9 µs, cannot watch a socket while it sleeps). An eventfd
+    never reports that the peer is gone, so the socket stays: the control socket, which both
+    sides watch while they block, reports a death as its end-of-file.
 
     With a region, ``own``/``peer`` are the offsets of this side's and the peer's asleep
     flags; without one (or where spinning is off) every ring is sent. ``policy`` (a
@@ -763,6 +908,29 @@ class Doorbell:
         self._load = None
         self._sampled = -LOAD_SAMPLE_SECONDS
         self._next = None  # the decision ring() made for the wait that follows it
+        self._wait_fd = self._ring_fd = None  # eventfds: this side's wake-up, the peer's
+        self._polls = {}  # watched fds -> a registered select.poll (eventfd mode)
+
+    def use_eventfds(self, wait_fd, ring_fd):
+        """Ring ``ring_fd`` and block on ``wait_fd`` from now on (this side owns both; the
+        ones used before are closed). The socket stays open: a death still ends it."""
+        self.close_eventfds()
+        self._wait_fd, self._ring_fd = wait_fd, ring_fd
+
+    def close_eventfds(self):
+        for fd in (self._wait_fd, self._ring_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._wait_fd = self._ring_fd = None
+        self._polls = {}
+
+    @property
+    def kind(self):
+        """``eventfd`` or ``socket``: what rings and what a blocked wait sleeps on."""
+        return "socket" if self._wait_fd is None else "eventfd"
 
     def bind(self, region, own, peer, nudge=False, spin=None):
         """Use ``region``'s flags; ``nudge``: this side checks for a shared CPU and moves off
@@ -812,15 +980,15 @@ class Doorbell:
         """Wake the peer if it sleeps (the answer or request is already published).
 
         A side always waits after it rings, so with a region bound the policy decides that
-        wait here (``expected`` as for ``wait``): a side that will block raises its flag
-        before it rings and has almost nothing left to do between the ring and its sleep. The
-        woken peer is usually put on the ringer's CPU and runs once the ringer sleeps.
+        wait here (``expected`` as for ``wait``). The asleep flag is raised only in the wait
+        itself (flag, barrier, re-check, sleep): a ring often wakes the peer onto the ringer's
+        CPU, where it answers before the ringer's ``write`` returns, and a flag raised before
+        the ring made the peer ring back a side that never slept (one system call each way,
+        and a stale wake-up in the next wait).
         """
         region = self.region
         if self.policy is not None and self._next is None and not region.closed:
             self._next = self._decide(expected)
-            if self._next[0].spin <= 0:
-                region.set_flag(self.own, 1)  # before the fence below: the peer may answer at once
         if SPIN and region is not None:
             # NOTE (ordering): the number just published must be visible to the peer before
             # its flag is read here, or both sides could miss each other (store→load); a
@@ -828,6 +996,12 @@ class Doorbell:
             _fence()
             if not region.flag(self.peer):
                 return  # the peer is spinning and will see the published number
+        if self._ring_fd is not None:
+            try:
+                os.write(self._ring_fd, _EVENT_ONE)
+            except OSError:
+                pass  # the counter is full (never in practice): a wake-up is pending
+            return
         try:
             self.sock.send(b"\0")
         except (BlockingIOError, InterruptedError):
@@ -846,6 +1020,12 @@ class Doorbell:
     def _consume(self):
         """Take the pending rings (one read: a ring is one byte, a few at most are pending);
         True if the other end has closed."""
+        if self._wait_fd is not None:
+            try:
+                os.read(self._wait_fd, 8)  # the counter: every pending ring at once
+            except OSError:  # nothing pending (a spurious readiness)
+                pass
+            return False
         try:
             return not self.sock.recv(4096)
         except (BlockingIOError, InterruptedError):
@@ -965,6 +1145,8 @@ class Doorbell:
         # and the poster stores the answer before reading the flag (``ring``): a full barrier
         # on each side, so at least one of them sees the other's store.
         _fence()
+        if self._wait_fd is not None:
+            return self._block_eventfd(ready, deadline, watch)
         fds = [self.sock] + list(watch) if watch else [self.sock]
         while True:
             if ready():
@@ -982,6 +1164,49 @@ class Doorbell:
             if ready():
                 return "ready"
             if any(r is not self.sock for r in readable):
+                return "watch"
+
+
+    def _block_eventfd(self, ready, deadline, watch):
+        """``_block`` on this side's eventfd (and ``watch``): one registered poll per set of
+        watched fds, so a blocked wait costs one poll and one read."""
+        key = tuple(watch)  # the watched sockets themselves (hashed by identity)
+        poll = self._polls.get(key)
+        if poll is None:
+            poll = select.poll()
+            for fd in (self._wait_fd,) + key:
+                poll.register(fd, select.POLLIN)
+            if len(self._polls) > 8:
+                self._polls.clear()
+            self._polls[key] = poll
+        wait_fd = self._wait_fd
+        while True:
+            if ready():
+                return "ready"
+            timeout = None
+            if deadline is not None:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    return "timeout"
+                timeout = int(timeout * 1000) + 1  # poll's milliseconds, rounded up
+            events = poll.poll(timeout)
+            bell = False
+            other = False
+            for fd, _ in events:
+                if fd == wait_fd:
+                    bell = True
+                else:
+                    other = True
+            if bell:
+                # A ring left over from an earlier wait wakes this one at once; it is taken
+                # here and the loop sleeps again.
+                try:
+                    os.read(wait_fd, 8)
+                except OSError:
+                    pass
+            if ready():
+                return "ready"
+            if other:
                 return "watch"
 
 

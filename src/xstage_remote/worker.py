@@ -28,7 +28,7 @@ from . import shm as shm_mod
 
 __all__ = ["main"]
 
-FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin", "evidence"]
+FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin", "evidence", "bell-eventfd"]
 #: Exit status when the client vanished (stdin ended or the control stream closed).
 EXIT_ORPHANED = 70
 
@@ -43,6 +43,7 @@ def _seconds_from_env(name, default):
 
 #: How long ``attach`` waits for the region's descriptor after the frame (it is sent at once).
 ATTACH_FD_SECONDS = _seconds_from_env("XSTAGE_ATTACH_FD_SECONDS", 10.0)
+
 
 
 def _watchdog(fd):
@@ -127,6 +128,8 @@ class Worker:
         self.runtime = None
         self.region = None
         self.in_slots = []
+        self.in_names = ()
+        self.described = []
         self.out_views = []  # per slot set: output name -> its slot's view (None: no slot)
         self.next_set = 0  # the set the client publishes its next request in (cyclic order)
         self.state = None  # State, when the stage declares state pairs
@@ -181,22 +184,31 @@ class Worker:
         size, slots = spec.get("size"), spec.get("slots")
         if self.bell is None:
             raise wire.ProtocolError("attach: this worker has no doorbell (connected over TCP)")
+        # "bell": "eventfd": two eventfds follow the region's memfd (this side's wake-up, then
+        # the client's), and replace the socketpair as the doorbell (shm.Doorbell).
+        events = spec.get("bell") == "eventfd"
+        if events and spec.get("kind") != "memfd":
+            raise wire.ProtocolError("attach: an eventfd doorbell comes with a memfd region only")
+        bell_fds = None
         if spec.get("kind") == "memfd":
             # The descriptor follows the frame at once; a client that never sends it must not
             # hold this worker forever.
+            want = 3 if events else 1
             self.sock.settimeout(ATTACH_FD_SECONDS)
             try:
-                _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+                _, fds, _, _ = socket.recv_fds(self.sock, 1, want)
             except socket.timeout:
                 raise wire.ProtocolError("attach: no region descriptor within %gs of the frame"
                                          % ATTACH_FD_SECONDS) from None
             finally:
                 self.sock.settimeout(None)
-            if len(fds) != 1:
+            if len(fds) != want:
                 for fd in fds:
                     os.close(fd)
-                raise wire.ProtocolError("attach: expected one descriptor, got %d" % len(fds))
+                raise wire.ProtocolError("attach: expected %d descriptors, got %d"
+                                         % (want, len(fds)))
             target = fds[0]
+            bell_fds = fds[1:] if events else None
         elif spec.get("kind") == "named":
             target = spec.get("name")
             if not isinstance(target, str):
@@ -208,7 +220,12 @@ class Worker:
             if isinstance(target, int):
                 os.close(target)
             raise wire.ProtocolError("attach: region set count %r is not an integer" % (n_sets,))
-        region = shm_mod.Region.attach(target, size, slots, self.generation, n_sets)
+        try:
+            region = shm_mod.Region.attach(target, size, slots, self.generation, n_sets)
+        except BaseException:
+            for fd in bell_fds or ():
+                os.close(fd)
+            raise
         if self.region is not None:  # a resized region replaces the old one
             self.region.close()
             if hasattr(self.runtime, "unbind"):
@@ -219,11 +236,17 @@ class Worker:
         self.bell.bind(self.region, shm_mod.OFF_WORKER_ASLEEP, shm_mod.OFF_CLIENT_ASLEEP,
                        spin=shm_mod.WORKER_SPIN_SECONDS)
         self.in_slots = [s for s in slots if s["role"] == "in" and s["set"] == 0]
+        self.in_names = tuple(s["name"] for s in self.in_slots)
+        self.described = [False] * n_sets  # a set's fixed-shape output descriptors written
         self.next_set = 0
         known = {o["name"]: o for o in self.runtime.outputs}
         for s in slots:
             if s["role"] == "out" and s["name"] not in known:
+                for fd in bell_fds or ():
+                    os.close(fd)
                 raise wire.ProtocolError("attach: slot for unknown output %r" % s["name"])
+        if bell_fds:  # the client switches when it reads "attached", after this
+            self.bell.use_eventfds(bell_fds[0], bell_fds[1])
         self.out_views = []
         for k in range(n_sets):
             views = {}
@@ -235,7 +258,8 @@ class Worker:
                 else:
                     views[name] = None
             self.out_views.append(views)
-        self.send({"op": "attached", "id": frame.id, "info": {"kind": self.region.kind}})
+        self.send({"op": "attached", "id": frame.id,
+                   "info": {"kind": self.region.kind, "bell": self.bell.kind}})
 
     def on_evidence(self, frame):
         """What the runtime collected for the proof; the profile travels as a uint8 tensor."""
@@ -293,11 +317,7 @@ class Worker:
         start = end = flags = 0
         state = self.state
         try:
-            feeds = {}
-            for slot in self.in_slots:
-                name = slot["name"]
-                dtype, shape = region.read_desc("in", name, s)
-                feeds[name] = region.view("in", name, dtype, shape, s)
+            feeds = region.inputs(s, self.in_names)
             if state is not None:
                 if region.req_flags(s) & shm_mod.FLAG_RESET_STATE:
                     state.reset()
@@ -310,9 +330,11 @@ class Worker:
             if state is not None:
                 rest = state.keep(rest)
             inline = {}
-            for name, view in out_views.items():
-                if view is not None:
-                    region.describe("out", name, view.shape, view.nbytes, s)
+            if not self.described[s]:  # fixed-shape outputs: their descriptors never change
+                for name, view in out_views.items():
+                    if view is not None:
+                        region.describe("out", name, view.shape, view.nbytes, s)
+                self.described[s] = True
             for name, value in rest.items():
                 value = np.ascontiguousarray(value)
                 if not region.write("out", name, value, s):

@@ -21,15 +21,19 @@ CALLS = 3000
 DEADLINE_S = 30.0
 
 
-def _worker_side(region: shm.Region, sock, other, spin: float | None, seed: int) -> None:
+def _worker_side(region: shm.Region, sock, other, spin: float | None, seed: int,
+                 events: tuple[int, int] | None = None) -> None:
     other.close()  # the caller's end, inherited: its close must reach this side as end-of-file
     bell = shm.Doorbell(sock)
     bell.bind(region, shm.OFF_WORKER_ASLEEP, shm.OFF_CLIENT_ASLEEP, spin=shm.WORKER_SPIN_SECONDS)
+    if events is not None:  # the worker waits on the first eventfd and rings the second
+        bell.use_eventfds(events[0], events[1])
     rng = random.Random(seed)
     while True:
         last = region.resp_id()
+        # An eventfd never ends: the caller's end of the socket, watched, says it is gone.
         state = bell.wait(lambda w=last: region.req_id() != w, time.monotonic() + DEADLINE_S,
-                          spin=spin)
+                          spin=spin, watch=[sock] if events is not None else ())
         if state != "ready":
             os._exit(3 if state == "timeout" else 0)
         if rng.random() < 0.2:  # shake the interleavings: publish early, late, or in between
@@ -38,23 +42,32 @@ def _worker_side(region: shm.Region, sock, other, spin: float | None, seed: int)
         bell.ring()
 
 
+needs_eventfd = pytest.mark.skipif(shm.make_eventfd is None, reason="no eventfd on this OS")
+
+
+@pytest.mark.parametrize("bell_kind", ["socket", pytest.param("eventfd", marks=needs_eventfd)])
 @pytest.mark.parametrize("spin", [0, None], ids=["always-block", "policy"])
-def test_no_wake_up_is_ever_lost(spin: float | None) -> None:
+def test_no_wake_up_is_ever_lost(spin: float | None, bell_kind: str) -> None:
     """Both sides raise their flag and re-check; the poster publishes and reads the flag. With
     a barrier on each side one of them always sees the other, so no wait outlives its answer
-    (a lost ring would sleep until the 30 s deadline and fail here)."""
+    (a lost ring would sleep until the 30 s deadline and fail here). The same with the
+    eventfd doorbell."""
     slots, size = shm.plan_layout(IO, IO)
     region = shm.Region.create(size, slots)
     a, b = shm.socketpair()
+    events = shm.eventfd_pair() if bell_kind == "eventfd" else None
     seed = random.randrange(1 << 30)
     print(f"seed {seed}")  # so that a failure can be replayed
     ctx = mp.get_context("fork")
-    child = ctx.Process(target=_worker_side, args=(region, b, a, spin, seed))
+    child = ctx.Process(target=_worker_side, args=(region, b, a, spin, seed, events))
     child.start()
     b.close()
     try:
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP, nudge=True)
+        if events is not None:
+            bell.use_eventfds(events[1], events[0])
+            assert bell.kind == "eventfd"
         rng = random.Random(seed + 1)
         for rid in range(1, CALLS + 1):
             region.publish_request(rid)
@@ -68,6 +81,8 @@ def test_no_wake_up_is_ever_lost(spin: float | None) -> None:
         a.close()
         child.join(timeout=60)
         region.close()
+        if events is not None:
+            bell.close_eventfds()
     assert child.exitcode == 0
 
 
@@ -111,6 +126,51 @@ def test_a_ring_left_over_from_an_earlier_wait_does_not_end_the_next_one() -> No
     finally:
         a.close()
         region.close()
+
+
+@needs_eventfd
+def test_an_eventfd_bell_takes_left_over_rings_and_reports_a_watched_fd() -> None:
+    """Stale rings (one counter) wake a wait that finds nothing and sleeps again; the peer's
+    death reaches an eventfd waiter through the watched control socket, never the eventfd."""
+    slots, size = shm.plan_layout(IO, IO)
+    region = shm.Region.create(size, slots)
+    a, b = shm.socketpair()
+    ctl_a, ctl_b = shm.socketpair()
+    mine, peer = shm.eventfd_pair()
+    try:
+        bell = shm.Doorbell(a)
+        bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
+        bell.use_eventfds(mine, peer)
+        for _ in range(3):
+            os.write(mine, (1).to_bytes(8, "little"))  # three rings, one pending count
+        assert bell.wait(lambda: False, time.monotonic() + 0.05, watch=[ctl_a], spin=0) \
+            == "timeout"
+        ctl_b.close()  # the peer is gone: its control socket ends
+        assert bell.wait(lambda: False, time.monotonic() + 5, watch=[ctl_a], spin=0) == "watch"
+        region.set_flag(shm.OFF_WORKER_ASLEEP, 1)  # the peer sleeps: a ring is sent
+        bell.ring()  # to the peer's eventfd (nobody waits on it here: the count just grows)
+        assert int.from_bytes(os.read(peer, 8), "little") == 1
+    finally:
+        bell.close_eventfds()
+        for sock in (a, b, ctl_a):
+            sock.close()
+        region.close()
+
+
+@pytest.mark.parametrize("doorbell", ["socket", pytest.param("eventfd", marks=needs_eventfd)])
+def test_a_worker_client_rings_the_doorbell_it_was_given(tmp_path, monkeypatch, doorbell) -> None:
+    """The client sends the worker a pair of eventfds with the region's memfd unless
+    ``XSTAGE_DOORBELL=socket``; both ends then use the same kind, and calls are answered."""
+    from xstage import builtin_graphs
+
+    monkeypatch.setattr(shm, "EVENTFD_BELL", doorbell == "eventfd")
+    graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 16), tmp_path / "s.onnx")
+    with WorkerClient(sys.executable) as w:
+        w.load(graph)
+        assert w._bell is not None and w._bell.kind == doorbell
+        x = np.arange(16, dtype=np.float32)
+        for _ in range(50):
+            np.testing.assert_array_equal(w.run({"x": x})["y"], x)
 
 
 def test_a_worker_records_its_trace_when_asked(tmp_path, monkeypatch) -> None:

@@ -140,6 +140,8 @@ class Pipeline:
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._pump_waiting = False
         self.on_death: Callable[[list[_Req], BaseException], bool] | None = None
+        self._names_of: list[dict[str, Any]] | None = None  # the outputs _out_names lists
+        self._out_names: list[str] = []
 
     # ------------------------------------------------------------------ entry points
     def idle(self) -> bool:
@@ -154,8 +156,10 @@ class Pipeline:
         flags = c._take_reset()
         if not self.queue and not self.inflight:
             region = c._region
-            if region is not None and self._fits(region, feeds):
-                return self._call_fast(region, feeds, out, phase, seconds, flags)
+            if region is not None:
+                result = self._call_fast(region, feeds, out, phase, seconds, flags)
+                if result is not None:
+                    return result
             return c._call_inline(feeds, out, phase, flags)  # one frame each way, no queue
         req = _Req(feeds, None, seconds, phase, out)
         req.flags = flags
@@ -181,28 +185,35 @@ class Pipeline:
         A name the caller gave an ``out`` array for is copied into it.
         """
         c = self.client
-        for d in c._outputs:
-            name = d["name"]
+        fill = c._fill_output
+        if self._names_of is not c._outputs:  # the names, once per load
+            self._names_of, self._out_names = c._outputs, [d["name"] for d in c._outputs]
+        for name in self._out_names:
             try:
-                dtype, shape = region.read_desc("out", name, s)
+                view = region.output(name, s)  # the descriptor checked (cached by its bytes)
             except wire.ProtocolError as exc:
                 c._abort()
                 raise errors.RemoteProtocolError(f"worker {c.pid}: {exc}") from exc
-            result[name] = c._fill_output(out.get(name), region.view("out", name, dtype, shape, s), name)
+            result[name] = fill(out.get(name), view, name)
 
     def _call_fast(self, region: shm.Region, feeds: Mapping[str, np.ndarray],
                    out: Mapping[str, np.ndarray], phase: str,
-                   seconds: float | None, flags: int) -> dict[str, np.ndarray]:
-        """Nothing queued or in flight: publish in the next set and wait, in this thread."""
+                   seconds: float | None, flags: int) -> dict[str, np.ndarray] | None:
+        """Nothing queued or in flight: publish in the next set and wait, in this thread.
+
+        None (nothing published) when an input has no slot or does not fit its slot: the
+        call then goes the queue's way, inline.
+        """
         c = self.client
         bell, ctl = c._bell, c._ctl
         assert bell is not None and ctl is not None
         s = self.next_set
-        rid = c._take_id()  # a fresh id per call: a stale response can never match it
         t0 = time.perf_counter_ns()
         for name, arr in feeds.items():
-            region.write("in", name, arr, s)
+            if not region.write("in", name, arr, s):  # checks the slot and its capacity
+                return None
         copy_in = time.perf_counter_ns() - t0
+        rid = c._take_id()  # a fresh id per call: a stale response can never match it
         region.publish_request(rid, s, flags)
         self.next_set = (s + 1) % region.n_sets
         bell.ring(expected=c._expected_s)  # decides the wait below (shm.Doorbell.ring)

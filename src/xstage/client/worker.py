@@ -411,6 +411,8 @@ class WorkerClient:
         if self._region is not None:
             self._region.close()
             self._region = None
+        if self._bell is not None:
+            self._bell.close_eventfds()
         for closer in (self._ctl, self._bell.sock if self._bell else None):
             if closer is not None:
                 closer.close()
@@ -745,15 +747,22 @@ class WorkerClient:
         spec: dict[str, Any] = {"kind": kind, "size": size, "slots": slots, "sets": self.depth}
         if kind == "named":
             spec["name"] = region.name
+        # The doorbell: a pair of eventfds sent with the memfd where both ends can (shm.Doorbell).
+        events = shm.eventfd_pair() if kind == "memfd" and "bell-eventfd" in (
+            (self.hello or {}).get("features") or ()) else None
+        if events is not None:
+            spec["bell"] = "eventfd"
         rid = self._take_id()
         try:
             self._send({"op": "attach", "id": rid, "region": spec}, phase="load")
             if kind == "memfd":
                 assert self._ctl is not None
-                socket.send_fds(self._ctl, [b"\0"], [region.fd])
+                socket.send_fds(self._ctl, [b"\0"], [region.fd, *(events or ())])
             self._expect(self._recv("load", self.deadlines.load), "attached", rid)
         except BaseException:
             region.close()
+            for fd in events or ():
+                os.close(fd)
             raise
         finally:
             region.handed_over()
@@ -763,6 +772,8 @@ class WorkerClient:
         self._pipe.reset_sets()
         assert self._bell is not None
         self._bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP, nudge=True)
+        if events is not None:  # the worker waits on the first and rings the second
+            self._bell.use_eventfds(events[1], events[0])
 
     def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         feeds = {name: np.asarray(value) for name, value in inputs.items()}
