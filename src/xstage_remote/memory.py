@@ -20,7 +20,6 @@ macOS readers themselves run only there. Python 3.9 syntax, standard library onl
 
 import os
 import sys
-import time
 
 try:
     from resource import RUSAGE_SELF as _RUSAGE_SELF
