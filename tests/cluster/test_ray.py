@@ -1,0 +1,150 @@
+"""A stage on another node through Ray (issue 23), on a local two-node cluster (conftest).
+
+The head node has no ``fake_npu``; the other node has two. Outputs are compared with a local
+stage's, bit for bit (the same runtime on the same machine). No wall-clock assertions: every
+wait has a timeout, and a refusal's timeout is read from its evidence.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import xstage
+from xstage import builtin_graphs, errors
+from xstage.record import read_record, validate_record
+
+NPU = {"fake_npu": 1}
+WAIT = 120  # seconds any single future may take before the test fails instead of hanging
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    return builtin_graphs.write(builtin_graphs.mlp(), tmp_path_factory.mktemp("g") / "mlp.onnx")
+
+
+@pytest.fixture(scope="module")
+def remote(ray_cluster, mlp):
+    """One stage on the fake-NPU node for the tests that only call it (it holds fake_npu=1)."""
+    stage = xstage.open_stage(mlp, route="ort-cpu", cluster="ray", resources=NPU, depth=3,
+                              record_on_close=False)
+    yield stage
+    stage.close()
+
+
+def _xs(n: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(5)
+    return [{"x": rng.standard_normal((8, 256)).astype(np.float32)} for _ in range(n)]
+
+
+def test_the_stage_lands_on_the_resource_node_and_its_record_says_so(ray_cluster, remote):
+    assert remote.node["node_id"] == ray_cluster.npu_node
+    assert remote.node["address"] == "127.0.0.1"
+    assert remote.node["pid"] != os.getpid()
+    doc = remote.record()
+    validate_record(doc)
+    block = doc["cluster"]
+    assert block["node_id"] == ray_cluster.npu_node and block["hostname"]
+    assert block["resources"] == {"fake_npu": 1.0}
+    assert block["ledger"] == {"node_id": ray_cluster.npu_node, "pool": "host_ram"}
+    assert doc["outcome"]["status"] == "placed" and doc["proof"]["verdict"] == "placed"
+    assert doc["parity"]["verdict"] == "passed"  # the gate ran on the node
+    assert doc["request"]["cluster"] == "ray" and doc["worker"]["route"] == "ort-cpu"
+    assert remote.health()["state"] == "serving"
+    assert remote.health()["remote"]["generation"] == 1
+
+
+def test_call_submit_and_map_equal_a_local_stage(remote, mlp):
+    xs = _xs(5)
+    with xstage.open_stage(mlp, route="ort-cpu") as local:
+        want = [local(x)["y"] for x in xs]
+    for x, y in zip(xs, want, strict=True):
+        np.testing.assert_array_equal(remote(x)["y"], y)
+    futures = [remote.submit(x) for x in xs]
+    for fut, y in zip(futures, want, strict=True):
+        np.testing.assert_array_equal(fut.result(timeout=WAIT)["y"], y)
+        assert fut.generation == 1
+    for got, y in zip(remote.map(xs), want, strict=True):
+        np.testing.assert_array_equal(got["y"], y)
+
+
+def test_a_resource_no_node_has_is_refused_at_once(ray_cluster, mlp):
+    with pytest.raises(errors.Refused) as info:
+        xstage.open_stage(mlp, route="ort-cpu", cluster="ray", resources={"fake_gpu": 1})
+    [refusal] = info.value.refusals
+    assert refusal.code.value == "device_unreachable_from_this_process"
+    assert refusal.cause == "no_node" and refusal.evidence["waited_s"] == 0.0
+    assert "fake_gpu=1" in refusal.message and "fake_npu=2" in refusal.message  # the view
+    validate_record(info.value.record)
+    assert info.value.record["outcome"]["exit_code"] == 2
+
+
+def test_a_resource_no_node_frees_in_time_is_refused_at_the_timeout(ray_cluster, remote, mlp):
+    # The node has fake_npu=2 and `remote` holds one: two more can never be free while it runs.
+    with pytest.raises(errors.Refused) as info:
+        xstage.open_stage(mlp, route="ort-cpu", cluster="ray", resources={"fake_npu": 2},
+                          placement_timeout=2)
+    [refusal] = info.value.refusals
+    assert refusal.cause == "no_node" and refusal.evidence["waited_s"] == 2
+    assert "within 2 s" in refusal.message
+    assert remote(_xs(1)[0])["y"].shape == (8, 256)  # the stage that holds it still serves
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """Milliseconds per call: requests are still in flight when the actor is killed."""
+    return builtin_graphs.write(builtin_graphs.mlp(width=1024, depth=8, batch=128, seed=7),
+                                tmp_path_factory.mktemp("g") / "wide.onnx")
+
+
+def test_killing_the_actor_mid_request_names_the_node_and_the_next_generation_serves(
+        ray_cluster, remote, wide):
+    x = {"x": np.random.default_rng(0).standard_normal((128, 1024)).astype(np.float32)}
+    with xstage.open_stage(wide, route="ort-cpu", cluster="ray", resources=NPU, depth=2,
+                           restart="on_death", record_on_close=False) as stage:
+        want = stage(x)["y"]
+        first = stage.node
+        futures = [stage.submit(x, timeout=None) for _ in range(6)]
+        futures[0].add_done_callback(lambda _f: os.kill(first["pid"], signal.SIGKILL))
+        died = [f.exception(timeout=WAIT) for f in futures]
+        died = [e for e in died if e is not None]
+        assert died, "every request finished before the kill"
+        for exc in died:
+            assert isinstance(exc, errors.WorkerDied) and exc.generation == 1, exc
+            assert ray_cluster.npu_node in exc.message and first["hostname"] in exc.message
+        np.testing.assert_array_equal(stage(x)["y"], want)  # generation 2, proven again
+        health = stage.health()
+        assert health["generation"] == 2 and health["state"] == "serving"
+        assert stage.node["pid"] != first["pid"]
+        assert stage.node["node_id"] == ray_cluster.npu_node  # re-placed where the resource is
+        [restart] = health["restarts"]
+        assert restart["outcome"] == "serving" and "WorkerDied" in restart["cause"]
+        doc = stage.record()
+        validate_record(doc)
+        assert doc["cluster"]["generation"] == 2 and doc["proof"]["verdict"] == "placed"
+
+
+def test_xstage_external_and_devices_with_cluster_ray(ray_cluster, tmp_path):
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.address, "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONPATH": os.pathsep.join([str(p) for p in sys.path if p.endswith("src")])}
+    out = tmp_path / "record.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "xstage", "external", "--cluster", "ray", "--resource",
+         "fake_npu=1", "--route", "ort-cpu", "--runs", "3", "--warmup", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    doc = read_record(out)
+    assert doc["cluster"]["node_id"] == ray_cluster.npu_node and doc["timings"]
+    done = subprocess.run([sys.executable, "-m", "xstage", "devices", "--cluster", "ray",
+                           "--json"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    nodes = json.loads(done.stdout)["nodes"]
+    assert {n["node"]["node_id"] for n in nodes} == {ray_cluster.npu_node, ray_cluster.head_node}
+    assert all(any(r["id"] == "cpu" for r in n["report"]["devices"]) for n in nodes)
