@@ -7,6 +7,7 @@ wait has a timeout, and a refusal's timeout is read from its evidence.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -59,6 +60,16 @@ def test_the_stage_lands_on_the_resource_node_and_its_record_says_so(ray_cluster
     assert remote.health()["remote"]["generation"] == 1
 
 
+def test_the_node_charges_its_own_ledger(ray_cluster, remote):
+    ray = ray_cluster.ray
+    ledger = ray.get_actor(f"xstage-ledger-{ray_cluster.npu_node}", namespace="xstage")
+    [(holding, owner)] = ray.get(ledger.holdings.remote(), timeout=WAIT)
+    assert holding.budget.pool == "host_ram" and owner.startswith("xstage-stage-")
+    assert holding.budget.budget_bytes == remote.record()["ledger"]["budget_bytes"]
+    with pytest.raises(ValueError):  # no stage ever ran on the head: it has no ledger
+        ray.get_actor(f"xstage-ledger-{ray_cluster.head_node}", namespace="xstage")
+
+
 def test_call_submit_and_map_equal_a_local_stage(remote, mlp):
     xs = _xs(5)
     with xstage.open_stage(mlp, route="ort-cpu") as local:
@@ -71,6 +82,7 @@ def test_call_submit_and_map_equal_a_local_stage(remote, mlp):
         assert fut.generation == 1
     for got, y in zip(remote.map(xs), want, strict=True):
         np.testing.assert_array_equal(got["y"], y)
+    np.testing.assert_array_equal(asyncio.run(remote.acall(xs[0]))["y"], want[0])
 
 
 def test_a_resource_no_node_has_is_refused_at_once(ray_cluster, mlp):

@@ -137,8 +137,7 @@ class ClusterStage:
         ref = actor.call.options(concurrency_group="calls").remote(dict(inputs), wire_timeout)
         with self._counts:
             self._in_flight += 1
-        ref.future().add_done_callback(
-            lambda done: self._settler.submit(self._settle, fut, done, gen, where))
+        ref.future().add_done_callback(lambda done: self._hand_over(fut, done, gen, where))
         return fut
 
     async def acall(self, inputs: Mapping[str, Any], *,
@@ -172,6 +171,14 @@ class ClusterStage:
         finally:
             for fut in window:
                 fut.cancel()
+
+    def _hand_over(self, fut: ClusterFuture, done: concurrent.futures.Future,  # type: ignore[type-arg]
+                   gen: int, where: Mapping[str, Any]) -> None:
+        """In Ray's thread: settle on the stage's own thread (inline once it is closed)."""
+        try:
+            self._settler.submit(self._settle, fut, done, gen, where)
+        except RuntimeError:  # the stage closed while this call was in flight
+            self._settle(fut, done, gen, where)
 
     def _settle(self, fut: ClusterFuture, done: concurrent.futures.Future,  # type: ignore[type-arg]
                 gen: int, where: Mapping[str, Any]) -> None:

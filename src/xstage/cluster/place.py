@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from xstage import errors
+from xstage._version import __version__
 from xstage.artifact import Artifact, inspect_artifact
 from xstage.cluster import _ray
 from xstage.manifest import manifest_path
@@ -200,6 +201,12 @@ class Placement:
             ray.kill(actor)
             raise self._refused(waited=True) from None
         self.say(f"placed on {where['hostname']} (node {where['node_id'][:12]})")
+        if where["xstage_version"] != __version__:
+            ray.kill(actor)
+            raise errors.XstageError(
+                f"the node {where['hostname']} runs xstage {where['xstage_version']}, this "
+                f"process {__version__}: the proof and the record would not be this version's",
+                remedy="install the same xstage version on every node (docs/cluster.md)")
         opened = ray.get(actor.open.options(concurrency_group="control").remote(
             self.open_fn, self.files, self.artifact.path.name, self.artifact.sha256,
             dict(self.options)))
