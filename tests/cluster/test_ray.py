@@ -8,6 +8,7 @@ wait has a timeout, and a refusal's timeout is read from its evidence.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -152,11 +153,24 @@ def test_xstage_external_and_devices_with_cluster_ray(ray_cluster, tmp_path):
     assert done.returncode == 0, done.stderr
     doc = read_record(out)
     assert doc["cluster"]["node_id"] == ray_cluster.npu_node and doc["timings"]
+    refused = tmp_path / "refused.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "xstage", "external", "--cluster", "ray", "--resource",
+         "fake_gpu=1", "--route", "ort-cpu", "--json", str(refused)],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "no node of the Ray cluster has fake_gpu=1" in done.stderr
+    doc = read_record(refused)
+    assert doc["outcome"]["refusals"][0]["cause"] == "no_node"
+    assert {n["node_id"] for n in doc["cluster"]["nodes"]} == {ray_cluster.npu_node,
+                                                               ray_cluster.head_node}
     done = subprocess.run([sys.executable, "-m", "xstage", "devices", "--cluster", "ray",
                            "--json"], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
-    import json
-
     nodes = json.loads(done.stdout)["nodes"]
     assert {n["node"]["node_id"] for n in nodes} == {ray_cluster.npu_node, ray_cluster.head_node}
     assert all(any(r["id"] == "cpu" for r in n["report"]["devices"]) for n in nodes)
+    done = subprocess.run([sys.executable, "-m", "xstage", "devices", "--cluster", "ray"],
+                          capture_output=True, text=True, timeout=300, env={**env, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("node ") >= 2 and ray_cluster.npu_node in done.stdout

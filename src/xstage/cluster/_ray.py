@@ -34,7 +34,8 @@ def connect() -> Any:
     the local cluster (``ray start --head``).
 
     Raises:
-        UsageError: Ray is missing, or no cluster answers at the address.
+        UsageError: Ray is missing.
+        XstageError: no cluster answers at the address (exit 1).
     """
     ray = ray_module()
     if ray.is_initialized():
@@ -44,7 +45,7 @@ def connect() -> Any:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
                  logging_level="ERROR", configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise errors.UsageError(
+        raise errors.XstageError(
             f"no Ray cluster answered at {address}: {exc}",
             remedy="start one (ray start --head, then ray start --address=HEAD:6379 on each "
             "node) or set RAY_ADDRESS to its head's address") from None
