@@ -57,6 +57,10 @@ def test_the_stage_lands_on_the_resource_node_and_its_record_says_so(ray_cluster
     assert doc["outcome"]["status"] == "placed" and doc["proof"]["verdict"] == "placed"
     assert doc["parity"]["verdict"] == "passed"  # the gate ran on the node
     assert doc["request"]["cluster"] == "ray" and doc["worker"]["route"] == "ort-cpu"
+    # the files were shipped and opened from the node's own XSTAGE_HOME, not this one's
+    sha = doc["artifact"]["sha256"]
+    assert f"/cache/cluster/{sha}/mlp.onnx" in doc["artifact"]["path"]
+    assert not doc["artifact"]["path"].startswith(os.environ["XSTAGE_HOME"])
     assert remote.health()["state"] == "serving"
     assert remote.health()["remote"]["generation"] == 1
 

@@ -21,6 +21,7 @@ from xstage import errors
 from xstage._version import __version__
 from xstage.artifact import Artifact, inspect_artifact
 from xstage.cluster import _ray
+from xstage.inputs import SEED
 from xstage.manifest import manifest_path
 from xstage.record.build import build_record
 from xstage.record.io import host_block, utc_now
@@ -163,7 +164,7 @@ class Placement:
             min_placement=options.get("min_placement", 0.5),
             tolerance=options.get("tolerance"), ep_options=options.get("ep_options"),
             threads=options.get("threads"), graph_opt_level=options.get("graph_opt_level"),
-            inputs=options.get("inputs"), seed=0)
+            inputs=options.get("inputs"), seed=SEED)
         self.request.update(cluster="ray", resources=dict(resources))
         stateful = bool(declared_state(art))
         self.depth = 1 if stateful else int(options.get("depth", 2))
@@ -207,9 +208,17 @@ class Placement:
                 f"the node {where['hostname']} runs xstage {where['xstage_version']}, this "
                 f"process {__version__}: the proof and the record would not be this version's",
                 remedy="install the same xstage version on every node (docs/cluster.md)")
-        opened = ray.get(actor.open.options(concurrency_group="control").remote(
-            self.open_fn, self.files, self.artifact.path.name, self.artifact.sha256,
-            dict(self.options)))
+        try:
+            opened = ray.get(actor.open.options(concurrency_group="control").remote(
+                self.open_fn, self.files, self.artifact.path.name, self.artifact.sha256,
+                dict(self.options)))
+        except ray.exceptions.RayError as exc:  # the node died, or Ray failed to run the task
+            ray.kill(actor)
+            first = (str(exc).strip().splitlines() or [""])[-1]
+            raise errors.XstageError(
+                f"opening the stage on {where['hostname']} (node {where['node_id']}) failed: "
+                f"{type(exc).__name__}: {first}",
+                remedy="the node's Ray logs say why (its session_latest/logs folder)") from None
         for event in opened["events"]:
             self.say(f"[{where['hostname']}] {event}")
         if opened["status"] != "placed":
