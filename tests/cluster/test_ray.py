@@ -178,3 +178,19 @@ def test_xstage_external_and_devices_with_cluster_ray(ray_cluster, tmp_path):
                           capture_output=True, text=True, timeout=300, env={**env, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("node ") >= 2 and ray_cluster.npu_node in done.stdout
+
+
+def test_without_a_restart_policy_a_dead_actor_closes_the_stage(ray_cluster, remote, mlp):
+    x = _xs(1)[0]
+    stage = xstage.open_stage(mlp, route="ort-cpu", cluster="ray", resources=NPU,
+                              record_on_close=False)
+    try:
+        os.kill(stage.node["pid"], signal.SIGKILL)
+        with pytest.raises(errors.WorkerDied, match=ray_cluster.npu_node):
+            stage(x)
+        with pytest.raises(errors.StageClosed, match="its Ray actor died"):
+            stage(x)
+        assert stage.health()["state"] == "closed" and stage.health()["restarts"] == []
+        validate_record(stage.record())
+    finally:
+        stage.close()
