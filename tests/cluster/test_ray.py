@@ -20,6 +20,7 @@ import pytest
 import xstage
 from xstage import builtin_graphs, errors
 from xstage.record import read_record, validate_record
+from xstage.record.summary import summary
 
 NPU = {"fake_npu": 1}
 WAIT = 120  # seconds any single future may take before the test fails instead of hanging
@@ -157,6 +158,9 @@ def test_xstage_external_and_devices_with_cluster_ray(ray_cluster, tmp_path):
     assert done.returncode == 0, done.stderr
     doc = read_record(out)
     assert doc["cluster"]["node_id"] == ray_cluster.npu_node and doc["timings"]
+    assert "│ cluster " in done.stdout  # the summary's row, worded by record.summary:
+    assert f"Ray node {doc['cluster']['hostname']} ({ray_cluster.npu_node}, 127.0.0.1) for " \
+           "fake_npu=1" in "\n".join(summary(doc))
     refused = tmp_path / "refused.json"
     done = subprocess.run(
         [sys.executable, "-m", "xstage", "external", "--cluster", "ray", "--resource",
