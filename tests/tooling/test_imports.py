@@ -33,7 +33,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("report", ("xstage.report",)),
     # A stage inside another library's pipeline (transformers): a user of the stage API.
     ("integrations", ("xstage.integrations",)),
-    ("stage", ("xstage.stage",)),
+    # A stage on a cluster node (issue 23): beside stage, not above it, because open_stage
+    # dispatches to it; it never imports the admission path (open_stage hands itself over).
+    ("stage", ("xstage.stage", "xstage.cluster")),
     ("planning", ("xstage.planner", "xstage.device_table", "xstage.builtin_graphs", "xstage.export")),
     ("routes", ("xstage.routes",)),
     # A record describes the host it ran on, so it reads host facts (table in issue 10 had it

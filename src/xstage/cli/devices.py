@@ -109,7 +109,27 @@ def render(report: DeviceReport, out: Output) -> None:
         out.result("    remedy: " + escape(status.remedy))
 
 
+def _run_cluster(args: argparse.Namespace, out: Output) -> int:
+    from xstage.cluster.devices import cluster_devices
+
+    found = cluster_devices(refresh=args.refresh)
+    if out.json_mode:
+        out.json({"cluster": args.cluster, "nodes": [
+            {"node": node, "report": report.to_dict()} for node, report in found]})
+        return EXIT_OK
+    for node, report in found:
+        out.result(f"[bold]node {escape(str(node['hostname']))}[/bold] ({node['node_id']}, "
+                   f"{node['address']}; Ray resources: "
+                   + escape(", ".join(f"{k}={v:g}" for k, v in node["resources"].items()
+                                      if k not in ("memory", "object_store_memory")))
+                   + ")")
+        render(report, out)
+    return EXIT_OK
+
+
 def _run(args: argparse.Namespace, out: Output) -> int:
+    if args.cluster:
+        return _run_cluster(args, out)
     report = devices(refresh=args.refresh)
     if out.json_mode:
         out.json(report.to_dict())
@@ -132,4 +152,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--refresh", action="store_true", help="probe every interpreter again (ignore the cache)"
     )
+    parser.add_argument("--cluster", choices=["ray"],
+                        help="every node of the cluster (RAY_ADDRESS, or the local one): each "
+                        "node's own devices and routes (docs/cluster.md)")
     parser.set_defaults(func=_run)

@@ -23,6 +23,7 @@ from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
 from xstage.cli._summary import show_summary
 from xstage.client.deadlines import parse_timeouts
+from xstage.cluster import parse_resources
 from xstage.exit_codes import EXIT_OK, EXIT_REFUSED
 from xstage.inputs import parse_dims, parse_shapes
 from xstage.ledger import parse_pool_arg
@@ -80,6 +81,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pool", action="append", default=[], metavar="NAME=SIZE",
                    help="plan for a pool of this size, e.g. host_ram=4GiB or "
                    "vram:gpu_discrete:nvidia:0=8GB (GiB and GB both accepted)")
+    p.add_argument("--cluster", choices=["ray"],
+                   help="run the stage on a node of a Ray cluster that has --resource "
+                   "(RAY_ADDRESS, or the local one); docs/cluster.md")
+    p.add_argument("--resource", action="append", default=[], metavar="NAME=AMOUNT",
+                   help="a Ray resource the node must have (repeatable), e.g. npu=1")
+    p.add_argument("--placement-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds to wait for a node with the resources to be free (default 60)")
     p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the record here")
     p.add_argument("--timeout", action="append", default=[], metavar="PHASE=SECONDS",
                    help="a worker deadline (repeatable): spawn, hello, load, warmup, call, "
@@ -199,6 +207,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     graph = (Path(args.graph) if args.graph
              else builtin_artifact(args.builtin) if args.builtin else builtin_stage())
     prefer = [p for p in args.prefer.split(",") if p] if args.prefer else None
+    if args.resource and not args.cluster:
+        raise errors.UsageError("--resource needs --cluster", remedy="add --cluster ray")
     try:
         stage = open_stage(
             graph, device=args.device, prefer=prefer, route=args.route, offload=args.offload,
@@ -208,7 +218,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
             graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
             shapes=parse_shapes(args.shape), dims=parse_dims(args.dim), on_event=out.log,
             ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None,
-            deadlines=parse_timeouts(args.timeout), record_on_close=False)  # it writes its own
+            deadlines=parse_timeouts(args.timeout), record_on_close=False,  # it writes its own
+            cluster=args.cluster, resources=parse_resources(args.resource),
+            placement_timeout=args.placement_timeout)
     except errors.UsageError:
         raise
     except errors.XstageError as exc:  # refused or failed: the API's record, with the timing plan

@@ -285,8 +285,23 @@ def _provenance(doc: Mapping[str, Any]) -> Rows:
             ("xstage", f"{doc['xstage_version']}, record schema {doc['schema_version']}")]
 
 
+def _cluster(doc: Mapping[str, Any]) -> Rows:
+    """Where a cluster stage ran (the record's ``cluster`` block, issue 23)."""
+    block = doc.get("cluster")
+    if not block:
+        return []
+    asked = ", ".join(f"{k}={v:g}" for k, v in block["resources"].items()) or "nothing"
+    if not block.get("node_id"):
+        return [("cluster", f"Ray {block['ray_version']}: no node placed ({asked})")]
+    ledger = block.get("ledger") or {}
+    return [("cluster", f"Ray node {block['hostname']} ({block['node_id']}, "
+                        f"{block.get('address')}) for {asked}; generation "
+                        f"{block.get('generation', 1)}; charged to that node's "
+                        f"{ledger.get('pool') or 'ledger'}")]
+
+
 _SECTIONS: tuple[Callable[[Mapping[str, Any]], Rows], ...] = (
-    _outcome, _stage, _request, _placement, _worker, _proof, _device, _parity, _timings, _memory,
+    _outcome, _stage, _request, _cluster, _placement, _worker, _proof, _device, _parity, _timings, _memory,
     lambda doc: ledger_rows(doc.get("ledger")), _refusals, _provenance,
 )
 

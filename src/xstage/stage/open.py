@@ -15,7 +15,9 @@ criterion's default, tighter or looser); ``depth``: requests in flight at once
 (``Stage.submit``, ``Stage.map``; docs/serving.md); ``restart``: ``"never"`` or ``"on_death"``
 (a dead worker is replaced by generation n+1, proven and gated again; at most ``max_restarts``
 in ``restart_window`` seconds); ``record_on_close``: ``Stage.close()`` writes the stage's
-record under ``XSTAGE_HOME/records``.
+record under ``XSTAGE_HOME/records``; ``cluster="ray"`` with ``resources``: the stage on a Ray
+node that has them, opened there by that node's ``open_stage`` (a ``ClusterStage``; a node free
+within ``placement_timeout`` seconds, else refused; docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 from xstage import errors
 from xstage.artifact import Artifact, graph_nodes, inspect_artifact
 from xstage.client import Deadlines
+from xstage.cluster import open_on_cluster
 from xstage.device_table import DeviceReport
 from xstage.device_table import devices as device_report
 from xstage.inputs import SEED, resolve_feeds
@@ -64,6 +67,7 @@ def open_stage(
     report: DeviceReport | None = None, ledger: Ledger | None = None,
     on_event: Callable[[str], None] | None = None, depth: int = 2, restart: str = "never",
     max_restarts: int = 3, restart_window: float = 60.0, record_on_close: bool = True,
+    cluster: str | None = None, resources: Mapping[str, float] | None = None, placement_timeout: float = 60.0,
 ) -> Stage:
     """Open ``artifact`` where the plan and the evidence allow (the arguments: module docstring).
 
@@ -74,6 +78,8 @@ def open_stage(
         InputError: inputs that do not match the stage.
         WorkerError: a worker died or timed out (it is not a refusal: exit 1).
     """
+    if cluster is not None:  # the node's own open_stage decides there (docs/cluster.md)
+        return open_on_cluster(open_stage, artifact, cluster, resources, placement_timeout, locals())
     started = utc_now()
     request = build_request(
         device=device, prefer=prefer, route=route, offload=offload, min_placement=min_placement,

@@ -1,0 +1,44 @@
+"""What ``cluster=`` checks before anything connects, and a Python without Ray (no cluster)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import xstage
+from xstage import builtin_graphs, errors
+from xstage.cluster import parse_resources
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    return builtin_graphs.write(builtin_graphs.mlp(), tmp_path_factory.mktemp("g") / "mlp.onnx")
+
+
+def test_without_ray_cluster_ray_is_a_usage_error_naming_the_extra(mlp, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    with pytest.raises(errors.UsageError) as info:
+        xstage.open_stage(mlp, route="ort-cpu", cluster="ray", resources={"npu": 1})
+    assert "pip install 'xstage[ray]'" in info.value.remedy
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"cluster": "slurm"}, "is not one of ray"),
+    ({"cluster": "ray", "resources": {"npu": 0}}, "amount > 0"),
+    ({"cluster": "ray", "resources": {"npu": True}}, "amount > 0"),
+    ({"cluster": "ray", "placement_timeout": 0}, "placement_timeout"),
+    ({"cluster": "ray", "ledger": xstage.Ledger()}, r"ledger=\.\.\.\) does not cross"),
+])
+def test_bad_cluster_arguments_are_usage_errors_before_connecting(mlp, kwargs, match,
+                                                                  monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # nothing may reach Ray
+    with pytest.raises(errors.UsageError, match=match):
+        xstage.open_stage(mlp, route="ort-cpu", **kwargs)
+
+
+def test_resource_flags_parse():
+    assert parse_resources(["npu=1", "GPU=0.5"]) == {"npu": 1.0, "GPU": 0.5}
+    for bad in (["npu"], ["npu=x"], ["npu=1", "npu=2"], ["=1"], ["npu=-1"]):
+        with pytest.raises(errors.UsageError):
+            parse_resources(bad)
