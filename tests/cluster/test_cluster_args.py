@@ -42,3 +42,17 @@ def test_resource_flags_parse():
     for bad in (["npu"], ["npu=x"], ["npu=1", "npu=2"], ["=1"], ["npu=-1"]):
         with pytest.raises(errors.UsageError):
             parse_resources(bad)
+
+
+def test_the_node_ledger_takes_what_the_ledger_takes():
+    """``admit`` calls ``reserve`` on whichever ledger it was given: the node's view must accept
+    every argument the local ledger does (a GPU stage's ``also=`` once reached it unaccepted)."""
+    import inspect
+
+    from xstage.cluster.actor import NodeLedger
+    from xstage.stage.ledger import Ledger
+
+    for name in ("reserve", "release", "holdings"):
+        local = inspect.signature(getattr(Ledger, name)).parameters
+        node = inspect.signature(getattr(NodeLedger, name)).parameters
+        assert list(node) == list(local), name

@@ -110,10 +110,10 @@ class NodeLedgerActor:
         self._owners: dict[int, str] = {}
 
     def reserve(self, budget: Budget, label: str, devices: Sequence[Any],
-                owner: str) -> tuple[Holding | None, Fit]:
+                owner: str, also: Sequence[Budget] = ()) -> tuple[Holding | None, Fit]:
         """``Ledger.reserve`` on the node, on behalf of the stage actor named ``owner``."""
         self._prune()
-        holding, fit = self._ledger.reserve(budget, label, devices)
+        holding, fit = self._ledger.reserve(budget, label, devices, also=also)
         if holding is not None:
             self._owners[holding.token] = owner
         return holding, fit
@@ -162,12 +162,14 @@ class NodeLedger(Ledger):
         self._owner = owner
         self.node_id = node_id
 
-    def reserve(self, budget: Budget, label: str, devices: Sequence[Any] = ()
-                ) -> tuple[Holding | None, Fit]:
-        """Reserve on the node's ledger."""
+    def reserve(self, budget: Budget, label: str, devices: Sequence[Any] = (),
+                also: Sequence[Budget] = ()) -> tuple[Holding | None, Fit]:
+        """Reserve on the node's ledger (``also``: the stage's budgets in other pools, as
+        ``Ledger.reserve``)."""
         import ray
 
-        return ray.get(self._actor.reserve.remote(budget, label, tuple(devices), self._owner))
+        return ray.get(self._actor.reserve.remote(budget, label, tuple(devices), self._owner,
+                                                  tuple(also)))
 
     def release(self, holding: Holding | None) -> None:
         """Give back on the node's ledger (idempotent)."""
