@@ -406,8 +406,9 @@ def export_code2wav_stream(out: str | Path, *, config: str = "tiny", chunk: int 
            {"name": "context_out", **ctx}, {"name": "context_len_out", "dtype": "int64", "shape": [1]}])
     stream = {"input": "codes", "output": "wav", "chunk": chunk, "left_context": left_context,
               "samples_per_frame": spf, "lookahead_samples": chunk * spf - wav_shape[-1],
-              "sample_rate": SAMPLE_RATE, "reference": "transformers Qwen3OmniMoeCode2Wav."
-              f"chunked_decode(codes, {chunk}, {left_context})",
+              "sample_rate": SAMPLE_RATE, "codebook_size": cfg.codebook_size,
+              "reference": f"transformers Qwen3OmniMoeCode2Wav.chunked_decode(codes, {chunk}, "
+              f"{left_context})",
               "vs_chunked_decode_max_abs": stream_check["max_abs"],
               "receptive_field": {k: v for k, v in field.items() if k != "decay"}}
     state = [{"input": "context", "output": "context_out", "init": "zeros"},

@@ -60,6 +60,7 @@ class StreamSpec:
     samples_per_frame: int
     lookahead_samples: int
     sample_rate: int | None
+    codebook_size: int | None  # codes lie in [0, codebook_size)
 
     def samples(self, frames: int) -> int:
         """The audio samples a chunk of ``frames`` real frames yields (rule 2)."""
@@ -82,7 +83,8 @@ def stream_spec(stage: Stage) -> StreamSpec:
                       left_context=int(block["left_context"]), quantizers=int(shape[-2]),
                       samples_per_frame=int(block["samples_per_frame"]),
                       lookahead_samples=int(block["lookahead_samples"]),
-                      sample_rate=block.get("sample_rate"))
+                      sample_rate=block.get("sample_rate"),
+                      codebook_size=block.get("codebook_size"))
 
 
 class _Chunker:
@@ -142,8 +144,8 @@ class _Run:
     def audio(self, result: Mapping[str, np.ndarray], frames: int) -> np.ndarray:
         if self.calls and getattr(result, "state_reset", False):
             raise StreamBroken(
-                f"chunk {self.calls} of the stream ran from the initial state: the stage's "
-                "worker was restarted and the utterance's context is gone",
+                f"chunk {self.calls} of the stream ran from the initial state (the stage's "
+                "state was reset or its worker restarted): the utterance's context is gone",
                 remedy="decode the utterance again from its first frame")
         self.calls += 1
         wav = np.asarray(result[self.spec.wav])
