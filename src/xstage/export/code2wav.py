@@ -287,9 +287,12 @@ def _changed(a: Any, b: Any) -> Any:
 def measure_receptive_field(model: Any, *, seed: int = 0) -> dict[str, Any]:
     """How far one code frame reaches, measured: a frame perturbed, float64, exact zeros kept.
 
-    Run in float64 (a masked key's weight is exactly 0, and a change of one frame's input is
-    never rounded away), each half of the decoder separately, since the pre-transformer is
-    the only part that reaches far and the convolutions the only part that is expensive:
+    Run in float64 (a masked key's weight is exactly 0, so nothing outside the windows can
+    change; inside them a change smaller than float64's resolution, about 1e-16 of the value
+    it meets, is rounded away, so the reach measured is where one frame's influence is still
+    above that, at most the windows' structural reach), each half of the decoder separately,
+    since the pre-transformer is the only part that reaches far and the convolutions the only
+    part that is expensive:
 
     * attention: the pre-transformer's input perturbed at one frame of a sequence longer than
       its layers' windows can reach; the last frame whose output changed (and that no earlier
