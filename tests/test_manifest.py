@@ -30,6 +30,15 @@ def test_written_manifest_reads_back_and_lists_hashed_files(tmp_path):
     assert doc["kind"] == "xstage.artifact" and doc["manifest_version"] == 1
 
 
+_STREAM = {"input": "x", "output": "y", "chunk": 256, "left_context": 4, "samples_per_frame": 1,
+           "lookahead_samples": 0}
+
+
+def test_a_stream_block_that_fits_the_signature_reads_back(tmp_path):
+    _, where = _export(tmp_path, stream=_STREAM)
+    assert read_manifest(where)["stream"] == _STREAM
+
+
 def _mutated(tmp_path, change):
     path, where = _export(tmp_path)
     doc = json.loads(where.read_text())
@@ -53,6 +62,11 @@ def _mutated(tmp_path, change):
     (lambda d: d["files"][0].update(path="C:/x.onnx"), "escapes its folder"),
     (lambda d: d.update(fp32_source="../../fp32.onnx"), "fp32_source '../../fp32.onnx' escapes"),
     (lambda d: d.update(inputs=[{"name": "x"}]), "inputs must be"),
+    # a windowed decoder's stream block (issue 17): x [8, 256] as 256 frames, y as their audio
+    (lambda d: d.update(stream=dict(_STREAM, chunk="256")), "stream needs non-negative integers"),
+    (lambda d: d.update(stream=dict(_STREAM, output="wav")), "stream input 'x' and output 'wav'"),
+    (lambda d: d.update(stream=dict(_STREAM, lookahead_samples=1)),
+     r"stream: x \[8, 256\] and y \[8, 256\] are not a chunk of 256 frames and its 255 samples"),
 ])
 def test_rejects_bad_manifests_before_using_them(tmp_path, change, message):
     path, _ = _mutated(tmp_path, change)

@@ -122,6 +122,9 @@ SHIPPED = {
                          "64x64 image: patches [16, 1536] -> embeds [4, 48]",
     "code2wav-tiny": "Qwen3-Omni code2wav, tiny config (2 layers, 4 quantizers), 50 frames: "
                      "codes [1, 4, 50] -> wav [1, 1, 394]",
+    "code2wav-stream-tiny": "the same code2wav as a streaming window: 8 new frames after 50 of "
+                            "context (its receptive field, measured) kept in the worker: codes "
+                            "[1, 4, 8] -> wav [1, 1, 58] (xstage.integrations.stream)",
 }
 
 

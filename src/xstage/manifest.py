@@ -50,6 +50,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "calibration": ((dict, type(None)), False),
     "created": ((str,), False),
     "state": ((list, type(None)), False),
+    "stream": ((dict, type(None)), False),
 }
 _FORMAT = re.compile(r"^(onnx:(fp32|fp16|a16w8)|pt:(fp32|fp16))$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
@@ -125,6 +126,7 @@ def validate_manifest(doc: Any, where: Path) -> dict[str, Any]:
                     or not isinstance(spec.get("dtype"), str) or not isinstance(spec.get("shape"), list):
                 raise bad(f"each of {key} must be {{name, dtype, shape}}")
     _check_state(doc, where, bad)
+    _check_stream(doc, bad)
     return doc
 
 
@@ -155,6 +157,34 @@ def _check_state(doc: Mapping[str, Any], where: Path, bad: Any) -> None:
             if not pair["init"].endswith(".npy"):
                 raise bad(f"state init {pair['init']!r} is neither \"zeros\" nor a .npy file")
             _inside(where.parent, pair["init"], "state init", where)
+
+
+#: ``stream``: a windowed decoder's facts, which a streaming caller needs (docs/pipelines.md).
+_STREAM_INTS = ("chunk", "left_context", "samples_per_frame", "lookahead_samples")
+
+
+def _check_stream(doc: Mapping[str, Any], bad: Any) -> None:
+    """``stream``: ``input`` (the chunk's codes, ``[..., chunk]``) and ``output`` (its audio,
+    ``chunk * samples_per_frame - lookahead_samples`` long) name the manifest's own; the
+    windowed decoder's context is carried by its state pairs. Other keys are information."""
+    stream = doc.get("stream")
+    if stream is None:
+        return
+    if not all(isinstance(stream.get(k), int) and not isinstance(stream.get(k), bool)
+               and stream[k] >= 0 for k in _STREAM_INTS) or stream["chunk"] < 1 \
+            or stream["samples_per_frame"] < 1:
+        raise bad(f"stream needs non-negative integers {', '.join(_STREAM_INTS)} (chunk and "
+                  "samples_per_frame at least 1)")
+    ins = {spec["name"]: spec for spec in doc["inputs"]}
+    outs = {spec["name"]: spec for spec in doc["outputs"]}
+    codes, wav = ins.get(stream.get("input")), outs.get(stream.get("output"))
+    if codes is None or wav is None:
+        raise bad(f"stream input {stream.get('input')!r} and output {stream.get('output')!r} "
+                  "must name an input and an output of this manifest")
+    samples = stream["chunk"] * stream["samples_per_frame"] - stream["lookahead_samples"]
+    if codes["shape"][-1:] != [stream["chunk"]] or wav["shape"][-1:] != [samples]:
+        raise bad(f"stream: {codes['name']} {codes['shape']} and {wav['name']} {wav['shape']} "
+                  f"are not a chunk of {stream['chunk']} frames and its {samples} samples")
 
 
 def state_pairs(doc: Mapping[str, Any], where: Path | None) -> list[dict[str, Any]]:
@@ -225,10 +255,12 @@ def write_manifest(graph: Path, *, component: str, fmt: str, files: Sequence[Pat
                    opset: int | None = None, sanitize: Mapping[str, Any] | None = None,
                    parity: Mapping[str, Any] | None = None, fp32_source: str | None = None,
                    calibration: Mapping[str, Any] | None = None,
-                   state: Sequence[Mapping[str, str]] | None = None) -> Path:
+                   state: Sequence[Mapping[str, str]] | None = None,
+                   stream: Mapping[str, Any] | None = None) -> Path:
     """Hash ``files`` (all beside ``graph``), validate, and write the manifest atomically.
 
     ``state``: the stage's state pairs, ``{input, output, init}`` (docs/serving.md).
+    ``stream``: a windowed decoder's chunk, context and samples (docs/pipelines.md).
     """
     folder = graph.parent
     doc: dict[str, Any] = {
@@ -241,6 +273,8 @@ def write_manifest(graph: Path, *, component: str, fmt: str, files: Sequence[Pat
     }
     if state:
         doc["state"] = [dict(pair) for pair in state]
+    if stream:
+        doc["stream"] = dict(stream)
     where = manifest_path(graph)
     validate_manifest(doc, where)
     fd, tmp = tempfile.mkstemp(prefix=f".{where.name}.", dir=folder)

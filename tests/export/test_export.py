@@ -181,6 +181,8 @@ def test_shipped_builtins_match_a_fresh_export(export_python, tmp_path, name):
     doc = read_manifest(shipped.with_suffix(".manifest.json"))
     if name == "vision-tower-tiny":
         args = ["vision-tower", "--config", "tiny", "--image-size", "64"]
+    elif name == "code2wav-stream-tiny":
+        args = ["code2wav", "--config", "tiny", "--chunk", "8", "--left-context", "50"]
     else:
         args = ["code2wav", "--config", "tiny", "--frames", "50"]
     _export(export_python, *args, "--out", str(tmp_path / name))

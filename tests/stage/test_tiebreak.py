@@ -264,3 +264,22 @@ def test_quantized_outputs_names_only_the_outputs_of_a_quantizelinear(tmp_path):
     assert list(found) == ["y"] and found["y"]["node"] == "q_y"
     assert float(found["y"]["scale"]) == np.float32(1e-3)
     assert quantized_outputs(inspect_artifact(_two_scale_graph(tmp_path / "fp32.onnx"))) == {}
+
+
+def test_a_stateful_stage_failing_only_the_tight_tier_passes_at_the_noise_tier(tmp_path):
+    """A stateful stage (issue 17's streaming window): no float64 evaluation carries state
+    between the gate's two calls, so the tie-break is unavailable for that reason and the
+    noise tier decides, both calls named as the gate names them."""
+    _, _, stage, ref = _reordered_head(tmp_path)
+    ours, theirs = {"y": stage, "y (call 2)": stage}, {"y": ref, "y (call 2)": ref}
+    gate = compare(ours, theirs, fmt="onnx:fp32", reference_kind="same_graph_cpu")
+    assert gate.cause == "elementwise"
+    settled = tiebreak.settle_stateful(gate, ours, theirs)
+    assert settled.passed and settled.tiebreak["status"] == "unavailable"
+    assert settled.tiebreak["reason"] == ("a stateful stage: the float64 evaluation does not "
+                                          "carry state between the gate's two calls")
+    assert settled.tier["decided"] == "noise"
+    worse = {k: v * np.float32(1 + 3e-4) for k, v in ours.items()}  # beyond the noise tier too
+    failed = tiebreak.settle_stateful(compare(worse, theirs, fmt="onnx:fp32",
+                                              reference_kind="same_graph_cpu"), worse, theirs)
+    assert failed.verdict == "failed" and failed.tier["verdict"] == "failed"

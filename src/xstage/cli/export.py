@@ -47,8 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     vt.add_argument("--images", type=int, default=1, metavar="N", help="images of that size")
     c2w = what.add_parser("code2wav", help="Qwen3-Omni's code2wav at a fixed number of frames")
     c2w.add_argument("--config", default="tiny", metavar="tiny|FILE.json")
-    c2w.add_argument("--frames", type=int, default=325, metavar="T",
+    c2w.add_argument("--frames", type=int, default=None, metavar="T",
                      help="codec frames (default 325, the model's own chunk)")
+    c2w.add_argument("--chunk", type=int, default=None, metavar="N",
+                     help="a streaming window instead: N new frames per call, the context kept "
+                     "in the worker (docs/pipelines.md)")
+    c2w.add_argument("--left-context", type=int, default=None, metavar="M",
+                     help="with --chunk: frames of left context (default 25, chunked_decode's)")
     for q in (vt, c2w):
         q.add_argument("--format", dest="fmt", choices=_FORMATS, default="onnx:fp32")
         q.add_argument("--opset", type=int, default=21)
@@ -70,10 +75,20 @@ def _export(args: argparse.Namespace, fmt: str, out: Path, fp32_source: str | No
                                    checkpoint=args.checkpoint, image_size=args.image_size,
                                    images=args.images, fmt=fmt, opset=args.opset, seed=args.seed,
                                    fp32_source=fp32_source, for_torch=args.for_torch)
-    from xstage.export.code2wav import export_code2wav
+    from xstage.export.code2wav import DEFAULT_FRAMES, DEFAULT_LEFT_CONTEXT, export_code2wav
 
-    return export_code2wav(out, config=args.config, frames=args.frames, fmt=fmt, opset=args.opset,
-                           seed=args.seed, fp32_source=fp32_source, for_torch=args.for_torch)
+    if args.chunk is None and args.left_context is not None:
+        raise errors.UsageError("--left-context applies to a streaming window",
+                                remedy="add --chunk N, or drop --left-context")
+    if args.chunk is not None and args.frames is not None:
+        raise errors.UsageError("--frames and --chunk are two kinds of export: a whole utterance "
+                                "of T frames, or a window of N new frames",
+                                remedy="pass one of them")
+    left = DEFAULT_LEFT_CONTEXT if args.left_context is None else args.left_context
+    frames = DEFAULT_FRAMES if args.frames is None else args.frames
+    return export_code2wav(out, config=args.config, frames=frames, fmt=fmt, opset=args.opset,
+                           seed=args.seed, fp32_source=fp32_source,
+                           for_torch=args.for_torch, chunk=args.chunk, left_context=left)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -105,5 +120,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
             legacy = r["legacy"]
             out.result(f"  for torch {legacy['for_torch']}: schema {legacy['schema']}, the flat "
                        "archive layout; read back by this torch's deserializer bitwise equal")
+        if r.get("stream"):
+            check, field = r["stream"], r["receptive_field"]
+            out.result(f"  stream: chunk {r['chunk']}, left context {r['left_context']}; "
+                       f"{check['chunks']} chunks of {check['frames']} frames against "
+                       f"chunked_decode: max |diff| {check['max_abs']:.2g}; receptive field "
+                       f"{field['frames']} frames ({field['attention_frames']} attention + "
+                       f"{field['convolution_frames']} convolutions), measured")
         out.result(f"  manifest {escape(r['manifest'])}")
     return EXIT_OK

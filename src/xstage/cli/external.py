@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--graph", metavar="PATH",
                        help="the stage's graph (.onnx); default: the built-in MLP stage")
     which.add_argument("--builtin", metavar="NAME",
-                       help="a shipped artifact: vision-tower-tiny, code2wav-tiny, mlp-512x6-b64")
+                       help="a shipped artifact: vision-tower-tiny, code2wav-tiny, "
+                       "code2wav-stream-tiny, mlp-512x6-b64")
     p.add_argument("--format", dest="fmt", metavar="FMT",
                    help="onnx:fp32|onnx:fp16|onnx:a16w8 (inferred when omitted)")
     p.add_argument("--component", metavar="NAME", help="the stage's name (inferred)")

@@ -153,12 +153,14 @@ def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: s
                     io_spec: tuple[list[dict[str, Any]], list[dict[str, Any]]],
                     wrapper_check: dict[str, Any],
                     state: Sequence[dict[str, str]] | None = None,
+                    stream: dict[str, Any] | None = None,
                     for_torch: str | None = None) -> dict[str, Any]:
     """Write ``module`` as ``fmt`` at ``path`` (ONNX: exported, then sanitized in place of the
     raw export; .pt2: saved and reloaded to check it, or with ``for_torch`` written for that
     older torch by ``pt2_legacy``, which checks itself) and its manifest; return the report.
 
-    ``state``: state pairs the manifest declares (``{input, output, init}``, docs/serving.md).
+    ``state``: state pairs the manifest declares (``{input, output, init}``, docs/serving.md);
+    ``stream``: a windowed decoder's facts (docs/pipelines.md).
     """
     import torch
 
@@ -209,7 +211,7 @@ def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: s
     report["manifest"] = str(write_manifest(
         path, component=component, fmt=fmt, files=files, source=source, exporter=exporter,
         inputs=io_spec[0], outputs=io_spec[1], opset=None if fmt.startswith("pt:") else opset,
-        sanitize=sanitize_report, fp32_source=fp32_source, state=state,
+        sanitize=sanitize_report, fp32_source=fp32_source, state=state, stream=stream,
         parity={"wrapper_vs_model": wrapper_check,
                 **({"onnxruntime_cpu_vs_torch_max_abs": report["onnxruntime_vs_torch_max_abs"]}
                    if "onnxruntime_vs_torch_max_abs" in report else {})}))

@@ -181,6 +181,8 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         if gate.verdict != "passed" and not setup.state:  # float criteria: the tie-break decides
             gate = tiebreak.settle(gate, setup.artifact, setup.feeds, warm.outputs, reference,
                                    setup.reference)
+        elif gate.verdict != "passed":  # stateful: no tie-break, so fp32's noise tier decides
+            gate = tiebreak.settle_stateful(gate, _both_calls(warm), reference)
         if gate.verdict != "passed":
             return refusals.gate_refusal(cand, gate, proof, setup.reference.kind, warm.worker)
         memory = warm.info.get("memory") if isinstance(warm.info.get("memory"), dict) else {}
@@ -213,11 +215,16 @@ def _gate(setup: Setup, warm: WarmUp) -> tuple[parity.Parity, Mapping[str, np.nd
                               declared=declared, quantized=quantized_outputs(setup.artifact)), reference
     first, second = reference_calls(setup.reference, setup.feeds, setup.state, setup.state_init)
     reference = {**first, **{f"{k} (call 2)": v for k, v in second.items()}}
-    ours = {**warm.outputs, **{f"{k} (call 2)": v for k, v in (warm.second or {}).items()}}
+    ours = _both_calls(warm)
     shapes = {k: declared[k.removesuffix(" (call 2)")] for k in reference}
     return parity.compare(ours, reference, fmt=setup.artifact.format,
                           reference_kind=setup.reference.kind, tolerance=setup.tolerance,
                           declared=shapes), reference
+
+
+def _both_calls(warm: WarmUp) -> dict[str, np.ndarray]:
+    """A stateful stage's outputs of the gate's two calls, named as the gate names them."""
+    return {**warm.outputs, **{f"{k} (call 2)": v for k, v in (warm.second or {}).items()}}
 
 
 def _start_and_warm_up(cand: Candidate, setup: Setup,

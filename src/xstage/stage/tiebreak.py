@@ -287,6 +287,24 @@ def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
     return _noise_tier(settled, outputs, reference)
 
 
+def settle_stateful(gate: parity.Parity, outputs: Mapping[str, np.ndarray],
+                    reference: Mapping[str, np.ndarray]) -> parity.Parity:
+    """A failed gate of a stateful stage, decided at fp32's noise tier where that applies.
+
+    The tie-break is ``unavailable`` (the float64 evaluation runs one call; the gate compares
+    two, the second on the state the first left), so fp32 at the tight tier is decided at the
+    noise tier, as for any unavailable tie-break.
+
+    ``outputs`` and ``reference``: both calls' outputs, named as the gate named them.
+    """
+    if parity.tiebreak_applies(gate) is not None:
+        return gate
+    settled = parity.tiebreak_unavailable(
+        gate, "a stateful stage: the float64 evaluation does not carry state between the "
+        "gate's two calls")
+    return _noise_tier(settled, outputs, reference)
+
+
 def _noise_tier(gate: parity.Parity, outputs: Mapping[str, np.ndarray],
                 reference: Mapping[str, np.ndarray]) -> parity.Parity:
     """The tier choice: the noise tier decides where the tie-break was unavailable."""
