@@ -148,6 +148,8 @@ def test_the_stream_matches_chunked_decode_on_every_chunk(made, routes_env, rout
     expected = _split(ref["chunked_50"], [len(c) for c in chunks])
     diffs = [float(np.abs(a - b).max()) for a, b in zip(chunks, expected, strict=True)]
     assert max(diffs) <= BOUND, diffs  # the first (no context) and the last (padded) included
+    # M = 50 covers the measured receptive field: the whole-utterance decode, on this route too
+    assert max(_vs_full(chunks, ref["full"])) <= BOUND
     assert all(np.array_equal(a, b) for a, b in zip(chunks, again, strict=True))  # async = sync
 
 
