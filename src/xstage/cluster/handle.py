@@ -9,12 +9,10 @@ proven and gated again before it serves the next request.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import threading
 import time
-from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,7 +21,7 @@ from xstage import errors
 from xstage.client.pipeline import USE_DEADLINE
 from xstage.cluster.actor import remote_error
 from xstage.record.io import records_path, utc_now, write_record
-from xstage.stage.handle import RESTART_POLICIES
+from xstage.stage.handle import RESTART_POLICIES, Requests
 from xstage.timings import summarize
 
 if TYPE_CHECKING:
@@ -44,7 +42,7 @@ class ClusterFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         self.timing: dict[str, int] = {}
 
 
-class ClusterStage:
+class ClusterStage(Requests):
     """A stage placed on a cluster node: ``Stage``'s API, served through Ray.
 
     ``node`` names where it runs (Ray node id, host name, address); ``record()`` is the node's
@@ -139,38 +137,6 @@ class ClusterStage:
             self._in_flight += 1
         ref.future().add_done_callback(lambda done: self._hand_over(fut, done, gen, where))
         return fut
-
-    async def acall(self, inputs: Mapping[str, Any], *,
-                    timeout: Any = USE_DEADLINE) -> dict[str, np.ndarray]:
-        """``await stage.acall(inputs)``: ``submit`` for asyncio."""
-        return await asyncio.wrap_future(self.submit(inputs, timeout=timeout))
-
-    def map(self, inputs: Iterable[Mapping[str, Any]], *, depth: int | None = None,
-            timeout: Any = USE_DEADLINE) -> Iterator[dict[str, np.ndarray]]:
-        """Outputs for each item, in order, ``depth`` requests in flight (as ``Stage.map``).
-
-        Raises:
-            UsageError: ``depth`` is not a whole number in 1..the stage's depth.
-        """
-        k = self.depth if depth is None else depth
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.depth:
-            raise errors.UsageError(
-                f"map(depth={depth!r}) needs 1 <= depth <= {self.depth}, the stage's depth")
-        return self._map(iter(inputs), k, timeout)
-
-    def _map(self, items: Iterator[Mapping[str, Any]], k: int,
-             timeout: Any) -> Iterator[dict[str, np.ndarray]]:
-        window: deque[ClusterFuture] = deque()
-        try:
-            for feeds in items:
-                window.append(self.submit(feeds, timeout=timeout))
-                if len(window) >= k:
-                    yield window.popleft().result()
-            while window:
-                yield window.popleft().result()
-        finally:
-            for fut in window:
-                fut.cancel()
 
     def _hand_over(self, fut: ClusterFuture, done: concurrent.futures.Future,  # type: ignore[type-arg]
                    gen: int, where: Mapping[str, Any]) -> None:

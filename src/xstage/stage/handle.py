@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from collections import deque
@@ -32,7 +33,68 @@ __all__ = ["RESTART_POLICIES", "Stage"]
 RESTART_POLICIES = ("never", "on_death")
 
 
-class Stage:
+class Requests:
+    """``acall`` and ``map`` on top of a stage's ``submit`` and ``depth``.
+
+    One implementation for a local ``Stage`` and a ``ClusterStage``, so the two keep one
+    behaviour.
+    """
+
+    @property
+    def depth(self) -> int:
+        """How many requests may be in flight."""
+        raise NotImplementedError
+
+    def submit(self, inputs: Mapping[str, Any], *,
+               timeout: Any = USE_DEADLINE) -> concurrent.futures.Future[dict[str, np.ndarray]]:
+        """One request; its outputs come through the future."""
+        raise NotImplementedError
+
+    async def acall(self, inputs: Mapping[str, Any], *,
+                    timeout: Any = USE_DEADLINE) -> dict[str, np.ndarray]:
+        """``await stage.acall(inputs)``: ``submit`` for asyncio (the event loop never blocks).
+
+        Raises:
+            InputError, StageClosed, UsageError: as ``submit``, before anything is queued.
+        """
+        return await asyncio.wrap_future(self.submit(inputs, timeout=timeout))
+
+    def map(self, inputs: Iterable[Mapping[str, Any]], *, depth: int | None = None,
+            timeout: Any = USE_DEADLINE) -> Iterator[dict[str, np.ndarray]]:
+        """Outputs for each item of ``inputs``, in order, ``depth`` requests in flight.
+
+        The next item is taken from ``inputs`` (and produced, if it is a generator) while the
+        worker computes the ones before it. ``depth`` defaults to the stage's and may not exceed
+        it. Leaving the loop early cancels what has not started.
+
+        Raises:
+            UsageError: ``depth`` is not a whole number in 1..the stage's depth.
+        """
+        k = self.depth if depth is None else depth
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.depth:
+            raise errors.UsageError(
+                f"map(depth={depth!r}) needs 1 <= depth <= {self.depth}, the stage's depth",
+                remedy=f"open the stage with open_stage(..., depth={depth}) to keep that many "
+                "requests in flight" if isinstance(depth, int) and not isinstance(depth, bool)
+                and depth > self.depth else "give a whole number of requests in flight")
+        return self._map(iter(inputs), k, timeout)
+
+    def _map(self, items: Iterator[Mapping[str, Any]], k: int,
+             timeout: Any) -> Iterator[dict[str, np.ndarray]]:
+        window: deque[concurrent.futures.Future[dict[str, np.ndarray]]] = deque()
+        try:
+            for feeds in items:
+                window.append(self.submit(feeds, timeout=timeout))
+                if len(window) >= k:
+                    yield window.popleft().result()
+            while window:
+                yield window.popleft().result()
+        finally:
+            for fut in window:
+                fut.cancel()
+
+
+class Stage(Requests):
     """An admitted stage: call it like a function; it knows where it ran and how well.
 
     Built by ``open_stage`` from an ``Admission`` (the candidate that passed every gate) and
@@ -157,49 +219,6 @@ class Stage:
             if not self._after_death(client, None):
                 raise
             return self._serving().submit(inputs, timeout=timeout)
-
-    async def acall(self, inputs: Mapping[str, Any], *,
-                    timeout: Any = USE_DEADLINE) -> dict[str, np.ndarray]:
-        """``await stage.acall(inputs)``: ``submit`` for asyncio (the event loop never blocks).
-
-        Raises:
-            InputError, StageClosed, UsageError: as ``submit``, before anything is queued.
-        """
-        return await asyncio.wrap_future(self.submit(inputs, timeout=timeout))
-
-    def map(self, inputs: Iterable[Mapping[str, Any]], *, depth: int | None = None,
-            timeout: Any = USE_DEADLINE) -> Iterator[dict[str, np.ndarray]]:
-        """Outputs for each item of ``inputs``, in order, ``depth`` requests in flight.
-
-        The next item is taken from ``inputs`` (and produced, if it is a generator) while the
-        worker computes the ones before it. ``depth`` defaults to the stage's and may not exceed
-        it. Leaving the loop early cancels what has not started.
-
-        Raises:
-            UsageError: ``depth`` is not a whole number in 1..the stage's depth.
-        """
-        k = self.depth if depth is None else depth
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.depth:
-            raise errors.UsageError(
-                f"map(depth={depth!r}) needs 1 <= depth <= {self.depth}, the stage's depth",
-                remedy=f"open the stage with open_stage(..., depth={depth}) to keep that many "
-                "requests in flight" if isinstance(depth, int) and not isinstance(depth, bool)
-                and depth > self.depth else "give a whole number of requests in flight")
-        return self._map(iter(inputs), k, timeout)
-
-    def _map(self, items: Iterator[Mapping[str, Any]], k: int,
-             timeout: Any) -> Iterator[dict[str, np.ndarray]]:
-        window: deque[StageFuture] = deque()
-        try:
-            for feeds in items:
-                window.append(self.submit(feeds, timeout=timeout))
-                if len(window) >= k:
-                    yield window.popleft().result()
-            while window:
-                yield window.popleft().result()
-        finally:
-            for fut in window:
-                fut.cancel()
 
     def _run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         client = self._serving()
