@@ -30,6 +30,18 @@ TINY = {"codebook_size": 16, "hidden_size": 32, "num_attention_heads": 2, "num_k
         "max_position_embeddings": 512}
 
 
+
+def _waveform(model: Any, hidden: Any) -> Any:
+    """The pre-transformer's output ``[B, T, H]`` through the upsampler and the decoder, as
+    ``Qwen3OmniMoeCode2Wav.forward`` does (one copy for the fixed and the windowed decoder)."""
+    hidden = hidden.permute(0, 2, 1)
+    for blocks in model.upsample:
+        for block in blocks:
+            hidden = block(hidden)
+    for block in model.decoder:
+        hidden = block(hidden)
+    return hidden
+
 def _make_wrapper_class() -> Any:
     import torch
     from torch import nn
@@ -58,14 +70,7 @@ def _make_wrapper_class() -> Any:
             masks = {t: self.mask for t in self.layer_types}
             hidden = m.pre_transformer(inputs_embeds=hidden, attention_mask=masks,
                                        position_ids=self.position_ids).last_hidden_state
-            hidden = hidden.permute(0, 2, 1)
-            for blocks in m.upsample:
-                for block in blocks:
-                    hidden = block(hidden)
-            wav = hidden
-            for block in m.decoder:
-                wav = block(wav)
-            return wav.clamp(min=-1, max=1).float()
+            return _waveform(m, hidden).clamp(min=-1, max=1).float()
 
     return FixedFramesCode2Wav
 
@@ -252,13 +257,7 @@ def _make_window_class() -> Any:
                 hidden = m.pre_transformer(
                     inputs_embeds=hidden, attention_mask={t: mask for t in self.layer_types},
                     position_ids=positions).last_hidden_state
-                hidden = hidden.permute(0, 2, 1)
-                for blocks in m.upsample:
-                    for block in blocks:
-                        hidden = block(hidden)
-                wav = hidden
-                for block in m.decoder:
-                    wav = block(wav)
+                wav = _waveform(m, hidden)
             finally:
                 self._absent = None
             wav = wav[..., self.left_context * self.samples_per_frame:].clamp(min=-1, max=1).float()
