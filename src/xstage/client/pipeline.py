@@ -40,6 +40,7 @@ from xstage import errors
 from xstage_remote import shm, wire
 
 if TYPE_CHECKING:
+    from xstage.client.device_slots import DeviceSlots
     from xstage.client.worker import WorkerClient
 
 __all__ = ["USE_DEADLINE", "Outputs", "Pipeline", "StageFuture"]
@@ -140,6 +141,8 @@ class Pipeline:
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._pump_waiting = False
         self.on_death: Callable[[list[_Req], BaseException], bool] | None = None
+        #: The worker's device slots (torch-cuda ``device_tensors=on``), else None.
+        self.device: DeviceSlots | None = None
 
     # ------------------------------------------------------------------ entry points
     def idle(self) -> bool:
@@ -180,6 +183,9 @@ class Pipeline:
         A name the caller gave an ``out`` array for is copied into it.
         """
         c = self.client
+        if self.device is not None and self.device.on_device.get(s):
+            result.update(self.device.outputs(s))  # device tensors: views of set s's slots
+            return
         for d in c._outputs:
             name = d["name"]
             try:
@@ -199,8 +205,7 @@ class Pipeline:
         s = self.next_set
         rid = c._take_id()  # a fresh id per call: a stale response can never match it
         t0 = time.perf_counter_ns()
-        for name, arr in feeds.items():
-            region.write("in", name, arr, s)
+        flags |= self._write_inputs(region, feeds, s)
         copy_in = time.perf_counter_ns() - t0
         region.publish_request(rid, s, flags)
         self.next_set = (s + 1) % region.n_sets
@@ -514,6 +519,17 @@ class Pipeline:
                 return False
         return True
 
+    def _write_inputs(self, region: shm.Region, feeds: Mapping[str, Any], s: int) -> int:
+        """Set ``s``'s inputs into the region, or into the device slots; the flags to publish.
+
+        Device tensors (``device_slots.py``) go to the worker's device slots of set ``s``.
+        """
+        if self.device is not None and self.device.holds(s, feeds):
+            return self.device.write(feeds, s)
+        for name, arr in feeds.items():
+            region.write("in", name, arr, s)
+        return 0
+
     def _publish(self) -> None:
         """Queued requests into free sets, in order (the client's lock held)."""
         c = self.client
@@ -553,8 +569,7 @@ class Pipeline:
         assert region is not None and bell is not None
         try:
             t0 = time.perf_counter_ns()
-            for name, arr in req.feeds.items():
-                region.write("in", name, arr, req.set)
+            req.flags |= self._write_inputs(region, req.feeds, req.set)
             req.timing["copy_in_ns"] = time.perf_counter_ns() - t0
         except BaseException:
             with self.mu:
