@@ -590,6 +590,9 @@ class TorchRuntime(object):
 
     def run_device(self, s):
         """A call whose tensors are in set ``s``'s device slots (``FLAG_DEVICE_TENSORS``)."""
+        if self.cuda is None:
+            raise ValueError("a device-tensor request to a %s worker (no device slots)"
+                             % self.device)
         self.cuda.call_device(self.module, s)
 
     def _run_float64(self, args):

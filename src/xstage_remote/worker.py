@@ -300,6 +300,8 @@ class Worker:
         state = self.state
         try:
             if region.req_flags(s) & shm_mod.FLAG_DEVICE_TENSORS:  # device tensors (#20)
+                if not hasattr(self.runtime, "run_device"):
+                    raise ValueError("a device-tensor request to a worker without device slots")
                 start = time.monotonic_ns()
                 self.runtime.run_device(s)
                 end = time.monotonic_ns()
