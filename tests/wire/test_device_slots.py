@@ -101,6 +101,10 @@ class _Client:
 def _slots():
     slots = client_slots.DeviceSlots(_Client(), "cuda:0")  # type: ignore[arg-type]
     slots.views = [{"in": {"x": None}, "out": {}}]  # opened (the GPU half opens it for real)
+    cuda = type("cuda", (), {"current_stream": staticmethod(lambda d: "default"),
+                             "default_stream": staticmethod(lambda d: "default")})
+    slots._torch = type("torch", (), {"cuda": cuda})
+    slots._base = type("base", (), {"device": "cuda:0"})
     return slots
 
 

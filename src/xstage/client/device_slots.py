@@ -104,6 +104,12 @@ class DeviceSlots:
                 raise errors.InputError(f"input {name} is {dtype}{list(t.shape)}, the stage "
                                         f"takes {d['dtype']}{list(d['shape'])}")
             out[name] = t
+        torch, device = self._torch, self._base.device
+        stream = torch.cuda.current_stream(device)
+        if stream != torch.cuda.default_stream(device):
+            # a queued request's copy runs on the pump thread's stream: the inputs the caller's
+            # own stream is still computing are finished here, in the caller's thread
+            stream.synchronize()
         return out
 
     # ------------------------------------------------------------------ the slots
