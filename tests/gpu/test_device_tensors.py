@@ -144,3 +144,37 @@ def test_tensors_on_another_device_or_a_mix_are_usage_errors(tmp_path):
     with xstage.open_stage(path, route="torch-cuda", record_on_close=False) as plain:
         with pytest.raises(errors.UsageError, match="without device tensors"):
             plain({"x": torch.zeros(32, 256, device="cuda")})
+
+
+def test_the_workers_device_call_makes_no_host_device_copy(tmp_path):
+    """The worker's half (``CudaServing.call_device``), run in this process under the profiler:
+    slot to graph input, replay, graph output to slot; device-to-device copies only."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from xstage_remote import torch_runtime
+
+    path, module = _export(tmp_path)
+    runtime = torch_runtime.load(str(path), {"device": "cuda:0", "profile": True,
+                                             "fp32_strict": True, "device_tensors": "on",
+                                             "output_names": ["y", "s"]})
+    try:
+        x = torch.randn(32, 256, device="cuda")
+        runtime.run({"x": x.cpu().numpy()})  # the profiled warm-up, then the graph's capture
+        assert runtime.cuda.info["cuda_graph"]["state"] == "captured"
+        header, arrays = runtime.open_device_slots(2)
+        assert header["sets"] == 2 and set(arrays) >= {"ipc_handle", "ipc_ref_counter_handle"}
+        slots = runtime.cuda.slots.views
+        slots[1]["in"][0].copy_(x)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                runtime.run_device(1)
+            torch.cuda.synchronize()
+        y, s = _want(module, x)
+        torch.testing.assert_close(slots[1]["out"][0], y, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(slots[1]["out"][1], s, rtol=1e-5, atol=1e-5)
+    finally:
+        runtime.close()
+    copies = [e.name for e in prof.events() if "Memcpy" in e.name or "memcpy" in e.name]
+    print("worker copies seen:", sorted(set(copies)))
+    assert not any("HtoD" in n or "DtoH" in n for n in copies), copies
