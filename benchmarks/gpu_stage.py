@@ -15,11 +15,14 @@ over every call:
 * ``inproc pinned``: pinned host tensors, ``non_blocking=True`` both ways, one sync;
 * ``xstage old``: ``--ep-option pinned_region=off cuda_graphs=off`` (pageable copies, eager);
 * ``xstage eager``: the pinned region, eager (``cuda_graphs=off``);
-* ``xstage graph``: the pinned region and the CUDA graph (the default).
+* ``xstage graph``: the pinned region and the CUDA graph (the default);
+* ``inproc device``: CUDA tensors in, the module, one sync (no host copy at all);
+* ``xstage device``: ``--ep-option device_tensors=on``, CUDA tensors in, views of the worker's
+  device slots out (the graph on; device-to-device copies only).
 
-``gpu`` is the stage's own device time (CUDA events around the module in process). The
-ledger columns are each xstage arm's budget/measured and its CUDA graph pool. Device
-tensors in/out are not built yet (issue 20's third part): no arm for them.
+``gpu`` is the stage's own device time (CUDA events around the module in process); ``device -
+gpu`` is what the device-tensor path adds to it (issue 20: within 50 µs). The ledger columns
+are each xstage arm's budget/measured and its CUDA graph pool.
 """
 
 import argparse
@@ -36,9 +39,11 @@ import numpy as np
 #: fp32's noise tier (docs/external.md): the float64 tie-break of a 1 TFLOP stage on the host's
 #: CPU would cost minutes per arm; the gate itself is what tests/gpu checks.
 TOLERANCE = {"elem_a": 1e-5}
-ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstage graph")
+ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstage graph",
+        "inproc device", "xstage device")
 XS_OPTIONS = {"xstage old": {"pinned_region": "off", "cuda_graphs": "off"},
-              "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {}}
+              "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {},
+              "xstage device": {"device_tensors": "on"}}
 
 
 def _modules(torch):
@@ -126,6 +131,12 @@ def _inproc(torch, path, feeds, names):
 
     dev = [t.cuda() for t in host]
 
+    def device_call():
+        with torch.no_grad():
+            r = module(*dev)
+        torch.cuda.synchronize()
+        return r
+
     def gpu_ms():
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -135,25 +146,35 @@ def _inproc(torch, path, feeds, names):
         b.synchronize()
         return a.elapsed_time(b)
 
-    return pageable, pinned_call, gpu_ms
+    return pageable, pinned_call, gpu_ms, device_call
 
 
-def bench_stage(torch, name, path, rounds, calls, say):
+def bench_stage(torch, name, path, rounds, calls, say, arms=None):
     import xstage
 
     stages = {}
     for arm, opts in XS_OPTIONS.items():
+        if arms and arm not in arms and arm != "xstage graph":  # the graph arm is the reference
+            continue
         t0 = time.perf_counter()
         stages[arm] = xstage.open_stage(path, route="torch-cuda", ep_options=opts or None,
                                         record_on_close=False, depth=1, tolerance=TOLERANCE)
         say(f"  {name}: {arm} opened in {time.perf_counter() - t0:.1f} s")
     feeds = dict(stages["xstage graph"].inputs)
     names = [i.name for i in stages["xstage graph"].artifact.inputs]
-    pageable, pinned_call, gpu_ms = _inproc(torch, path, feeds, names)
-    fns = {"inproc pageable": pageable, "inproc pinned": pinned_call,
+    pageable, pinned_call, gpu_ms, device_call = _inproc(torch, path, feeds, names)
+    dev_feeds = {k: torch.from_numpy(np.ascontiguousarray(v)).cuda() for k, v in feeds.items()}
+    fns = {"inproc pageable": pageable, "inproc pinned": pinned_call, "inproc device": device_call,
            **{arm: (lambda s=s: s(feeds)) for arm, s in stages.items()}}
     ref = {k: np.asarray(v) for k, v in stages["xstage graph"](feeds).items()}
-    for arm in ("xstage old", "xstage eager"):
+    if "xstage device" in stages:
+        fns["xstage device"] = lambda s=stages["xstage device"]: s(dev_feeds)
+        got = {k: v.cpu().numpy() for k, v in fns["xstage device"]().items()}
+        for k, v in ref.items():
+            if not np.array_equal(got[k], v):
+                say(f"  {name}: xstage device output {k} differs from the graph's by "
+                    f"{float(np.max(np.abs(got[k] - v))):.3g}")
+    for arm in [a for a in ("xstage old", "xstage eager") if a in stages]:
         got = stages[arm](feeds)
         for k, v in ref.items():
             if not np.array_equal(np.asarray(got[k]), v):
@@ -162,11 +183,11 @@ def bench_stage(torch, name, path, rounds, calls, say):
     for fn in fns.values():  # warm every arm once more
         for _ in range(3):
             fn()
-    times = {arm: [] for arm in ARMS}
+    times = {arm: [] for arm in ARMS if arm in fns}
     worker = {arm: [] for arm in stages}
     gpu = []
     for _ in range(rounds):
-        for arm in ARMS:
+        for arm in times:
             fn = fns[arm]
             for _ in range(calls):
                 t0 = time.perf_counter_ns()
@@ -177,9 +198,9 @@ def bench_stage(torch, name, path, rounds, calls, say):
         gpu.extend(gpu_ms() for _ in range(calls))
     row = {"stage": name, "gpu_ms": statistics.median(gpu), "calls": rounds * calls}
     for arm in ARMS:
-        row[arm] = statistics.median(times[arm])
-    for arm in stages:
-        row[f"{arm} worker"] = statistics.median(worker[arm])
+        row[arm] = statistics.median(times[arm]) if arm in times else float("nan")
+    for arm in XS_OPTIONS:
+        row[f"{arm} worker"] = statistics.median(worker[arm]) if arm in stages else float("nan")
     for arm, s in stages.items():
         rec = s.record()
         acc = rec["worker"].get("accelerator") or {}
@@ -192,6 +213,7 @@ def bench_stage(torch, name, path, rounds, calls, say):
             "pinned": (acc.get("pinned_region") or {}).get("state"),
             "pinned_via": (acc.get("pinned_region") or {}).get("via"),
             "pinned_bytes": (acc.get("pinned_region") or {}).get("bytes"),
+            "device_tensors": acc.get("device_tensors"),
             "eager_vs_replay_max_abs": (acc.get("cuda_graph") or {}).get("eager_vs_replay_max_abs"),
             "notes": rec["worker"].get("notes")}
         s.close()
@@ -262,6 +284,16 @@ def table(rows):
                                  f"{r['xstage graph'] / base:.3f}", f"{r['xstage graph'] / pin:.3f}",
                                  f"{r['xstage eager'] / base:.3f}"]))
     lines.append("")
+    lines.append("stage | gpu ms | inproc device ms | xstage device ms | device - gpu µs | "
+                 "device - inproc device µs | device worker ms")
+    lines.append("--- | --- | --- | --- | --- | --- | ---")
+    for r in rows:
+        lines.append(" | ".join([
+            r["stage"], f"{r['gpu_ms']:.3f}", f"{r['inproc device']:.3f}",
+            f"{r['xstage device']:.3f}", f"{(r['xstage device'] - r['gpu_ms']) * 1e3:.1f}",
+            f"{(r['xstage device'] - r['inproc device']) * 1e3:.1f}",
+            f"{r['xstage device worker']:.3f}"]))
+    lines.append("")
     lines.append("stage | " + " | ".join(f"{a} worker ms" for a in XS_OPTIONS)
                  + " | graph round trip - worker ms")
     lines.append(" | ".join("---" for _ in range(len(XS_OPTIONS) + 2)))
@@ -272,7 +304,7 @@ def table(rows):
     lines.append("stage | arm | budget/measured | budget | measured | graph | pool | pinned (via)")
     lines.append("--- | --- | --- | --- | --- | --- | --- | ---")
     for r in rows:
-        for arm in XS_OPTIONS:
+        for arm in [a for a in XS_OPTIONS if f"{a} ledger" in r]:
             d = r[f"{arm} ledger"]
             ratio = d["budget_over_measured"]
             lines.append(" | ".join(str(x) for x in (
@@ -289,6 +321,8 @@ def main(argv=None):
     parser.add_argument("--tower", help="the tiny vision tower's .pt2 (manifest beside it)")
     parser.add_argument("--only", help="comma-separated stage names")
     parser.add_argument("--json", help="write the rows here too")
+    parser.add_argument("--arms", help="comma-separated xstage arms to open (default: all; "
+                        "'xstage graph' always, as the reference)")
     parser.add_argument("--residue", action="store_true",
                         help="first: does a profiled warm-up slow the process's eager calls?")
     args = parser.parse_args(argv)
@@ -318,7 +352,8 @@ def main(argv=None):
             if only and name not in only:
                 continue
             try:
-                rows.append(bench_stage(torch, name, path, args.rounds, args.calls, say))
+                rows.append(bench_stage(torch, name, path, args.rounds, args.calls, say,
+                                        set(args.arms.split(",")) if args.arms else None))
                 say(json.dumps(rows[-1], default=str))
             except Exception as exc:  # one stage's failure is reported, the others still run
                 say(f"  {name}: {type(exc).__name__}: {exc}")

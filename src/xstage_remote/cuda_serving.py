@@ -13,6 +13,10 @@ stream, CUDA graphs for fixed shapes. Python 3.9 syntax; torch is the runtime.
   with the replay's outputs, so the numeric gate judges what serves. A call whose shapes
   differ runs eager. A capture that fails leaves the stage eager, with a note. Options
   ``cuda_graphs`` and ``pinned_region`` (``on``/``off``, default on) turn each off.
+* **Device tensors** (``device_tensors=on``, default off): K sets of device input and output
+  slots, exported once by CUDA IPC (``device_slots.py``); a call flagged
+  ``FLAG_DEVICE_TENSORS`` copies device to device from the input slots into the graph's
+  static inputs (or runs eager on the slots), and from its outputs into the output slots.
 """
 
 import ctypes
@@ -99,8 +103,10 @@ def _key(arrays):
 class CudaServing(object):
     """The serving half of a torch-cuda runtime (module docstring)."""
 
-    def __init__(self, torch, device, graphs=True, pinned=True):
+    def __init__(self, torch, device, graphs=True, pinned=True, device_tensors=False):
         self.torch = torch
+        self.device_tensors = device_tensors
+        self.slots = None  # DeviceSlots, once the client asks for them
         self.device = device
         self.graphs = graphs
         self.pinned = pinned
@@ -118,6 +124,8 @@ class CudaServing(object):
             self.info["cuda_graph"]["why"] = "turned off (cuda_graphs=off)"
         if not pinned:
             self.info["pinned_region"]["why"] = "turned off (pinned_region=off)"
+        self.info["device_tensors"] = {"state": "off"} if not device_tensors else {
+            "state": "on", "note": "device slots are allocated at the first device-tensor call"}
 
     # ----------------------------------------------------------------- the region
     def attach_region(self, region):
@@ -246,6 +254,41 @@ class CudaServing(object):
         self.stream.synchronize()
         return dict((i, t.numpy()) for i, t in rest)
 
+    # ----------------------------------------------------------------- device tensors
+    def open_device_slots(self, inputs, outputs, n_sets):
+        """Allocate (once) ``n_sets`` sets of device slots and return their export frame."""
+        from .device_slots import DeviceSlots
+
+        if not self.device_tensors:
+            raise ValueError("device tensors are off for this stage: open it with "
+                             "--ep-option device_tensors=on")
+        if self.slots is None or self.slots.n_sets != n_sets:
+            self.slots = DeviceSlots(self.torch, self.device, inputs, outputs, n_sets)
+            self.info["device_tensors"] = {
+                "state": "exported", "sets": n_sets, "bytes": int(self.slots.buffer.numel()),
+                "via": "UntypedStorage._share_cuda_ (CUDA IPC), fields sent as bytes"}
+        return self.slots.describe()
+
+    def call_device(self, module, s):
+        """One call on set ``s``'s device slots: no host copy; one stream, one sync."""
+        if self.slots is None:
+            raise RuntimeError("a device-tensor call before the device slots were opened")
+        torch = self.torch
+        ins, outs = self.slots.views[s]["in"], self.slots.views[s]["out"]
+        with torch.cuda.stream(self.stream):
+            if self.graph is not None:
+                for static, t in zip(self.static_in, ins):
+                    static.copy_(t, non_blocking=True)
+                self.graph.replay()
+                values = self.static_out
+            else:
+                with torch.no_grad():
+                    values = _values(module(*ins))
+            for slot, value in zip(outs, values):
+                slot.copy_(value, non_blocking=True)
+        self.stream.synchronize()
+
     def close(self):
+        self.slots = None
         self.detach_region()
         self.graph = self.static_in = self.static_out = None

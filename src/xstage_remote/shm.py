@@ -131,6 +131,7 @@ from .wire import CODE_DTYPES, DTYPE_CODES, DTYPES, MAX_DIM, MAX_RANK, ProtocolE
 
 __all__ = [
     "DATA_ALIGN",
+    "FLAG_DEVICE_TENSORS",
     "FLAG_RESET_STATE",
     "FLAG_STATE_RESET",
     "MAX_REGION_BYTES",
@@ -211,6 +212,9 @@ STATUS_CANCELLED = 3
 _R_REQ_ID, _R_REQ_GEN, _R_REQ_FLAGS, _R_PUB_NS, _R_CANCEL_ID = 0, 16, 20, 24, 32
 #: ``req_flags``: reset the stage's state to its initial value before this request.
 FLAG_RESET_STATE = 1
+#: ``req_flags``: the inputs are in the worker's device slots of this set, and so go the
+#: outputs (torch-cuda ``device_tensors=on``, ``device_slots.py``); no tensor bytes here.
+FLAG_DEVICE_TENSORS = 2
 #: ``flags`` of an answer: the request ran from the initial state (a reset, or a new worker).
 FLAG_STATE_RESET = 1
 _R_RESP_ID, _R_STATUS, _R_RESP_GEN, _R_TAKEN_ID, _R_STAMPS = 64, 72, 112, 120, 136

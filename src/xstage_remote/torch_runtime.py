@@ -202,7 +202,9 @@ def load(path, options):
 
         runtime.cuda = CudaServing(torch, device,
                                    graphs=switch(options.get("cuda_graphs"), "cuda_graphs"),
-                                   pinned=switch(options.get("pinned_region"), "pinned_region"))
+                                   pinned=switch(options.get("pinned_region"), "pinned_region"),
+                                   device_tensors=switch(options.get("device_tensors", "off"),
+                                                         "device_tensors"))
         runtime.info["accelerator"] = runtime.cuda.info
         runtime.cuda.info["cupti_teardown"] = os.environ.get("TEARDOWN_CUPTI")
     if ignored is not None:
@@ -578,6 +580,20 @@ class TorchRuntime(object):
         if self.cuda is not None:
             self.cuda.attach_region(region)
             self.evidence["accelerator"] = self.cuda.info
+
+    def open_device_slots(self, n_sets):
+        """The worker's ``device_slots`` request: the slots' export frame (CUDA only)."""
+        if self.cuda is None:
+            raise ValueError("device tensors need a torch-cuda stage; this one runs on %s"
+                             % self.device)
+        return self.cuda.open_device_slots(self.inputs, self.outputs, n_sets)
+
+    def run_device(self, s):
+        """A call whose tensors are in set ``s``'s device slots (``FLAG_DEVICE_TENSORS``)."""
+        if self.cuda is None:
+            raise ValueError("a device-tensor request to a %s worker (no device slots)"
+                             % self.device)
+        self.cuda.call_device(self.module, s)
 
     def _run_float64(self, args):
         torch = self.torch

@@ -261,6 +261,17 @@ class Worker:
         self.send({"op": "attached", "id": frame.id,
                    "info": {"kind": self.region.kind, "bell": self.bell.kind}})
 
+    def on_device_slots(self, frame):
+        """Device tensors (torch-cuda, ``device_slots.py``): one device slot set per region slot
+        set, allocated and exported once; the IPC fields travel as bytes, never pickled."""
+        if self.region is None or not hasattr(self.runtime, "open_device_slots"):
+            raise ValueError("device slots: the stage needs an attached region and a torch runtime")
+        if self.state is not None:
+            raise ValueError("device tensors with state pairs are not supported: open the stage "
+                             "without --ep-option device_tensors=on")
+        info, arrays = self.runtime.open_device_slots(self.region.n_sets)
+        self.send({"op": "device_slots_ready", "id": frame.id, "info": info}, arrays)
+
     def on_evidence(self, frame):
         """What the runtime collected for the proof; the profile travels as a uint8 tensor."""
         if self.runtime is None:
@@ -317,6 +328,17 @@ class Worker:
         start = end = flags = 0
         state = self.state
         try:
+            if region.req_flags(s) & shm_mod.FLAG_DEVICE_TENSORS:  # device tensors (#20)
+                if not hasattr(self.runtime, "run_device"):
+                    raise ValueError("a device-tensor request to a worker without device slots")
+                start = time.monotonic_ns()
+                self.runtime.run_device(s)
+                end = time.monotonic_ns()
+                rss, peak = memory.read_cached()
+                region.publish_response(seq, shm_mod.STATUS_OK, end - start, rss, peak, s,
+                                        start, end, 0)
+                self.bell.ring()
+                return
             feeds = region.inputs(s, self.in_names)
             if state is not None:
                 if region.req_flags(s) & shm_mod.FLAG_RESET_STATE:
@@ -367,7 +389,7 @@ class Worker:
     # ---------------------------------------------------------------- loop
     def serve(self):
         handlers = {"load": self.on_load, "attach": self.on_attach, "run": self.on_run,
-                    "evidence": self.on_evidence}
+                    "evidence": self.on_evidence, "device_slots": self.on_device_slots}
         while True:
             if self.region is not None:
                 # Requests come in the sets' cyclic order: wait on the next set only.

@@ -243,3 +243,25 @@ def test_the_pinned_region_is_held_in_host_ram_per_slot_set(tmp_path):
     spec = get_spec("torch-cuda")
     assert spec.pins_region({}) and not spec.pins_region({"pinned_region": "off"})
     assert not get_spec("torch-cpu").pins_region({})
+
+
+def test_device_slots_are_held_in_the_device_pool_per_slot_set(tmp_path):
+    """``device_tensors=on``: K sets of device input and output slots, in the stage's pool."""
+    from xstage.artifact import Artifact, IOSpec
+
+    art = Artifact(path=tmp_path / "s.pt2", format="pt:fp32", format_source="manifest",
+                   component="s", sha256="0" * 64, bytes=MiB,
+                   files=({"path": str(tmp_path / "s.pt2"), "sha256": "0" * 64, "bytes": MiB},),
+                   inputs=(IOSpec("x", "float32", (8, 3, 224, 224)),),
+                   outputs=(IOSpec("y", "float32", (8, 256)),), node_count=0, op_types=(),
+                   manifest={})
+    res = footprint.device_slots(art, {}, 3, "gpu:0", route="torch-cuda")
+    io = (8 * 3 * 224 * 224 + 8 * 256) * 4
+    assert res.pool == "gpu:0" and res.purpose == "device slots" and res.lifetime == "session"
+    assert res.bytes == 3 * (io + 2 * footprint.DEVICE_SLOT_ALIGN)
+    assert "3 set(s)" in res.basis and "device_tensors=on" in res.basis
+    spec = get_spec("torch-cuda")
+    assert spec.serves_device_tensors({"device_tensors": "on"})
+    assert not spec.serves_device_tensors({}) and not spec.serves_device_tensors(
+        {"device_tensors": "off"})  # opt-in: off unless asked for
+    assert not get_spec("torch-cpu").serves_device_tensors({"device_tensors": "on"})

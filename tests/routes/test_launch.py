@@ -74,3 +74,22 @@ def test_a_cuda_switch_given_to_torch_cpu_is_noted_not_applied():
                        ep_options={"cuda_graphs": "off"})
     assert "cuda_graphs" not in out
     assert out["notes"] == ["--ep-option cuda_graphs is not an option of torch-cpu: ignored here"]
+
+
+def test_device_tensors_are_opt_in_and_only_torch_cuda_has_them():
+    import pytest
+
+    from xstage import errors
+
+    status = _resolved("torch-cuda", ("gpu_discrete:nvidia:0",))
+    assert "device_tensors" not in load_options(status, fmt="pt:fp32")  # the worker's default: off
+    assert load_options(status, fmt="pt:fp32", ep_options={"device_tensors": "on"})[
+        "device_tensors"] == "on"
+    for other, fmt in (("torch-cpu", "pt:fp32"), ("ort-cpu", "onnx:fp32")):
+        with pytest.raises(errors.UsageError) as bad:
+            load_options(_resolved(other, ("cpu",)), fmt=fmt, ep_options={"device_tensors": "on"})
+        assert f"route {other} has no device_tensors" in str(bad.value)
+        assert "torch-cuda" in bad.value.remedy
+    off = load_options(_resolved("ort-cpu", ("cpu",)), fmt="onnx:fp32",
+                       ep_options={"device_tensors": "off"})
+    assert "device_tensors" not in off["ep"]["options"]  # never handed to onnxruntime

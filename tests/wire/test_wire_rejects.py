@@ -31,6 +31,8 @@ VALID = {
     "pong": {"op": "pong", "id": 4},
     "evidence": {"op": "evidence", "id": 6},
     "evidence_data": {"op": "evidence_data", "id": 6, "info": {}, "t": []},
+    "device_slots": {"op": "device_slots", "id": 7},
+    "device_slots_ready": {"op": "device_slots_ready", "id": 7, "info": {}, "t": []},
     "shutdown": {"op": "shutdown", "id": 5},
     "bye": {"op": "bye", "id": 5},
     "error": {"op": "error", "id": 3, "kind": "ValueError", "message": "bad input"},
@@ -263,7 +265,8 @@ def test_rejects_huge_integer_literal(parse):
 @pytest.mark.parametrize("op", ["pickle", "__reduce__", "PING", ""])
 def test_rejects_unknown_op(parse, op):
     """An op not in ``OPS`` is refused and the known ops are listed."""
-    with rejects(f"unknown op {op!r} (known: attach, attached, auth, auth_ok, bye, error"):
+    with rejects(f"unknown op {op!r} (known: attach, attached, auth, auth_ok, bye, device_slots, "
+                 f"device_slots_ready, error"):
         parse({"op": op, "id": 1})
 
 

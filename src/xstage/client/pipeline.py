@@ -40,6 +40,7 @@ from xstage import errors
 from xstage_remote import shm, wire
 
 if TYPE_CHECKING:
+    from xstage.client.device_slots import DeviceSlots
     from xstage.client.worker import WorkerClient
 
 __all__ = ["USE_DEADLINE", "Outputs", "Pipeline", "StageFuture"]
@@ -142,6 +143,8 @@ class Pipeline:
         self.on_death: Callable[[list[_Req], BaseException], bool] | None = None
         self._names_of: list[dict[str, Any]] | None = None  # the outputs _out_names lists
         self._out_names: list[str] = []
+        #: The worker's device slots (torch-cuda ``device_tensors=on``), else None.
+        self.device: DeviceSlots | None = None
 
     # ------------------------------------------------------------------ entry points
     def idle(self) -> bool:
@@ -185,6 +188,9 @@ class Pipeline:
         A name the caller gave an ``out`` array for is copied into it.
         """
         c = self.client
+        if self.device is not None and self.device.on_device.get(s):
+            result.update(self.device.outputs(s))  # device tensors: views of set s's slots
+            return
         fill = c._fill_output
         if self._names_of is not c._outputs:  # the names, once per load
             self._names_of, self._out_names = c._outputs, [d["name"] for d in c._outputs]
@@ -209,9 +215,10 @@ class Pipeline:
         assert bell is not None and ctl is not None
         s = self.next_set
         t0 = time.perf_counter_ns()
-        for name, arr in feeds.items():
-            if not region.write("in", name, arr, s):  # checks the slot and its capacity
-                return None
+        written = self._write_inputs(region, feeds, s)
+        if written is None:  # an input has no slot or does not fit it: the inline way
+            return None
+        flags |= written
         copy_in = time.perf_counter_ns() - t0
         rid = c._take_id()  # a fresh id per call: a stale response can never match it
         region.publish_request(rid, s, flags)
@@ -526,6 +533,19 @@ class Pipeline:
                 return False
         return True
 
+    def _write_inputs(self, region: shm.Region, feeds: Mapping[str, Any], s: int) -> int | None:
+        """Set ``s``'s inputs into the region, or into the device slots; the flags to publish.
+
+        Device tensors (``device_slots.py``) go to the worker's device slots of set ``s``. None
+        when a host input has no slot or does not fit it (``Region.write`` checks).
+        """
+        if self.device is not None and self.device.holds(s, feeds):
+            return self.device.write(feeds, s)
+        for name, arr in feeds.items():
+            if not region.write("in", name, arr, s):
+                return None
+        return 0
+
     def _publish(self) -> None:
         """Queued requests into free sets, in order (the client's lock held)."""
         c = self.client
@@ -565,8 +585,10 @@ class Pipeline:
         assert region is not None and bell is not None
         try:
             t0 = time.perf_counter_ns()
-            for name, arr in req.feeds.items():
-                region.write("in", name, arr, req.set)
+            written = self._write_inputs(region, req.feeds, req.set)
+            if written is None:  # _fits said it would: the region changed under the request
+                raise errors.RemoteProtocolError("an input no longer fits its region slot")
+            req.flags |= written
             req.timing["copy_in_ns"] = time.perf_counter_ns() - t0
         except BaseException:
             with self.mu:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from xstage import errors
-from xstage.client import connect_back
+from xstage.client import connect_back, device_slots
 from xstage.client.deadlines import Deadlines, DeadlineSocket
 from xstage.client.pipeline import USE_DEADLINE, Outputs, Pipeline, StageFuture
 from xstage.client.staging import local_hash, worker_argv
@@ -681,6 +681,7 @@ class WorkerClient:
             self._pipe.stateful = bool(state)
             if self.shm_mode != "off" and self._bell is not None:
                 self._attach_region()
+            self._pipe.device = device_slots.from_loaded(self, frame.header)  # #20
             return self.loaded
 
     @staticmethod
@@ -776,6 +777,8 @@ class WorkerClient:
             self._bell.use_eventfds(events[1], events[0])
 
     def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if device_slots.on_device(self._pipe.device, inputs):  # device tensors (#20)
+            return self._pipe.device.check(inputs)
         feeds = {name: np.asarray(value) for name, value in inputs.items()}
         # Calls usually repeat one signature: a checked one is remembered (a few µs a call).
         key = tuple((n, a.dtype, a.shape) for n, a in feeds.items())

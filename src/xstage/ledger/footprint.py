@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # the artifact module reads files; the ledger only reads its 
     from xstage.artifact import Artifact, GraphFacts
 
 __all__ = ["ACTIVATION_FACTOR", "PT_ACTIVATION_BYTES", "PT_ACTIVATION_FACTOR",
-           "REGION_PAGES_BYTES", "REGION_SLOT_BYTES", "pinned_region", "Activations", "RouteCost",
+           "REGION_PAGES_BYTES", "REGION_SLOT_BYTES", "DEVICE_SLOT_ALIGN", "device_slots",
+           "pinned_region", "Activations", "RouteCost",
            "estimate_activations", "reservations"]
 
 MiB = 1 << 20
@@ -214,6 +215,25 @@ def pinned_region(artifact: Artifact, shapes: Mapping[str, tuple[int, ...]], dep
         f"{route} registers its shared region with CUDA (page-locked host RAM): {depth} slot "
         f"set(s) x inputs + outputs {format_bytes(io_bytes)}, + {format_bytes(extra)} for its "
         f"control page, descriptors and alignment ({slots} slots per set)")]
+
+
+#: Each device slot starts on this many bytes (``xstage_remote.device_slots.ALIGN``).
+DEVICE_SLOT_ALIGN = 512
+
+
+def device_slots(artifact: Artifact, shapes: Mapping[str, tuple[int, ...]], depth: int,
+                 pool: str, *, route: str) -> Reservation:
+    """The device memory a worker serving device tensors holds for its slots: ``depth`` sets of
+    the stage's inputs and outputs (at ``shapes``, else as declared), each slot aligned, in the
+    stage's device pool (``--ep-option device_tensors=on``)."""
+    io_bytes = _declared_io(artifact, shapes)
+    slots = len(artifact.inputs) + len(artifact.outputs)
+    held = depth * (io_bytes + DEVICE_SLOT_ALIGN * slots)
+    return Reservation(
+        "device slots", held, pool, "session", "E",
+        f"{route} keeps {depth} set(s) of device input and output slots for CUDA tensors in and "
+        f"out (device_tensors=on): inputs + outputs {format_bytes(io_bytes)} a set, + "
+        f"alignment ({slots} slots a set)")
 
 
 def _pt_activations(artifact: Artifact, pool: str) -> Reservation:

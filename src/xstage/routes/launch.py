@@ -20,7 +20,7 @@ from xstage.host.wsl import WslInfo
 from xstage.routes import RouteStatus
 from xstage.routes.hooks import ep_options_for
 from xstage.routes.option_hooks import DeviceOverride
-from xstage.routes.specs import ROUTES, SWITCH_OFF
+from xstage.routes.specs import OPT_IN_SWITCHES, ROUTES, SWITCH_OFF
 
 __all__ = ["load_options", "open_worker", "serving_switches", "windows_side_options"]
 
@@ -50,11 +50,13 @@ def load_options(
     """
     if not status.resolved:
         raise _missing(status)
+    _check_opt_in(status.spec, ep_options or {})
     if status.spec.runtime == "torch":
         return _torch_options(status, device=device, profile=profile, output_names=output_names,
                               fmt=fmt, switches=ep_options or {})
     if status.spec.runtime != "onnxruntime":
         raise errors.UsageError(f"route {status.name} runs {status.spec.runtime}, not ONNX graphs")
+    ep_options = {k: v for k, v in (ep_options or {}).items() if k not in OPT_IN_SWITCHES}
     device = device or (status.devices[0] if status.devices else None)
     if device is not None and status.devices and device not in status.devices:
         raise errors.UsageError(
@@ -126,6 +128,22 @@ def _override_error(status: RouteStatus, info: Mapping[str, Any],
 
 _ON = ("on", "1", "true", "yes")
 _OFF = SWITCH_OFF
+
+
+def _check_opt_in(spec: Any, given: Mapping[str, str]) -> None:
+    """An opt-in serving switch (``OPT_IN_SWITCHES``) turned on for a route without it.
+
+    Raises:
+        UsageError: naming the routes that have it.
+    """
+    for name in OPT_IN_SWITCHES:
+        if name in given and name not in spec.serving_switches \
+                and str(given[name]).strip().lower() not in SWITCH_OFF:
+            takes = ", ".join(r.name for r in ROUTES if name in r.serving_switches)
+            raise errors.UsageError(
+                f"--ep-option {name}={given[name]}: route {spec.name} has no {name}",
+                remedy=f"routes that have it: {takes} (a .pt2 stage on a CUDA GPU); or leave "
+                f"the option out")
 
 
 def serving_switches(spec: Any, given: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:

@@ -127,6 +127,9 @@ class PluginEP:
 
 #: The values that turn a serving switch off (``--ep-option cuda_graphs=off``).
 SWITCH_OFF = ("off", "0", "false", "no")
+#: The serving switches that are off unless asked for (``--ep-option device_tensors=on``); asked
+#: of a route that lacks one, it is a usage error, not a note.
+OPT_IN_SWITCHES = ("device_tensors",)
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,15 @@ class RouteSpec:
         """
         value = str((ep_options or {}).get("pinned_region", "on")).strip().lower()
         return "pinned_region" in self.serving_switches and value not in SWITCH_OFF
+
+    def serves_device_tensors(self, ep_options: Mapping[str, str] | None) -> bool:
+        """Whether this route's worker keeps device slots for CUDA tensors in and out.
+
+        Off unless ``--ep-option device_tensors=on``; the ledger then counts the slots in the
+        device's pool.
+        """
+        value = str((ep_options or {}).get("device_tensors", "off")).strip().lower()
+        return "device_tensors" in self.serving_switches and value not in SWITCH_OFF
 
     @property
     def env_var(self) -> str:
@@ -546,7 +558,9 @@ ROUTES: tuple[RouteSpec, ...] = (
             "cuda_graphs": "the program captured in a CUDA graph after the eager warm-up and "
                            "replayed for calls at the warm-up's shapes",
             "pinned_region": "the shared region registered with CUDA (cudaHostRegister), so "
-                             "inputs and outputs move by DMA"}),
+                             "inputs and outputs move by DMA",
+            "device_tensors": "CUDA tensors in and out through device slots shared by CUDA IPC "
+                              "(off unless asked for)"}),
         graph_pool=True,
     ),
     RouteSpec(

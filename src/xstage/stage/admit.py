@@ -142,12 +142,16 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
     """
     spec, shapes = cand.route.spec, {n: tuple(a.shape) for n, a in setup.feeds.items()}
     pins = cand.pool != ledger_mod.HOST_POOL and spec.pins_region(setup.ep_options)
+    slots = spec.serves_device_tensors(setup.ep_options)
     held = footprint.reservations(setup.artifact, spec.memory_cost(cand.route.versions), cand.pool,
                                   shapes, route=cand.route.name,
                                   graph_pool=spec.captures_graph(setup.ep_options))
     # a GPU stage's page-locked region: host RAM, held beside the device budget
     locked = footprint.pinned_region(setup.artifact, shapes, setup.depth,
                                      route=cand.route.name) if pins else []
+    if slots:  # device tensors: K sets of device slots, in the stage's own pool
+        held.append(footprint.device_slots(setup.artifact, shapes, setup.depth, cand.pool,
+                                           route=cand.route.name))
     if setup.state:
         held.append(ledger_mod.Reservation(
             "state", state_bytes(setup.state, setup.artifact), cand.pool, "session", "D",

@@ -435,6 +435,11 @@ class Stage(Requests):
         accelerator = self._admission.warm.info.get("accelerator")
         if isinstance(accelerator, dict):  # torch-cuda: stream, pinned region, CUDA graph
             worker["accelerator"] = accelerator
+            slots = client._pipe.device
+            if slots is not None and slots.info:  # device tensors: the slots as exported
+                worker["accelerator"] = {**accelerator, "device_tensors": {
+                    "state": "exported", **{k: slots.info[k] for k in ("sets", "via")},
+                    "bytes": slots.info["buffer_bytes"]}}
         return build_record(
             serving=self._serving_block(),
             argv=argv, started=self._admission.setup.started, request=self._request,
