@@ -91,7 +91,10 @@ def calibrate(tmp: Path, threads: int | None, tries: int = 6) -> tuple[str, Path
         batch = max(1, round(batch * TARGET_MS / ms))
         if any(t["batch"] == batch for t in tried):
             break
-    label = f"mlp {CAL_WIDTH}x{CAL_DEPTH} b{tried[-1]['batch']} (calibrated to {TARGET_MS:g} ms)"
+    # The probe's figure, not a promise: the timed rounds (interleaved with busy ones) can run
+    # slower, and the table then says the graph left the band.
+    label = (f"mlp {CAL_WIDTH}x{CAL_DEPTH} b{tried[-1]['batch']} "
+             f"({tried[-1]['in_process_ms']:g} ms when calibrated)")
     return label, path, {"calibration": tried}
 
 
@@ -221,12 +224,13 @@ def main() -> None:
     if args.json:
         print(json.dumps(doc, indent=2))
         return
-    print(f"{'graph':<22}{'state':<7}{'in-process':>12}{'xstage':>10}{'worker':>10}{'ratio':>8}")
+    width = max(len(r["graph"]) for r in rows) + 2
+    print(f"{'graph':<{width}}{'state':<7}{'in-process':>12}{'xstage':>10}{'worker':>10}{'ratio':>8}")
     for r in rows:
         for state, m in (("quiet", r), ("busy", r.get("busy"))):
             if m is None:
                 continue
-            print(f"{r['graph']:<22}{state:<7}{m['in_process_ms']:>10.3f}ms{m['xstage_ms']:>8.3f}ms"
+            print(f"{r['graph']:<{width}}{state:<7}{m['in_process_ms']:>10.3f}ms{m['xstage_ms']:>8.3f}ms"
                   f"{m['worker_compute_ms']:>8.3f}ms{m['ratio']:>8.3f}")
             if args.verbose:
                 for side, counts in m["waits"].items():
