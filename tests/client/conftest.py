@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -118,3 +119,24 @@ def _xstage_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
         str(tmp_path_factory.getbasetemp())
     ):
         monkeypatch.setenv("XSTAGE_HOME", str(tmp_path_factory.getbasetemp() / "xstage-home"))
+
+
+def in_thread(fn, timeout: float):  # type: ignore[no-untyped-def]
+    """Run ``fn`` in a thread the test abandons if it hangs; return what it raised (None).
+
+    A deadline test must fail, not hang, when the deadline does not hold.
+    """
+    box: dict[str, BaseException | None] = {"exc": None}
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["exc"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        pytest.fail(f"still blocked after {timeout}s: the deadline did not hold")
+    return box["exc"]

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.client.conftest import in_thread
 from xstage.client.deadlines import DeadlineSocket
 
 HARD_TIMEOUT = 30.0
@@ -15,20 +16,8 @@ HARD_TIMEOUT = 30.0
 
 def _raises_timeout(fn) -> None:  # type: ignore[no-untyped-def]
     """``fn()`` raises TimeoutError, in a thread this test abandons if it hangs instead."""
-    box: dict[str, BaseException | None] = {"exc": None}
-
-    def target() -> None:
-        try:
-            fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["exc"] = exc
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(HARD_TIMEOUT)
-    if t.is_alive():
-        pytest.fail(f"still blocked after {HARD_TIMEOUT}s: the deadline did not hold")
-    assert isinstance(box["exc"], TimeoutError), box["exc"]
+    exc = in_thread(fn, HARD_TIMEOUT)
+    assert isinstance(exc, TimeoutError), exc
 
 
 class _Counting:

@@ -31,6 +31,7 @@ import psutil
 import pytest
 from onnx import TensorProto, helper
 
+from tests.client.conftest import in_thread
 from xstage import builtin_graphs, errors
 from xstage.artifact import IOSpec
 from xstage.client import Deadlines, WorkerClient, WorkerState
@@ -269,22 +270,8 @@ def test_every_numpy_dtype_converts_or_is_refused_by_name():
 
 # ------------------------------------------------------------------ deadlines
 
-def _in_thread(fn, timeout=HARD_TIMEOUT):
-    """Run ``fn`` in a thread; return what it raised (None) or fail if it hung."""
-    box: dict[str, BaseException | None] = {"exc": None}
-
-    def target():
-        try:
-            fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["exc"] = exc
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        pytest.fail(f"still blocked after {timeout}s: the deadline did not hold")
-    return box["exc"]
+def _in_thread(fn):
+    return in_thread(fn, HARD_TIMEOUT)
 
 
 @pytest.mark.parametrize("shm_mode", ["auto", "off", "tcp"], ids=["region", "socket", "tcp"])
