@@ -22,7 +22,8 @@ over every call:
 
 ``gpu`` is the stage's own device time (CUDA events around the module in process); ``device -
 gpu`` is what the device-tensor path adds to it (issue 20: within 50 µs). The ledger columns
-are each xstage arm's budget/measured and its CUDA graph pool.
+are each xstage arm's budget/measured and its CUDA graph pool; the split columns say where
+each xstage arm's round trip goes (``SPLIT``).
 """
 
 import argparse
@@ -44,6 +45,20 @@ ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstag
 XS_OPTIONS = {"xstage old": {"pinned_region": "off", "cuda_graphs": "off"},
               "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {},
               "xstage device": {"device_tensors": "on"}}
+
+
+#: Where an xstage call's time goes, in µs (one clock, CLOCK_MONOTONIC, in both processes; the
+#: region's stamps, docs/wire.md): the caller until the request is published (checks, the input
+#: copies, device-to-device for device tensors, and their sync), publish to the worker's start
+#: (the ring and the worker's wake-up), the worker's call, and its end to the caller's return
+#: (the answer's publish and ring, the caller's wake-up, the outputs).
+SPLIT = ("caller", "to worker", "worker", "back")
+
+
+def _split(m0, timing, m1):
+    """One call's ``SPLIT`` in µs from the caller's clock readings and the region's stamps."""
+    pub, start, end = timing["published_ns"], timing["start_ns"], timing["end_ns"]
+    return ((pub - m0) / 1e3, (start - pub) / 1e3, (end - start) / 1e3, (m1 - end) / 1e3)
 
 
 def _modules(torch):
@@ -185,22 +200,31 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
             fn()
     times = {arm: [] for arm in ARMS if arm in fns}
     worker = {arm: [] for arm in stages}
+    split = {arm: [] for arm in stages}
     gpu = []
     for _ in range(rounds):
         for arm in times:
             fn = fns[arm]
             for _ in range(calls):
+                m0 = time.monotonic_ns()
                 t0 = time.perf_counter_ns()
                 fn()
                 times[arm].append((time.perf_counter_ns() - t0) / 1e6)
+                m1 = time.monotonic_ns()
                 if arm in stages:
-                    worker[arm].append(stages[arm].last_timing.get("worker_ns", 0) / 1e6)
+                    t = stages[arm].last_timing
+                    worker[arm].append(t.get("worker_ns", 0) / 1e6)
+                    if t.get("published_ns") and t.get("start_ns") and t.get("end_ns"):
+                        split[arm].append(_split(m0, t, m1))
         gpu.extend(gpu_ms() for _ in range(calls))
     row = {"stage": name, "gpu_ms": statistics.median(gpu), "calls": rounds * calls}
     for arm in ARMS:
         row[arm] = statistics.median(times[arm]) if arm in times else float("nan")
     for arm in XS_OPTIONS:
         row[f"{arm} worker"] = statistics.median(worker[arm]) if arm in stages else float("nan")
+        if split.get(arm):
+            row[f"{arm} split"] = {k: statistics.median(c[i] for c in split[arm])
+                                   for i, k in enumerate(SPLIT)}
     for arm, s in stages.items():
         rec = s.record()
         acc = rec["worker"].get("accelerator") or {}
@@ -300,6 +324,13 @@ def table(rows):
     for r in rows:
         lines.append(" | ".join([r["stage"], *[f"{r[f'{a} worker']:.3f}" for a in XS_OPTIONS],
                                  f"{r['xstage graph'] - r['xstage graph worker']:.3f}"]))
+    lines.append("")
+    lines.append("stage | arm | " + " | ".join(f"{k} µs" for k in SPLIT) + "  (medians)")
+    lines.append(" | ".join("---" for _ in range(len(SPLIT) + 2)))
+    for r in rows:
+        for arm in [a for a in XS_OPTIONS if f"{a} split" in r]:
+            d = r[f"{arm} split"]
+            lines.append(" | ".join([r["stage"], arm, *[f"{d[k]:.1f}" for k in SPLIT]]))
     lines.append("")
     lines.append("stage | arm | budget/measured | budget | measured | graph | pool | pinned (via)")
     lines.append("--- | --- | --- | --- | --- | --- | --- | ---")
