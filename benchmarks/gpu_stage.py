@@ -18,7 +18,9 @@ over every call:
 * ``xstage graph``: the pinned region and the CUDA graph (the default);
 * ``inproc device``: CUDA tensors in, the module, one sync (no host copy at all);
 * ``xstage device``: ``--ep-option device_tensors=on``, CUDA tensors in, views of the worker's
-  device slots out (the graph on; device-to-device copies only).
+  device slots out (the graph on; device-to-device copies only);
+* ``xstage in place``: the same stage called with its own input slots (``Stage.device_inputs``,
+  filled once): the caller's process does no GPU work per call.
 
 ``gpu`` is the stage's own device time (CUDA events around the module in process); ``device -
 gpu`` is what the device-tensor path adds to it (issue 20: within 50 µs). The ledger columns
@@ -41,7 +43,7 @@ import numpy as np
 #: CPU would cost minutes per arm; the gate itself is what tests/gpu checks.
 TOLERANCE = {"elem_a": 1e-5}
 ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstage graph",
-        "inproc device", "xstage device")
+        "inproc device", "xstage device", "xstage in place")
 XS_OPTIONS = {"xstage old": {"pinned_region": "off", "cuda_graphs": "off"},
               "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {},
               "xstage device": {"device_tensors": "on"}}
@@ -184,6 +186,11 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
     ref = {k: np.asarray(v) for k, v in stages["xstage graph"](feeds).items()}
     if "xstage device" in stages:
         fns["xstage device"] = lambda s=stages["xstage device"]: s(dev_feeds)
+        in_place = stages["xstage device"].device_inputs()  # depth 1: one set, the same slots
+        for k, v in dev_feeds.items():
+            in_place[k].copy_(v)
+        torch.cuda.synchronize()
+        fns["xstage in place"] = lambda s=stages["xstage device"]: s(in_place)
         got = {k: v.cpu().numpy() for k, v in fns["xstage device"]().items()}
         for k, v in ref.items():
             if not np.array_equal(got[k], v):
@@ -199,8 +206,9 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
         for _ in range(3):
             fn()
     times = {arm: [] for arm in ARMS if arm in fns}
-    worker = {arm: [] for arm in stages}
-    split = {arm: [] for arm in stages}
+    in_stage = [*stages, *(["xstage in place"] if "xstage device" in stages else [])]
+    worker = {arm: [] for arm in in_stage}
+    split = {arm: [] for arm in in_stage}
     gpu = []
     for _ in range(rounds):
         for arm in times:
@@ -211,8 +219,10 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
                 fn()
                 times[arm].append((time.perf_counter_ns() - t0) / 1e6)
                 m1 = time.monotonic_ns()
-                if arm in stages:
-                    t = stages[arm].last_timing
+                stage = stages.get(arm) or (stages["xstage device"] if arm == "xstage in place"
+                                            else None)
+                if stage is not None:
+                    t = stage.last_timing
                     worker[arm].append(t.get("worker_ns", 0) / 1e6)
                     if t.get("published_ns") and t.get("start_ns") and t.get("end_ns"):
                         split[arm].append(_split(m0, t, m1))
@@ -220,8 +230,8 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
     row = {"stage": name, "gpu_ms": statistics.median(gpu), "calls": rounds * calls}
     for arm in ARMS:
         row[arm] = statistics.median(times[arm]) if arm in times else float("nan")
-    for arm in XS_OPTIONS:
-        row[f"{arm} worker"] = statistics.median(worker[arm]) if arm in stages else float("nan")
+    for arm in [*XS_OPTIONS, "xstage in place"]:
+        row[f"{arm} worker"] = statistics.median(worker[arm]) if worker.get(arm) else float("nan")
         if split.get(arm):
             row[f"{arm} split"] = {k: statistics.median(c[i] for c in split[arm])
                                    for i, k in enumerate(SPLIT)}
@@ -308,15 +318,15 @@ def table(rows):
                                  f"{r['xstage graph'] / base:.3f}", f"{r['xstage graph'] / pin:.3f}",
                                  f"{r['xstage eager'] / base:.3f}"]))
     lines.append("")
-    lines.append("stage | gpu ms | inproc device ms | xstage device ms | device - gpu µs | "
-                 "device - inproc device µs | device worker ms")
-    lines.append("--- | --- | --- | --- | --- | --- | ---")
+    lines.append("stage | gpu ms | inproc device ms | arm | round trip ms | - gpu µs | "
+                 "- inproc device µs | worker ms")
+    lines.append("--- | --- | --- | --- | --- | --- | --- | ---")
     for r in rows:
-        lines.append(" | ".join([
-            r["stage"], f"{r['gpu_ms']:.3f}", f"{r['inproc device']:.3f}",
-            f"{r['xstage device']:.3f}", f"{(r['xstage device'] - r['gpu_ms']) * 1e3:.1f}",
-            f"{(r['xstage device'] - r['inproc device']) * 1e3:.1f}",
-            f"{r['xstage device worker']:.3f}"]))
+        for arm in ("xstage device", "xstage in place"):
+            lines.append(" | ".join([
+                r["stage"], f"{r['gpu_ms']:.3f}", f"{r['inproc device']:.3f}", arm,
+                f"{r[arm]:.3f}", f"{(r[arm] - r['gpu_ms']) * 1e3:.1f}",
+                f"{(r[arm] - r['inproc device']) * 1e3:.1f}", f"{r[f'{arm} worker']:.3f}"]))
     lines.append("")
     lines.append("stage | " + " | ".join(f"{a} worker ms" for a in XS_OPTIONS)
                  + " | graph round trip - worker ms")
@@ -328,7 +338,7 @@ def table(rows):
     lines.append("stage | arm | " + " | ".join(f"{k} µs" for k in SPLIT) + "  (medians)")
     lines.append(" | ".join("---" for _ in range(len(SPLIT) + 2)))
     for r in rows:
-        for arm in [a for a in XS_OPTIONS if f"{a} split" in r]:
+        for arm in [a for a in (*XS_OPTIONS, "xstage in place") if f"{a} split" in r]:
             d = r[f"{arm} split"]
             lines.append(" | ".join([r["stage"], arm, *[f"{d[k]:.1f}" for k in SPLIT]]))
     lines.append("")

@@ -156,6 +156,9 @@ def test_close_writes_the_record_once(mlp):
 
 def test_no_record_when_asked_not_to(mlp):
     stage = xstage.open_stage(mlp, route="ort-cpu", record_on_close=False)
+    with pytest.raises(errors.UsageError, match="without device tensors") as bad:
+        stage.device_inputs()  # in-place device inputs are torch-cuda's, opt-in
+    assert "device_tensors=on" in bad.value.remedy
     stage.close()
     assert stage.record_path is None
 

@@ -640,6 +640,25 @@ class WorkerClient:
         with self._lock:
             return self._request({"op": "ping"}, "pong", "call").header.get("info", {})
 
+    def device_inputs(self) -> dict[str, Any]:
+        """The device input slots the next call is published in, to write in place.
+
+        ``device_tensors=on`` only. A call given these tensors copies nothing in this process
+        (``device_slots.DeviceSlots.inputs``); at depth K the next call's set changes each
+        call, so ask again before each call.
+
+        Raises:
+            UsageError: the stage serves no device tensors.
+        """
+        with self._lock:
+            self._require_ready()
+            if self._pipe.device is None:
+                raise errors.UsageError(
+                    "device_inputs() on a stage opened without device tensors",
+                    remedy="open a torch-cuda stage with --ep-option device_tensors=on "
+                    "(open_stage(..., ep_options={'device_tensors': 'on'}))")
+            return self._pipe.device.inputs(self._pipe.next_set)
+
     def waits(self) -> dict[str, Any]:
         """The shared region's spin-or-block decisions so far, on both sides.
 

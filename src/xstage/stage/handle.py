@@ -183,6 +183,15 @@ class Stage(Requests):
         """The worker process's pid (None once it is gone)."""
         return self._client.pid
 
+    def device_inputs(self) -> dict[str, Any]:
+        """Where the next call's device inputs go, to write in place (``device_tensors=on``).
+
+        CUDA tensors by input name, views of the worker's device slots of the set the next
+        call is published in: fill them (a producer's ``out=``, ``copy_``) and call the stage
+        with them, and the call copies nothing in this process. Ask again before each call.
+        """
+        return self._serving().device_inputs()
+
     def waits(self) -> dict[str, Any]:
         """The shared region's spin-or-block decisions so far, on both sides (``--verbose``).
 
