@@ -1,0 +1,231 @@
+"""The client's large copies on several CPUs: into a region slot and out of one.
+
+A copy of at least ``MIN_BYTES`` is split into contiguous byte ranges (page-aligned where the
+itemsize allows) that a small persistent pool of threads and the calling thread copy at once.
+``np.copyto`` of a non-object dtype releases the GIL while it copies, so the ranges run in
+parallel; a fresh output array's first touch (its page faults) is spread the same way, each
+thread faulting in the pages it writes. Ranges are taken from a shared counter, so a helper that
+wakes late takes fewer of them and the caller never waits for a thread that has not started.
+
+Only where it pays: by default ``min(4, cpus // 2)`` helpers where this process may run on at
+least 4 CPUs, none below (on 2 CPUs the worker, which has just been woken or is about to be,
+needs the other one). ``XSTAGE_COPY_THREADS`` sets the helpers (0: off). The pool starts on its
+first large copy and ends with its ``WorkerClient``.
+
+Why ``MIN_BYTES`` is 1 MiB: a range costs ~5-10 µs of Python around its ``np.copyto`` (slices,
+the counter, the GIL), and a helper's wake-up ~5-30 µs (an idle CPU is halted); a single-thread
+copy moves ~5-10 GB/s, so below ~0.5 MiB (50-100 µs of copying) the fixed costs eat what a
+second CPU saves. Measured in ``docs/benchmarks.md`` ("Copies on several CPUs").
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = ["COPY_THREADS", "ENV_PROBLEM", "MIN_BYTES", "CopyPool", "copy_threads_default"]
+
+#: Copies of at least this many bytes are split (see the module's docstring for why).
+MIN_BYTES = 1 << 20
+#: The smallest range one participant copies (a range is page-aligned where it can be).
+MIN_RANGE = 256 << 10
+#: Ranges per participant: a late helper leaves its share to the others.
+RANGES_EACH = 2
+#: The most helpers ``XSTAGE_COPY_THREADS`` may ask for.
+MAX_THREADS = 64
+_PAGE = 4096
+
+
+def _allowed_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def copy_threads_default(environ: Any = None) -> tuple[int, str | None]:
+    """(helper threads, the problem with ``XSTAGE_COPY_THREADS`` or None).
+
+    ``XSTAGE_COPY_THREADS=N`` asks for N helpers (0: off); unset, ``min(4, cpus // 2)`` where
+    this process may run on at least 4 CPUs, else 0. A malformed value is a problem (the client
+    refuses to start a worker, as for the other ``XSTAGE_*`` numbers) and the default is used.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get("XSTAGE_COPY_THREADS")
+    cpus = _allowed_cpus()
+    default = min(4, cpus // 2) if cpus >= 4 else 0
+    if raw is None:
+        return default, None
+    try:
+        value = int(raw.strip())
+        if not 0 <= value <= MAX_THREADS:
+            raise ValueError
+    except ValueError:
+        return default, (f"XSTAGE_COPY_THREADS={raw!r} is not a whole number from 0 to "
+                         f"{MAX_THREADS}: unset it for the default ({default} here) or set e.g. "
+                         "XSTAGE_COPY_THREADS=0 (off)")
+    return value, None
+
+
+#: This process's default helpers, and the problem with ``XSTAGE_COPY_THREADS`` (read once).
+COPY_THREADS, ENV_PROBLEM = copy_threads_default()
+
+
+class _Job:
+    """One split copy: its ranges, who takes the next, who finished, the first error."""
+
+    __slots__ = ("done", "error", "finished", "parts", "take")
+
+    def __init__(self, parts: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        self.parts = parts
+        self.take = itertools.count().__next__  # atomic under the GIL
+        self.finished = itertools.count(1).__next__
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.error: BaseException | None = None
+
+    def work(self) -> None:
+        parts, n = self.parts, len(self.parts)
+        while True:
+            i = self.take()
+            if i >= n:
+                return
+            dst, src = parts[i]
+            try:
+                np.copyto(dst, src, casting="unsafe")  # the whole copy's casting was checked
+            except BaseException as exc:  # kept for the caller, who raises it
+                if self.error is None:
+                    self.error = exc
+            if self.finished() == n:
+                self.done.release()
+
+
+class CopyPool:
+    """A client's helper threads for large copies (``threads`` of them; 0: every copy inline).
+
+    ``copyto(dst, src)`` is ``np.copyto(dst, src, casting=...)`` with the same result, bit for
+    bit; it is split only when ``dst`` holds at least ``min_bytes``, the shapes are equal, the
+    dtype holds no objects, no other thread is splitting a copy on this pool, and the pool is
+    open. Thread-safe; ``close`` ends the helpers (a later large copy runs inline).
+    """
+
+    def __init__(self, threads: int | None = None, min_bytes: int | None = None) -> None:
+        self.threads = max(0, int(COPY_THREADS if threads is None else threads))
+        wanted = MIN_BYTES if min_bytes is None else int(min_bytes)
+        self.min_bytes = max(2 * MIN_RANGE, wanted) if self.threads else 1 << 62
+        self.split = 0  # copies split so far (tests, benchmarks)
+        self._busy = threading.Lock()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._helpers: list[threading.Thread] = []
+        self._pid = 0
+        self._closed = False
+
+    @property
+    def started(self) -> bool:
+        """True while helper threads of this process are running."""
+        return bool(self._helpers) and self._pid == os.getpid()
+
+    def copyto(self, dst: np.ndarray, src: np.ndarray, casting: Any = "same_kind") -> None:
+        """``np.copyto(dst, src, casting=casting)``, on several CPUs when it is large."""
+        if dst.nbytes < self.min_bytes or dst.shape != src.shape or dst.dtype.hasobject \
+                or src.dtype.hasobject or not np.can_cast(src.dtype, dst.dtype, casting) \
+                or not self._busy.acquire(blocking=False):
+            np.copyto(dst, src, casting=casting)
+            return
+        try:
+            parts = _ranges(dst, src, (self.threads + 1) * RANGES_EACH)
+            if len(parts) < 2 or not self._start():
+                np.copyto(dst, src, casting=casting)
+                return
+            job = _Job(parts)
+            put = self._jobs.put
+            for _ in range(min(self.threads, len(parts) - 1)):
+                put(job)
+            job.work()
+            job.done.acquire()
+            self.split += 1
+            if job.error is not None:
+                raise job.error
+        finally:
+            self._busy.release()
+
+    def empty_copy(self, value: np.ndarray) -> np.ndarray:
+        """A new C-ordered array equal to ``value``: ``np.array(value, copy=True, order="C")``.
+
+        A large one's pages are first touched by the threads that copy into them.
+        """
+        if value.nbytes < self.min_bytes:
+            return np.array(value, copy=True, order="C")
+        out = np.empty(value.shape, dtype=value.dtype)
+        self.copyto(out, value, casting="no")
+        return out
+
+    def close(self) -> None:
+        """End the helper threads (idempotent); later copies run in the calling thread."""
+        with self._busy:
+            self._closed = True
+            helpers, self._helpers = self._helpers, []
+            if self._pid == os.getpid():
+                for _ in helpers:
+                    self._jobs.put(None)
+                for t in helpers:
+                    t.join(timeout=5)
+
+    def _start(self) -> bool:
+        if self._closed:
+            return False
+        if self._helpers and self._pid == os.getpid():
+            return True
+        # First large copy (or the first in a forked child, which has none of the threads).
+        self._jobs = queue.SimpleQueue()
+        self._pid = os.getpid()
+        self._helpers = [threading.Thread(target=_serve, args=(self._jobs,), daemon=True,
+                                          name=f"xstage-copy-{i}") for i in range(self.threads)]
+        for t in self._helpers:
+            t.start()
+        return True
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        job.work()
+
+
+def _ranges(dst: np.ndarray, src: np.ndarray, most: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """At most ``most`` pairs of (dst part, src part) that cover both once.
+
+    Where both are C-contiguous each part is one contiguous byte range of at least about
+    ``MIN_RANGE`` bytes, starting on a page (the first excepted); else the first axis longer
+    than 1 is split (each part of a C-contiguous ``dst`` is still one byte range).
+    """
+    n = min(most, dst.nbytes // MIN_RANGE)
+    if n < 2:
+        return []
+    if dst.flags.c_contiguous and src.flags.c_contiguous:
+        d, s = dst.reshape(-1), src.reshape(-1)  # views: both are contiguous
+        count, item = d.size, dst.dtype.itemsize
+        step = -(-count // n)
+        first = 0
+        if item and _PAGE % item == 0:  # ranges start on pages: one thread faults each page
+            per_page = _PAGE // item
+            step = -(-step // per_page) * per_page
+            first = (-d.__array_interface__["data"][0] % _PAGE) // item
+        cuts = [0, *range(first + step if first else step, count, step), count]
+        return [(d[a:b], s[a:b]) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+    # A strided side (a transposed input, a sliced view): split the first axis longer than 1.
+    while dst.ndim > 1 and dst.shape[0] == 1:
+        dst, src = dst[0], src[0]
+    rows = dst.shape[0] if dst.ndim else 0
+    n = min(n, rows)
+    if n < 2:
+        return []
+    step = -(-rows // n)
+    return [(dst[i:i + step], src[i:i + step]) for i in range(0, rows, step)]
