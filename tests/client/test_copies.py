@@ -20,8 +20,16 @@ from xstage.client import WorkerClient, copies, worker
 from xstage_remote import shm
 
 RANGE = copies.MIN_RANGE
+READ_LOAD = copies._read_load  # before the autouse fixture replaces it
 #: Not a multiple of a range, nor of a page: the last range is short and ends mid-page.
 ODD = 5 * RANGE + 4093
+
+
+@pytest.fixture(autouse=True)
+def _an_idle_machine(monkeypatch):
+    """The split must run whatever else loads this machine: the load reads as unknown (every
+    helper wakes); ``test_a_busy_machine_copies_inline`` sets it."""
+    monkeypatch.setattr(copies, "_read_load", lambda: None)
 
 
 @pytest.fixture
@@ -146,6 +154,33 @@ def test_callers_on_several_threads_each_get_their_own_bytes(pool) -> None:
     for t in threads:
         t.join()
     assert not errors_seen and pool.split > 0
+
+
+@pytest.mark.parametrize(("threads", "load", "allowed", "want"), [
+    (4, None, 16, 4), (4, (1, 16), 16, 4), (4, (14, 16), 16, 2), (4, (16, 16), 16, 0),
+    (4, (40, 16), 16, 0), (4, (2, 16), 3, 1), (2, (1, 2), 2, 1), (2, (2, 2), 2, 0),
+])
+def test_helpers_wake_only_onto_free_cpus(threads, load, allowed, want) -> None:
+    assert copies.free_helpers(threads, load, allowed) == want
+
+
+def test_a_busy_machine_copies_inline_and_an_idle_one_splits(monkeypatch, pool) -> None:
+    load = [(64, 2)]
+    monkeypatch.setattr(copies, "_read_load", lambda: load[0])
+    monkeypatch.setattr(copies, "LOAD_SAMPLE_SECONDS", 0.0)
+    src = np.arange(ODD, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    pool.copyto(dst, src)
+    assert pool.split == 0 and dst.tobytes() == src.tobytes() and not pool.started
+    load[0] = (1, 64)
+    dst[:] = 0
+    pool.copyto(dst, src)
+    assert pool.split == 1 and dst.tobytes() == src.tobytes()
+
+
+def test_the_load_reader_reads_this_machine() -> None:
+    got = READ_LOAD()
+    assert got is not None and got[0] >= 1 and got[1] >= 1  # Linux: /proc/loadavg is there
 
 
 @pytest.mark.parametrize(("raw", "want"), [("0", 0), (" 3 ", 3), ("64", 64)])
