@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
 
@@ -61,6 +62,33 @@ def measure(size: int, pools: dict[int, copies.CopyPool], rounds: int, calls: in
             "ratio": {n: med[n] / med[n.split(",")[0] + ", 1 thread"] for n in med}}
 
 
+def gil_released(size: int = 32 << 20, copies_n: int = 20) -> dict:
+    """Does ``np.copyto`` let go of the GIL? A pure-Python counter thread counts while this
+    thread copies, then while it sleeps: near-equal rates say the copy released the GIL."""
+    src = np.ones(size, np.uint8)
+    dst = np.empty_like(src)
+    stop, count = [False], [0]
+
+    def spin() -> None:
+        while not stop[0]:
+            count[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    time.sleep(0.01)
+    c0, t0 = count[0], time.perf_counter()
+    for _ in range(copies_n):
+        np.copyto(dst, src)
+    copying = (count[0] - c0) / (time.perf_counter() - t0)
+    c0, t0 = count[0], time.perf_counter()
+    time.sleep(0.05)
+    idle = (count[0] - c0) / (time.perf_counter() - t0)
+    stop[0] = True
+    t.join()
+    return {"counts_per_s_while_copying": copying, "counts_per_s_while_sleeping": idle,
+            "ratio": copying / idle if idle else None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default=None,
@@ -81,13 +109,17 @@ def main() -> None:
     finally:
         for pool in pools.values():
             pool.close()
-    doc = {"benchmark": "copies", "cpus": cpus, "min_bytes": copies.MIN_BYTES,
+    gil = gil_released()
+    doc = {"benchmark": "copies", "cpus": cpus, "min_bytes": copies.MIN_BYTES, "gil": gil,
            "default_helpers": copies.COPY_THREADS, "load": os.getloadavg(), "rows": rows}
     if args.json:
         print(json.dumps(doc, indent=2))
         return
     print(f"{cpus} CPUs allowed, load {doc['load'][0]:.2f}; default helpers here "
           f"{copies.COPY_THREADS}, split from {copies.MIN_BYTES} B; medians, µs (× one thread)")
+    print(f"GIL: a Python thread counted {gil['counts_per_s_while_copying']:.3g}/s while this one "
+          f"copied 32 MiB, {gil['counts_per_s_while_sleeping']:.3g}/s while it slept "
+          f"({gil['ratio']:.2f}×: np.copyto releases the GIL when near 1)")
     names = list(rows[0]["us"])
     print(f"{'bytes':>10}  " + "  ".join(f"{n:>18}" for n in names))
     for row in rows:

@@ -120,27 +120,34 @@ def free_helpers(threads: int, load: tuple[int, int] | None, allowed: int) -> in
 
 
 class _Job:
-    """One split copy: its ranges, who takes the next, who finished, the first error."""
+    """One split copy: its ranges, who takes the next, who finished, the first error.
 
-    __slots__ = ("done", "error", "finished", "parts", "take")
+    NOTE: no helper keeps a reference to a range (or to the job, whose ranges the caller drops
+    once it is done) after its last one: a view kept alive in a helper keeps the caller's output
+    array alive, and the array freed later, from the helper, after the caller's next one was
+    allocated, made glibc grow and trim its heap on every call (page faults, ~2x the copy).
+    """
 
-    def __init__(self, parts: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    __slots__ = ("done", "error", "finished", "n", "parts", "take")
+
+    def __init__(self, parts: list[tuple[np.ndarray, np.ndarray]] | None, done: Any) -> None:
         self.parts = parts
+        self.n = len(parts or ())
         self.take = itertools.count().__next__  # atomic under the GIL
         self.finished = itertools.count(1).__next__
-        self.done = threading.Lock()
-        self.done.acquire()
+        self.done = done  # the pool's, held: released by whoever finishes the last range
         self.error: BaseException | None = None
 
     def work(self) -> None:
-        parts, n = self.parts, len(self.parts)
+        n = self.n
         while True:
             i = self.take()
             if i >= n:
                 return
-            dst, src = parts[i]
             try:
-                np.copyto(dst, src, casting="unsafe")  # the whole copy's casting was checked
+                # The whole copy's casting was checked; a range taken is not done, so the
+                # caller has not dropped the ranges yet.
+                np.copyto(*self.parts[i], casting="unsafe")  # type: ignore[index]
             except BaseException as exc:  # kept for the caller, who raises it
                 if self.error is None:
                     self.error = exc
@@ -170,6 +177,10 @@ class CopyPool:
         self._pid = 0
         self._closed = False
         self._allowed = _allowed_cpus()
+        # Held between copies; one lock for every copy (a lock is malloc'd: a new one per copy
+        # lands above the last output array on the heap and made glibc trim and re-fault it).
+        self._done = threading.Lock()
+        self._done.acquire()
         self._free = self.threads  # helpers free to wake, as last sampled
         self._sampled = -1.0
 
@@ -196,12 +207,13 @@ class CopyPool:
             if len(parts) < 2 or not self._start():
                 np.copyto(dst, src, casting=casting)
                 return
-            job = _Job(parts)
+            job = _Job(parts, self._done)
             put = self._jobs.put
             for _ in range(min(helpers, len(parts) - 1)):
                 put(job)
             job.work()
             job.done.acquire()
+            job.parts = None  # the views go here, in the caller (see _Job)
             self.split += 1
             if job.error is not None:
                 raise job.error
@@ -251,6 +263,7 @@ def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
         if job is None:
             return
         job.work()
+        job = None  # not kept while this thread waits for the next (see _Job)
 
 
 def _ranges(dst: np.ndarray, src: np.ndarray, most: int) -> list[tuple[np.ndarray, np.ndarray]]:
