@@ -300,3 +300,23 @@ def test_the_identity_graph_still_round_trips_with_copy_threads(graphs, monkeypa
         assert w._copies.split == 0
     for name, value in feeds.items():
         assert out[f"{name}_out"].tobytes() == value.tobytes()
+
+
+def test_pipelined_requests_in_several_sets_keep_their_own_bytes(monkeypatch, tmp_path) -> None:
+    """depth 3: each set's write plan splits its copy; every future gets its own request's
+    values back, in order, while the next requests' inputs are written."""
+    monkeypatch.setattr(copies, "COPY_THREADS", 2)
+    rng = np.random.default_rng(7)
+    feeds = [{"f32": rng.standard_normal((3, 333, 1031)).astype(np.float32),
+              "f16": rng.standard_normal((1, 1_200_001)).astype(np.float16),
+              "u8": rng.integers(0, 256, ODD, dtype=np.uint8), "f64": np.zeros((0, 3))}
+             for _ in range(7)]
+    with WorkerClient(sys.executable, depth=3) as w:
+        w.load(_big_identity(tmp_path))
+        assert w._region is not None and w._region.n_sets == 3
+        futures = [w.submit(f) for f in feeds]
+        for fut, sent in zip(futures, feeds, strict=True):
+            got = fut.result(timeout=120)
+            for name, value in sent.items():
+                assert got[f"{name}_out"].tobytes() == value.tobytes(), name
+        assert w._copies.split >= 6 * len(feeds) // 2  # most copies split (one at a time)
