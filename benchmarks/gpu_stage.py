@@ -16,6 +16,9 @@ over every call:
 * ``xstage old``: ``--ep-option pinned_region=off cuda_graphs=off`` (pageable copies, eager);
 * ``xstage eager``: the pinned region, eager (``cuda_graphs=off``);
 * ``xstage graph``: the pinned region and the CUDA graph (the default);
+* ``xstage graph 1cpu``: the same with the client's copies into and out of the region on the
+  calling thread alone (``client/copies.py`` off; opened only where its helpers are on by
+  default, from 4 CPUs, or ``XSTAGE_COPY_THREADS``): the A/B of the copy helpers (issue 20);
 * ``inproc device``: CUDA tensors in, the module, one sync (no host copy at all);
 * ``xstage device``: ``--ep-option device_tensors=on``, CUDA tensors in, views of the worker's
   device slots out (the graph on; device-to-device copies only);
@@ -43,10 +46,21 @@ import numpy as np
 #: CPU would cost minutes per arm; the gate itself is what tests/gpu checks.
 TOLERANCE = {"elem_a": 1e-5}
 ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstage graph",
-        "inproc device", "xstage device", "xstage in place")
+        "xstage graph 1cpu", "inproc device", "xstage device", "xstage in place")
 XS_OPTIONS = {"xstage old": {"pinned_region": "off", "cuda_graphs": "off"},
               "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {},
-              "xstage device": {"device_tensors": "on"}}
+              "xstage graph 1cpu": {}, "xstage device": {"device_tensors": "on"}}
+
+
+def _copies_on_one_thread(stage):
+    """The stage's client copies on the calling thread alone (the A/B of ``client/copies.py``)."""
+    from xstage.client import copies
+
+    client = stage._client
+    client._copies.close()
+    client._copies = copies.CopyPool(0)
+    if client._region is not None:
+        client._region.use_copier(None)
 
 
 #: Where an xstage call's time goes, in µs (one clock, CLOCK_MONOTONIC, in both processes; the
@@ -168,15 +182,20 @@ def _inproc(torch, path, feeds, names):
 
 def bench_stage(torch, name, path, rounds, calls, say, arms=None):
     import xstage
+    from xstage.client import copies
 
     stages = {}
     for arm, opts in XS_OPTIONS.items():
         if arms and arm not in arms and arm != "xstage graph":  # the graph arm is the reference
             continue
+        if arm == "xstage graph 1cpu" and not copies.COPY_THREADS:
+            continue  # the same as "xstage graph" here: no helpers to turn off
         t0 = time.perf_counter()
         stages[arm] = xstage.open_stage(path, route="torch-cuda", ep_options=opts or None,
                                         record_on_close=False, depth=1, tolerance=TOLERANCE)
         say(f"  {name}: {arm} opened in {time.perf_counter() - t0:.1f} s")
+        if arm == "xstage graph 1cpu":
+            _copies_on_one_thread(stages[arm])
     feeds = dict(stages["xstage graph"].inputs)
     names = [i.name for i in stages["xstage graph"].artifact.inputs]
     pageable, pinned_call, gpu_ms, device_call = _inproc(torch, path, feeds, names)
@@ -196,7 +215,7 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
             if not np.array_equal(got[k], v):
                 say(f"  {name}: xstage device output {k} differs from the graph's by "
                     f"{float(np.max(np.abs(got[k] - v))):.3g}")
-    for arm in [a for a in ("xstage old", "xstage eager") if a in stages]:
+    for arm in [a for a in ("xstage old", "xstage eager", "xstage graph 1cpu") if a in stages]:
         got = stages[arm](feeds)
         for k, v in ref.items():
             if not np.array_equal(np.asarray(got[k]), v):
@@ -309,14 +328,15 @@ def residue(say):
 
 def table(rows):
     head = ("stage", "gpu ms", *[f"{a} ms" for a in ARMS], "graph/pageable", "graph/pinned",
-            "eager/pageable")
+            "eager/pageable", "graph 1cpu/pageable")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         base, pin = r["inproc pageable"], r["inproc pinned"]
         lines.append(" | ".join([r["stage"], f"{r['gpu_ms']:.3f}",
                                  *[f"{r[a]:.3f}" for a in ARMS],
                                  f"{r['xstage graph'] / base:.3f}", f"{r['xstage graph'] / pin:.3f}",
-                                 f"{r['xstage eager'] / base:.3f}"]))
+                                 f"{r['xstage eager'] / base:.3f}",
+                                 f"{r['xstage graph 1cpu'] / base:.3f}"]))
     lines.append("")
     lines.append("stage | gpu ms | inproc device ms | arm | round trip ms | - gpu µs | "
                  "- inproc device µs | worker ms")

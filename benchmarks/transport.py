@@ -33,8 +33,14 @@ count, the xstage arm's 64 B half round trip ≤ 1.5× the TCP arm's and its ove
 8.8 MB ≤ 0.5× the TCP arm's. ``--verbose`` prints the doorbell's decisions (spin or block, and
 why) for each xstage arm.
 
-Run: ``python benchmarks/transport.py [--json] [--rounds N] [--busy N] [--verbose]``. Not a test:
-nothing asserts.
+``--copy-threads N`` is the A/B of the client's large copies (``client/copies.py``, issues 14
+and 20): the ``xstage`` arms copy on the caller's thread alone, the ``xstage-pool`` arms split
+copies of at least ``copies.MIN_BYTES`` across N helper threads besides it, interleaved in one
+run; a line per payload puts copies, overhead and this process's CPU time per call (``CPU``:
+every thread's, the helpers' included) side by side.
+
+Run: ``python benchmarks/transport.py [--json] [--rounds N] [--busy N] [--copy-threads N]
+[--verbose]``. Not a test: nothing asserts.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from xstage import builtin_graphs
-from xstage.client import WorkerClient
+from xstage.client import WorkerClient, copies
 from xstage_remote import shm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -110,12 +116,19 @@ class Arm:
         self.rt: dict[str, list[int]] = {s: [] for s in STATES}
         self.worker: dict[str, list[int]] = {s: [] for s in STATES}
         self.copies: dict[str, list[int]] = {s: [] for s in STATES}
+        # This process's CPU time per call (every thread: the copy helpers' too), per round.
+        self.cpu: dict[str, list[float]] = {s: [] for s in STATES}
+        #: Copies the client split across its copy helpers, of all (``--copy-threads``).
+        self.split: Callable[[], int] | None = None
+        self.calls = 0
         self.decisions: dict[str, dict] = {}
 
 
 def _xstage_arm(name: str, graph: Path, x: np.ndarray, n_out: int, *, shm_mode: str,
-                use_out: bool, transport: str = "local") -> Arm:
+                use_out: bool, transport: str = "local", copy_threads: int | None = None) -> Arm:
     client = WorkerClient(sys.executable, shm_mode=shm_mode, transport=transport)
+    if copy_threads is not None:  # --copy-threads: this arm's copy helpers, whatever the default
+        client._copies = copies.CopyPool(copy_threads)
     client.start()
     client.load(graph)
     out = {"y": np.empty(n_out, np.float32)} if use_out else None
@@ -126,7 +139,9 @@ def _xstage_arm(name: str, graph: Path, x: np.ndarray, n_out: int, *, shm_mode: 
         return client.last_timing.get("worker_ns", 0)
 
     waits = getattr(client, "waits", None) if shm_mode != "off" else None
-    return Arm(name, call, client.close, lambda: client.last_timing, waits)
+    arm = Arm(name, call, client.close, lambda: client.last_timing, waits)
+    arm.split = lambda: client._copies.split
+    return arm
 
 
 def _tcp_arm(x: np.ndarray, n_out: int) -> Arm:
@@ -214,6 +229,7 @@ def _summarize(arm: Arm, state: str, floor: float, n_in: int) -> dict:
         "ratio_vs_memcpy": med_over / floor if floor else None,
         "gbps_each_way": n_in * 4 / (med_over / 2) if med_over > 0 else None,
         "samples": len(arm.rt[state]),
+        "client_cpu_us": statistics.median(arm.cpu[state]) / 1e3 if arm.cpu[state] else None,
     }
     if arm.copies[state]:
         # The overhead split: the caller's two copies (one each way, across cores: the
@@ -249,9 +265,14 @@ def _add_waits(total: dict, more: dict) -> None:
 
 
 def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS,
-            neighbours: Neighbours | None = None) -> dict[str, list[dict]]:
+            neighbours: Neighbours | None = None,
+            copy_threads: int | None = None) -> dict[str, list[dict]]:
     """Every arm, per payload, in interleaved rounds; with ``neighbours``, each round twice:
-    quiet (the neighbours stopped), then busy. Returns the rows per state."""
+    quiet (the neighbours stopped), then busy. Returns the rows per state.
+
+    ``copy_threads`` (``--copy-threads N``): the ``xstage`` arms copy on the caller's thread
+    alone and the ``-pool`` arms on N helpers besides it (``client/copies.py``), interleaved."""
+    plain = None if copy_threads is None else 0
     states = STATES if neighbours is not None and neighbours.n else STATES[:1]
     results: dict[str, list[dict]] = {state: [] for state in states}
     for label, n_in, n_out in PAYLOADS:
@@ -259,9 +280,15 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS,
         x = np.random.default_rng(0).standard_normal(n_in).astype(np.float32)
         makers = {
             "xstage": lambda g=graph, x=x, n=n_out: _xstage_arm("xstage", g, x, n, shm_mode="auto",
-                                                              use_out=False),
+                                                              use_out=False, copy_threads=plain),
             "xstage-out": lambda g=graph, x=x, n=n_out: _xstage_arm("xstage-out", g, x, n,
-                                                                  shm_mode="auto", use_out=True),
+                                                                  shm_mode="auto", use_out=True,
+                                                                  copy_threads=plain),
+            "xstage-pool": lambda g=graph, x=x, n=n_out: _xstage_arm(
+                "xstage-pool", g, x, n, shm_mode="auto", use_out=False, copy_threads=copy_threads),
+            "xstage-out-pool": lambda g=graph, x=x, n=n_out: _xstage_arm(
+                "xstage-out-pool", g, x, n, shm_mode="auto", use_out=True,
+                copy_threads=copy_threads),
             "inline": lambda g=graph, x=x, n=n_out: _xstage_arm("inline", g, x, n, shm_mode="off",
                                                               use_out=False),
             "tcp-auth": lambda g=graph, x=x, n=n_out: _xstage_arm("tcp-auth", g, x, n,
@@ -284,14 +311,17 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS,
                         neighbours.quiet()
                     for arm in arms:
                         before = arm.waits() if arm.waits else {}
+                        cpu0 = time.process_time_ns()
                         for _ in range(per_round):
                             t0 = time.perf_counter_ns()
                             w = arm.call()
                             arm.rt[state].append(time.perf_counter_ns() - t0)
+                            arm.calls += 1
                             arm.worker[state].append(w)
                             t = arm.timing() if arm.timing else {}
                             if "copy_out_ns" in t:
                                 arm.copies[state].append(t["copy_in_ns"] + t["copy_out_ns"])
+                        arm.cpu[state].append((time.process_time_ns() - cpu0) / per_round)
                         if arm.waits:
                             _add_waits(arm.decisions.setdefault(state, {}),
                                        _waits_delta(arm.waits(), before))
@@ -309,6 +339,9 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS,
                    "floor_us": floor / 1e3, "mac_us_per_mib": mac_us_per_mib(), "arms": {}}
             for arm in arms[1:]:
                 row["arms"][arm.name] = _summarize(arm, state, floor, n_in)
+                if arm.split is not None:  # both states together, warm-up included
+                    row["arms"][arm.name]["copies_split"] = arm.split()
+                    row["arms"][arm.name]["calls"] = arm.calls + 50
             first = "xstage" if "xstage" in row["arms"] else next(iter(row["arms"]))
             row["ratio_vs_memcpy"] = row["arms"][first]["ratio_vs_memcpy"]
             results[state].append(row)
@@ -334,17 +367,20 @@ def targets(rows: list[dict]) -> list[dict]:
 
 #: Arms that move megabytes through sockets or pickle flush the caches the shared-memory arms
 #: live in, so they are interleaved with their own floor in a second phase of the same run.
-PHASES = (("xstage", "xstage-out"), ("inline", "tcp-auth", "tcp", "mp-pickle"))
+PHASES = (("xstage", "xstage-out", "xstage-pool", "xstage-out-pool"),
+          ("inline", "tcp-auth", "tcp", "mp-pickle"))
 
 
 def _run(args: argparse.Namespace, tmp: Path, neighbours: Neighbours) -> dict[str, list[dict]]:
     wanted = [a for a in args.arms.split(",") if a]
+    if args.copy_threads is not None:
+        wanted += [f"{a}-pool" for a in ("xstage", "xstage-out") if a in wanted]
     results: dict[str, list[dict]] = {}
     for phase in PHASES:
         arms = tuple(a for a in phase if a in wanted)
         if not arms:
             continue
-        by_state = measure(args.rounds, args.calls, tmp, arms, neighbours)
+        by_state = measure(args.rounds, args.calls, tmp, arms, neighbours, args.copy_threads)
         for state, rows in by_state.items():
             if state not in results:
                 results[state] = rows
@@ -356,16 +392,18 @@ def _run(args: argparse.Namespace, tmp: Path, neighbours: Neighbours) -> dict[st
 
 
 def _print_rows(rows: list[dict], verbose: bool) -> None:
-    print(f"{'payload':<18}{'arm':<12}{'round trip':>12}{'worker':>10}{'overhead':>10}"
-          f"{'half RTT':>10}{'× floor':>9}{'GB/s':>7}{'copies':>10}{'× floor':>9}{'rest':>9}")
+    print(f"{'payload':<18}{'arm':<16}{'round trip':>12}{'worker':>10}{'overhead':>10}"
+          f"{'half RTT':>10}{'× floor':>9}{'GB/s':>7}{'CPU':>9}{'copies':>10}{'× floor':>9}"
+          f"{'rest':>9}")
     for row in rows:
-        print(f"{row['payload']:<18}{'floor':<12}{row['floor_us']:>10.1f}µs   "
+        print(f"{row['payload']:<18}{'floor':<16}{row['floor_us']:>10.1f}µs   "
               f"(HMAC-SHA256: {row['mac_us_per_mib']:.0f} µs/MiB, "
               f"{(1 << 20) / row['mac_us_per_mib'] / 1e3:.2f} GB/s on one core)")
         for name, a in row["arms"].items():
-            line = (f"{'':<18}{name:<12}{a['round_trip_us']:>10.1f}µs{a['worker_us']:>8.1f}µs"
+            line = (f"{'':<18}{name:<16}{a['round_trip_us']:>10.1f}µs{a['worker_us']:>8.1f}µs"
                     f"{a['overhead_us']:>8.1f}µs{a['half_round_trip_us']:>8.1f}µs"
-                    f"{a['ratio_vs_memcpy']:>9.2f}{a['gbps_each_way'] or 0:>7.2f}")
+                    f"{a['ratio_vs_memcpy']:>9.2f}{a['gbps_each_way'] or 0:>7.2f}"
+                    f"{a['client_cpu_us'] or 0:>7.1f}µs")
             if "copies_us" in a:
                 line += (f"{a['copies_us']:>8.1f}µs{a['copies_vs_memcpy']:>9.2f}"
                          f"{a['rest_us']:>7.1f}µs")
@@ -392,16 +430,23 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=0, metavar="N",
                         help="also measure every arm beside N busy-looping processes "
                              "(quiet and busy rounds interleaved; N = the core count for issue 14)")
+    parser.add_argument("--copy-threads", type=int, default=None, metavar="N",
+                        help="A/B of the client's large copies: the xstage arms on the caller's "
+                             "thread alone beside -pool arms with N copy helpers (client/copies.py)"
+                             ", interleaved in one run")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="print the doorbell's decisions (spin or block, and why) per arm")
     args = parser.parse_args()
     if args.busy < 0:
         parser.error("--busy takes a number of processes >= 0")
+    if args.copy_threads is not None and not 0 < args.copy_threads <= copies.MAX_THREADS:
+        parser.error(f"--copy-threads takes 1 to {copies.MAX_THREADS} helper threads")
     with tempfile.TemporaryDirectory() as tmp, Neighbours(args.busy) as neighbours:
         os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
         results = _run(args, Path(tmp), neighbours)
     doc: dict = {"benchmark": "transport", "python": sys.version.split()[0],
-                 "cpus": os.cpu_count(), "results": results["quiet"],
+                 "cpus": os.cpu_count(), "copy_threads": args.copy_threads,
+                 "copy_threads_default": copies.COPY_THREADS, "results": results["quiet"],
                  "targets": {"quiet": targets(results["quiet"])}}
     if "busy" in results:
         doc["busy"] = {"processes": args.busy, "results": results["busy"]}
@@ -414,6 +459,18 @@ def main() -> None:
             print(f"\n{state}" + (f" ({args.busy} busy-looping processes beside it)"
                                    if state == "busy" else ""))
         _print_rows(rows, args.verbose)
+    for state, rows in results.items():
+        for row in rows:
+            for arm in ("xstage", "xstage-out"):
+                a, b = row["arms"].get(arm), row["arms"].get(f"{arm}-pool")
+                if a and b and "copies_us" in a and "copies_us" in b and a["copies_us"] > 0:
+                    print(f"{state:<6}{row['payload']:<18}{arm}: copies {a['copies_us']:.1f} → "
+                          f"{b['copies_us']:.1f} µs with {args.copy_threads} helpers "
+                          f"({b['copies_us'] / a['copies_us']:.2f}×; × floor "
+                          f"{a['copies_vs_memcpy']:.2f} → {b['copies_vs_memcpy']:.2f}), overhead "
+                          f"{a['overhead_us']:.1f} → {b['overhead_us']:.1f} µs, process CPU/call "
+                          f"{a['client_cpu_us']:.1f} → {b['client_cpu_us']:.1f} µs; "
+                          f"{b['copies_split']} copies split in {b['calls']} calls")
     for state, checks in doc["targets"].items():
         for c in checks:
             print(f"{state:<6}{c['payload']:<18}xstage {c['figure']} {c['xstage']:.1f} µs = "

@@ -510,6 +510,9 @@ class Region:
         self._feeds = {}  # (set, the inputs' descriptor bytes) -> {name: view}
         self._spans = {}  # (set, input names) -> the inputs' descriptors (start, end), or ()
         self._outs = {}  # (slot index, descriptor bytes) -> view
+        #: Who copies large inputs into their slots (``use_copier``), and from what size.
+        self.copier = None
+        self._copy_min = 1 << 62
         self._closed = False
 
     # ------------------------------------------------------------------ creation / attach
@@ -598,6 +601,7 @@ class Region:
         self._closed = True
         self._views.clear()
         self._writes.clear()
+        self.copier, self._copy_min = None, 1 << 62
         self._feeds.clear()
         self._outs.clear()
         self.handed_over()
@@ -701,13 +705,22 @@ class Region:
         i = self.index.get((s, role, name))
         return None if i is None else self.slots[i]["capacity"]
 
+    def use_copier(self, copier):
+        """Copy inputs of at least ``copier.min_bytes`` with ``copier.copyto(dst, src,
+        casting)`` (the client's ``CopyPool``: the same bytes, on several CPUs); None: every
+        copy is one ``np.copyto``. Write plans made before are dropped (each says which copy)."""
+        self.copier = copier
+        self._copy_min = 1 << 62 if copier is None else copier.min_bytes
+        self._writes.clear()
+
     def write(self, role, name, arr, s=0):
         """Copy ``arr`` into its slot and describe it; False if it has no slot or does not fit.
 
         One copy, straight into the slot (``np.copyto`` into a view of the mapping: no
-        intermediate bytes). A (set, slot, dtype, shape) seen before reuses its descriptor's
-        packed bytes and its view: a call of a known signature costs one slice assignment and
-        the copy."""
+        intermediate bytes; a large one split across the copier's threads, ``use_copier``). A
+        (set, slot, dtype, shape) seen before reuses its descriptor's packed bytes, its view and
+        its choice of copy: a call of a known signature costs one slice assignment and the
+        copy."""
         key = (s, role, name, arr.dtype, arr.shape)
         plan = self._writes.get(key)
         if plan is None:
@@ -719,14 +732,18 @@ class Region:
                 return False
             view = self.view(role, name, arr.dtype, arr.shape, s) if nbytes else None
             off = self.desc_off + i * DESC.size
-            plan = (off, off + DESC.size, self._packed_desc(i, arr.shape, nbytes), view)
+            plan = (off, off + DESC.size, self._packed_desc(i, arr.shape, nbytes), view,
+                    nbytes >= self._copy_min)
             if len(self._writes) > 64 * self.n_sets:
                 self._writes.clear()
             self._writes[key] = plan
-        off, end, raw, view = plan
+        off, end, raw, view, large = plan
         self.mm[off:end] = raw
         if view is not None:
-            np.copyto(view, arr, casting="no")
+            if large:
+                self.copier.copyto(view, arr, "no")
+            else:
+                np.copyto(view, arr, casting="no")
         return True
 
     def inputs(self, s, names):

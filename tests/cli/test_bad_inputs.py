@@ -117,6 +117,7 @@ def test_json_that_cannot_be_written_keeps_the_home_record(xstage_home, tmp_path
     ("XSTAGE_SPIN_SECONDS", "abc"),
     ("XSTAGE_SPIN_SECONDS", "-1"),
     ("XSTAGE_LOG_KEEP", "lots"),
+    ("XSTAGE_COPY_THREADS", "lots"),
 ])
 def test_a_malformed_setting_is_a_usage_error_naming_it(xstage_home, name, value):
     ran = _external(xstage_home, env={name: value})

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from xstage import errors
-from xstage.client import connect_back, device_slots
+from xstage.client import connect_back, copies, device_slots
 from xstage.client.deadlines import Deadlines, DeadlineSocket
 from xstage.client.pipeline import USE_DEADLINE, Outputs, Pipeline, StageFuture
 from xstage.client.staging import local_hash, worker_argv
@@ -73,6 +73,8 @@ def _settings_usable() -> None:
     """
     if shm.ENV_PROBLEMS:
         raise errors.UsageError(shm.ENV_PROBLEMS[0])
+    if copies.ENV_PROBLEM:
+        raise errors.UsageError(copies.ENV_PROBLEM)
     try:
         prune_logs()
     except ValueError as exc:
@@ -184,6 +186,9 @@ class WorkerClient:
         self._expected_s = 0.0  # moving average of the worker's compute time per call
         self._copy_in_ns = 0
         self._outputs: list[dict[str, Any]] = []
+        #: Helper threads for large copies into and out of the region (``copies.py``; none
+        #: start before the first such copy).
+        self._copies = copies.CopyPool()
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> WorkerClient:
@@ -365,6 +370,7 @@ class WorkerClient:
             self._lock.release()
         self._pipe.close(errors.StageClosed(f"the {self.route} worker was closed"))
         self._pipe.release()
+        self._copies.close()
 
     def _kill_group(self) -> None:
         """SIGKILL the worker's process group without touching descriptors (thread-safe)."""
@@ -789,6 +795,8 @@ class WorkerClient:
         if self._region is not None:
             self._region.close()  # the worker let go of it when it attached the new one
         self._region = region
+        if self._copies.threads:
+            region.use_copier(self._copies)
         self._pipe.reset_sets()
         assert self._bell is not None
         self._bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP, nudge=True)
@@ -907,14 +915,20 @@ class WorkerClient:
                 result[name] = _fill(target, value, name)
         return result
 
-    @staticmethod
-    def _fill_output(target: np.ndarray | None, value: np.ndarray, name: str) -> np.ndarray:
-        return _fill(target, value, name)
+    def _fill_output(self, target: np.ndarray | None, value: np.ndarray, name: str) -> np.ndarray:
+        """A region output copied out (``_fill``), a large one on the copy threads."""
+        return _fill(target, value, name, self._copies)
 
 
-def _fill(target: np.ndarray | None, value: np.ndarray, name: str) -> np.ndarray:
-    """Copy ``value`` into ``target`` when given (checked), else into a new owned array."""
+def _fill(target: np.ndarray | None, value: np.ndarray, name: str,
+          pool: copies.CopyPool | None = None) -> np.ndarray:
+    """Copy ``value`` into ``target`` when given (checked), else into a new owned array.
+
+    ``pool``, when given, splits a large copy (and a new array's first touch) across threads.
+    """
     if target is None:
+        if pool is not None:
+            return pool.empty_copy(value)
         return np.array(value, copy=True, order="C")
     if target.dtype != value.dtype or target.shape != value.shape or not target.flags.c_contiguous:
         raise errors.InputError(
@@ -922,5 +936,8 @@ def _fill(target: np.ndarray | None, value: np.ndarray, name: str) -> np.ndarray
             f"{value.dtype}{tuple(value.shape)}",
             remedy="pass a C-contiguous array of the output's dtype and shape, or no out",
         )
-    np.copyto(target, value)
+    if pool is not None:
+        pool.copyto(target, value)
+    else:
+        np.copyto(target, value)
     return target
