@@ -240,6 +240,11 @@ PREEMPTED_SECONDS = _env_number("XSTAGE_PREEMPTED_SECONDS", 0.0002, float, "0.00
 #: How often a waiter re-reads the machine's runnable tasks (waitpolicy rule 5): ~3.6 µs a
 #: read here, so at most every 10 ms costs nothing measurable and follows a load that changes.
 LOAD_SAMPLE_SECONDS = 0.01
+#: A caller waiting for a call expected to be long sleeps until this many seconds before the
+#: expected answer, then spins (waitpolicy rule 3, ``near_end``; 0: off). Why 100 µs: a timed
+#: sleep ends up to 50 µs late (Linux's default timer slack) and a sleeping CPU takes tens of
+#: µs more to wake; the spin that follows is at most three times this.
+NEAR_END_SECONDS = _env_number("XSTAGE_NEAR_END_SECONDS", 0.0001, float, "0.0001")
 #: ``XSTAGE_WAIT_TRACE=DIR``: each doorbell records its decisions, their inputs and what each
 #: wait saw, and writes them to ``DIR/wait-<role>-<pid>-<n>.json`` at exit
 #: (``scripts/record_wait_traces.py``; the policy's tests replay such traces).
@@ -961,7 +966,8 @@ class Doorbell:
         if self.policy is None:
             self.policy = waitpolicy.WaitPolicy(
                 SPIN_SECONDS if spin is None else spin, _allowed_cpus(), spinning=SPIN,
-                long_call=LONG_CALL_SECONDS, preempted=PREEMPTED_SECONDS)
+                long_call=LONG_CALL_SECONDS, preempted=PREEMPTED_SECONDS,
+                near_end=NEAR_END_SECONDS)
             if TRACE_DIR:
                 self.trace = []
                 _TRACES.append(self)
@@ -1083,7 +1089,28 @@ class Doorbell:
         if tell:
             region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
         outcome, longest, spun = "blocked", 0.0, 0.0
-        if budget > 0:
+        if budget > 0 and decision.rule == "near_end":  # sleep first, then spin (waitpolicy)
+            until = start + policy.wake(expected)
+            state = self._sleep(ready, until if deadline is None else min(deadline, until),
+                                watch, fine=True)
+            if state != "timeout" or (deadline is not None and time.monotonic() >= deadline):
+                if state == "ready":  # rung before the spin began: an early answer
+                    policy.observe(0.0, 0.0, "blocked", time.monotonic() - start)
+                    if self.trace is not None:
+                        self._record(decision, expected, 0.0, 0.0, "blocked",
+                                     time.monotonic() - start)
+                elif self.trace is not None:
+                    self._record(decision, expected, 0.0, 0.0, None, None)
+                return state
+            begun = time.monotonic()
+            outcome, longest, now = self._spin(ready, begun, budget, tell)
+            spun = now - begun
+            if outcome == "answered":
+                policy.observe(spun, longest, outcome, now - start)
+                if self.trace is not None:
+                    self._record(decision, expected, spun, longest, outcome, now - start)
+                return "ready"
+        elif budget > 0:
             outcome, longest, now = self._spin(ready, time.monotonic(), budget, tell)
             spun = now - start
             if outcome == "answered":
@@ -1149,25 +1176,26 @@ class Doorbell:
                 "spinning": p.spinning, "long_call": p.long_call, "preempted": p.preempted,
                 "window": p.window, "failures": p.failures, "min_backoff": p.min_backoff,
                 "max_backoff": p.max_backoff, "load_margin": p.load_margin,
+                "near_end": p.near_end,
                 "cpus": os.cpu_count(), "waits": list(self.trace or [])}
 
-    def _sleep(self, ready, deadline, watch):
+    def _sleep(self, ready, deadline, watch, fine=False):
         region = self.region
         if region is not None:
             region.set_flag(self.own, 1)
         try:
-            return self._block(ready, deadline, watch)
+            return self._block(ready, deadline, watch, fine)
         finally:
             if region is not None and not region.closed:
                 region.set_flag(self.own, 0)
 
-    def _block(self, ready, deadline, watch):
+    def _block(self, ready, deadline, watch, fine=False):
         # NOTE (ordering): this side's asleep flag is stored before the answer is read here,
         # and the poster stores the answer before reading the flag (``ring``): a full barrier
         # on each side, so at least one of them sees the other's store.
         _fence()
         if self._wait_fd is not None:
-            return self._block_eventfd(ready, deadline, watch)
+            return self._block_eventfd(ready, deadline, watch, fine)
         fds = [self.sock] + list(watch) if watch else [self.sock]
         while True:
             if ready():
@@ -1188,9 +1216,11 @@ class Doorbell:
                 return "watch"
 
 
-    def _block_eventfd(self, ready, deadline, watch):
+    def _block_eventfd(self, ready, deadline, watch, fine=False):
         """``_block`` on this side's eventfd (and ``watch``): one registered poll per set of
-        watched fds, so a blocked wait costs one poll and one read."""
+        watched fds, so a blocked wait costs one poll and one read. ``fine``: the deadline
+        is kept to the microsecond (``select``) rather than poll's milliseconds (the near-end
+        sleep, whose deadline is a fraction of a millisecond away)."""
         key = tuple(watch)  # the watched sockets themselves (hashed by identity)
         poll = self._polls.get(key)
         if poll is None:
@@ -1209,8 +1239,13 @@ class Doorbell:
                 timeout = deadline - time.monotonic()
                 if timeout <= 0:
                     return "timeout"
-                timeout = int(timeout * 1000) + 1  # poll's milliseconds, rounded up
-            events = poll.poll(timeout)
+                if fine:
+                    found = select.select((wait_fd,) + key, (), (), timeout)[0]
+                    events = [(wait_fd if f == wait_fd else -1, 0) for f in found]
+                else:
+                    events = poll.poll(int(timeout * 1000) + 1)  # milliseconds, rounded up
+            else:
+                events = poll.poll(None)
             bell = False
             other = False
             for fd, _ in events:

@@ -60,6 +60,27 @@ def test_rule_3_a_long_expected_call_blocks() -> None:
     assert p.decide(QUIET, expected=None).rule == "spin"
 
 
+def test_rule_3_near_end_a_long_call_with_a_cpu_free_sleeps_then_spins_near_its_end() -> None:
+    p = policy(long_call=0.0002, near_end=0.0001)
+    d = p.decide(QUIET, expected=0.0013)
+    assert d.rule == "near_end" and d.spin == pytest.approx(0.0003)  # three leads at most
+    assert p.wake(0.0013) == pytest.approx(0.0012)  # sleeps until 100 µs before the answer
+    assert p.decide(Load(16, 16), expected=0.0013) == (0.0, "long_call")  # no CPU free
+    assert p.decide(None, expected=0.0013) == (0.0, "long_call")  # load unknown
+    assert p.decide(QUIET, expected=0.0001).rule == "spin"  # a short call spins as before
+    assert policy(long_call=0.0002).decide(QUIET, expected=0.0013).rule == "long_call"  # off
+
+
+def test_rule_3_near_end_spins_that_do_not_pay_back_off_then_probe_again() -> None:
+    p = policy(long_call=0.0002, near_end=0.0001, min_backoff=4)
+    assert p.decide(QUIET, expected=0.0013).rule == "near_end"
+    p.observe(0.0003, 1e-6, "expired", 0.002)  # the call ran long: the spin found nothing
+    rules = [p.decide(QUIET, expected=0.0013).rule for _ in range(5)]
+    assert rules == ["long_call"] * 4 + ["near_end"]  # the backoff's waits, then a probe
+    answered(p, latency=0.0013)  # the probe paid: the backoff halves away
+    assert p.decide(QUIET, expected=0.0013).rule == "near_end"
+
+
 def test_rule_4_one_unpaid_spin_alone_is_no_pattern_two_are() -> None:
     """Neighbours that run in bursts preempt a spin now and then; neighbours that never sleep
     preempt every one."""
@@ -271,7 +292,7 @@ def _policy_of(doc: dict) -> WaitPolicy:
                       long_call=doc["long_call"], preempted=doc["preempted"],
                       window=doc["window"], failures=doc["failures"],
                       min_backoff=doc["min_backoff"], max_backoff=doc["max_backoff"],
-                      load_margin=doc["load_margin"])
+                      load_margin=doc["load_margin"], near_end=doc.get("near_end", 0.0))
 
 
 def _replay(doc: dict) -> list[list | None]:
@@ -362,9 +383,13 @@ def test_a_caller_that_calls_every_few_milliseconds_gets_a_worker_that_sleeps() 
     assert rules.count("spin") <= max(2, len(rules) // 50)
 
 
-def test_a_long_call_is_never_spun_for() -> None:
+def test_a_long_call_is_never_spun_for_from_its_start() -> None:
+    """Blocked (``long_call``), or asleep until near its end and then a short spin
+    (``near_end``, a CPU free): never a spin for the whole call."""
     doc = _load(TRACES[0].parent / "long_call-caller.json")
     known = [w for w in doc["waits"]
              if w["decision"] is not None and w["expected"] and w["expected"] > doc["long_call"]]
     assert known, "the trace holds no call known to be long"
-    assert {w["decision"][1] for w in known} == {"long_call"}
+    assert {w["decision"][1] for w in known} <= {"long_call", "near_end"}
+    near = [w for w in known if w["decision"][1] == "near_end"]
+    assert all(w["decision"][0] <= 3 * doc["near_end"] for w in near), near[:3]
