@@ -205,7 +205,37 @@ def test_rule_5_load_alone_never_stops_a_spin_that_pays() -> None:
         answered(p)
 
 
-def test_rule_6_answers_slower_than_the_budget_block_until_they_are_quick_again() -> None:
+def test_rule_6_a_crowded_machine_blocks_without_a_backoff_where_asked() -> None:
+    """``crowd_blocks``: a sample with more runnable tasks than CPUs (and the margin) blocks
+    even while spins pay; a sample with room spins again at once."""
+    p = policy(crowd_blocks=True)
+    for _ in range(20):
+        assert p.decide(CROWDED) == (0.0, "crowded")
+        p.observe(0.0, 0.0, "blocked", 2e-5)
+    assert p.decide(QUIET).rule == "spin"
+    answered(p)
+    assert p.decide(Load(17, 16)).rule == "crowded"  # this policy's margin is 0
+    margin = policy(crowd_blocks=True, load_margin=1)
+    assert margin.decide(Load(17, 16)).rule == "spin"  # the peer's runtime thread: room
+    assert margin.decide(Load(18, 16)).rule == "crowded"
+    assert policy(crowd_blocks=True).decide(None).rule == "spin"  # no sample: no crowd
+
+
+def test_rule_6_leaves_a_backoff_to_rules_4_and_5() -> None:
+    """While backing off, a crowded sample is rule 5's (the probe held back, then let go),
+    so the machine emptying is still noticed by a probe."""
+    p = policy(crowd_blocks=True, min_backoff=4, max_backoff=16)
+    preempted(p)
+    rules = [p.decide(CROWDED).rule for _ in range(8)]
+    assert rules == ["backoff"] * 4 + ["oversubscribed"] * 4
+    assert p.decide(CROWDED).rule == "spin"  # the probe
+
+
+def test_rule_6_is_off_by_default() -> None:
+    assert policy().decide(CROWDED).rule == "spin"
+
+
+def test_rule_7_answers_slower_than_the_budget_block_until_they_are_quick_again() -> None:
     p = policy(window=8)
     for _ in range(5):
         p.observe(0.0, 0.0, "blocked", 0.005)  # the caller calls every 5 ms
@@ -218,7 +248,7 @@ def test_rule_6_answers_slower_than_the_budget_block_until_they_are_quick_again(
     assert p.decide(QUIET).rule == "spin"  # 3 of the last 8 slow
 
 
-def test_rule_6_one_slow_answer_does_not_stop_spinning() -> None:
+def test_rule_7_one_slow_answer_does_not_stop_spinning() -> None:
     p = policy(window=8)
     for _ in range(7):
         answered(p)
@@ -271,7 +301,8 @@ def _policy_of(doc: dict) -> WaitPolicy:
                       long_call=doc["long_call"], preempted=doc["preempted"],
                       window=doc["window"], failures=doc["failures"],
                       min_backoff=doc["min_backoff"], max_backoff=doc["max_backoff"],
-                      load_margin=doc["load_margin"])
+                      load_margin=doc["load_margin"],
+                      crowd_blocks=doc.get("crowd_blocks", False))  # recorded before rule 6: off
 
 
 def _replay(doc: dict) -> list[list | None]:
