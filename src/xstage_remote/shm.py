@@ -1076,13 +1076,11 @@ class Doorbell:
             return self._sleep(ready, deadline, watch)
         decision, expected, start = made if made is not None else self._decide(expected)
         budget = decision.spin if spin is None else min(decision.spin, spin)
+        tell = _getcpu is not None  # publish where this side runs
+        if tell:
+            region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
         outcome, longest, spun = "blocked", 0.0, 0.0
         if budget > 0:
-            # Where this side spins is what the caller's shared-CPU check reads; a side that
-            # blocks at once does not publish it (a ctypes call and a store saved per wait).
-            tell = _getcpu is not None
-            if tell:
-                region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
             outcome, longest, now = self._spin(ready, time.monotonic(), budget, tell)
             spun = now - start
             if outcome == "answered":
