@@ -237,6 +237,12 @@ LONG_CALL_SECONDS = _env_number("XSTAGE_LONG_CALL_SECONDS", 0.0002, float, "0.00
 #: (a yield with nothing else to run takes ~0.3-1 µs here; a neighbour's scheduler slice is
 #: ~1-3 ms). The spin stops at once and the policy backs off (waitpolicy rule 4).
 PREEMPTED_SECONDS = _env_number("XSTAGE_PREEMPTED_SECONDS", 0.0002, float, "0.0002")
+#: ``XSTAGE_CROWD_BLOCKS=1``: a waiter blocks whenever the machine has more runnable tasks than
+#: CPUs (+1), even where its spins pay (waitpolicy rule 6): less CPU taken from busy neighbours
+#: (0.56-0.92x per 64 B call on the 2-vCPU VM beside 2 loops), for a half round trip that was
+#: 0.75-1.25x in seven interleaved runs (docs/benchmarks.md, issue 14 third pass). Off by default:
+#: the issue's target is latency, and the least loaded run lost it.
+CROWD_BLOCKS = bool(_env_number("XSTAGE_CROWD_BLOCKS", 0, int, "1"))
 #: How often a waiter re-reads the machine's runnable tasks (waitpolicy rule 5): ~3.6 µs a
 #: read here, so at most every 10 ms costs nothing measurable and follows a load that changes.
 LOAD_SAMPLE_SECONDS = 0.01
@@ -957,7 +963,8 @@ class Doorbell:
         if self.policy is None:
             self.policy = waitpolicy.WaitPolicy(
                 SPIN_SECONDS if spin is None else spin, _allowed_cpus(), spinning=SPIN,
-                long_call=LONG_CALL_SECONDS, preempted=PREEMPTED_SECONDS, crowd_blocks=True)
+                long_call=LONG_CALL_SECONDS, preempted=PREEMPTED_SECONDS,
+                crowd_blocks=CROWD_BLOCKS)
             if TRACE_DIR:
                 self.trace = []
                 _TRACES.append(self)

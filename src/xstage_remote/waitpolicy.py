@@ -49,15 +49,18 @@ Rules, in order; a decision names the rule that made it:
    alone stops a spin only by rule 6: a load sample cannot tell neighbours that run in bursts
    from neighbours that never sleep; the spins themselves can, and rule 6 holds that even a
    spin that pays is not worth its CPU on a crowded machine.
-6. ``crowded`` (only where ``crowd_blocks``; the doorbell sets it): no backoff is running, but
+6. ``crowded`` (only where ``crowd_blocks``: the doorbell sets it with ``XSTAGE_CROWD_BLOCKS=1``,
+   off by default): no backoff is running, but
    more tasks are runnable than there are CPUs (and ``load_margin``): block. A spin that is
    answered still costs its CPU time, and on a crowded machine that time is taken from the
    neighbours (an engine's decode threads) and counts against the spinner when the scheduler
    (EEVDF) decides whether a woken task may preempt one. Measured on the 2-vCPU VM beside 2
-   busy loops (issue 14, ``benchmarks/hotpath.py --compare``, five interleaved runs): before
+   busy loops (issue 14, ``benchmarks/hotpath.py --compare``, seven interleaved runs): before
    this rule spins that paid (answered ~9 in 10) left the caller 31-53 µs and the worker
-   37-53 µs of CPU per 64 B call; with it 0.56-0.87x that CPU, for a half round trip of
-   0.75-1.10x (the shared VM's noise): the spin bought no latency there, it only burnt CPU.
+   37-53 µs of CPU per 64 B call; with it 0.56-0.92x that CPU, for a half round trip of
+   0.75-1.25x: on a VM loaded by other work as well the spins bought no latency, but in the
+   least loaded run they did (15.2 against 19.1 µs), so the rule trades latency for the
+   neighbours' CPU and is a choice, not the default.
    A probe after a backoff still goes by rule 5, and a sample with room spins again at once,
    so a machine that empties is spun on within a sample (``LOAD_SAMPLE_SECONDS`` in
    ``shm.py``).
@@ -125,8 +128,7 @@ class WaitPolicy:
             4 ends a backoff early only on a sample with no task beyond the CPUs: beside two
             busy loops on 2 cores the sample shows 3 whenever the caller sleeps.)
         crowd_blocks: rule 6 is on: a crowded sample blocks outside a backoff too (off by
-            default, so a policy made without it decides as before it existed; the doorbell
-            turns it on).
+            default; the doorbell turns it on with ``XSTAGE_CROWD_BLOCKS=1``).
     """
 
     def __init__(self, spin_seconds, allowed_cpus, spinning=True, long_call=0.0002,

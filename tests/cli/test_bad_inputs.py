@@ -116,6 +116,7 @@ def test_json_that_cannot_be_written_keeps_the_home_record(xstage_home, tmp_path
     ("XSTAGE_MAX_REGION_BYTES", "4G"),
     ("XSTAGE_SPIN_SECONDS", "abc"),
     ("XSTAGE_SPIN_SECONDS", "-1"),
+    ("XSTAGE_CROWD_BLOCKS", "yes"),
     ("XSTAGE_LOG_KEEP", "lots"),
 ])
 def test_a_malformed_setting_is_a_usage_error_naming_it(xstage_home, name, value):

@@ -2,8 +2,9 @@
 
 The rules are checked one by one on made-up inputs (the policy is a pure function of them);
 the traces in ``tests/fixtures/waits`` were recorded from real runs by
-``scripts/record_wait_traces.py`` (quiet, beside one busy-looping process per CPU, a caller that
-calls every 3 ms, a call of about a millisecond) and replay to the decisions the run made.
+``scripts/record_wait_traces.py`` (quiet, beside one busy-looping process per CPU, the same with
+rule 6 on, a caller that calls every 3 ms, a call of about a millisecond) and replay to the
+decisions the run made.
 """
 
 from __future__ import annotations
@@ -322,7 +323,7 @@ def _replay(doc: dict) -> list[list | None]:
 
 def test_the_traces_are_there() -> None:
     names = {p.name for p in TRACES}
-    for scenario in ("quiet", "busy", "idle_caller", "long_call"):
+    for scenario in ("quiet", "busy", "busy_crowd", "idle_caller", "long_call"):
         for role in ("caller", "worker"):
             assert f"{scenario}-{role}.json" in names, "run scripts/record_wait_traces.py"
 
@@ -391,6 +392,18 @@ def test_a_caller_that_calls_every_few_milliseconds_gets_a_worker_that_sleeps() 
     doc = _load(TRACES[0].parent / "idle_caller-worker.json")
     rules = [w["decision"][1] for w in doc["waits"] if w["decision"] is not None][2 * 8:]
     assert rules.count("spin") <= max(2, len(rules) // 50)
+
+
+def test_rule_6_decides_only_in_the_run_that_asked_for_it() -> None:
+    """``busy_crowd`` was recorded with ``XSTAGE_CROWD_BLOCKS=1``: its crowded samples blocked
+    by rule 6; the default runs never name it."""
+    for path in TRACES:
+        doc = _load(path)
+        rules = {w["decision"][1] for w in doc["waits"] if w["decision"] is not None}
+        if path.name.startswith("busy_crowd-"):
+            assert doc["crowd_blocks"] is True and "crowded" in rules, path.name
+        else:
+            assert doc["crowd_blocks"] is False and "crowded" not in rules, path.name
 
 
 def test_a_long_call_is_never_spun_for() -> None:
