@@ -12,6 +12,7 @@ Scenarios:
 
 * ``quiet``: 64 B calls back to back (``slice_graph(16, 16)``), nothing else started.
 * ``busy``: the same beside one busy-looping process per CPU (``benchmarks/_busy.py``).
+* ``busy_crowd``: ``busy`` with ``XSTAGE_CROWD_BLOCKS=1`` (the policy's rule 6 on).
 * ``idle_caller``: a 64 B call every 3 ms (the caller "busy elsewhere" between calls): the
   worker's answers-come-slowly case.
 * ``long_call``: an MLP whose call takes about a millisecond: the caller's long-call case.
@@ -33,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "tests" / "fixtures" / "waits"
-SCENARIOS = ("quiet", "busy", "idle_caller", "long_call")
+SCENARIOS = ("quiet", "busy", "busy_crowd", "idle_caller", "long_call")
 
 #: One scenario in a fresh interpreter (the trace directory is read when ``shm`` is imported).
 CHILD = r"""
@@ -52,7 +53,7 @@ if scenario == "long_call":
 else:
     graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 16), tmp / "g.onnx")
     feeds = {"x": np.ones(16, np.float32)}
-hogs = (os.cpu_count() or 1) if scenario == "busy" else 0
+hogs = (os.cpu_count() or 1) if scenario in ("busy", "busy_crowd") else 0
 with Neighbours(hogs) as neighbours, WorkerClient(sys.executable) as client:
     client.load(graph)
     neighbours.busy()
@@ -84,6 +85,8 @@ def record(scenario: str, out: Path, calls: int, waits: int) -> list[Path]:
         traces.mkdir()
         env = dict(os.environ, XSTAGE_WAIT_TRACE=str(traces), XSTAGE_HOME=str(Path(tmp) / "home"),
                    PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+        if scenario == "busy_crowd":
+            env["XSTAGE_CROWD_BLOCKS"] = "1"
         done = subprocess.run([sys.executable, "-c", CHILD, scenario, tmp, str(calls),
                                str(REPO / "benchmarks")], env=env, capture_output=True, text=True,
                               timeout=600, check=False)

@@ -237,6 +237,12 @@ LONG_CALL_SECONDS = _env_number("XSTAGE_LONG_CALL_SECONDS", 0.0002, float, "0.00
 #: (a yield with nothing else to run takes ~0.3-1 µs here; a neighbour's scheduler slice is
 #: ~1-3 ms). The spin stops at once and the policy backs off (waitpolicy rule 4).
 PREEMPTED_SECONDS = _env_number("XSTAGE_PREEMPTED_SECONDS", 0.0002, float, "0.0002")
+#: ``XSTAGE_CROWD_BLOCKS=1``: a waiter blocks whenever the machine has more runnable tasks than
+#: CPUs (+1), even where its spins pay (waitpolicy rule 6): less CPU taken from busy neighbours
+#: (0.56-0.92x per 64 B call on the 2-vCPU VM beside 2 loops), for a half round trip that was
+#: 0.75-1.25x in seven interleaved runs (docs/benchmarks.md, issue 14 third pass). Off by default:
+#: the issue's target is latency, and the least loaded run lost it.
+CROWD_BLOCKS = bool(_env_number("XSTAGE_CROWD_BLOCKS", 0, int, "1"))
 #: How often a waiter re-reads the machine's runnable tasks (waitpolicy rule 5): ~3.6 µs a
 #: read here, so at most every 10 ms costs nothing measurable and follows a load that changes.
 LOAD_SAMPLE_SECONDS = 0.01
@@ -261,6 +267,8 @@ _U32 = struct.Struct("<I")
 _HEAD = struct.Struct("<4sIQIII")
 _RESPONSE = struct.Struct("<IIQQQ")
 _STAMPS = struct.Struct("<QQI")  # start_ns, end_ns, flags
+#: req_gen, req_flags, pub_ns: side by side in a set's client half (``_R_REQ_GEN`` on).
+_PUBLISH = struct.Struct("<IIQ")
 #: A set's whole answer in one read, from ``status`` to ``flags``.
 _ANSWER = struct.Struct("<IIQQQIIIIQQQQI")
 
@@ -633,6 +641,19 @@ class Region:
     def resp_gen(self, s=0):
         return _U32.unpack_from(self.mm, self._base[s] + _R_RESP_GEN)[0]
 
+    def answer_check(self, rid, s=0):
+        """A function of no arguments, true once set ``s``'s ``resp_id`` is ``rid``: what a
+        caller's wait polls (one read per check, no method call; the generation is checked
+        once after, ``resp_gen``)."""
+        unpack, mm, off = _U64.unpack_from, self.mm, self._base[s] + _R_RESP_ID
+        return lambda: unpack(mm, off)[0] == rid
+
+    def request_check(self, last, s=0):
+        """A function of no arguments, true once set ``s``'s ``req_id`` is no longer ``last``
+        (a new request is published): what the worker's idle wait polls."""
+        unpack, mm, off = _U64.unpack_from, self.mm, self._base[s] + _R_REQ_ID
+        return lambda: unpack(mm, off)[0] != last
+
     def answered(self, rid, s=0):
         """True when set ``s``'s published response answers request ``rid`` of this generation."""
         return self.resp_id(s) == rid and self.resp_gen(s) == self.generation
@@ -641,9 +662,7 @@ class Region:
         # NOTE: inputs and descriptors are already written; the generation, flags and the
         # stamp, then the id last.
         base = self._base[s]
-        _U32.pack_into(self.mm, base + _R_REQ_GEN, self.generation)
-        _U32.pack_into(self.mm, base + _R_REQ_FLAGS, flags)
-        _U64.pack_into(self.mm, base + _R_PUB_NS, time.monotonic_ns())
+        _PUBLISH.pack_into(self.mm, base + _R_REQ_GEN, self.generation, flags, time.monotonic_ns())
         _U64.pack_into(self.mm, base + _R_REQ_ID, rid)
 
     def req_flags(self, s=0):
@@ -967,7 +986,7 @@ class Doorbell:
             self.policy = waitpolicy.WaitPolicy(
                 SPIN_SECONDS if spin is None else spin, _allowed_cpus(), spinning=SPIN,
                 long_call=LONG_CALL_SECONDS, preempted=PREEMPTED_SECONDS,
-                near_end=NEAR_END_SECONDS)
+                crowd_blocks=CROWD_BLOCKS, near_end=NEAR_END_SECONDS)
             if TRACE_DIR:
                 self.trace = []
                 _TRACES.append(self)
@@ -1014,14 +1033,15 @@ class Doorbell:
         and a stale wake-up in the next wait).
         """
         region = self.region
-        if self.policy is not None and self._next is None and not region.closed:
+        if self.policy is not None and self._next is None and not region._closed:
             self._next = self._decide(expected)
         if SPIN and region is not None:
             # NOTE (ordering): the number just published must be visible to the peer before
             # its flag is read here, or both sides could miss each other (store→load); a
-            # locked instruction orders them (see the wait policy above).
-            _fence()
-            if not region.flag(self.peer):
+            # locked instruction orders them (``_fence``, inline: see the wait policy above).
+            _FENCE.acquire()
+            _FENCE.release()
+            if not _U32.unpack_from(region.mm, self.peer)[0]:
                 return  # the peer is spinning and will see the published number
         if self._ring_fd is not None:
             try:
@@ -1176,24 +1196,32 @@ class Doorbell:
                 "spinning": p.spinning, "long_call": p.long_call, "preempted": p.preempted,
                 "window": p.window, "failures": p.failures, "min_backoff": p.min_backoff,
                 "max_backoff": p.max_backoff, "load_margin": p.load_margin,
-                "near_end": p.near_end,
+                "crowd_blocks": p.crowd_blocks, "near_end": p.near_end,
                 "cpus": os.cpu_count(), "waits": list(self.trace or [])}
 
     def _sleep(self, ready, deadline, watch, fine=False):
         region = self.region
-        if region is not None:
-            region.set_flag(self.own, 1)
+        if region is None:
+            return self._block(ready, deadline, watch)
+        mm, own = region.mm, self.own
+        _U32.pack_into(mm, own, 1)
         try:
-            return self._block(ready, deadline, watch, fine)
+            # NOTE (ordering): this side's asleep flag is stored before the answer is read,
+            # and the poster stores the answer before reading the flag (``ring``): a full
+            # barrier on each side, so at least one of them sees the other's store.
+            _FENCE.acquire()
+            _FENCE.release()
+            if self._wait_fd is not None:
+                return self._block_eventfd(ready, deadline, watch, fine)
+            return self._block(ready, deadline, watch)
         finally:
-            if region is not None and not region.closed:
-                region.set_flag(self.own, 0)
+            if not region._closed:
+                _U32.pack_into(mm, own, 0)
 
     def _block(self, ready, deadline, watch, fine=False):
-        # NOTE (ordering): this side's asleep flag is stored before the answer is read here,
-        # and the poster stores the answer before reading the flag (``ring``): a full barrier
-        # on each side, so at least one of them sees the other's store.
-        _fence()
+        """Sleep on the socketpair (and ``watch``) until ``ready()``: ``select``, then take
+        the rings. (With eventfds, ``_block_eventfd``; ``select`` keeps a deadline to the
+        microsecond, so ``fine`` changes nothing here.)"""
         if self._wait_fd is not None:
             return self._block_eventfd(ready, deadline, watch, fine)
         fds = [self.sock] + list(watch) if watch else [self.sock]

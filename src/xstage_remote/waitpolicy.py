@@ -55,14 +55,29 @@ Rules, in order; a decision names the rule that made it:
    (and ``load_margin``):
    the probe waits for a sample that shows a CPU free, for as many waits again as the backoff
    at most (a crowded machine doubles the time between probes). Outside a backoff the load
-   alone never stops a spin: a load sample cannot tell neighbours that run in bursts (where
-   spinning pays) from neighbours that never sleep (where it does not); the spins themselves
-   can.
-6. ``slow_answers``: most of the last ``window`` answers came later than the spin budget (a
+   alone stops a spin only by rule 6: a load sample cannot tell neighbours that run in bursts
+   from neighbours that never sleep; the spins themselves can, and rule 6 holds that even a
+   spin that pays is not worth its CPU on a crowded machine.
+6. ``crowded`` (only where ``crowd_blocks``: the doorbell sets it with ``XSTAGE_CROWD_BLOCKS=1``,
+   off by default): no backoff is running, but
+   more tasks are runnable than there are CPUs (and ``load_margin``): block. A spin that is
+   answered still costs its CPU time, and on a crowded machine that time is taken from the
+   neighbours (an engine's decode threads) and counts against the spinner when the scheduler
+   (EEVDF) decides whether a woken task may preempt one. Measured on the 2-vCPU VM beside 2
+   busy loops (issue 14, ``benchmarks/hotpath.py --compare``, seven interleaved runs): before
+   this rule spins that paid (answered ~9 in 10) left the caller 31-53 µs and the worker
+   37-53 µs of CPU per 64 B call; with it 0.56-0.92x that CPU, for a half round trip of
+   0.75-1.25x: on a VM loaded by other work as well the spins bought no latency, but in the
+   least loaded run they did (15.2 against 19.1 µs), so the rule trades latency for the
+   neighbours' CPU and is a choice, not the default.
+   A probe after a backoff still goes by rule 5, and a sample with room spins again at once,
+   so a machine that empties is spun on within a sample (``LOAD_SAMPLE_SECONDS`` in
+   ``shm.py``).
+7. ``slow_answers``: most of the last ``window`` answers came later than the spin budget (a
    worker whose caller calls every few milliseconds): spinning would burn the budget every
    time. Blocked waits keep reporting their answers' times, so this rule lets go as soon as
    answers come quickly again.
-7. ``spin``: otherwise, spin for the budget (``spin_seconds``), then block.
+8. ``spin``: otherwise, spin for the budget (``spin_seconds``), then block.
 
 Blocking is the safe side: a wrong block costs a wake-up (microseconds), a wrong spin can cost
 a scheduler slice (milliseconds).
@@ -81,8 +96,8 @@ __all__ = [
 ]
 
 #: The rules in the order they are tried (module docstring).
-RULES = ("off", "one_cpu", "long_call", "near_end", "backoff", "oversubscribed", "slow_answers",
-         "spin")
+RULES = ("off", "one_cpu", "long_call", "near_end", "backoff", "oversubscribed", "crowded",
+         "slow_answers", "spin")
 
 #: How a wait ended: ``ready`` (answered before it began), ``answered`` (during the spin),
 #: ``expired`` (the budget ran out), ``preempted`` (a yield was preempted: the spin stopped at
@@ -123,11 +138,13 @@ class WaitPolicy:
             quiet 2-core machine the sample showed 3 runnable tasks in 63% of the waits. (Rule
             4 ends a backoff early only on a sample with no task beyond the CPUs: beside two
             busy loops on 2 cores the sample shows 3 whenever the caller sleeps.)
+        crowd_blocks: rule 6 is on: a crowded sample blocks outside a backoff too (off by
+            default; the doorbell turns it on with ``XSTAGE_CROWD_BLOCKS=1``).
     """
 
     def __init__(self, spin_seconds, allowed_cpus, spinning=True, long_call=0.0002,
                  preempted=0.0002, window=8, failures=2, min_backoff=8,
-                 max_backoff=256, load_margin=1, near_end=0.0):
+                 max_backoff=256, load_margin=1, crowd_blocks=False, near_end=0.0):
         self.spin_seconds = float(spin_seconds)
         self.allowed_cpus = int(allowed_cpus)
         self.spinning = bool(spinning)
@@ -138,6 +155,7 @@ class WaitPolicy:
         self.max_backoff = int(max_backoff)
         self.failures = int(failures)
         self.load_margin = int(load_margin)
+        self.crowd_blocks = bool(crowd_blocks)
         self.near_end = float(near_end)
         self._slow = [False] * self.window  # a ring: which recent answers were slow
         self._slow_at = 0
@@ -155,7 +173,7 @@ class WaitPolicy:
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
 
     def decide(self, load, expected=None):
-        """The decision for the wait about to begin (rules 1-7); counts it.
+        """The decision for the wait about to begin (rules 1-8); counts it.
 
         Args:
             load: ``Load(running, cpus)`` or None (unknown).
@@ -184,10 +202,13 @@ class WaitPolicy:
                 self._blocked_for -= 1
                 self._since_probe += 1
                 return _BLOCK["backoff"]
-        if self._backoff and load is not None and load[0] > load[1] + self.load_margin \
-                and self._since_probe < 2 * self._backoff:
-            self._since_probe += 1
-            return _BLOCK["oversubscribed"]
+        if load is not None and load[0] > load[1] + self.load_margin:
+            if self._backoff:
+                if self._since_probe < 2 * self._backoff:
+                    self._since_probe += 1
+                    return _BLOCK["oversubscribed"]
+            elif self.crowd_blocks:
+                return _BLOCK["crowded"]
         if 2 * self._slow_count > self.window:
             return _BLOCK["slow_answers"]
         self._since_probe = 0  # a spin while backing off is the probe
@@ -198,7 +219,7 @@ class WaitPolicy:
         return expected - self.near_end
 
     def observe(self, spun, longest_yield, outcome, latency):
-        """Learn from a finished wait (rules 4 and 6); the arguments are ``Wait``'s fields."""
+        """Learn from a finished wait (rules 4 and 7); the arguments are ``Wait``'s fields."""
         self.outcomes[outcome] += 1
         slow = latency > self.spin_seconds
         at = self._slow_at

@@ -394,9 +394,8 @@ class Worker:
             if self.region is not None:
                 # Requests come in the sets' cyclic order: wait on the next set only.
                 region, k = self.region, self.next_set
-                last = region.resp_id(k)
                 state = self.bell.wait(
-                    lambda r=region, w=last, k=k: r.req_id(k) != w, None, watch=[self.sock],
+                    region.request_check(region.resp_id(k), k), None, watch=(self.sock,),
                     spin=shm_mod.WORKER_SPIN_SECONDS)
                 if state == "ready":
                     self.next_set = (k + 1) % region.n_sets

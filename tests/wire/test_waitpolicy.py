@@ -2,8 +2,9 @@
 
 The rules are checked one by one on made-up inputs (the policy is a pure function of them);
 the traces in ``tests/fixtures/waits`` were recorded from real runs by
-``scripts/record_wait_traces.py`` (quiet, beside one busy-looping process per CPU, a caller that
-calls every 3 ms, a call of about a millisecond) and replay to the decisions the run made.
+``scripts/record_wait_traces.py`` (quiet, beside one busy-looping process per CPU, the same with
+rule 6 on, a caller that calls every 3 ms, a call of about a millisecond) and replay to the
+decisions the run made.
 """
 
 from __future__ import annotations
@@ -226,7 +227,37 @@ def test_rule_5_load_alone_never_stops_a_spin_that_pays() -> None:
         answered(p)
 
 
-def test_rule_6_answers_slower_than_the_budget_block_until_they_are_quick_again() -> None:
+def test_rule_6_a_crowded_machine_blocks_without_a_backoff_where_asked() -> None:
+    """``crowd_blocks``: a sample with more runnable tasks than CPUs (and the margin) blocks
+    even while spins pay; a sample with room spins again at once."""
+    p = policy(crowd_blocks=True)
+    for _ in range(20):
+        assert p.decide(CROWDED) == (0.0, "crowded")
+        p.observe(0.0, 0.0, "blocked", 2e-5)
+    assert p.decide(QUIET).rule == "spin"
+    answered(p)
+    assert p.decide(Load(17, 16)).rule == "crowded"  # this policy's margin is 0
+    margin = policy(crowd_blocks=True, load_margin=1)
+    assert margin.decide(Load(17, 16)).rule == "spin"  # the peer's runtime thread: room
+    assert margin.decide(Load(18, 16)).rule == "crowded"
+    assert policy(crowd_blocks=True).decide(None).rule == "spin"  # no sample: no crowd
+
+
+def test_rule_6_leaves_a_backoff_to_rules_4_and_5() -> None:
+    """While backing off, a crowded sample is rule 5's (the probe held back, then let go),
+    so the machine emptying is still noticed by a probe."""
+    p = policy(crowd_blocks=True, min_backoff=4, max_backoff=16)
+    preempted(p)
+    rules = [p.decide(CROWDED).rule for _ in range(8)]
+    assert rules == ["backoff"] * 4 + ["oversubscribed"] * 4
+    assert p.decide(CROWDED).rule == "spin"  # the probe
+
+
+def test_rule_6_is_off_by_default() -> None:
+    assert policy().decide(CROWDED).rule == "spin"
+
+
+def test_rule_7_answers_slower_than_the_budget_block_until_they_are_quick_again() -> None:
     p = policy(window=8)
     for _ in range(5):
         p.observe(0.0, 0.0, "blocked", 0.005)  # the caller calls every 5 ms
@@ -239,7 +270,7 @@ def test_rule_6_answers_slower_than_the_budget_block_until_they_are_quick_again(
     assert p.decide(QUIET).rule == "spin"  # 3 of the last 8 slow
 
 
-def test_rule_6_one_slow_answer_does_not_stop_spinning() -> None:
+def test_rule_7_one_slow_answer_does_not_stop_spinning() -> None:
     p = policy(window=8)
     for _ in range(7):
         answered(p)
@@ -292,7 +323,8 @@ def _policy_of(doc: dict) -> WaitPolicy:
                       long_call=doc["long_call"], preempted=doc["preempted"],
                       window=doc["window"], failures=doc["failures"],
                       min_backoff=doc["min_backoff"], max_backoff=doc["max_backoff"],
-                      load_margin=doc["load_margin"], near_end=doc.get("near_end", 0.0))
+                      load_margin=doc["load_margin"], near_end=doc.get("near_end", 0.0),
+                      crowd_blocks=doc.get("crowd_blocks", False))  # recorded before rule 6: off
 
 
 def _replay(doc: dict) -> list[list | None]:
@@ -312,7 +344,7 @@ def _replay(doc: dict) -> list[list | None]:
 
 def test_the_traces_are_there() -> None:
     names = {p.name for p in TRACES}
-    for scenario in ("quiet", "busy", "idle_caller", "long_call"):
+    for scenario in ("quiet", "busy", "busy_crowd", "idle_caller", "long_call"):
         for role in ("caller", "worker"):
             assert f"{scenario}-{role}.json" in names, "run scripts/record_wait_traces.py"
 
@@ -381,6 +413,18 @@ def test_a_caller_that_calls_every_few_milliseconds_gets_a_worker_that_sleeps() 
     doc = _load(TRACES[0].parent / "idle_caller-worker.json")
     rules = [w["decision"][1] for w in doc["waits"] if w["decision"] is not None][2 * 8:]
     assert rules.count("spin") <= max(2, len(rules) // 50)
+
+
+def test_rule_6_decides_only_in_the_run_that_asked_for_it() -> None:
+    """``busy_crowd`` was recorded with ``XSTAGE_CROWD_BLOCKS=1``: its crowded samples blocked
+    by rule 6; the default runs never name it."""
+    for path in TRACES:
+        doc = _load(path)
+        rules = {w["decision"][1] for w in doc["waits"] if w["decision"] is not None}
+        if path.name.startswith("busy_crowd-"):
+            assert doc["crowd_blocks"] is True and "crowded" in rules, path.name
+        else:
+            assert doc["crowd_blocks"] is False and "crowded" not in rules, path.name
 
 
 def test_a_long_call_is_never_spun_for_from_its_start() -> None:

@@ -229,8 +229,8 @@ class Pipeline:
         # worker's recent compute, it blocks for calls expected to be long.
         try:
             # The spin checks the id alone (one read); the generation is checked once, after.
-            state = bell.wait(lambda: region.resp_id(s) == rid, deadline, watch=[ctl],
-                              expected=c._expected_s)
+            answered = region.answer_check(rid, s)
+            state = bell.wait(answered, deadline, watch=(ctl,), expected=c._expected_s)
             frame = None
             if state == "timeout":
                 c._call_timeout(phase, seconds)
@@ -240,7 +240,7 @@ class Pipeline:
                     raise c._closed_under_call()
                 frame = c._recv(phase, seconds)
                 if region.resp_id(s) != rid:
-                    bell.wait(lambda: region.resp_id(s) == rid, deadline, spin=0)
+                    bell.wait(answered, deadline, spin=0)
         except BaseException as exc:
             if not isinstance(exc, (errors.XstageError, errors.StageClosed)) \
                     and c._region is region:
