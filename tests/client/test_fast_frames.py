@@ -124,3 +124,18 @@ def test_a_binary_frame_before_any_load_ends_the_worker(graphs) -> None:
             codec, "run", 99, 1, {"x": np.zeros(2, np.float32)})))
         assert w._proc.wait(timeout=30) == 65
     assert "binary frame (XSB1) where this end expects JSON" in w.log_tail()
+
+
+@pytest.mark.parametrize("transport", ["local", "tcp"])
+def test_a_python39_worker_speaks_binary_frames(py39_ort119_python, graphs, transport: str) -> None:
+    """The worker side is Python 3.9 + numpy 1.x: same frames, same numbers, big-endian
+    inputs converted at the boundary."""
+    x = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+    ref = ort.InferenceSession(str(graphs["mlp"])).run(None, {"x": x})[0]
+    with WorkerClient(str(py39_ort119_python), shm_mode="off", transport=transport) as w:
+        assert w.hello["worker"]["versions"]["python"].startswith("3.9.")
+        w.load(graphs["mlp"])
+        seen = _tap(w)
+        np.testing.assert_allclose(w.run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(w.run({"x": x.astype(">f4")})["y"], ref, rtol=1e-5, atol=1e-5)
+        assert seen == [True, True]
