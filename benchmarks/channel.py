@@ -111,7 +111,7 @@ def _echo(port_q: mp.Queue, layer: str, n: int, cpu: int | None) -> None:
             if channel:
                 channel.send_parts(parts)
             else:
-                wire.send_parts(conn, parts)
+                wire.send_encoded(conn, parts)
         elif channel:
             channel.send(header, arrays)
         else:
@@ -160,7 +160,7 @@ def _socket_layer(layer: str, x: np.ndarray, pin: bool) -> Layer:
                 channel.send_parts(parts)
                 channel.recv(codec=codec).arrays()
             else:
-                wire.send_parts(sock, parts)
+                wire.send_encoded(sock, parts)
                 wire.recv_frame(sock, codec=codec).arrays()
             return 0
         if layer == "tcp":

@@ -52,6 +52,7 @@ __all__ = [
     "encode_frame",
     "parse_frame",
     "recv_frame",
+    "send_encoded",
     "send_frame",
     "tag_of_dtype",
     "validate_header",
@@ -875,7 +876,12 @@ def _head(fast, raw, plen, codec):
 
 def send_frame(sock, header, arrays=None):
     """Encode and send one frame on a stream socket."""
-    parts = encode_frame(header, arrays)
+    send_encoded(sock, encode_frame(header, arrays))
+
+
+def send_encoded(sock, parts):
+    """Send one frame already encoded (``encode_frame``, ``FastCodec.encode``), as plain
+    frames go: a small one joined in one ``sendall``, a large one part by part."""
     if sum(len(p) for p in parts) <= 1 << 16:
         sock.sendall(b"".join(parts))
         return

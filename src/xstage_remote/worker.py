@@ -150,7 +150,7 @@ class Worker:
         if self.channel is not None:
             self.channel.send_parts(parts)
         else:
-            wire.send_parts(self.sock, parts)
+            wire.send_encoded(self.sock, parts)
 
     def recv(self):
         if self.channel is not None:
