@@ -5,8 +5,9 @@ connect-back. This script takes that call apart, in one run, on TCP loopback:
 
 * **Layers** (two processes, an echo of the same bytes, arms interleaved in rounds; medians):
   ``tcp`` a bare echo (the floor: two wake-ups and the kernel's copies), ``frames`` plain
-  frames (``wire.send_frame``/``recv_frame``), ``channel`` the same frames as authenticated
-  records (``wire.Channel``), and ``xstage`` the whole call (``WorkerClient.run``,
+  frames (``wire.send_frame``/``recv_frame``), ``fast`` binary call frames (``XSB1``,
+  ``wire.FastCodec``), ``channel`` and ``chan-fast`` the same two as authenticated records
+  (``wire.Channel``), and ``xstage`` the whole call (``WorkerClient.run``,
   ``transport="tcp"``, a Slice graph): its overhead is the round trip minus the worker's own
   time, as in ``transport.py``. Each layer's difference from the one below is its cost.
   Beside each: both ends' CPU time over the wall time of the same calls (main threads,
@@ -97,14 +98,21 @@ def _echo(port_q: mp.Queue, layer: str, n: int, cpu: int | None) -> None:
     channel = wire.Channel(conn, SECRET, DIGEST, "worker") if layer.startswith("chan") else None
     if channel is not None:
         channel.mac_threads = max(2, wire.MAC_THREADS) if layer == "chan-mt" else 0
+    codec = wire.FastCodec(["x"], ["y"])
     while True:
         try:
-            frame = channel.recv() if channel else wire.recv_frame(conn)
+            frame = channel.recv(codec=codec) if channel else wire.recv_frame(conn, codec=codec)
         except EOFError:
             return
         header = {"op": "result", "id": frame.id, "gen": 1, "timing": RESULT}
         arrays = {"y": frame.arrays()["x"]}
-        if channel:
+        if frame.fast:  # binary call frames (the "fast" and "chan-fast" layers)
+            parts = wire.encode_fast(codec, "result", frame.id, 1, arrays, timing=RESULT)
+            if channel:
+                channel.send_parts(parts)
+            else:
+                wire.send_encoded(conn, parts)
+        elif channel:
             channel.send(header, arrays)
         else:
             wire.send_frame(conn, header, arrays)
@@ -143,8 +151,18 @@ def _socket_layer(layer: str, x: np.ndarray, pin: bool) -> Layer:
     back = bytearray(len(data))
     view = memoryview(back)
     ids = iter(range(1 << 62))
+    codec = wire.FastCodec(["x"], ["y"])
 
     def call() -> int:
+        if layer.endswith("fast"):  # binary call frames: plain, or as authenticated records
+            parts = wire.encode_fast(codec, "run", next(ids), 1, {"x": x})
+            if channel:
+                channel.send_parts(parts)
+                channel.recv(codec=codec).arrays()
+            else:
+                wire.send_encoded(sock, parts)
+                wire.recv_frame(sock, codec=codec).arrays()
+            return 0
         if layer == "tcp":
             sock.sendall(data)
             got = 0
@@ -191,7 +209,8 @@ def layers(rounds: int, calls: int, pin: bool, with_worker: bool) -> list[dict]:
         os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
         for label, n in PAYLOADS:
             x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-            names = ("tcp", "frames", "channel") + (("chan-mt",) if n > 1000 else ())
+            names = ("tcp", "frames", "fast", "channel", "chan-fast") + (
+                ("chan-mt",) if n > 1000 else ())
             arms = [_socket_layer(name, x, pin) for name in names]
             if with_worker:
                 arms.append(_xstage_layer(x, Path(tmp)))
@@ -262,6 +281,8 @@ def cpu_per_frame(repeats: int = 25, per: int = 200) -> dict:
     counter = wire.COUNTER.pack(1)
     head, tensors = wire._validate_head(raw, 64)
     frame = wire.Frame(head, np.zeros(64, np.uint8), tensors)
+    codec = wire.FastCodec(["x"], ["y"])
+    fast_raw = bytes(wire.encode_fast(codec, "result", 3, 1, {"y": y}, timing=RESULT)[1])
 
     def tcp_send() -> None:
         a.sendall(blob)
@@ -272,8 +293,14 @@ def cpu_per_frame(repeats: int = 25, per: int = 200) -> dict:
         "seal or verify (MAC of one record)": lambda: mac.tag(counter, [blob]),
         "kernel: TCP send + receive": tcp_send,
         "header check (_validate_head)": lambda: wire._validate_head(raw, 64),
+        "binary encode (encode_fast)": lambda: wire.encode_fast(codec, "result", 3, 1, {"y": y},
+                                                                timing=RESULT),
+        "binary header check (FastCodec)": lambda: codec.decode_head(fast_raw, 64),
         "arrays (Frame.arrays)": frame.arrays,
         "whole frame (Channel.send + recv)": lambda: (tx.send(header, {"y": y}), rx.recv().arrays()),
+        "whole binary frame (send_parts + recv)": lambda: (
+            tx.send_parts(wire.encode_fast(codec, "result", 3, 1, {"y": y}, timing=RESULT)),
+            rx.recv(codec=codec).arrays()),
     }
     clock = time.thread_time_ns
     got: dict[str, list[float]] = {k: [] for k in steps}
@@ -427,7 +454,7 @@ def main() -> None:
     print("\nlayers (median; each layer's cost is its difference from the one above):")
     for row in doc["layers"]:
         for name, a in row["arms"].items():
-            print(f"  {row['payload']:<7}{name:<9}half round trip {a['half_round_trip_us']:>9.1f} µs"
+            print(f"  {row['payload']:<7}{name:<10}half round trip {a['half_round_trip_us']:>9.1f} µs"
                   f"   {a['gbps_each_way']:>6.2f} GB/s each way"
                   f"   both ends' CPU / wall {a['both_ends_cpu_over_wall']:.2f}")
     print("\nCPU per 64 B frame (thread clock, median µs):")

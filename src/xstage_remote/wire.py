@@ -38,6 +38,9 @@ __all__ = [
     "PREFIX",
     "PROFILE_TENSOR",
     "Channel",
+    "FAST_MAGIC",
+    "FastCodec",
+    "encode_fast",
     "GEN_FIELD",
     "MAX_GENERATION",
     "Frame",
@@ -49,6 +52,7 @@ __all__ = [
     "encode_frame",
     "parse_frame",
     "recv_frame",
+    "send_encoded",
     "send_frame",
     "tag_of_dtype",
     "validate_header",
@@ -391,12 +395,14 @@ def validate_tensor_descs(descs, payload_len):
 class Frame:
     """One decoded frame: the validated header and the payload it describes."""
 
-    __slots__ = ("header", "payload", "tensors")
+    __slots__ = ("header", "payload", "tensors", "fast")
 
-    def __init__(self, header, payload, tensors):
+    def __init__(self, header, payload, tensors, fast=False):
         self.header = header
         self.payload = payload
         self.tensors = tensors
+        #: True for a binary call frame (``XSB1``: ``run`` or ``result``, see ``FastCodec``).
+        self.fast = fast
 
     @property
     def op(self):
@@ -550,9 +556,332 @@ def encode_frame(header, arrays=None):
 _NO_TENSORS = []
 
 
+# ------------------------------------------------------------------- binary call frames
+#
+# The per-call frames, ``run`` and ``result``, MAY travel as binary frames once both ends
+# have agreed (the worker lists ``fast-frames`` in its hello; the client then sends its
+# ``run`` frames in binary and the worker answers a binary ``run`` with a binary ``result``).
+# The prefix is the JSON frame's with the magic ``XSB1``; the header is a fixed
+# little-endian struct instead of JSON (docs/wire.md, "Binary call frames"):
+#
+#   head    kind u8 (1 run, 2 result) | flags u8 | tensors u16 | gen u32 | id u64   16 bytes
+#   timing  worker_ns u64 | rss u64 | peak u64                     (result only)    24 bytes
+#   tensor  index u16 | dtype code u8 | rank u8 | reserved u32 (0) | nbytes u64 | dims u64 × rank
+#
+# ``index`` names the tensor by its position in the loaded signature (``loaded.inputs`` for
+# a run, ``loaded.outputs`` for a result); the payload holds the tensors end to end in
+# descriptor order, as in a JSON frame.
+
+FAST_MAGIC = b"XSB1"
+FAST_RUN = 1
+FAST_RESULT = 2
+#: ``run`` flags: start from the initial state (``options.reset_state``).
+FAST_RESET_STATE = 1
+#: ``result`` flags: the stage keeps state (``timing.state_reset`` present) / its value.
+FAST_HAS_STATE = 1
+FAST_STATE_RESET = 2
+FAST_HEAD = struct.Struct("<BBHIQ")
+FAST_TIMING = struct.Struct("<QQQ")
+FAST_TENSOR = struct.Struct("<HBBIQ")
+_FAST_FLAGS = {FAST_RUN: FAST_RESET_STATE, FAST_RESULT: FAST_HAS_STATE | FAST_STATE_RESET}
+_FAST_OPS = {FAST_RUN: "run", FAST_RESULT: "result"}
+_FAST_KINDS = {"run": FAST_RUN, "result": FAST_RESULT}
+_U64 = (1 << 64) - 1
+_DIMS = {}  # rank -> Struct of rank u64
+
+
+def _dims_struct(rank):
+    st = _DIMS.get(rank)
+    if st is None:
+        st = _DIMS[rank] = struct.Struct("<%dQ" % rank)
+    return st
+
+
+def _little(arr):
+    """``arr`` C-contiguous and little-endian: the bytes a frame carries (copied if needed)."""
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return arr
+
+
+class FastCodec:
+    """Binary ``run``/``result`` frames for one loaded signature (both ends build one).
+
+    ``inputs`` and ``outputs`` are the loaded stage's tensor names in ``loaded``'s order: a
+    descriptor's index is a position in one of them. Descriptors are cached per call
+    signature on both sides (bounded), so a call repeating its signature packs and checks
+    two small structs.
+    """
+
+    def __init__(self, inputs, outputs):
+        self.names = {FAST_RUN: tuple(inputs), FAST_RESULT: tuple(outputs)}
+        self.index = {kind: {n: i for i, n in enumerate(names)}
+                      for kind, names in self.names.items()}
+        for kind, names in self.names.items():
+            if len(self.index[kind]) != len(names) or len(names) > 0xFFFF:
+                raise ProtocolError("a signature for binary frames needs at most 65535 unique "
+                                    "names per side (%s)" % _FAST_OPS[kind])
+        self._enc = {}
+        self._dec = {}
+
+    # ---------------------------------------------------------------- writing
+    def encode(self, kind, rid, gen, flags, arrays, timing=None):
+        """``[prefix, header, *tensor bytes]`` of one binary frame (as ``encode_frame``).
+
+        ``timing``: ``(worker_ns, rss, peak)`` of a result. Every limit is checked here, so
+        a frame this returns is one the reader accepts.
+        """
+        arrs = arrays.items()
+        try:
+            key = (kind,) + tuple([(name, arr.dtype, arr.shape) for name, arr in arrs
+                                   if type(arr) is np.ndarray])
+            known = self._enc.get(key) if len(key) == len(arrays) + 1 else None
+        except TypeError:  # an unhashable name
+            key, known = None, None
+        if known is None:
+            arrs = [(name, np.asarray(arr)) for name, arr in arrs]
+            if key is not None and len(key) != len(arrs) + 1:
+                key = (kind,) + tuple([(name, arr.dtype, arr.shape) for name, arr in arrs])
+            known = self._signature(kind, arrs, key)
+        descs, plen, views = known
+        buffers = []
+        for (_, arr), view in zip(arrs, views):
+            if view == 1 and arr.flags.c_contiguous:
+                buffers.append(_byte_view(arr))
+            elif view:
+                buffers.append(_byte_view(_little(arr)))
+        if flags & ~_FAST_FLAGS.get(kind, 0) or not 1 <= gen <= MAX_GENERATION \
+                or not 0 <= rid < 1 << 63:
+            raise ProtocolError("binary %s frame: flags %r, gen %r or id %r out of range"
+                                % (_FAST_OPS.get(kind, kind), flags, gen, rid))
+        head = FAST_HEAD.pack(kind, flags, len(arrs), gen, rid)
+        if kind == FAST_RESULT:
+            try:
+                head += FAST_TIMING.pack(*timing)
+            except (struct.error, TypeError):
+                raise ProtocolError("binary result frame: timing %r is not three integers "
+                                    "in [0, 2^64)" % (timing,)) from None
+        head += descs
+        return [PREFIX.pack(FAST_MAGIC, len(head), plen), head] + buffers
+
+    def _signature(self, kind, arrs, key):
+        """Descriptor bytes, payload length and per tensor 0 (empty), 1 (bytes as they are)
+        or 2 (converted to little-endian) for one call signature, checked once."""
+        index = self.index.get(kind)
+        if index is None:
+            raise ProtocolError("binary frame kind %r is not run (1) or result (2)" % (kind,))
+        if len(arrs) > MAX_TENSORS:
+            raise ProtocolError("%d tensors in one frame exceed the limit %d"
+                                % (len(arrs), MAX_TENSORS))
+        out = []
+        views = []
+        plen = 0
+        seen = set()
+        for name, arr in arrs:
+            i = index.get(name) if isinstance(name, str) else None
+            if i is None:
+                raise ProtocolError("tensor %r is not an %s of the loaded stage (%s)"
+                                    % (name, "input" if kind == FAST_RUN else "output",
+                                       ", ".join(self.names[kind])))
+            if i in seen:
+                raise ProtocolError("tensor %r appears twice in one frame" % (name,))
+            seen.add(i)
+            tag = tag_of_dtype(arr.dtype)
+            if arr.ndim > MAX_RANK:
+                raise ProtocolError("tensor %r: rank %d exceeds %d" % (name, arr.ndim, MAX_RANK))
+            if arr.shape and max(arr.shape) > MAX_DIM:
+                raise ProtocolError("tensor %r: dimension %d is over 2^40" % (name, max(arr.shape)))
+            nbytes = arr.size * DTYPES[tag][1]
+            out.append(FAST_TENSOR.pack(i, DTYPE_CODES[tag], arr.ndim, 0, nbytes))
+            out.append(_dims_struct(arr.ndim).pack(*arr.shape))
+            bo = arr.dtype.byteorder
+            views.append(0 if nbytes == 0 else
+                         2 if bo == ">" or (bo == "=" and sys.byteorder == "big") else 1)
+            plen += nbytes
+        known = (b"".join(out), plen, tuple(views))
+        if key is not None:
+            if len(self._enc) >= _MAX_SIGNATURES:
+                self._enc.clear()
+            self._enc[key] = known
+        return known
+
+    # ---------------------------------------------------------------- reading
+    def decode_head(self, raw, plen):
+        """A binary header checked against ``plen``: ``(header dict, tensors)``.
+
+        The header dict is the JSON frame's (``op``, ``id``, ``gen``, and ``options`` of a
+        run or ``timing`` of a result); the tensors are ``(name, tag, shape, offset,
+        nbytes)`` as ``validate_tensor_descs`` returns them. Every field is checked before
+        anything is sized by it: a malformed header is a ``ProtocolError`` naming the field.
+        """
+        raw = bytes(raw)
+        if len(raw) < FAST_HEAD.size:
+            raise ProtocolError("binary frame: header is %d bytes, shorter than its %d-byte "
+                                "fixed part" % (len(raw), FAST_HEAD.size))
+        kind, flags, n, gen, rid = FAST_HEAD.unpack_from(raw)
+        if kind == FAST_RUN:
+            start = FAST_HEAD.size
+            header = {"op": "run", "id": rid, "gen": gen}
+            if flags & FAST_RESET_STATE:
+                header["options"] = {"reset_state": True}
+        elif kind == FAST_RESULT:
+            start = FAST_HEAD.size + FAST_TIMING.size
+            if len(raw) < start:
+                raise ProtocolError("binary result frame: header is %d bytes, shorter than its "
+                                    "%d-byte fixed part with timing" % (len(raw), start))
+            worker_ns, rss, peak = FAST_TIMING.unpack_from(raw, FAST_HEAD.size)
+            timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak}
+            if flags & FAST_HAS_STATE:
+                timing["state_reset"] = bool(flags & FAST_STATE_RESET)
+            header = {"op": "result", "id": rid, "gen": gen, "timing": timing}
+        else:
+            raise ProtocolError("binary frame: kind %d is not run (1) or result (2)" % kind)
+        if flags & ~_FAST_FLAGS[kind]:
+            raise ProtocolError("binary %s frame: unknown flags 0x%02x" % (_FAST_OPS[kind], flags))
+        if not 1 <= gen <= MAX_GENERATION:
+            raise ProtocolError("binary %s frame: gen %d is not in [1, 2^32)" % (_FAST_OPS[kind], gen))
+        if rid >= 1 << 63:
+            raise ProtocolError("binary %s frame: id %d is not in [0, 2^63)" % (_FAST_OPS[kind], rid))
+        key = (kind, n, raw[start:], plen)
+        tensors = self._dec.get(key)
+        if tensors is None:
+            tensors = self._check_tensors(kind, n, raw, start, plen)
+            if len(raw) - start <= _MAX_CACHED_T_BYTES:
+                if len(self._dec) >= _MAX_CHECKED_T:
+                    self._dec.clear()
+                self._dec[key] = tensors
+        return header, tensors
+
+    def _check_tensors(self, kind, n, raw, pos, plen):
+        op = _FAST_OPS[kind]
+        names = self.names[kind]
+        if n > len(names):
+            raise ProtocolError("binary %s frame: %d tensors, the loaded stage has %d %ss"
+                                % (op, n, len(names), "input" if kind == FAST_RUN else "output"))
+        out = []
+        seen = set()
+        cursor = 0
+        for i in range(n):
+            if len(raw) - pos < FAST_TENSOR.size:
+                raise ProtocolError("binary %s frame: tensor %d: descriptor cut short (header "
+                                    "ends at byte %d)" % (op, i, len(raw)))
+            index, code, rank, reserved, nbytes = FAST_TENSOR.unpack_from(raw, pos)
+            pos += FAST_TENSOR.size
+            if index >= len(names):
+                raise ProtocolError("binary %s frame: tensor %d: index %d is past the loaded "
+                                    "stage's %d names" % (op, i, index, len(names)))
+            name = names[index]
+            if index in seen:
+                raise ProtocolError("binary %s frame: tensor %r (index %d) appears twice"
+                                    % (op, name, index))
+            seen.add(index)
+            tag = CODE_DTYPES.get(code)
+            if tag is None:
+                raise ProtocolError("binary %s frame: tensor %r: dtype code %d is not in the "
+                                    "wire's table" % (op, name, code))
+            if rank > MAX_RANK:
+                raise ProtocolError("binary %s frame: tensor %r: rank %d exceeds %d"
+                                    % (op, name, rank, MAX_RANK))
+            if reserved:
+                raise ProtocolError("binary %s frame: tensor %r: reserved field is %d, not 0"
+                                    % (op, name, reserved))
+            if len(raw) - pos < 8 * rank:
+                raise ProtocolError("binary %s frame: tensor %r: %d dims cut short (header "
+                                    "ends at byte %d)" % (op, name, rank, len(raw)))
+            shape = _dims_struct(rank).unpack_from(raw, pos)
+            pos += 8 * rank
+            itemsize = DTYPES[tag][1]
+            count = 1
+            span = itemsize
+            for dim in shape:
+                if dim > MAX_DIM:
+                    raise ProtocolError("binary %s frame: tensor %r: dimension %d is over 2^40"
+                                        % (op, name, dim))
+                count *= dim
+                span *= dim or 1
+            if span > _MAX_SPAN:
+                raise ProtocolError("binary %s frame: tensor %r: shape %r spans more than "
+                                    "2^63 - 1 bytes" % (op, name, list(shape)))
+            if nbytes != count * itemsize:
+                raise ProtocolError("binary %s frame: tensor %r: nbytes %d != prod(shape) * "
+                                    "itemsize = %d" % (op, name, nbytes, count * itemsize))
+            if cursor + nbytes > plen:
+                raise ProtocolError("binary %s frame: tensor %r ends at byte %d, past the "
+                                    "payload's %d" % (op, name, cursor + nbytes, plen))
+            out.append((name, tag, shape, cursor, nbytes))
+            cursor += nbytes
+        if pos != len(raw):
+            raise ProtocolError("binary %s frame: header is %d bytes, its fields end at byte %d"
+                                % (op, len(raw), pos))
+        if cursor != plen:
+            raise ProtocolError("binary %s frame: tensors cover %d bytes of a %d-byte payload"
+                                % (op, cursor, plen))
+        return out
+
+
+def encode_fast(codec, op, rid, gen, arrays, options=None, timing=None):
+    """A ``run`` or ``result`` header's frame in binary (``codec``), else None when its
+    fields do not fit the binary header (the caller then encodes it as JSON).
+
+    ``options`` of a run: only ``reset_state``; ``timing`` of a result: ``worker_ns``,
+    ``rss``, ``peak`` and optionally ``state_reset``, nothing else.
+    """
+    kind = _FAST_KINDS.get(op)
+    flags = 0
+    fixed = None
+    if kind == FAST_RUN:
+        if options:
+            if set(options) - {"reset_state"}:
+                return None
+            flags = FAST_RESET_STATE if options.get("reset_state") else 0
+    elif kind == FAST_RESULT:
+        timing = timing or {}
+        if set(timing) - {"worker_ns", "rss", "peak", "state_reset"}:
+            return None
+        fixed = (timing.get("worker_ns", 0), timing.get("rss", 0), timing.get("peak", 0))
+        if not all(type(v) is int and 0 <= v <= _U64 for v in fixed):
+            return None
+        if "state_reset" in timing:
+            flags = FAST_HAS_STATE | (FAST_STATE_RESET if timing["state_reset"] else 0)
+    else:
+        return None
+    return codec.encode(kind, rid, gen, flags, arrays or {}, fixed)
+
+
+def _read_prefix(prefix, max_payload):
+    """``(fast, header_len, payload_len)`` of a frame's prefix, JSON (XSW1) or binary (XSB1)."""
+    if prefix[:4] == FAST_MAGIC and len(prefix) == PREFIX.size:
+        _, hlen, plen = PREFIX.unpack(prefix)
+        if hlen < FAST_HEAD.size or hlen > MAX_HEADER_BYTES:
+            raise ProtocolError("binary frame header length %d is outside [%d, %d]"
+                                % (hlen, FAST_HEAD.size, MAX_HEADER_BYTES))
+        if plen > max_payload:
+            raise ProtocolError("payload length %d exceeds the limit %d" % (plen, max_payload))
+        return True, hlen, plen
+    hlen, plen = validate_prefix(prefix, max_payload)
+    return False, hlen, plen
+
+
+def _head(fast, raw, plen, codec):
+    """A frame's header checked: JSON (``_validate_head``) or binary (``codec``)."""
+    if not fast:
+        return _validate_head(raw, plen)
+    if codec is None:
+        raise ProtocolError("binary frame (XSB1) where this end expects JSON frames (binary "
+                            "call frames follow a load on a connection that agreed to them)")
+    return codec.decode_head(raw, plen)
+
+
 def send_frame(sock, header, arrays=None):
     """Encode and send one frame on a stream socket."""
-    parts = encode_frame(header, arrays)
+    send_encoded(sock, encode_frame(header, arrays))
+
+
+def send_encoded(sock, parts):
+    """Send one frame already encoded (``encode_frame``, ``FastCodec.encode``), as plain
+    frames go: a small one joined in one ``sendall``, a large one part by part."""
     if sum(len(p) for p in parts) <= 1 << 16:
         sock.sendall(b"".join(parts))
         return
@@ -659,32 +988,36 @@ def _remember_t(split, plen, descs, tensors):
     _CHECKED_T[(tail, plen)] = (tuple(dict(d) for d in descs), tensors)
 
 
-def recv_frame(sock, max_payload=MAX_PAYLOAD_BYTES):
-    """Read, validate and return one Frame; nothing peer-sized is allocated before it passes."""
+def recv_frame(sock, max_payload=MAX_PAYLOAD_BYTES, codec=None):
+    """Read, validate and return one Frame; nothing peer-sized is allocated before it passes.
+
+    ``codec``: the ``FastCodec`` of the loaded signature where binary call frames were
+    agreed (a binary frame without one is refused).
+    """
     prefix = bytearray(PREFIX.size)
     _recv_exactly(sock, memoryview(prefix), False)
-    hlen, plen = validate_prefix(bytes(prefix), max_payload)
+    fast, hlen, plen = _read_prefix(bytes(prefix), max_payload)
     raw = bytearray(hlen)
     _recv_exactly(sock, memoryview(raw), True)
-    header, tensors = _validate_head(raw, plen)
+    header, tensors = _head(fast, raw, plen, codec)
     # np.empty, not bytearray: no zero-fill pass over memory the socket overwrites anyway.
     payload = np.empty(plen, dtype=np.uint8)
     if plen:
         _recv_exactly(sock, memoryview(payload), True)
-    return Frame(header, payload, tensors)
+    return Frame(header, payload, tensors, fast)
 
 
-def parse_frame(data, max_payload=MAX_PAYLOAD_BYTES):
+def parse_frame(data, max_payload=MAX_PAYLOAD_BYTES, codec=None):
     """Validate and decode one complete frame held in memory (the fuzz target)."""
     data = memoryview(data)
-    hlen, plen = validate_prefix(bytes(data[: PREFIX.size]), max_payload)
+    fast, hlen, plen = _read_prefix(bytes(data[: PREFIX.size]), max_payload)
     end = PREFIX.size + hlen
     if len(data) < end:
         raise ProtocolError("frame holds %d bytes, its header needs %d" % (len(data), end))
-    header, tensors = _validate_head(data[PREFIX.size:end], plen)
+    header, tensors = _head(fast, data[PREFIX.size:end], plen, codec)
     if len(data) != end + plen:
         raise ProtocolError("frame holds %d bytes, its lengths say %d" % (len(data), end + plen))
-    frame = Frame(header, bytearray(data[end:]), tensors)
+    frame = Frame(header, bytearray(data[end:]), tensors, fast)
     frame.arrays()  # dtype availability (bfloat16) is part of decoding
     return frame
 
@@ -899,14 +1232,15 @@ class Channel:
         the same tag (on two CPUs, the two MACs overlap instead of following each other); the
         trailer follows.
         """
+        _, hlen, plen = PREFIX.unpack_from(parts[0])  # what the encoder wrote: the sizes
+        if PREFIX.size + hlen + plen <= SMALL_FRAME:  # one record, one send
+            data = b"".join(parts)
+            counter = COUNTER.pack(self.sent)
+            self.sent += 1
+            self.sock.sendall(b"".join((data, counter, self._seal_mac.tag(counter, (data,)))))
+            return
         head = parts[:2]
         body = [memoryview(p).cast("B") for p in parts[2:]]
-        plen = sum(len(b) for b in body)
-        if len(head[0]) + len(head[1]) + plen <= SMALL_FRAME:
-            parts = head + body
-            parts.append(self._seal(parts))
-            self.sock.sendall(b"".join(parts))
-            return
         send_parts(self.sock, head + [self._seal(head)])
         records = []
         chunk = []
@@ -1030,10 +1364,17 @@ class Channel:
                                 % (number, self.received))
         self.received += 1
 
-    def recv(self, max_payload=MAX_PAYLOAD_BYTES):
-        """Read, authenticate, validate and return one Frame (nothing unverified is returned)."""
+    def recv(self, max_payload=MAX_PAYLOAD_BYTES, codec=None):
+        """Read, authenticate, validate and return one Frame (nothing unverified is returned).
+
+        ``codec`` as in ``recv_frame``: binary call frames are records like any frame.
+        """
         s = self._need(PREFIX.size, started=False)
-        hlen, plen = validate_prefix(bytes(self._view[s:s + PREFIX.size]), max_payload)
+        got = self._recv_small(s, max_payload, codec)
+        if got is not None:
+            return got
+        s = self._start  # (_recv_small may have moved the unread bytes to the buffer's front)
+        fast, hlen, plen = _read_prefix(bytes(self._view[s:s + PREFIX.size]), max_payload)
         end = PREFIX.size + hlen
         if end + plen <= SMALL_FRAME:  # one record: checked and parsed in the buffer
             s = self._need(end + plen + TRAILER_BYTES)
@@ -1041,9 +1382,9 @@ class Channel:
             self._verify((record,), bytes(self._view[s + end + plen:s + end + plen + TRAILER_BYTES]),
                          "frame head")
             self._start = s + end + plen + TRAILER_BYTES
-            header, tensors = _validate_head(record[PREFIX.size:end], plen)
+            header, tensors = _head(fast, record[PREFIX.size:end], plen, codec)
             payload = np.frombuffer(bytearray(record[end:]), dtype=np.uint8) if plen else _EMPTY
-            return Frame(header, payload, tensors)
+            return Frame(header, payload, tensors, fast)
         if end + TRAILER_BYTES <= len(self._buf):
             s = self._need(end + TRAILER_BYTES)
             head = self._view[s:s + end]
@@ -1057,19 +1398,48 @@ class Channel:
             self._fill(memoryview(rest))
             self._verify((prefix, rest), self._trailer(), "frame head")
             raw = rest
-        header, tensors = _validate_head(raw, plen)
+        header, tensors = _head(fast, raw, plen, codec)
         payload = np.empty(plen, dtype=np.uint8)
         view = memoryview(payload)
         mac = self._check_mac
         if self.mac_threads and plen > CHUNK_BYTES:
             self._recv_checked_behind(view, plen)
-            return Frame(header, payload, tensors)
+            return Frame(header, payload, tensors, fast)
         for start in range(0, plen, CHUNK_BYTES):
             part = view[start:start + CHUNK_BYTES]
             inner = mac.begin(COUNTER.pack(self.received))  # the counter this record must carry
             self._fill(part, inner)
             self._verify((part,), self._trailer(), "payload at byte %d" % start, mac.finish(inner))
-        return Frame(header, payload, tensors)
+        return Frame(header, payload, tensors, fast)
+
+    def _recv_small(self, s, max_payload, codec):
+        """The common case of ``recv`` in fewer steps: a well-formed one-record frame whose
+        record verifies under the counter expected. Anything else returns None before any
+        state changes, and ``recv``'s full path reads the same bytes (and names the failure)."""
+        buf = self._buf
+        magic, hlen, plen = PREFIX.unpack_from(buf, s)
+        n = PREFIX.size + hlen + plen
+        if n > SMALL_FRAME or plen > max_payload or hlen < (
+                FAST_HEAD.size if magic == FAST_MAGIC else 2) or hlen > MAX_HEADER_BYTES \
+                or magic not in (MAGIC, FAST_MAGIC) or (magic == FAST_MAGIC and codec is None):
+            return None
+        s = self._need(n + TRAILER_BYTES)
+        counter = COUNTER.pack(self.received)
+        if buf[s + n:s + n + COUNTER.size] != counter:
+            return None
+        view = self._view
+        if not hmac.compare_digest(self._check_mac.tag(counter, (view[s:s + n],)),
+                                   bytes(view[s + n + COUNTER.size:s + n + TRAILER_BYTES])):
+            return None
+        self.received += 1
+        self._start = s + n + TRAILER_BYTES
+        end = s + PREFIX.size + hlen
+        if magic == FAST_MAGIC:
+            header, tensors = codec.decode_head(view[s + PREFIX.size:end], plen)
+        else:
+            header, tensors = _validate_head(view[s + PREFIX.size:end], plen)
+        payload = np.frombuffer(bytearray(view[end:s + n]), dtype=np.uint8) if plen else _EMPTY
+        return Frame(header, payload, tensors, magic == FAST_MAGIC)
 
     def _recv_checked_behind(self, view, plen):
         """Payload records read by this thread while ``mac_threads`` threads hash the ones

@@ -28,7 +28,8 @@ from . import shm as shm_mod
 
 __all__ = ["main"]
 
-FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin", "evidence", "bell-eventfd"]
+FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin", "evidence", "bell-eventfd",
+            "fast-frames"]
 #: Exit status when the client vanished (stdin ended or the control stream closed).
 EXIT_ORPHANED = 70
 
@@ -134,6 +135,7 @@ class Worker:
         self.next_set = 0  # the set the client publishes its next request in (cyclic order)
         self.state = None  # State, when the stage declares state pairs
         self.fed_names = None  # the input names a run's frame carries (check_feeds)
+        self.codec = None  # binary run/result frames for the loaded signature (wire.FastCodec)
 
     # ---------------------------------------------------------------- replies
     def send(self, header, arrays=None):
@@ -143,10 +145,17 @@ class Worker:
         else:
             wire.send_frame(self.sock, header, arrays)
 
+    def send_parts(self, parts):
+        """Send a frame already encoded (a binary ``result``)."""
+        if self.channel is not None:
+            self.channel.send_parts(parts)
+        else:
+            wire.send_encoded(self.sock, parts)
+
     def recv(self):
         if self.channel is not None:
-            return self.channel.recv()
-        return wire.recv_frame(self.sock)
+            return self.channel.recv(codec=self.codec)
+        return wire.recv_frame(self.sock, codec=self.codec)
 
     def check_generation(self, frame):
         """A request for another generation is fatal: it was meant for another worker."""
@@ -164,6 +173,7 @@ class Worker:
     def on_load(self, frame):
         options = frame.header.get("options") or {}
         runtime = frame.header["runtime"]
+        self.codec = None
         if runtime == "ort":
             from . import ort_runtime
 
@@ -176,6 +186,11 @@ class Worker:
             raise ValueError("unknown runtime %r (this worker has: ort, torch)" % runtime)
         self.state = State(options["state"], self.runtime) if options.get("state") else None
         self.fed_names = None
+        try:
+            self.codec = wire.FastCodec([d["name"] for d in self.runtime.inputs],
+                                        [d["name"] for d in self.runtime.outputs])
+        except wire.ProtocolError:  # over 65535 names: the client keeps JSON frames too
+            self.codec = None
         self.send({"op": "loaded", "id": frame.id, "inputs": self.runtime.inputs,
                    "outputs": self.runtime.outputs, "info": self.runtime.info})
 
@@ -312,6 +327,12 @@ class Worker:
             outputs = self.state.keep(outputs)
         rss, peak = memory.read_cached()  # one getrusage unless a page fault happened
         timing.update(worker_ns=worker_ns, rss=rss, peak=peak)
+        if frame.fast:  # a binary run is answered in binary (docs/wire.md)
+            parts = wire.encode_fast(self.codec, "result", frame.id, self.generation, outputs,
+                                     timing=timing)
+            if parts is not None:
+                self.send_parts(parts)
+                return
         self.send({"op": "result", "id": frame.id, "timing": timing}, outputs)
 
     def on_shm_call(self, seq, s=0):

@@ -3,7 +3,8 @@
     pip install atheris
     python tests/wire/fuzz_parse_frame.py -max_total_time=600 tests/wire/hostile/
 
-Anything but ``ProtocolError`` escaping ``parse_frame`` is a bug; atheris reports it with
+Anything but ``ProtocolError`` escaping ``parse_frame`` (JSON frames, and binary call frames
+against a fixed signature) is a bug; atheris reports it with
 the input that caused it. Without atheris the script says so and exits 0.
 """
 
@@ -21,9 +22,13 @@ else:
     from xstage_remote import wire
 
 
+#: A loaded signature, so binary call frames (``XSB1``) reach their header check too.
+CODEC = wire.FastCodec(["x", "mask", "ids"], ["y", "z"])
+
+
 def TestOneInput(data):  # noqa: N802 (the name atheris expects)
     try:
-        frame = wire.parse_frame(data)
+        frame = wire.parse_frame(data, codec=CODEC)
     except wire.ProtocolError:
         return
     frame.arrays()

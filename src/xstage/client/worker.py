@@ -164,6 +164,10 @@ class WorkerClient:
         self._ctl: socket.socket | None = None
         self._io: DeadlineSocket | None = None  # the control socket, one deadline per call
         self._channel: wire.Channel | None = None  # authenticated records (tcp transport)
+        #: Binary ``run``/``result`` frames for the loaded signature, when the worker lists
+        #: ``fast-frames`` in its hello and ``fast_frames`` is on (docs/wire.md).
+        self._fast: wire.FastCodec | None = None
+        self.fast_frames = True
         self._tcp_hello: dict[str, Any] | None = None
         self.refused_peers: list[str] = []
         self._bell: shm.Doorbell | None = None
@@ -518,7 +522,12 @@ class WorkerClient:
         io = self._io
         assert io is not None
         try:
-            parts = wire.encode_frame(wire.with_generation(header, self.generation), arrays)
+            parts = None
+            if self._fast is not None and header["op"] == "run":  # a binary call frame
+                parts = wire.encode_fast(self._fast, "run", header["id"], self.generation,
+                                         arrays, header.get("options"))
+            if parts is None:
+                parts = wire.encode_frame(wire.with_generation(header, self.generation), arrays)
         except wire.ProtocolError as exc:
             raise errors.LocalProtocolError(str(exc)) from exc
         seconds = getattr(self.deadlines, phase)
@@ -553,8 +562,8 @@ class WorkerClient:
             io.got = 0
         try:
             if self._channel is not None:
-                return self._channel.recv()
-            return wire.recv_frame(io)
+                return self._channel.recv(codec=self._fast)
+            return wire.recv_frame(io, codec=self._fast)
         except self._LOWER as exc:
             raise self._translate(exc, phase, seconds) from exc
         except BaseException as exc:
@@ -695,8 +704,13 @@ class WorkerClient:
                 options["state"] = state
             header = {"op": "load", "runtime": runtime, "path": self.worker_path(str(path)),
                       "options": options}
+            self._fast = None  # the worker drops its codec when a load starts
             frame = self._request(header, "loaded", "load")
             self.loaded = frame.header
+            if self.fast_frames and "fast-frames" in ((self.hello or {}).get("features") or ()):
+                with contextlib.suppress(wire.ProtocolError):  # over 65535 names: JSON frames
+                    self._fast = wire.FastCodec([d["name"] for d in frame.header["inputs"]],
+                                                [d["name"] for d in frame.header["outputs"]])
             held_in = {p["input"] for p in state}
             held_out = {p["output"] for p in state}
             self._inputs = [d for d in frame.header["inputs"] if d["name"] not in held_in]
