@@ -22,7 +22,7 @@ from xstage_remote import shm
 RANGE = copies.MIN_RANGE
 READ_LOAD = copies._read_load  # before the autouse fixture replaces it
 #: Not a multiple of a range, nor of a page: the last range is short and ends mid-page.
-ODD = 5 * RANGE + 4093
+ODD = copies.MIN_BYTES + RANGE + 4093  # above the split size, not a multiple of a range
 
 
 @pytest.fixture(autouse=True)

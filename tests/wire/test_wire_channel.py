@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 import pytest
+from taps import Tap
 
 from xstage_remote import wire
 
@@ -26,31 +27,6 @@ def mac_threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     machine of 4 CPUs or more); the bytes on the wire and every check are the same."""
     monkeypatch.setattr(wire, "MAC_THREADS", request.param)
     return int(request.param)
-
-
-class Tap:
-    """A socket that keeps what each send call wrote (``sends``), and can be muted."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.sends: list[bytes] = []
-        self.mute = False
-
-    def sendall(self, data: bytes) -> None:
-        self.sends.append(bytes(data))
-        if not self.mute:
-            self.sock.sendall(data)
-
-    def sendmsg(self, buffers) -> int:  # type: ignore[no-untyped-def]
-        data = b"".join(bytes(x) for x in buffers)
-        self.sendall(data)
-        return len(data)
-
-    def recv_into(self, *args):  # type: ignore[no-untyped-def]
-        return self.sock.recv_into(*args)
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
 
 
 def _pair(role_a: str = "client", role_b: str = "worker"):

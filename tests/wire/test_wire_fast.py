@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from taps import Tap
 
 from xstage_remote import wire
 
@@ -274,25 +275,6 @@ def test_fuzz_valid_binary_frames_round_trip_bit_exact(arrays) -> None:  # type:
 
 
 # ----------------------------------------------------------------------------- channel
-class Tap:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.sends, self.mute = sock, [], False
-
-    def sendall(self, data) -> None:  # type: ignore[no-untyped-def]
-        self.sends.append(bytes(data))
-        if not self.mute:
-            self.sock.sendall(data)
-
-    def sendmsg(self, buffers) -> int:  # type: ignore[no-untyped-def]
-        data = b"".join(bytes(x) for x in buffers)
-        self.sendall(data)
-        return len(data)
-
-    def recv_into(self, *args):  # type: ignore[no-untyped-def]
-        return self.sock.recv_into(*args)
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
 
 
 def _pair():  # type: ignore[no-untyped-def]

@@ -14,10 +14,13 @@ many helpers as the machine has CPUs nobody runs on (``/proc/loadavg``'s running
 at most every 10 ms): a helper woken onto a busy CPU would hold its range for a scheduler slice.
 The pool starts on its first large copy and ends with its ``WorkerClient``.
 
-Why ``MIN_BYTES`` is 1 MiB: a range costs ~5-10 µs of Python around its ``np.copyto`` (slices,
+Why ``MIN_BYTES`` is 2 MiB: a range costs ~5-10 µs of Python around its ``np.copyto`` (slices,
 the counter, the GIL), and a helper's wake-up ~5-30 µs (an idle CPU is halted); a single-thread
-copy moves ~5-10 GB/s, so below ~0.5 MiB (50-100 µs of copying) the fixed costs eat what a
-second CPU saves. Measured in ``docs/benchmarks.md`` ("Copies on several CPUs").
+copy moves ~5-10 GB/s. Alone, a split 1 MiB copy pays on the 16-core H200 host (``benchmarks/
+copies.py``: 0.60x with two helpers), but inside a call it did not: ``transport.py``'s 1 MiB + 1
+MiB overhead was 1.09x the TCP echo's with the split from 1 MiB against 0.82x without it, while
+4.8 + 4.0 MB went 0.64x -> 0.46x (both copies split). Measured in ``docs/benchmarks.md``
+("Copies on several CPUs").
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from xstage_remote import shm
+
 __all__ = ["COPY_THREADS", "ENV_PROBLEM", "MIN_BYTES", "CopyPool", "copy_threads_default"]
 
 #: Copies of at least this many bytes are split (see the module's docstring for why).
-MIN_BYTES = 1 << 20
+MIN_BYTES = 2 << 20
 #: The smallest range one participant copies (a range is page-aligned where it can be).
 MIN_RANGE = 256 << 10
 #: Ranges per participant, and at least ``MIN_RANGES`` in all: a helper that wakes late takes
@@ -83,27 +88,12 @@ def copy_threads_default(environ: Any = None) -> tuple[int, str | None]:
 #: This process's default helpers, and the problem with ``XSTAGE_COPY_THREADS`` (read once).
 COPY_THREADS, ENV_PROBLEM = copy_threads_default()
 
-_LOADAVG: list[int | None] = []  # the open /proc/loadavg, once tried
-
-
 def _read_load() -> tuple[int, int] | None:
-    """(tasks running or runnable now, this one included; the machine's CPUs).
+    """(tasks running or runnable now, this one included; the machine's CPUs), or None.
 
-    None where ``/proc/loadavg`` cannot be read.
+    The doorbell's reader (``shm.read_load``); None where ``/proc/loadavg`` cannot be read.
     """
-    if not _LOADAVG:
-        try:
-            _LOADAVG.append(os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC))
-        except OSError:
-            _LOADAVG.append(None)
-    fd = _LOADAVG[0]
-    if fd is None:
-        return None
-    try:
-        running = int(os.pread(fd, 128, 0).split()[3].split(b"/")[0])
-    except (OSError, IndexError, ValueError):
-        return None
-    return running, os.cpu_count() or 1
+    return shm.read_load()
 
 
 def free_helpers(threads: int, load: tuple[int, int] | None, allowed: int) -> int:
