@@ -82,6 +82,22 @@ def _settings_usable() -> None:
                                 f"{LOG_KEEP_DEFAULT}") from None
 
 
+def _checked_settings(generation: int, depth: int, shm_mode: str | None,
+                      transport: str) -> str:
+    """The shared-region mode a client runs with; a usage error for any setting out of range."""
+    if type(generation) is not int or not 1 <= generation <= wire.MAX_GENERATION:
+        raise errors.UsageError(f"generation {generation!r} is outside [1, 2^32)")
+    if type(depth) is not int or not 1 <= depth <= shm.MAX_SETS:
+        raise errors.UsageError(f"depth {depth!r} is outside 1..{shm.MAX_SETS}",
+                                remedy="give a whole number of requests in flight, e.g. 2")
+    mode = shm_mode or os.environ.get("XSTAGE_SHM", "auto")
+    if mode not in ("auto", "memfd", "named", "off"):
+        raise errors.UsageError(f"XSTAGE_SHM={mode!r} is not one of auto, memfd, named, off")
+    if transport not in ("local", "tcp"):
+        raise errors.UsageError(f"transport {transport!r} is not one of local, tcp")
+    return mode
+
+
 class WorkerClient:
     """One worker process and the protocol to it.
 
@@ -129,23 +145,12 @@ class WorkerClient:
                 queues the rest in the client).
             first_id: the first request id (a replacement worker continues its stage's ids).
         """
-        if type(generation) is not int or not 1 <= generation <= wire.MAX_GENERATION:
-            raise errors.UsageError(f"generation {generation!r} is outside [1, 2^32)")
-        if type(depth) is not int or not 1 <= depth <= shm.MAX_SETS:
-            raise errors.UsageError(f"depth {depth!r} is outside 1..{shm.MAX_SETS}",
-                                    remedy="give a whole number of requests in flight, e.g. 2")
+        self.shm_mode = _checked_settings(generation, depth, shm_mode, transport)
         self.depth = depth
         self.generation = generation
         self.interpreter = interpreter
         self.route = route
         self.deadlines = deadlines or Deadlines()
-        self.shm_mode = shm_mode or os.environ.get("XSTAGE_SHM", "auto")
-        if self.shm_mode not in ("auto", "memfd", "named", "off"):
-            raise errors.UsageError(
-                f"XSTAGE_SHM={self.shm_mode!r} is not one of auto, memfd, named, off"
-            )
-        if transport not in ("local", "tcp"):
-            raise errors.UsageError(f"transport {transport!r} is not one of local, tcp")
         self.transport = transport
         self.listen_host = listen_host
         self.connect_host = connect_host or listen_host
