@@ -1,8 +1,11 @@
-"""A socket wrapper for the channel tests: it keeps what each send wrote, and can be muted."""
+"""The channel tests' sockets: a wrapper that keeps what each send wrote (and can be muted),
+and a connected pair of authenticated channels over a socketpair."""
 
 from __future__ import annotations
 
 import socket
+
+from xstage_remote import wire
 
 
 class Tap:
@@ -28,3 +31,15 @@ class Tap:
 
     def fileno(self) -> int:
         return self.sock.fileno()
+
+
+def channel_pair(secret: str, role_a: str = "client", role_b: str = "worker"):  # type: ignore[no-untyped-def]
+    """Two channels over a socketpair, past a handshake's transcript: (a, b, a's tap, b's tap)."""
+    hello = {"op": "hello", "id": 0, "nonce": wire.new_nonce()}
+    digest = wire.transcript(hello, wire.new_nonce())
+    a, b = socket.socketpair()
+    a.settimeout(10)
+    b.settimeout(10)
+    ta, tb = Tap(a), Tap(b)
+    return wire.Channel(ta, secret, digest, role_a), wire.Channel(tb, secret, digest, role_b), \
+        ta, tb

@@ -8,12 +8,11 @@ naming its check; the process-level attacker is ``tests/client/test_tcp_attacker
 from __future__ import annotations
 
 import re
-import socket
 import threading
 
 import numpy as np
 import pytest
-from taps import Tap
+from taps import channel_pair
 
 from xstage_remote import wire
 
@@ -29,15 +28,8 @@ def mac_threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     return int(request.param)
 
 
-def _pair(role_a: str = "client", role_b: str = "worker"):
-    hello = {"op": "hello", "id": 0, "nonce": wire.new_nonce()}
-    digest = wire.transcript(hello, wire.new_nonce())
-    a, b = socket.socketpair()
-    a.settimeout(10)
-    b.settimeout(10)
-    ta, tb = Tap(a), Tap(b)
-    return wire.Channel(ta, SECRET, digest, role_a), wire.Channel(tb, SECRET, digest, role_b), \
-        ta, tb
+def _pair(role_a: str = "client", role_b: str = "worker"):  # type: ignore[no-untyped-def]
+    return channel_pair(SECRET, role_a, role_b)
 
 
 def _wire_bytes(header, arrays=None) -> list[bytes]:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from taps import Tap
+from taps import channel_pair
 
 from xstage_remote import wire
 
@@ -278,14 +278,7 @@ def test_fuzz_valid_binary_frames_round_trip_bit_exact(arrays) -> None:  # type:
 
 
 def _pair():  # type: ignore[no-untyped-def]
-    hello = {"op": "hello", "id": 0, "nonce": wire.new_nonce()}
-    digest = wire.transcript(hello, wire.new_nonce())
-    a, b = socket.socketpair()
-    a.settimeout(10)
-    b.settimeout(10)
-    ta, tb = Tap(a), Tap(b)
-    return (wire.Channel(ta, SECRET, digest, "client"), wire.Channel(tb, SECRET, digest, "worker"),
-            ta, tb)
+    return channel_pair(SECRET)
 
 
 @pytest.mark.parametrize("n", [16, 300_000], ids=["one record", "payload records"])
