@@ -12,7 +12,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["IR_VERSION", "OPSET", "builtin_stage", "matmul_chain", "mlp", "slice_graph", "write"]
+__all__ = ["IR_VERSION", "OPSET", "accumulator", "builtin_stage", "matmul_chain", "mlp",
+           "slice_graph", "write"]
 
 IR_VERSION = 8
 OPSET = 17
@@ -89,6 +90,20 @@ def slice_graph(n_in: int, n_out: int, dtype: int = TensorProto.FLOAT) -> onnx.M
         [helper.make_tensor_value_info("y", dtype, [n_out])],
         [starts, ends],
     )
+    return _model(graph)
+
+
+def accumulator(n: int = 4, state_out: int | None = None) -> onnx.ModelProto:
+    """``h_out = h_in + x; y = h_out``: the smallest stage with a state pair (``h_in`` fed back
+    from ``h_out``, docs/serving.md). ``state_out`` declares ``h_out`` with another length (a
+    pair whose shapes disagree, for the refusal's tests)."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["h_in", "x"], ["h_out"]),
+         helper.make_node("Identity", ["h_out"], ["y"])], "accumulator",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n]),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n]),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [state_out or n])])
     return _model(graph)
 
 

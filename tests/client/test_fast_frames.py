@@ -8,12 +8,11 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
 
 from tests.client.conftest import IDENTITY_IO, identity_inputs
+from xstage import builtin_graphs
 from xstage.client import WorkerClient
 from xstage_remote import wire
 
@@ -91,16 +90,7 @@ def test_json_frames_are_kept_where_binary_ones_were_not_agreed(graphs, how: str
 
 
 def test_state_flags_travel_in_the_binary_header(tmp_path) -> None:
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["h_in", "x"], ["h_out"]),
-         helper.make_node("Identity", ["h_out"], ["y"])], "accumulator",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
-         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]),
-         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [4])])
-    path = tmp_path / "acc.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                                ir_version=8), path)
+    path = builtin_graphs.write(builtin_graphs.accumulator(), tmp_path / "acc.onnx")
     x = np.arange(4, dtype=np.float32)
     with WorkerClient(sys.executable, shm_mode="off") as w:
         w.load(path, options={"state": [{"input": "h_in", "output": "h_out", "init": "zeros"}]})

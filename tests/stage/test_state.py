@@ -12,12 +12,10 @@ import signal
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 import xstage
-from xstage import errors
+from xstage import builtin_graphs, errors
 from xstage.manifest import write_manifest
 from xstage.record import read_record
 
@@ -25,16 +23,7 @@ X = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
 
 
 def _accumulator(folder: Path, init: str = "zeros", shape_out: int = 4) -> Path:
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["h_in", "x"], ["h_out"]),
-         helper.make_node("Identity", ["h_out"], ["y"])], "accumulator",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
-         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]),
-         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [shape_out])])
-    path = folder / "acc.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                                ir_version=8), path)
+    path = builtin_graphs.write(builtin_graphs.accumulator(4, shape_out), folder / "acc.onnx")
     spec = {"dtype": "float32", "shape": [4]}
     write_manifest(path, component="accumulator", fmt="onnx:fp32", files=[path],
                    source={"kind": "test"}, exporter={"xstage": "test"},
