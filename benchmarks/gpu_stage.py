@@ -255,6 +255,7 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
             row[f"{arm} split"] = {k: statistics.median(c[i] for c in split[arm])
                                    for i, k in enumerate(SPLIT)}
     for arm, s in stages.items():
+        row[f"{arm} copies split"] = getattr(getattr(s._client, "_copies", None), "split", None)
         rec = s.record()
         acc = rec["worker"].get("accelerator") or {}
         row[f"{arm} ledger"] = {
