@@ -320,3 +320,16 @@ def test_pipelined_requests_in_several_sets_keep_their_own_bytes(monkeypatch, tm
             for name, value in sent.items():
                 assert got[f"{name}_out"].tobytes() == value.tobytes(), name
         assert w._copies.split >= 6 * len(feeds) // 2  # most copies split (one at a time)
+
+
+def test_inputs_the_device_reads_by_dma_are_copied_in_by_the_caller_alone() -> None:
+    """torch-cuda's pinned region: the worker's device reads the inputs straight from it."""
+    from xstage.client.worker import dma_reads_region
+
+    def loaded(state):
+        return {"info": {"accelerator": {"pinned_region": {"state": state}}}}
+
+    assert dma_reads_region(loaded("pending")) and dma_reads_region(loaded("registered"))
+    assert not dma_reads_region(loaded("off"))
+    assert not dma_reads_region({"info": {"accelerator": {}}}) and not dma_reads_region(None)
+    assert not dma_reads_region({"info": {"accelerator": "cpu"}})

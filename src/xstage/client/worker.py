@@ -82,6 +82,20 @@ def _settings_usable() -> None:
                                 f"{LOG_KEEP_DEFAULT}") from None
 
 
+def dma_reads_region(loaded: Mapping[str, Any] | None) -> bool:
+    """True when the worker's device reads the inputs from the region by DMA.
+
+    torch-cuda's pinned region: there the inputs are copied in by the calling thread alone.
+    Why: on the H200, with a 4.8 MB input (``benchmarks/gpu_stage.py``'s conv-224, helpers
+    on against off in the same run, four runs), the split copy never made the caller faster
+    (0 to 55 µs slower) and the worker's DMA and compute took 32-145 µs longer every time
+    (docs/benchmarks.md); why is not known (the ORT path, which the CPU reads, gains).
+    """
+    acc = ((loaded or {}).get("info") or {}).get("accelerator")
+    pinned = acc.get("pinned_region") if isinstance(acc, dict) else None
+    return isinstance(pinned, dict) and pinned.get("state") in ("pending", "registered")
+
+
 def _checked_settings(generation: int, depth: int, shm_mode: str | None,
                       transport: str) -> str:
     """The shared-region mode a client runs with; a usage error for any setting out of range."""
@@ -814,7 +828,7 @@ class WorkerClient:
         if self._region is not None:
             self._region.close()  # the worker let go of it when it attached the new one
         self._region = region
-        if self._copies.threads:
+        if self._copies.threads and not dma_reads_region(self.loaded):
             region.use_copier(self._copies)
         self._pipe.reset_sets()
         assert self._bell is not None
