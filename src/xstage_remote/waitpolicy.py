@@ -29,9 +29,11 @@ Rules, in order; a decision names the rule that made it:
 2. ``one_cpu``: this process may run on one CPU only: a spinner holds the CPU the answer needs.
 3. ``long_call``: the answer is expected later than ``long_call`` seconds: a spin from the
    start cannot pay, and on a small machine it steals a core from the runtime's own threads.
-   ``near_end``: the same wait when the load sample shows a CPU free beside the waiter (fewer
-   runnable tasks than CPUs) and no backoff runs: block until ``near_end`` seconds before the
-   expected answer (``WaitPolicy.wake``, seconds after the wait begins), then spin for at most
+   ``near_end``: the same wait when the load sample shows no more runnable tasks than CPUs
+   (the waiter, sampled while it runs, and the peer computing its answer each have one: the
+   spin takes only the waiter's own CPU) and no backoff runs: block until ``near_end`` seconds
+   before the expected answer (``WaitPolicy.wake``, seconds after the wait begins), then spin
+   for at most
    ``3 * near_end``, then block. A blocked waiter woken by the answer pays the wake-up of a CPU
    that slept through the whole call, deep in its idle states: on the H200 host (16 Xeon
    cores) the answer of a 1.3 ms CUDA stage reached the caller 90-124 µs after the worker
@@ -169,7 +171,8 @@ class WaitPolicy:
         #: How many decisions each rule made, and how the waits ended.
         self.rules = dict.fromkeys(RULES, 0)
         self._spin = Decision(self.spin_seconds, "spin")
-        self._near_end = Decision(min(3 * self.near_end, self.spin_seconds), "near_end")
+        # to the nanosecond, as traces keep times (3 * 0.0001 is not 0.0003 in binary)
+        self._near_end = Decision(round(min(3 * self.near_end, self.spin_seconds), 9), "near_end")
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
 
     def decide(self, load, expected=None):
@@ -191,7 +194,7 @@ class WaitPolicy:
         if expected is not None and expected > self.long_call:
             if self._blocked_for > 0:  # a near-end spin did not pay: this wait counts off
                 self._blocked_for -= 1
-            elif self.near_end > 0 and load is not None and load[0] < load[1] \
+            elif self.near_end > 0 and load is not None and load[0] <= load[1] \
                     and expected > self.near_end:
                 return self._near_end
             return _BLOCK["long_call"]

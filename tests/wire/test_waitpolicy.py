@@ -66,7 +66,8 @@ def test_rule_3_near_end_a_long_call_with_a_cpu_free_sleeps_then_spins_near_its_
     d = p.decide(QUIET, expected=0.0013)
     assert d.rule == "near_end" and d.spin == pytest.approx(0.0003)  # three leads at most
     assert p.wake(0.0013) == pytest.approx(0.0012)  # sleeps until 100 µs before the answer
-    assert p.decide(Load(16, 16), expected=0.0013) == (0.0, "long_call")  # no CPU free
+    assert p.decide(Load(16, 16), expected=0.0013).rule == "near_end"  # waiter + peer: room
+    assert p.decide(Load(17, 16), expected=0.0013) == (0.0, "long_call")  # a task waits for a CPU
     assert p.decide(None, expected=0.0013) == (0.0, "long_call")  # load unknown
     assert p.decide(QUIET, expected=0.0001).rule == "spin"  # a short call spins as before
     assert policy(long_call=0.0002).decide(QUIET, expected=0.0013).rule == "long_call"  # off
