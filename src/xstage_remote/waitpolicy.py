@@ -256,16 +256,16 @@ class WaitPolicy:
 
 def describe(summary):
     """One line for a summary: ``spin 180 (answered 175, expired 5), block 20 (long_call 20)``;
-    ``near end N`` counts the waits that slept until near the expected answer, then spun."""
+    then ``near end N``: the waits that slept until near the expected answer, then spun."""
     rules = summary.get("rules", {})
     outcomes = summary.get("outcomes", {})
     blocking = [k for k in rules if k not in ("spin", "near_end")]
     blocks = ", ".join("%s %d" % (k, rules[k]) for k in blocking)
     spun = ", ".join("%s %d" % (k, v) for k, v in outcomes.items() if k not in ("blocked", "ready"))
-    parts = ["spin %d (%s)" % (rules.get("spin", 0), spun or "none")]
-    if rules.get("near_end"):
+    parts = ["spin %d (%s)" % (rules.get("spin", 0), spun or "none"),
+             "block %d (%s)" % (sum(rules[k] for k in blocking), blocks or "none")]
+    if rules.get("near_end"):  # after the two counts, which readers (and tests) expect first
         parts.append("near end %d" % rules["near_end"])
-    parts.append("block %d (%s)" % (sum(rules[k] for k in blocking), blocks or "none"))
     if outcomes.get("ready"):
         parts.append("answered before waiting %d" % outcomes["ready"])
     return ", ".join(parts)

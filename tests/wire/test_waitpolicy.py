@@ -438,3 +438,14 @@ def test_a_long_call_is_never_spun_for_from_its_start() -> None:
     assert {w["decision"][1] for w in known} <= {"long_call", "near_end"}
     near = [w for w in known if w["decision"][1] == "near_end"]
     assert all(w["decision"][0] <= 3 * doc["near_end"] for w in near), near[:3]
+
+
+def test_the_summary_line_keeps_spin_then_block_first_with_near_end_waits() -> None:
+    p = policy(long_call=0.0002, near_end=0.0001)
+    for _ in range(3):
+        p.decide(QUIET, expected=0.001)
+        p.observe(0.0001, 1e-6, "answered", 0.001)
+    p.decide(QUIET)
+    p.observe(0.0, 0.0, "ready", 0.0)
+    line = waitpolicy.describe(p.summary())
+    assert line.startswith("spin 1 (answered 3), block 0 (none), near end 3"), line
