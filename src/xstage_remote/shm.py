@@ -1113,44 +1113,36 @@ class Doorbell:
         if tell:
             region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
         outcome, longest, spun = "blocked", 0.0, 0.0
-        if budget > 0 and decision.rule == "near_end":  # sleep first, then spin (waitpolicy)
+        near_end = decision.rule == "near_end"
+        if budget > 0 and near_end:  # sleep until near the expected answer first (waitpolicy)
             until = start + policy.wake(expected)
             state = self._sleep(ready, until if deadline is None else min(deadline, until),
                                 watch, fine=True)
             if state != "timeout" or (deadline is not None and time.monotonic() >= deadline):
-                if state == "ready":  # rung before the spin began: an early answer
-                    policy.observe(0.0, 0.0, "blocked", time.monotonic() - start)
-                    if self.trace is not None:
-                        self._record(decision, expected, 0.0, 0.0, "blocked",
-                                     time.monotonic() - start)
-                elif self.trace is not None:
-                    self._record(decision, expected, 0.0, 0.0, None, None)
+                # answered early (rung while asleep), or it ended for another reason
+                self._learn(decision, expected, 0.0, 0.0, "blocked" if state == "ready" else None,
+                            time.monotonic() - start)
                 return state
+        if budget > 0:
             begun = time.monotonic()
             outcome, longest, now = self._spin(ready, begun, budget, tell)
-            spun = now - begun
+            spun = now - (begun if near_end else start)
             if outcome == "answered":
-                policy.observe(spun, longest, outcome, now - start)
-                if self.trace is not None:
-                    self._record(decision, expected, spun, longest, outcome, now - start)
-                return "ready"
-        elif budget > 0:
-            outcome, longest, now = self._spin(ready, time.monotonic(), budget, tell)
-            spun = now - start
-            if outcome == "answered":
-                policy.observe(spun, longest, outcome, spun)
-                if self.trace is not None:
-                    self._record(decision, expected, spun, longest, outcome, spun)
+                self._learn(decision, expected, spun, longest, outcome, now - start)
                 return "ready"
         state = self._sleep(ready, deadline, watch)
-        if state == "ready":
-            latency = time.monotonic() - start
-            policy.observe(spun, longest, outcome, latency)
-            if self.trace is not None:
-                self._record(decision, expected, spun, longest, outcome, latency)
-        elif self.trace is not None:  # a wake-up for something else: no answer to learn from
-            self._record(decision, expected, spun, longest, None, None)
+        self._learn(decision, expected, spun, longest, outcome if state == "ready" else None,
+                    time.monotonic() - start)
         return state
+
+    def _learn(self, decision, expected, spun, longest, outcome, latency):
+        """What a wait saw, told to the policy and the trace; ``outcome`` None: the wait ended
+        for another reason (a watched fd, a death, the deadline), so there is nothing to learn."""
+        if outcome is not None:
+            self.policy.observe(spun, longest, outcome, latency)
+        if self.trace is not None:
+            self._record(decision, expected, spun, longest, outcome,
+                         latency if outcome is not None else None)
 
     def _spin(self, ready, start, budget, tell):
         """Spin with yields until ``ready()`` or the budget ends; (outcome, longest yield,
