@@ -19,6 +19,9 @@ over every call:
 * ``xstage graph 1cpu``: the same with the client's copies into and out of the region on the
   calling thread alone (``client/copies.py`` off; opened only where its helpers are on by
   default, from 4 CPUs, or ``XSTAGE_COPY_THREADS``): the A/B of the copy helpers (issue 20);
+* ``xstage graph no heads-up``: the same with the heads-up off (``shm.Doorbell.heads_up``: a
+  caller whose input copy is long wakes the sleeping worker before it copies; on by default
+  from 4 CPUs): the A/B of the worker's wake-up overlapping the copy;
 * ``inproc device``: CUDA tensors in, the module, one sync (no host copy at all);
 * ``xstage device``: ``--ep-option device_tensors=on``, CUDA tensors in, views of the worker's
   device slots out (the graph on; device-to-device copies only);
@@ -46,10 +49,12 @@ import numpy as np
 #: CPU would cost minutes per arm; the gate itself is what tests/gpu checks.
 TOLERANCE = {"elem_a": 1e-5}
 ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstage graph",
-        "xstage graph 1cpu", "inproc device", "xstage device", "xstage in place")
+        "xstage graph 1cpu", "xstage graph no heads-up", "inproc device", "xstage device",
+        "xstage in place")
 XS_OPTIONS = {"xstage old": {"pinned_region": "off", "cuda_graphs": "off"},
               "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {},
-              "xstage graph 1cpu": {}, "xstage device": {"device_tensors": "on"}}
+              "xstage graph 1cpu": {}, "xstage graph no heads-up": {},
+              "xstage device": {"device_tensors": "on"}}
 
 
 def _copies_on_one_thread(stage):
@@ -196,6 +201,8 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
         say(f"  {name}: {arm} opened in {time.perf_counter() - t0:.1f} s")
         if arm == "xstage graph 1cpu":
             _copies_on_one_thread(stages[arm])
+        if arm == "xstage graph no heads-up":
+            stages[arm]._client._pipe.heads_up_ns = 0
     feeds = dict(stages["xstage graph"].inputs)
     names = [i.name for i in stages["xstage graph"].artifact.inputs]
     pageable, pinned_call, gpu_ms, device_call = _inproc(torch, path, feeds, names)
@@ -215,7 +222,8 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
             if not np.array_equal(got[k], v):
                 say(f"  {name}: xstage device output {k} differs from the graph's by "
                     f"{float(np.max(np.abs(got[k] - v))):.3g}")
-    for arm in [a for a in ("xstage old", "xstage eager", "xstage graph 1cpu") if a in stages]:
+    for arm in [a for a in ("xstage old", "xstage eager", "xstage graph 1cpu",
+                            "xstage graph no heads-up") if a in stages]:
         got = stages[arm](feeds)
         for k, v in ref.items():
             if not np.array_equal(np.asarray(got[k]), v):
@@ -329,7 +337,7 @@ def residue(say):
 
 def table(rows):
     head = ("stage", "gpu ms", *[f"{a} ms" for a in ARMS], "graph/pageable", "graph/pinned",
-            "eager/pageable", "graph 1cpu/pageable")
+            "eager/pageable", "graph 1cpu/pageable", "no heads-up/pageable")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         base, pin = r["inproc pageable"], r["inproc pinned"]
@@ -337,7 +345,8 @@ def table(rows):
                                  *[f"{r[a]:.3f}" for a in ARMS],
                                  f"{r['xstage graph'] / base:.3f}", f"{r['xstage graph'] / pin:.3f}",
                                  f"{r['xstage eager'] / base:.3f}",
-                                 f"{r['xstage graph 1cpu'] / base:.3f}"]))
+                                 f"{r['xstage graph 1cpu'] / base:.3f}",
+                                 f"{r['xstage graph no heads-up'] / base:.3f}"]))
     lines.append("")
     lines.append("stage | gpu ms | inproc device ms | arm | round trip ms | - gpu µs | "
                  "- inproc device µs | worker ms")

@@ -13,6 +13,7 @@ Layout v2 with K slot sets (integers little-endian, offsets in bytes; ``b(s) = 6
    b(s) +--------------------------------------------------+   control block of set s:
         | req_id u64 | client_asleep u32 | client_cpu u32 |   client writes
         | req_gen u32 | req_flags u32 | pub_ns u64 | cancel_id u64 |
+        | coming_ns u64 (set 0 only: "Heads-up" below)        |
  b(s)+64+--------------------------------------------------+
         | resp_id u64 | status u32 | pad | worker_ns u64   |   worker writes
         | rss u64 | peak u64 | worker_asleep u32 | worker_cpu u32 | resp_gen u32 | pad |
@@ -111,6 +112,15 @@ worker on its own (pinning to the others migrates at once; the full mask is rest
 after). Where there is no other CPU it stops spinning and blocks. The worker never moves: its
 main thread belongs beside onnxruntime's pinned threads, and moving it onto one of their
 cores doubled a 5 ms graph's compute here.
+
+Heads-up: a worker that found no request within its spin sleeps, and a sleeping CPU takes tens
+of µs to wake (60-120 µs measured on the 16-core Xeon). Where the caller's copy of the next
+request's inputs into the region is long (``HEADS_UP_SECONDS``, from the last call's copy), a
+caller that finds the worker asleep first writes ``coming_ns`` (when it expects to publish:
+now + the last copy's time) and rings; the worker, woken with no request yet, spins until
+``coming_ns`` + ``HEADS_UP_SLACK_SECONDS`` (at most ``HEADS_UP_MAX_SECONDS``), so its wake-up
+overlaps the copy instead of following it. A heads-up never publishes anything: a worker that
+misses it (or an older one that ignores it) takes the request from the usual ring.
 """
 
 import atexit
@@ -211,6 +221,8 @@ STATUS_CANCELLED = 3
 
 # Offsets inside one set's control block (see the layout above).
 _R_REQ_ID, _R_REQ_GEN, _R_REQ_FLAGS, _R_PUB_NS, _R_CANCEL_ID = 0, 16, 20, 24, 32
+#: Set 0's block only: when the client expects to publish its next request (a heads-up).
+OFF_COMING = CTL_OFF + 40
 #: ``req_flags``: reset the stage's state to its initial value before this request.
 FLAG_RESET_STATE = 1
 #: ``req_flags``: the inputs are in the worker's device slots of this set, and so go the
@@ -252,6 +264,15 @@ LOAD_SAMPLE_SECONDS = 0.01
 #: sleep ends up to 50 µs late (Linux's default timer slack) and a sleeping CPU takes tens of
 #: µs more to wake; the spin that follows is at most three times this.
 NEAR_END_SECONDS = _env_number("XSTAGE_NEAR_END_SECONDS", 0.0001, float, "0.0001")
+#: A caller whose inputs took at least this long to copy into the region last time wakes a
+#: sleeping worker before it copies them again, telling it when to expect the request
+#: ("Heads-up" above; 0: off). Why 100 µs: a sleeping CPU takes ~30 µs (2-vCPU VM) to 60-120 µs
+#: (the 16-core Xeon) to wake, so a shorter copy would end before the worker is up anyway.
+HEADS_UP_SECONDS = _env_number("XSTAGE_HEADS_UP_SECONDS", 0.0001, float, "0.0001")
+#: A worker woken by a heads-up spins until this long after the announced time at most (a copy
+#: slower than announced), and never longer than ``HEADS_UP_MAX_SECONDS`` in all.
+HEADS_UP_SLACK_SECONDS = 0.0001
+HEADS_UP_MAX_SECONDS = 0.005
 #: ``XSTAGE_WAIT_TRACE=DIR``: each doorbell records its decisions, their inputs and what each
 #: wait saw, and writes them to ``DIR/wait-<role>-<pid>-<n>.json`` at exit
 #: (``scripts/record_wait_traces.py``; the policy's tests replay such traces).
@@ -705,6 +726,15 @@ class Region:
         _U32.pack_into(self.mm, base + _R_RESP_GEN, self.generation)
         _U64.pack_into(self.mm, base + _R_RESP_ID, rid)
 
+    def announce(self, coming_ns):
+        """The caller's heads-up: its next request is expected by ``coming_ns``
+        (``time.monotonic_ns``; 0: none announced). See "Heads-up"."""
+        _U64.pack_into(self.mm, OFF_COMING, coming_ns)
+
+    def coming(self):
+        """The announced ``coming_ns`` (0: none)."""
+        return _U64.unpack_from(self.mm, OFF_COMING)[0]
+
     def set_flag(self, off, value):
         _U32.pack_into(self.mm, off, value)
 
@@ -1060,6 +1090,28 @@ class Doorbell:
         except OSError:
             pass  # the peer is gone; the waiter's end-of-file check reports it
 
+    def heads_up(self, coming_ns):
+        """Wake the peer ahead of a request expected by ``coming_ns`` if it sleeps
+        ("Heads-up"); True if a ring went out. Decides nothing for this side's next wait.
+        Not while the last load sample shows more runnable tasks than CPUs: the worker's spin
+        would take a CPU the machine's other work (and this copy) is waiting for."""
+        region, load = self.region, self._load
+        if region is None or not SPIN or region._closed or not region.flag(self.peer) \
+                or (load is not None and load[0] > load[1]):
+            return False
+        region.announce(coming_ns)
+        if self._ring_fd is not None:
+            try:
+                os.write(self._ring_fd, _EVENT_ONE)
+            except OSError:
+                pass
+            return True
+        try:
+            self.sock.send(b"\0")
+        except OSError:
+            pass
+        return True
+
     def _decide(self, expected):
         """(decision, expected, when): the policy asked, with a fresh load sample if due."""
         now = time.monotonic()
@@ -1084,12 +1136,14 @@ class Doorbell:
         except OSError:  # reset: the peer died with rings it never read
             return True
 
-    def wait(self, ready, deadline, watch=(), spin=None, expected=None):
+    def wait(self, ready, deadline, watch=(), spin=None, expected=None, heads_up=False):
         """Wait until ``ready()``; returns "ready", "watch" (a watched fd is readable),
         "closed" (the other end of the bell is gone) or "timeout". ``deadline`` is a
         ``time.monotonic()`` value or None. ``spin=0`` blocks at once without asking the
         policy; otherwise the policy decides (``spin`` caps its budget), told the answer's
-        ``expected`` seconds where the caller knows them (a decision ``ring`` made stands)."""
+        ``expected`` seconds where the caller knows them (a decision ``ring`` made stands).
+        ``heads_up``: a ring that comes with an announced request ("Heads-up") ends a blocked
+        wait in a spin until the announced time (the worker's idle wait)."""
         policy, region = self.policy, self.region
         made, self._next = self._next, None
         if ready():
@@ -1130,10 +1184,33 @@ class Doorbell:
             if outcome == "answered":
                 self._learn(decision, expected, spun, longest, outcome, now - start)
                 return "ready"
-        state = self._sleep(ready, deadline, watch)
+        early = self._announced if heads_up and SPIN else None
+        state = self._sleep(ready, deadline, watch, early=early)
+        while state == "coming":  # rung ahead of a request: spin until it is published
+            if self._spin_until_coming(ready, tell):
+                state = "ready"
+                break
+            state = self._sleep(ready, deadline, watch, early=early)
         self._learn(decision, expected, spun, longest, outcome if state == "ready" else None,
                     time.monotonic() - start)
         return state
+
+    def _announced(self):
+        """True while a heads-up's announced time (plus the slack) is still ahead."""
+        coming = self.region.coming()
+        return coming > 0 and coming / 1e9 + HEADS_UP_SLACK_SECONDS > time.monotonic()
+
+    def _spin_until_coming(self, ready, tell):
+        """The spin a heads-up asks for (taken once: the announcement is cleared); True if
+        the request came within it."""
+        region = self.region
+        coming = region.coming() / 1e9
+        region.announce(0)
+        now = time.monotonic()
+        budget = min(coming + HEADS_UP_SLACK_SECONDS, now + HEADS_UP_MAX_SECONDS) - now
+        if budget <= 0:
+            return ready()
+        return self._spin(ready, now, budget, tell)[0] == "answered"
 
     def _learn(self, decision, expected, spun, longest, outcome, latency):
         """What a wait saw, told to the policy and the trace; ``outcome`` None: the wait ended
@@ -1195,7 +1272,7 @@ class Doorbell:
                 "crowd_blocks": p.crowd_blocks, "near_end": p.near_end,
                 "cpus": os.cpu_count(), "waits": list(self.trace or [])}
 
-    def _sleep(self, ready, deadline, watch, fine=False):
+    def _sleep(self, ready, deadline, watch, fine=False, early=None):
         region = self.region
         if region is None:
             return self._block(ready, deadline, watch)
@@ -1208,18 +1285,19 @@ class Doorbell:
             _FENCE.acquire()
             _FENCE.release()
             if self._wait_fd is not None:
-                return self._block_eventfd(ready, deadline, watch, fine)
-            return self._block(ready, deadline, watch)
+                return self._block_eventfd(ready, deadline, watch, fine, early)
+            return self._block(ready, deadline, watch, fine, early)
         finally:
             if not region._closed:
                 _U32.pack_into(mm, own, 0)
 
-    def _block(self, ready, deadline, watch, fine=False):
+    def _block(self, ready, deadline, watch, fine=False, early=None):
         """Sleep on the socketpair (and ``watch``) until ``ready()``: ``select``, then take
         the rings. (With eventfds, ``_block_eventfd``; ``select`` keeps a deadline to the
-        microsecond, so ``fine`` changes nothing here.)"""
+        microsecond, so ``fine`` changes nothing here.) ``early``: "coming" when a ring
+        leaves nothing ready but ``early()`` is true (a heads-up)."""
         if self._wait_fd is not None:
-            return self._block_eventfd(ready, deadline, watch, fine)
+            return self._block_eventfd(ready, deadline, watch, fine, early)
         fds = [self.sock] + list(watch) if watch else [self.sock]
         while True:
             if ready():
@@ -1232,15 +1310,18 @@ class Doorbell:
             readable, _, _ = select.select(fds, [], [], timeout)
             # A ring left over from an earlier wait wakes this one at once; it is taken here
             # and the loop sleeps again.
-            if readable and readable[0] is self.sock and self._consume():
+            rung = bool(readable) and readable[0] is self.sock
+            if rung and self._consume():
                 return "ready" if ready() else "closed"
             if ready():
                 return "ready"
             if any(r is not self.sock for r in readable):
                 return "watch"
+            if rung and early is not None and early():
+                return "coming"
 
 
-    def _block_eventfd(self, ready, deadline, watch, fine=False):
+    def _block_eventfd(self, ready, deadline, watch, fine=False, early=None):
         """``_block`` on this side's eventfd (and ``watch``): one registered poll per set of
         watched fds, so a blocked wait costs one poll and one read. ``fine``: the deadline
         is kept to the microsecond (``select``) rather than poll's milliseconds (the near-end
@@ -1288,6 +1369,8 @@ class Doorbell:
                 return "ready"
             if other:
                 return "watch"
+            if bell and early is not None and early():
+                return "coming"
 
 
 def socketpair():

@@ -417,7 +417,7 @@ class Worker:
                 region, k = self.region, self.next_set
                 state = self.bell.wait(
                     region.request_check(region.resp_id(k), k), None, watch=(self.sock,),
-                    spin=shm_mod.WORKER_SPIN_SECONDS)
+                    spin=shm_mod.WORKER_SPIN_SECONDS, heads_up=True)
                 if state == "ready":
                     self.next_set = (k + 1) % region.n_sets
                     self.on_shm_call(region.req_id(k), k)

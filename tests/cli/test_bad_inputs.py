@@ -117,6 +117,7 @@ def test_json_that_cannot_be_written_keeps_the_home_record(xstage_home, tmp_path
     ("XSTAGE_SPIN_SECONDS", "abc"),
     ("XSTAGE_SPIN_SECONDS", "-1"),
     ("XSTAGE_NEAR_END_SECONDS", "soon"),
+    ("XSTAGE_HEADS_UP_SECONDS", "early"),
     ("XSTAGE_CROWD_BLOCKS", "yes"),
     ("XSTAGE_LOG_KEEP", "lots"),
     ("XSTAGE_COPY_THREADS", "lots"),

@@ -112,6 +112,65 @@ def test_a_preempted_spin_stops_at_once_blocks_and_backs_off(monkeypatch) -> Non
         region.close()
 
 
+def _heads_up_worker_side(region: shm.Region, sock, other, events) -> None:
+    """The worker's idle wait (``heads_up=True``), its spin never cut short by preemption (a
+    loaded test machine): exit 0 once it took a request that was published without a ring."""
+    other.close()
+    bell = shm.Doorbell(sock)
+    bell.bind(region, shm.OFF_WORKER_ASLEEP, shm.OFF_CLIENT_ASLEEP, spin=shm.WORKER_SPIN_SECONDS)
+    bell.policy.preempted = 60.0
+    shm.HEADS_UP_MAX_SECONDS = 60.0
+    if events is not None:
+        bell.use_eventfds(events[0], events[1])
+    state = bell.wait(lambda: region.req_id() != 0, time.monotonic() + DEADLINE_S,
+                      spin=shm.WORKER_SPIN_SECONDS, watch=[sock] if events else (),
+                      heads_up=True)
+    region.publish_response(region.req_id(), shm.STATUS_OK, 0)
+    bell.ring()
+    os._exit(0 if state == "ready" else 3)
+
+
+@pytest.mark.parametrize("bell_kind", ["socket", pytest.param("eventfd", marks=needs_eventfd)])
+def test_a_heads_up_wakes_a_sleeping_worker_into_a_spin_that_takes_the_request(bell_kind) -> None:
+    """A caller about to copy a long input announces when it will publish and rings; the
+    worker, asleep, wakes and spins until then, so the request is taken without the ring that
+    publishing sends (none is sent here: a worker that slept again would never answer)."""
+    slots, size = shm.plan_layout(IO, IO)
+    region = shm.Region.create(size, slots)
+    a, b = shm.socketpair()
+    events = shm.eventfd_pair() if bell_kind == "eventfd" else None
+    child = mp.get_context("fork").Process(target=_heads_up_worker_side,
+                                           args=(region, b, a, events))
+    child.start()
+    b.close()
+    try:
+        bell = shm.Doorbell(a)
+        bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP, nudge=True)
+        if events is not None:
+            bell.use_eventfds(events[1], events[0])
+        limit = time.monotonic() + DEADLINE_S
+        while not region.flag(shm.OFF_WORKER_ASLEEP):  # its spin ends, then it sleeps
+            assert time.monotonic() < limit, "the worker never went to sleep"
+            time.sleep(0.001)
+        assert bell.heads_up(time.monotonic_ns() + int(DEADLINE_S * 1e9))
+        time.sleep(0.01)  # the copy the heads-up announced
+        region.publish_request(1)  # published, and no ring
+        state = bell.wait(lambda: region.resp_id() == 1, time.monotonic() + DEADLINE_S, spin=0)
+        assert state == "ready"
+        child.join(DEADLINE_S)
+        assert child.exitcode == 0
+        assert region.coming() == 0  # the announcement is taken once
+        region.set_flag(shm.OFF_WORKER_ASLEEP, 0)
+        assert not bell.heads_up(time.monotonic_ns())  # an awake worker is not rung
+    finally:
+        if child.is_alive():
+            child.kill()
+        if events is not None:
+            bell.close_eventfds()
+        a.close()
+        region.close()
+
+
 def test_a_ring_left_over_from_an_earlier_wait_does_not_end_the_next_one() -> None:
     slots, size = shm.plan_layout(IO, IO)
     region = shm.Region.create(size, slots)

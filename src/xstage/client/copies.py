@@ -54,7 +54,7 @@ LOAD_SAMPLE_SECONDS = 0.01
 _PAGE = 4096
 
 
-def _allowed_cpus() -> int:
+def allowed_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -70,7 +70,7 @@ def copy_threads_default(environ: Any = None) -> tuple[int, str | None]:
     """
     env = os.environ if environ is None else environ
     raw = env.get("XSTAGE_COPY_THREADS")
-    cpus = _allowed_cpus()
+    cpus = allowed_cpus()
     default = min(4, cpus // 2) if cpus >= 4 else 0
     if raw is None:
         return default, None
@@ -166,7 +166,7 @@ class CopyPool:
         self._helpers: list[threading.Thread] = []
         self._pid = 0
         self._closed = False
-        self._allowed = _allowed_cpus()
+        self._allowed = allowed_cpus()
         # Held between copies; one lock for every copy (a lock is malloc'd: a new one per copy
         # lands above the last output array on the heap and made glibc trim and re-fault it).
         self._done = threading.Lock()

@@ -37,7 +37,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xstage import errors
+from xstage.client import copies
 from xstage_remote import shm, wire
+
+
+def _heads_up_default() -> int:
+    """``shm.HEADS_UP_SECONDS`` in ns where this process may run on 4 CPUs or more, else 0.
+
+    On the 2-vCPU VM a heads-up's ring made the caller 60 µs slower (the woken worker took
+    the caller's CPU, the other was asleep) for a worker woken ~3 µs earlier; with CPUs to
+    spare the woken worker lands on an idle one (``benchmarks/heads_up.py``).
+    """
+    return int(shm.HEADS_UP_SECONDS * 1e9) if copies.allowed_cpus() >= 4 else 0
 
 if TYPE_CHECKING:
     from xstage.client.device_slots import DeviceSlots
@@ -145,6 +156,11 @@ class Pipeline:
         self._out_names: list[str] = []
         #: The worker's device slots (torch-cuda ``device_tensors=on``), else None.
         self.device: DeviceSlots | None = None
+        #: The last fast call's copy of its inputs into the region (ns): a long one is
+        #: announced to a sleeping worker before the next (``shm.Doorbell.heads_up``).
+        self._copy_in_ns = 0
+        #: A copy in at least this long (ns) is announced; 0: never (``_heads_up_default``).
+        self.heads_up_ns = _heads_up_default()
 
     # ------------------------------------------------------------------ entry points
     def idle(self) -> bool:
@@ -214,12 +230,14 @@ class Pipeline:
         bell, ctl = c._bell, c._ctl
         assert bell is not None and ctl is not None
         s = self.next_set
+        if self._copy_in_ns >= self.heads_up_ns > 0:  # wake the worker during the copy
+            bell.heads_up(time.monotonic_ns() + self._copy_in_ns)
         t0 = time.perf_counter_ns()
         written = self._write_inputs(region, feeds, s)
         if written is None:  # an input has no slot or does not fit it: the inline way
             return None
         flags |= written
-        copy_in = time.perf_counter_ns() - t0
+        copy_in = self._copy_in_ns = time.perf_counter_ns() - t0
         rid = c._take_id()  # a fresh id per call: a stale response can never match it
         region.publish_request(rid, s, flags)
         self.next_set = (s + 1) % region.n_sets
