@@ -22,6 +22,9 @@ over every call:
 * ``xstage graph no heads-up``: the same with the heads-up off (``shm.Doorbell.heads_up``: a
   caller whose input copy is long wakes the sleeping worker before it copies; on by default
   from 4 CPUs): the A/B of the worker's wake-up overlapping the copy;
+* ``xstage host in place``: the ``xstage graph`` stage called with its own host input slots
+  (``Stage.input_slots()``, filled once: a producer writing there pays no copy) and its outputs
+  read as views (``views=True``): the worker's DMA reads what the producer wrote;
 * ``inproc device``: CUDA tensors in, the module, one sync (no host copy at all);
 * ``xstage device``: ``--ep-option device_tensors=on``, CUDA tensors in, views of the worker's
   device slots out (the graph on; device-to-device copies only);
@@ -49,8 +52,8 @@ import numpy as np
 #: CPU would cost minutes per arm; the gate itself is what tests/gpu checks.
 TOLERANCE = {"elem_a": 1e-5}
 ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstage graph",
-        "xstage graph 1cpu", "xstage graph no heads-up", "inproc device", "xstage device",
-        "xstage in place")
+        "xstage graph 1cpu", "xstage graph no heads-up", "xstage host in place", "inproc device",
+        "xstage device", "xstage in place")
 XS_OPTIONS = {"xstage old": {"pinned_region": "off", "cuda_graphs": "off"},
               "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {},
               "xstage graph 1cpu": {}, "xstage graph no heads-up": {},
@@ -210,6 +213,13 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
     fns = {"inproc pageable": pageable, "inproc pinned": pinned_call, "inproc device": device_call,
            **{arm: (lambda s=s: s(feeds)) for arm, s in stages.items()}}
     ref = {k: np.asarray(v) for k, v in stages["xstage graph"](feeds).items()}
+    host_slots = stages["xstage graph"].input_slots()  # depth 1: one set, the same slots
+    for k, v in feeds.items():
+        np.copyto(host_slots[k], np.asarray(v))
+    fns["xstage host in place"] = lambda s=stages["xstage graph"]: s(host_slots, views=True)
+    for k, v in fns["xstage host in place"]().items():
+        if not np.array_equal(np.asarray(v), ref[k]):
+            say(f"  {name}: host in place output {k} differs from the graph's")
     if "xstage device" in stages:
         fns["xstage device"] = lambda s=stages["xstage device"]: s(dev_feeds)
         in_place = stages["xstage device"].device_inputs()  # depth 1: one set, the same slots
@@ -233,7 +243,8 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
         for _ in range(3):
             fn()
     times = {arm: [] for arm in ARMS if arm in fns}
-    in_stage = [*stages, *(["xstage in place"] if "xstage device" in stages else [])]
+    in_stage = [*stages, "xstage host in place",
+                *(["xstage in place"] if "xstage device" in stages else [])]
     worker = {arm: [] for arm in in_stage}
     split = {arm: [] for arm in in_stage}
     gpu = []
@@ -246,8 +257,9 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
                 fn()
                 times[arm].append((time.perf_counter_ns() - t0) / 1e6)
                 m1 = time.monotonic_ns()
-                stage = stages.get(arm) or (stages["xstage device"] if arm == "xstage in place"
-                                            else None)
+                stage = stages.get(arm) or {
+                    "xstage in place": stages.get("xstage device"),
+                    "xstage host in place": stages["xstage graph"]}.get(arm)
                 if stage is not None:
                     t = stage.last_timing
                     worker[arm].append(t.get("worker_ns", 0) / 1e6)
@@ -257,7 +269,7 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
     row = {"stage": name, "gpu_ms": statistics.median(gpu), "calls": rounds * calls}
     for arm in ARMS:
         row[arm] = statistics.median(times[arm]) if arm in times else float("nan")
-    for arm in [*XS_OPTIONS, "xstage in place"]:
+    for arm in [*XS_OPTIONS, "xstage host in place", "xstage in place"]:
         row[f"{arm} worker"] = statistics.median(worker[arm]) if worker.get(arm) else float("nan")
         if split.get(arm):
             row[f"{arm} split"] = {k: statistics.median(c[i] for c in split[arm])
@@ -337,7 +349,8 @@ def residue(say):
 
 def table(rows):
     head = ("stage", "gpu ms", *[f"{a} ms" for a in ARMS], "graph/pageable", "graph/pinned",
-            "eager/pageable", "graph 1cpu/pageable", "no heads-up/pageable")
+            "eager/pageable", "graph 1cpu/pageable", "no heads-up/pageable",
+            "host in place/pageable")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         base, pin = r["inproc pageable"], r["inproc pinned"]
@@ -346,7 +359,8 @@ def table(rows):
                                  f"{r['xstage graph'] / base:.3f}", f"{r['xstage graph'] / pin:.3f}",
                                  f"{r['xstage eager'] / base:.3f}",
                                  f"{r['xstage graph 1cpu'] / base:.3f}",
-                                 f"{r['xstage graph no heads-up'] / base:.3f}"]))
+                                 f"{r['xstage graph no heads-up'] / base:.3f}",
+                                 f"{r['xstage host in place'] / base:.3f}"]))
     lines.append("")
     lines.append("stage | gpu ms | inproc device ms | arm | round trip ms | - gpu µs | "
                  "- inproc device µs | worker ms")
@@ -368,7 +382,8 @@ def table(rows):
     lines.append("stage | arm | " + " | ".join(f"{k} µs" for k in SPLIT) + "  (medians)")
     lines.append(" | ".join("---" for _ in range(len(SPLIT) + 2)))
     for r in rows:
-        for arm in [a for a in (*XS_OPTIONS, "xstage in place") if f"{a} split" in r]:
+        for arm in [a for a in (*XS_OPTIONS, "xstage host in place", "xstage in place")
+                    if f"{a} split" in r]:
             d = r[f"{arm} split"]
             lines.append(" | ".join([r["stage"], arm, *[f"{d[k]:.1f}" for k in SPLIT]]))
     lines.append("")

@@ -166,6 +166,9 @@ VERSION = 2
 #: Slot sets in one region at most (requests in flight at once; ``open_stage(depth=K)``).
 MAX_SETS = 64
 MAX_GENERATION = (1 << 32) - 1
+#: An input at least this large given as its own slot's view (``Region.slot_views``) is not
+#: copied; below it the copy costs less than telling them apart.
+IN_PLACE_MIN_BYTES = 1 << 16
 #: The documented ceiling of one region; stages whose declared I/O exceed it go inline.
 #: Malformed ``XSTAGE_*`` numbers read below, one line each (the default is used meanwhile);
 #: the client refuses to start a worker while this is not empty.
@@ -790,19 +793,31 @@ class Region:
                 return False
             view = self.view(role, name, arr.dtype, arr.shape, s) if nbytes else None
             off = self.desc_off + i * DESC.size
+            # Where a large array may already be the slot itself (written in place): its address.
+            at = view.__array_interface__["data"][0] if view is not None \
+                and nbytes >= IN_PLACE_MIN_BYTES else None
             plan = (off, off + DESC.size, self._packed_desc(i, arr.shape, nbytes), view,
-                    nbytes >= self._copy_min)
+                    nbytes >= self._copy_min, at)
             if len(self._writes) > 64 * self.n_sets:
                 self._writes.clear()
             self._writes[key] = plan
-        off, end, raw, view, large = plan
+        off, end, raw, view, large, at = plan
         self.mm[off:end] = raw
+        if at is not None and arr.__array_interface__["data"][0] == at \
+                and arr.flags.c_contiguous:
+            return True  # the slot itself (``slot_views``), filled in place: nothing to copy
         if view is not None:
             if large:
                 self.copier.copyto(view, arr, "no")
             else:
                 np.copyto(view, arr, casting="no")
         return True
+
+    def slot_views(self, role, shapes, s=0):
+        """Writable views of set ``s``'s ``role`` slots by name, at ``shapes`` ({name: (dtype,
+        shape)}): what a caller fills in place (``write`` then copies nothing)."""
+        return {name: self.view(role, name, dtype, shape, s)
+                for name, (dtype, shape) in shapes.items()}
 
     def inputs(self, s, names):
         """Set ``s``'s inputs (``names``, a tuple) as views by name, each descriptor checked

@@ -237,3 +237,16 @@ def test_a_sync_call_waiting_behind_futures_is_served_by_the_next_generation(wid
         assert stage.generation == 2
         for fut in futures:
             fut.exception(timeout=300)
+
+
+def test_a_stage_takes_inputs_written_in_place_and_gives_output_views(mlp):
+    """``Stage.input_slots()`` and ``stage(inputs, views=True)``: the same numbers as a plain
+    call (tests/client/test_in_place.py checks that nothing is copied)."""
+    x = np.random.default_rng(5).standard_normal((8, 256)).astype(np.float32)
+    with xstage.open_stage(mlp, route="ort-cpu", record_on_close=False) as stage:
+        want = stage({"x": x})["y"].copy()
+        slots = stage.input_slots()
+        np.copyto(slots["x"], x)
+        got = stage(slots, views=True)["y"]
+        assert not got.flags.writeable
+        np.testing.assert_array_equal(got, want)

@@ -168,15 +168,19 @@ class Pipeline:
         return not self.queue and not self.inflight
 
     def call(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray],
-             phase: str) -> dict[str, np.ndarray]:
-        """A synchronous call, driven in the caller's thread (the client's lock is held)."""
+             phase: str, views: bool = False) -> dict[str, np.ndarray]:
+        """A synchronous call, driven in the caller's thread (the client's lock is held).
+
+        ``views``: outputs read from the region are returned as read-only views of their slots
+        (``WorkerClient.run``); only where the call goes the fast way, nothing in flight.
+        """
         c = self.client
         seconds = getattr(c.deadlines, phase)
         flags = c._take_reset()
         if not self.queue and not self.inflight:
             region = c._region
             if region is not None:
-                result = self._call_fast(region, feeds, out, phase, seconds, flags)
+                result = self._call_fast(region, feeds, out, phase, seconds, flags, views)
                 if result is not None:
                     return result
             return c._call_inline(feeds, out, phase, flags)  # one frame each way, no queue
@@ -198,10 +202,11 @@ class Pipeline:
         return req.result
 
     def _read_outputs(self, region: shm.Region, s: int, out: Mapping[str, np.ndarray],
-                      result: dict[str, np.ndarray]) -> None:
+                      result: dict[str, np.ndarray], views: bool = False) -> None:
         """Set ``s``'s outputs into ``result``, each descriptor checked before its copy.
 
-        A name the caller gave an ``out`` array for is copied into it.
+        A name the caller gave an ``out`` array for is copied into it; with ``views``, the
+        others are read-only views of their slots (no copy).
         """
         c = self.client
         if self.device is not None and self.device.on_device.get(s):
@@ -216,11 +221,18 @@ class Pipeline:
             except wire.ProtocolError as exc:
                 c._abort()
                 raise errors.RemoteProtocolError(f"worker {c.pid}: {exc}") from exc
-            result[name] = fill(out.get(name), view, name)
+            target = out.get(name)
+            if views and target is None:
+                ro = view.view()
+                ro.flags.writeable = False
+                result[name] = ro
+            else:
+                result[name] = fill(target, view, name)
 
     def _call_fast(self, region: shm.Region, feeds: Mapping[str, np.ndarray],
                    out: Mapping[str, np.ndarray], phase: str,
-                   seconds: float | None, flags: int) -> dict[str, np.ndarray] | None:
+                   seconds: float | None, flags: int,
+                   views: bool = False) -> dict[str, np.ndarray] | None:
         """Nothing queued or in flight: publish in the next set and wait, in this thread.
 
         None (nothing published) when an input has no slot or does not fit its slot: the
@@ -276,7 +288,7 @@ class Pipeline:
                 result = Outputs()
                 if answer & shm.FLAG_STATE_RESET:
                     result.state_reset = True
-                self._read_outputs(region, s, out, result)
+                self._read_outputs(region, s, out, result, views)
                 c.last_timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak,
                                  "copy_in_ns": copy_in,
                                  "copy_out_ns": time.perf_counter_ns() - t0,

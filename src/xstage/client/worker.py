@@ -22,7 +22,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -693,6 +693,49 @@ class WorkerClient:
                     "(open_stage(..., ep_options={'device_tensors': 'on'}))")
             return self._pipe.device.inputs(self._pipe.next_set)
 
+    def input_slots(self, shapes: Mapping[str, Sequence[int]] | None = None
+                    ) -> dict[str, np.ndarray]:
+        """The shared region's input slots the next call is published in, to fill in place.
+
+        Writable numpy views (little-endian, C-contiguous) at each input's declared shape, or
+        at ``shapes[name]`` where a dimension is not fixed. A call given these arrays (filled
+        by a producer's ``out=``, ``np.copyto``, a decoder writing into them) copies nothing
+        into the region for them. At depth K the next call's set changes each call: ask
+        again before each call. Until the call is answered, the worker reads them.
+
+        Raises:
+            UsageError: no shared region (the socket transport, ``shm_mode="off"``), an input
+                without a slot, a dimension neither fixed nor given, or a shape that does not
+                fit its slot.
+        """
+        with self._lock:
+            self._require_ready()
+            region = self._region
+            if region is None or self.loaded is None:
+                raise errors.UsageError(
+                    "input_slots() on a stage without a shared region",
+                    remedy="use the default transport with shm_mode 'auto' (the socket "
+                    "transport and shm_mode='off' copy every call's inputs into frames)")
+            wanted = {}
+            for d in self._inputs:
+                name = d["name"]
+                shape = tuple(shapes[name]) if shapes and name in shapes else tuple(d["shape"])
+                if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                           for n in shape):
+                    raise errors.UsageError(
+                        f"input {name!r} has dimensions that are not fixed: {shape}",
+                        remedy=f"give them: input_slots(shapes={{{name!r}: (...)}})")
+                dtype = wire.dtype_of_tag(d["dtype"], name).newbyteorder("<")
+                cap = region.capacity("in", name, self._pipe.next_set)
+                need = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+                if cap is None or need > cap:
+                    raise errors.UsageError(
+                        f"input {name!r} at {shape} ({need} bytes) has no slot it fits "
+                        f"({cap} bytes)", remedy="call with arrays of your own: a call too "
+                        "large for its slots goes inline")
+                wanted[name] = (dtype, shape)
+            return region.slot_views("in", wanted, self._pipe.next_set)
+
     def waits(self) -> dict[str, Any]:
         """The shared region's spin-or-block decisions so far, on both sides.
 
@@ -862,12 +905,15 @@ class WorkerClient:
 
     def run(self, inputs: Mapping[str, Any], *,
             out: Mapping[str, np.ndarray] | None = None,
-            phase: str = "call") -> dict[str, np.ndarray]:
+            phase: str = "call", views: bool = False) -> dict[str, np.ndarray]:
         """Run the loaded stage: outputs by name in graph order, C-contiguous, owned.
 
         ``out`` may hold preallocated C-contiguous arrays for some outputs (same dtype and
         shape as the result); those are filled in place and returned, saving an allocation
-        per call on the shared-memory path. ``phase`` picks the deadline: ``call``, or
+        per call on the shared-memory path. ``views=True``: outputs that come back through
+        the shared region are read-only views of their slots instead (nothing copied out),
+        valid until the request ``depth`` calls later is published (at depth 1, the next
+        call); an ``out`` array is still filled. ``phase`` picks the deadline: ``call``, or
         ``warmup`` for the first, profiled run.
         """
         with self._lock:
@@ -875,7 +921,7 @@ class WorkerClient:
             if self.loaded is None:
                 raise errors.UsageError("run() before load()")
             feeds = self._check_inputs(inputs)
-            return self._pipe.call(feeds, out or {}, phase)
+            return self._pipe.call(feeds, out or {}, phase, views)
 
     def _call_inline(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray],
                      phase: str, flags: int) -> Outputs:

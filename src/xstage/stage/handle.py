@@ -192,6 +192,17 @@ class Stage(Requests):
         """
         return self._serving().device_inputs()
 
+    def input_slots(self, shapes: Mapping[str, Sequence[int]] | None = None
+                    ) -> dict[str, np.ndarray]:
+        """Where the next call's host inputs go, to write in place (the shared region).
+
+        Writable numpy arrays by input name, views of the region's input slots of the set the
+        next call is published in, at the declared shapes (``shapes`` for dimensions that are
+        not fixed): fill them and call the stage with them, and the call copies nothing in.
+        Ask again before each call. ``UsageError`` where the stage has no shared region.
+        """
+        return self._serving().input_slots(shapes)
+
     def waits(self) -> dict[str, Any]:
         """The shared region's spin-or-block decisions so far, on both sides (``--verbose``).
 
@@ -201,13 +212,16 @@ class Stage(Requests):
         """
         return self._client.waits()
 
-    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def __call__(self, inputs: Mapping[str, Any], *, views: bool = False
+                 ) -> dict[str, np.ndarray]:
         """Outputs by name in graph order; a dtype or shape mismatch raises ``InputError``.
 
         The same as ``submit(inputs).result()`` (order, deadline, generation) but waited for in
-        the caller's thread, without a Future.
+        the caller's thread, without a Future. ``views=True``: outputs that come back through
+        the shared region are read-only views of it, not copies, valid until the call
+        ``depth`` calls later is made (at depth 1, the next call): copy what must outlive it.
         """
-        return self._run(inputs)
+        return self._run(inputs, views)
 
     def submit(self, inputs: Mapping[str, Any], *, timeout: Any = USE_DEADLINE) -> StageFuture:
         """Queue one call and return its ``concurrent.futures.Future`` (docs/serving.md).
@@ -229,14 +243,14 @@ class Stage(Requests):
                 raise
             return self._serving().submit(inputs, timeout=timeout)
 
-    def _run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def _run(self, inputs: Mapping[str, Any], views: bool = False) -> dict[str, np.ndarray]:
         client = self._serving()
         try:
-            out = client.run(inputs)
+            out = client.run(inputs, views=views)
         except (errors.WorkerDied, errors.StageClosed, errors.CallTimeout) as exc:
             if client.state.value in ("dead", "closed") and self._after_death(client, exc) \
                     and isinstance(exc, errors.StageClosed):
-                return self._run(inputs)  # it never reached the dead worker: the next one serves
+                return self._run(inputs, views)  # it never reached the dead worker: the next one
             raise
         peak = client.last_timing.get("peak")
         limit = self._admission.ledger_doc["budget_bytes"]
