@@ -73,6 +73,7 @@ def main() -> None:
             bell.heads_up = counted  # type: ignore[method-assign]
             for _ in range(30):
                 client.run({"x": x})
+            rung.update(dict.fromkeys(arms, 0))  # the warm-up's are not an arm's
             for _ in range(args.rounds):
                 for arm, ns in arms.items():
                     pipe.heads_up_ns = ns
