@@ -89,6 +89,22 @@ def test_device_tensors_in_and_views_of_the_output_slots_out(tmp_path):
     print("device slots:", acc["device_tensors"], "held", held["device slots"]["bytes"])
 
 
+def test_closing_releases_the_device_slots_before_the_worker_ends(tmp_path):
+    """The client drops its mapping of the worker's device buffer before asking it to end, so
+    the worker (the producer) exits without torch's warning about tensors still shared."""
+    path, _ = _export(tmp_path)
+    stage = xstage.open_stage(path, route="torch-cuda", record_on_close=False, depth=1,
+                              ep_options=ON)
+    out = stage({"x": torch.ones(32, 256, device="cuda")})
+    s = out["s"].clone()
+    del out  # the caller keeps no view of the slots
+    client = stage._client
+    stage.close()
+    assert client._pipe.device is None or not client._pipe.device.views
+    assert torch.equal(s, torch.full_like(s, 256.0))
+    assert "before all shared CUDA tensors released" not in client.log_tail(200)
+
+
 def test_depth_two_keeps_a_view_until_the_request_two_later(tmp_path):
     path, module = _export(tmp_path)
     with xstage.open_stage(path, route="torch-cuda", record_on_close=False, depth=2,

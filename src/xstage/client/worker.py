@@ -408,6 +408,8 @@ class WorkerClient:
             return
         if self.state is WorkerState.READY:
             self.state = WorkerState.CLOSING
+            if self._pipe.device is not None:  # the device slots' mapping, before the worker ends
+                self._pipe.device.release()
             with contextlib.suppress(errors.XstageError, OSError, errors.StageClosed,
                                      subprocess.TimeoutExpired):
                 self._send({"op": "shutdown", "id": self._take_id()}, phase="shutdown")
