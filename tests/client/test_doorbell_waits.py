@@ -42,6 +42,24 @@ def _worker_side(region: shm.Region, sock, other, spin: float | None, seed: int,
         bell.ring()
 
 
+def _caller_and_worker(bell_kind: str, target, *args):  # type: ignore[no-untyped-def]
+    """A region and a doorbell (socket or eventfds) between this process, the caller, and a
+    forked worker side running ``target(region, its socket, ours, *args, events)``; returns
+    (region, our socket, the child, our bound doorbell, the eventfds or None)."""
+    slots, size = shm.plan_layout(IO, IO)
+    region = shm.Region.create(size, slots)
+    a, b = shm.socketpair()
+    events = shm.eventfd_pair() if bell_kind == "eventfd" else None
+    child = mp.get_context("fork").Process(target=target, args=(region, b, a, *args, events))
+    child.start()
+    b.close()
+    bell = shm.Doorbell(a)
+    bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP, nudge=True)
+    if events is not None:
+        bell.use_eventfds(events[1], events[0])
+    return region, a, child, bell, events
+
+
 needs_eventfd = pytest.mark.skipif(shm.make_eventfd is None, reason="no eventfd on this OS")
 
 
@@ -52,21 +70,11 @@ def test_no_wake_up_is_ever_lost(spin: float | None, bell_kind: str) -> None:
     a barrier on each side one of them always sees the other, so no wait outlives its answer
     (a lost ring would sleep until the 30 s deadline and fail here). The same with the
     eventfd doorbell."""
-    slots, size = shm.plan_layout(IO, IO)
-    region = shm.Region.create(size, slots)
-    a, b = shm.socketpair()
-    events = shm.eventfd_pair() if bell_kind == "eventfd" else None
     seed = random.randrange(1 << 30)
     print(f"seed {seed}")  # so that a failure can be replayed
-    ctx = mp.get_context("fork")
-    child = ctx.Process(target=_worker_side, args=(region, b, a, spin, seed, events))
-    child.start()
-    b.close()
+    region, a, child, bell, events = _caller_and_worker(bell_kind, _worker_side, spin, seed)
     try:
-        bell = shm.Doorbell(a)
-        bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP, nudge=True)
         if events is not None:
-            bell.use_eventfds(events[1], events[0])
             assert bell.kind == "eventfd"
         rng = random.Random(seed + 1)
         for rid in range(1, CALLS + 1):
@@ -135,19 +143,8 @@ def test_a_heads_up_wakes_a_sleeping_worker_into_a_spin_that_takes_the_request(b
     """A caller about to copy a long input announces when it will publish and rings; the
     worker, asleep, wakes and spins until then, so the request is taken without the ring that
     publishing sends (none is sent here: a worker that slept again would never answer)."""
-    slots, size = shm.plan_layout(IO, IO)
-    region = shm.Region.create(size, slots)
-    a, b = shm.socketpair()
-    events = shm.eventfd_pair() if bell_kind == "eventfd" else None
-    child = mp.get_context("fork").Process(target=_heads_up_worker_side,
-                                           args=(region, b, a, events))
-    child.start()
-    b.close()
+    region, a, child, bell, events = _caller_and_worker(bell_kind, _heads_up_worker_side)
     try:
-        bell = shm.Doorbell(a)
-        bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP, nudge=True)
-        if events is not None:
-            bell.use_eventfds(events[1], events[0])
         limit = time.monotonic() + DEADLINE_S
         while not region.flag(shm.OFF_WORKER_ASLEEP):  # its spin ends, then it sleeps
             assert time.monotonic() < limit, "the worker never went to sleep"
