@@ -22,6 +22,10 @@ over every call:
 * ``xstage graph no heads-up``: the same with the heads-up off (``shm.Doorbell.heads_up``: a
   caller whose input copy is long wakes the sleeping worker before it copies; on by default
   from 4 CPUs): the A/B of the worker's wake-up overlapping the copy;
+* ``xstage graph lead 0.3ms``: the same with the caller's near-end lead (waitpolicy rule 3) at
+  0.3 ms instead of ``shm.NEAR_END_SECONDS``: a sleeping CPU here wakes 60-120 µs late;
+* ``xstage graph slack 1us``: the same with this thread's timer slack at 1 µs during the call
+  (``prctl(PR_SET_TIMERSLACK)``; Linux's default, 50 µs, lets a timed sleep end that late);
 * ``xstage host in place``: the ``xstage graph`` stage called with its own host input slots
   (``Stage.input_slots()``, filled once: a producer writing there pays no copy) and its outputs
   read as views (``views=True``): the worker's DMA reads what the producer wrote;
@@ -52,11 +56,13 @@ import numpy as np
 #: CPU would cost minutes per arm; the gate itself is what tests/gpu checks.
 TOLERANCE = {"elem_a": 1e-5}
 ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstage graph",
-        "xstage graph 1cpu", "xstage graph no heads-up", "xstage host in place", "inproc device",
+        "xstage graph 1cpu", "xstage graph no heads-up", "xstage graph lead 0.3ms",
+        "xstage graph slack 1us", "xstage host in place", "inproc device",
         "xstage device", "xstage in place")
 XS_OPTIONS = {"xstage old": {"pinned_region": "off", "cuda_graphs": "off"},
               "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {},
               "xstage graph 1cpu": {}, "xstage graph no heads-up": {},
+              "xstage graph lead 0.3ms": {}, "xstage graph slack 1us": {},
               "xstage device": {"device_tensors": "on"}}
 
 
@@ -69,6 +75,34 @@ def _copies_on_one_thread(stage):
     client._copies = copies.CopyPool(0)
     if client._region is not None:
         client._region.use_copier(None)
+
+
+def _near_end_lead(stage, seconds):
+    """The stage's caller-side near-end lead (waitpolicy rule 3) set to ``seconds``."""
+    from xstage_remote import waitpolicy
+
+    policy = stage._client._bell.policy
+    policy.near_end = seconds
+    policy._near_end = waitpolicy.Decision(round(min(3 * seconds, policy.spin_seconds), 9),
+                                           "near_end")
+
+
+def _with_slack(fn, ns):
+    """``fn`` run with this thread's timer slack at ``ns`` (restored after)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    set_slack, get_slack = 29, 30  # PR_SET_TIMERSLACK, PR_GET_TIMERSLACK
+    default = libc.prctl(get_slack, 0, 0, 0, 0)
+
+    def call():
+        libc.prctl(set_slack, ns, 0, 0, 0)
+        try:
+            return fn()
+        finally:
+            libc.prctl(set_slack, default, 0, 0, 0)
+
+    return call
 
 
 #: Where an xstage call's time goes, in µs (one clock, CLOCK_MONOTONIC, in both processes; the
@@ -206,12 +240,16 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
             _copies_on_one_thread(stages[arm])
         if arm == "xstage graph no heads-up":
             stages[arm]._client._pipe.heads_up_ns = 0
+        if arm == "xstage graph lead 0.3ms":
+            _near_end_lead(stages[arm], 0.0003)
     feeds = dict(stages["xstage graph"].inputs)
     names = [i.name for i in stages["xstage graph"].artifact.inputs]
     pageable, pinned_call, gpu_ms, device_call = _inproc(torch, path, feeds, names)
     dev_feeds = {k: torch.from_numpy(np.ascontiguousarray(v)).cuda() for k, v in feeds.items()}
     fns = {"inproc pageable": pageable, "inproc pinned": pinned_call, "inproc device": device_call,
            **{arm: (lambda s=s: s(feeds)) for arm, s in stages.items()}}
+    if "xstage graph slack 1us" in stages:
+        fns["xstage graph slack 1us"] = _with_slack(fns["xstage graph slack 1us"], 1000)
     ref = {k: np.asarray(v) for k, v in stages["xstage graph"](feeds).items()}
     host_slots = stages["xstage graph"].input_slots()  # depth 1: one set, the same slots
     for k, v in feeds.items():
@@ -233,7 +271,8 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
                 say(f"  {name}: xstage device output {k} differs from the graph's by "
                     f"{float(np.max(np.abs(got[k] - v))):.3g}")
     for arm in [a for a in ("xstage old", "xstage eager", "xstage graph 1cpu",
-                            "xstage graph no heads-up") if a in stages]:
+                            "xstage graph no heads-up", "xstage graph lead 0.3ms",
+                            "xstage graph slack 1us") if a in stages]:
         got = stages[arm](feeds)
         for k, v in ref.items():
             if not np.array_equal(np.asarray(got[k]), v):
