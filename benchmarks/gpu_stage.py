@@ -315,6 +315,8 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
                                    for i, k in enumerate(SPLIT)}
     for arm, s in stages.items():
         row[f"{arm} copies split"] = getattr(getattr(s._client, "_copies", None), "split", None)
+        waits = s.waits()  # the doorbell's decisions on both sides, in words
+        row[f"{arm} waits"] = {side: w.get("line") for side, w in waits.items()}
         rec = s.record()
         acc = rec["worker"].get("accelerator") or {}
         row[f"{arm} ledger"] = {
