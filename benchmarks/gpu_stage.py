@@ -22,6 +22,9 @@ over every call:
 * ``xstage graph no heads-up``: the same with the heads-up off (``shm.Doorbell.heads_up``: a
   caller whose input copy is long wakes the sleeping worker before it copies; on by default
   from 4 CPUs): the A/B of the worker's wake-up overlapping the copy;
+* ``xstage graph unstreamed``: the same with the caller's copy of a large input in one piece
+  (``Region.stream_fill`` off: the worker's DMA of it starts at the request, not during the
+  copy; shm.py's "Streamed inputs");
 * ``xstage graph lead 0.3ms``: the same with the caller's near-end lead (waitpolicy rule 3) at
   0.3 ms instead of ``shm.NEAR_END_SECONDS``: a sleeping CPU here wakes 60-120 µs late;
 * ``xstage graph slack 1us``: the same with this thread's timer slack at 1 µs during the call
@@ -56,13 +59,15 @@ import numpy as np
 #: CPU would cost minutes per arm; the gate itself is what tests/gpu checks.
 TOLERANCE = {"elem_a": 1e-5}
 ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstage graph",
-        "xstage graph 1cpu", "xstage graph no heads-up", "xstage graph lead 0.3ms",
+        "xstage graph 1cpu", "xstage graph no heads-up", "xstage graph unstreamed",
+        "xstage graph lead 0.3ms",
         "xstage graph slack 1us", "xstage host in place", "inproc device",
         "xstage device", "xstage in place")
 XS_OPTIONS = {"xstage old": {"pinned_region": "off", "cuda_graphs": "off"},
               "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {},
               "xstage graph 1cpu": {}, "xstage graph no heads-up": {},
-              "xstage graph lead 0.3ms": {}, "xstage graph slack 1us": {},
+              "xstage graph unstreamed": {}, "xstage graph lead 0.3ms": {},
+              "xstage graph slack 1us": {},
               "xstage device": {"device_tensors": "on"}}
 
 
@@ -240,6 +245,8 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
             _copies_on_one_thread(stages[arm])
         if arm == "xstage graph no heads-up":
             stages[arm]._client._pipe.heads_up_ns = 0
+        if arm == "xstage graph unstreamed" and stages[arm]._client._region is not None:
+            stages[arm]._client._region.stream_fill = False
         if arm == "xstage graph lead 0.3ms":
             _near_end_lead(stages[arm], 0.0003)
     feeds = dict(stages["xstage graph"].inputs)
@@ -271,7 +278,8 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
                 say(f"  {name}: xstage device output {k} differs from the graph's by "
                     f"{float(np.max(np.abs(got[k] - v))):.3g}")
     for arm in [a for a in ("xstage old", "xstage eager", "xstage graph 1cpu",
-                            "xstage graph no heads-up", "xstage graph lead 0.3ms",
+                            "xstage graph no heads-up", "xstage graph unstreamed",
+                            "xstage graph lead 0.3ms",
                             "xstage graph slack 1us") if a in stages]:
         got = stages[arm](feeds)
         for k, v in ref.items():

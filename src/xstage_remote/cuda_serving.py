@@ -117,6 +117,9 @@ class CudaServing(object):
         self.static_out = None
         self._region = None  # (base array, pointer, how)
         self._hosts = {}  # id(numpy view) -> (view, torch tensor over it)
+        self._shm = None  # the attached shm.Region (its slot table and ``fill``)
+        self._pf_seq = None  # streamed inputs: the request seq the prefetched bytes belong to
+        self._pf = {}  # input index -> bytes of its static input already queued for DMA
         self.info = {"stream": "dedicated", "sync_per_call": 1,
                      "cuda_graph": {"state": "pending" if graphs else "off"},
                      "pinned_region": {"state": "pending" if pinned else "off"}}
@@ -132,6 +135,7 @@ class CudaServing(object):
         """Register ``region``'s mapping with CUDA (once per region; the old one unregistered)."""
         self.detach_region()
         self._hosts = {}
+        self._shm = region
         if not self.pinned:
             return
         base = np.frombuffer(region.mm, dtype=np.uint8)
@@ -149,6 +153,7 @@ class CudaServing(object):
         self.info["pinned_region"] = doc
 
     def detach_region(self):
+        self._shm, self._pf_seq, self._pf = None, None, {}
         if self._region is not None:
             _, ptr, how = self._region
             self.torch.cuda.synchronize(self.device)
@@ -225,19 +230,71 @@ class CudaServing(object):
             worst if worst == worst and worst != float("inf") else "not finite (%r)" % worst
 
     # ----------------------------------------------------------------- calls
+    @property
+    def streams_inputs(self):
+        """A captured graph reading a pinned region: its static inputs can be filled by DMA
+        while the caller is still copying (``prefetch``)."""
+        return self.graph is not None and self._region is not None and self._shm is not None
+
+    def prefetch(self, s, fill, names):
+        """Queue the DMA of the bytes of set ``s``'s next request that the caller has
+        announced in ``fill`` (shm.py's "Streamed inputs") into the graph's static input.
+
+        ``names``: the program's inputs in order. Bytes already queued for the same request
+        are not queued again; a new request (``seq``) starts afresh.
+        """
+        if not self.streams_inputs:
+            return
+        seq, i, upto = fill >> 48, (fill >> 32) & 0xFFFF, fill & 0xFFFFFFFF
+        if seq != self._pf_seq:
+            self._pf_seq, self._pf = seq, {}
+        slots = self._shm.slots
+        slot = slots[i] if i < len(slots) else None
+        if slot is None or slot.get("set", 0) != s or slot["role"] != "in" \
+                or slot["name"] not in names:
+            return
+        j = names.index(slot["name"])
+        dst = self.static_in[j]
+        done = self._pf.get(j, 0)
+        if not done < upto <= dst.numel() * dst.element_size():
+            return
+        src = self._host(self._shm.view("in", slot["name"], np.dtype(np.uint8),
+                                        (slot["capacity"],), s))
+        torch = self.torch
+        with torch.cuda.stream(self.stream):
+            dst.view(-1).view(torch.uint8)[done:upto].copy_(src[done:upto], non_blocking=True)
+        self._pf[j] = upto
+        doc = self.info["pinned_region"]
+        doc["streamed_bytes"] = doc.get("streamed_bytes", 0) + upto - done
+
+    def _prefetched(self, s):
+        """The bytes per input already queued for set ``s``'s request (taken: the next
+        request starts afresh), or {} when they belong to another request."""
+        got, self._pf, seq, self._pf_seq = self._pf, {}, self._pf_seq, None
+        if not got or s is None or self._shm is None or (self._shm.fill(s) >> 48) != seq:
+            return {}
+        return got
+
     def _fits_graph(self, arrays):
         return self.graph is not None and _key(arrays) == self._key
 
-    def call(self, module, arrays, views):
+    def call(self, module, arrays, views, s=None):
         """One call: ``arrays`` (host inputs in the program's order) in, the outputs into
         ``views`` (a numpy array or None per output). Returns the outputs that had no view
-        (index -> numpy array); one stream, one synchronization."""
+        (index -> numpy array); one stream, one synchronization. ``s``: the region's set the
+        inputs are in (bytes ``prefetch`` queued for it are not copied again)."""
         torch = self.torch
         rest = []
+        done = self._prefetched(s) if self._pf else {}
         with torch.cuda.stream(self.stream):
             if self._fits_graph(arrays):
-                for static, a in zip(self.static_in, arrays):
-                    static.copy_(self._host(a), non_blocking=True)
+                for j, (static, a) in enumerate(zip(self.static_in, arrays)):
+                    have = done.get(j, 0)
+                    if not have:
+                        static.copy_(self._host(a), non_blocking=True)
+                    elif have < a.nbytes:  # the rest of a streamed input
+                        static.view(-1).view(torch.uint8)[have:].copy_(
+                            self._host(a).view(-1).view(torch.uint8)[have:], non_blocking=True)
                 self.graph.replay()
                 values = self.static_out
             else:

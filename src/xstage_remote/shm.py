@@ -14,6 +14,7 @@ Layout v2 with K slot sets (integers little-endian, offsets in bytes; ``b(s) = 6
         | req_id u64 | client_asleep u32 | client_cpu u32 |   client writes
         | req_gen u32 | req_flags u32 | pub_ns u64 | cancel_id u64 |
         | coming_ns u64 (set 0 only: "Heads-up" below)        |
+        | fill u64 ("Streamed inputs" below)                 |
  b(s)+64+--------------------------------------------------+
         | resp_id u64 | status u32 | pad | worker_ns u64   |   worker writes
         | rss u64 | peak u64 | worker_asleep u32 | worker_cpu u32 | resp_gen u32 | pad |
@@ -121,6 +122,15 @@ now + the last copy's time) and rings; the worker, woken with no request yet, sp
 ``coming_ns`` + ``HEADS_UP_SLACK_SECONDS`` (at most ``HEADS_UP_MAX_SECONDS``), so its wake-up
 overlaps the copy instead of following it. A heads-up never publishes anything: a worker that
 misses it (or an older one that ignores it) takes the request from the usual ring.
+
+Streamed inputs: where the worker's device reads the inputs from the region by DMA (torch-cuda's
+pinned region), the caller copies a large input (``STREAM_MIN_BYTES``) in chunks and, after
+each, stores in its set's ``fill`` how far it got: ``seq << 48 | slot << 32 | bytes`` (``seq``
+counts the region's requests, mod 2^16; ``slot`` indexes the slot table; bytes from the slot's
+start). A worker waiting for that set's request may queue the DMA of the bytes written so far
+(``bytes`` only grows for one ``seq`` and slot, and the caller never writes below it again
+before the publish), so the transfer overlaps the caller's copy; at the request it copies only
+what it has not, if ``seq`` still matches. A worker that ignores ``fill`` copies everything.
 """
 
 import atexit
@@ -226,6 +236,8 @@ STATUS_CANCELLED = 3
 _R_REQ_ID, _R_REQ_GEN, _R_REQ_FLAGS, _R_PUB_NS, _R_CANCEL_ID = 0, 16, 20, 24, 32
 #: Set 0's block only: when the client expects to publish its next request (a heads-up).
 OFF_COMING = CTL_OFF + 40
+#: Each set's block: how far the caller has copied its next request's inputs ("Streamed inputs").
+_R_FILL = 48
 #: ``req_flags``: reset the stage's state to its initial value before this request.
 FLAG_RESET_STATE = 1
 #: ``req_flags``: the inputs are in the worker's device slots of this set, and so go the
@@ -276,6 +288,10 @@ HEADS_UP_SECONDS = _env_number("XSTAGE_HEADS_UP_SECONDS", 0.0001, float, "0.0001
 #: slower than announced), and never longer than ``HEADS_UP_MAX_SECONDS`` in all.
 HEADS_UP_SLACK_SECONDS = 0.0001
 HEADS_UP_MAX_SECONDS = 0.005
+#: "Streamed inputs": inputs at least this large are copied in chunks of ``STREAM_CHUNK_BYTES``,
+#: each followed by its set's ``fill`` (a slot under 4 GiB: ``fill`` holds 32 bits of bytes).
+STREAM_MIN_BYTES = 1 << 20
+STREAM_CHUNK_BYTES = 512 << 10
 #: ``XSTAGE_WAIT_TRACE=DIR``: each doorbell records its decisions, their inputs and what each
 #: wait saw, and writes them to ``DIR/wait-<role>-<pid>-<n>.json`` at exit
 #: (``scripts/record_wait_traces.py``; the policy's tests replay such traces).
@@ -554,6 +570,10 @@ class Region:
         #: Who copies large inputs into their slots (``use_copier``), and from what size.
         self.copier = None
         self._copy_min = 1 << 62
+        #: Copy large inputs in chunks, each announced in ``fill`` ("Streamed inputs"): the
+        #: client's, where the worker's device reads the region by DMA.
+        self.stream_fill = False
+        self._fill_seq = 0
         self._closed = False
 
     # ------------------------------------------------------------------ creation / attach
@@ -692,6 +712,7 @@ class Region:
         base = self._base[s]
         _PUBLISH.pack_into(self.mm, base + _R_REQ_GEN, self.generation, flags, time.monotonic_ns())
         _U64.pack_into(self.mm, base + _R_REQ_ID, rid)
+        self._fill_seq = (self._fill_seq + 1) & 0xFFFF  # the next request's streamed inputs
 
     def req_flags(self, s=0):
         return _U32.unpack_from(self.mm, self._base[s] + _R_REQ_FLAGS)[0]
@@ -806,12 +827,38 @@ class Region:
         if at is not None and arr.__array_interface__["data"][0] == at \
                 and arr.flags.c_contiguous:
             return True  # the slot itself (``slot_views``), filled in place: nothing to copy
+        if self.stream_fill and view is not None and role == "in" \
+                and STREAM_MIN_BYTES <= view.nbytes < (1 << 32) and arr.flags.c_contiguous:
+            self._stream(view, arr, s, self.index[(s, role, name)])
+            return True
         if view is not None:
             if large:
                 self.copier.copyto(view, arr, "no")
             else:
                 np.copyto(view, arr, casting="no")
         return True
+
+    def _stream(self, view, arr, s, i):
+        """Copy ``arr`` into slot ``i``'s ``view`` in chunks, each announced in set ``s``'s
+        ``fill`` after its bytes ("Streamed inputs"; x86 keeps the stores in order)."""
+        dst = view.reshape(-1).view(np.uint8)
+        src = arr.reshape(-1).view(np.uint8)
+        head = (self._fill_seq << 48) | (i << 32)
+        off, mm, pack = self._base[s] + _R_FILL, self.mm, _U64.pack_into
+        n = dst.nbytes
+        for a in range(0, n, STREAM_CHUNK_BYTES):
+            b = min(a + STREAM_CHUNK_BYTES, n)
+            dst[a:b] = src[a:b]
+            pack(mm, off, head | b)
+
+    def fill(self, s=0):
+        """Set ``s``'s ``fill`` (``seq << 48 | slot << 32 | bytes``; "Streamed inputs")."""
+        return _U64.unpack_from(self.mm, self._base[s] + _R_FILL)[0]
+
+    def fill_check(self, s=0):
+        """A function of no arguments reading set ``s``'s ``fill`` (a waiter's poll)."""
+        unpack, mm, off = _U64.unpack_from, self.mm, self._base[s] + _R_FILL
+        return lambda: unpack(mm, off)[0]
 
     def slot_views(self, role, shapes, s=0):
         """Writable views of set ``s``'s ``role`` slots by name, at ``shapes`` ({name: (dtype,

@@ -581,6 +581,17 @@ class TorchRuntime(object):
             self.cuda.attach_region(region)
             self.evidence["accelerator"] = self.cuda.info
 
+    @property
+    def streams_inputs(self):
+        """Whether the worker should hand this runtime the caller's ``fill`` while it waits
+        (a CUDA graph reading a pinned region: ``prefetch``)."""
+        return self.cuda is not None and self.cuda.streams_inputs
+
+    def prefetch(self, s, fill):
+        """Queue the DMA of set ``s``'s input bytes the caller has written (shm.py's
+        "Streamed inputs")."""
+        self.cuda.prefetch(s, fill, self._input_names)
+
     def open_device_slots(self, n_sets):
         """The worker's ``device_slots`` request: the slots' export frame (CUDA only)."""
         if self.cuda is None:
@@ -623,7 +634,8 @@ class TorchRuntime(object):
         by DMA from and into the pinned region, on one stream with one sync)."""
         if self.cuda is not None and not self._profile:
             views = [out_views.get(spec["name"]) for spec in self.outputs]
-            got = self.cuda.call(self.module, [feeds[n] for n in self._input_names], views)
+            got = self.cuda.call(self.module, [feeds[n] for n in self._input_names], views,
+                                 slot_set)
             return dict((self.outputs[i]["name"], v) for i, v in got.items())
         rest = {}
         for name, value in self.run(feeds).items():

@@ -407,6 +407,24 @@ class Worker:
                                     end_ns=end)
         self.bell.ring()
 
+    def _prefetching(self, ready, k):
+        """``ready`` that also hands the runtime each new ``fill`` of set ``k`` while the
+        caller copies the request's inputs ("Streamed inputs" in shm.py): the runtime queues
+        the DMA of the bytes written so far."""
+        fill, prefetch = self.region.fill_check(k), self.runtime.prefetch
+        seen = [fill()]
+
+        def check():
+            if ready():
+                return True
+            now = fill()
+            if now != seen[0]:
+                seen[0] = now
+                prefetch(k, now)
+            return False
+
+        return check
+
     # ---------------------------------------------------------------- loop
     def serve(self):
         handlers = {"load": self.on_load, "attach": self.on_attach, "run": self.on_run,
@@ -415,9 +433,11 @@ class Worker:
             if self.region is not None:
                 # Requests come in the sets' cyclic order: wait on the next set only.
                 region, k = self.region, self.next_set
-                state = self.bell.wait(
-                    region.request_check(region.resp_id(k), k), None, watch=(self.sock,),
-                    spin=shm_mod.WORKER_SPIN_SECONDS, heads_up=True)
+                ready = region.request_check(region.resp_id(k), k)
+                if getattr(self.runtime, "streams_inputs", False):
+                    ready = self._prefetching(ready, k)
+                state = self.bell.wait(ready, None, watch=(self.sock,),
+                                       spin=shm_mod.WORKER_SPIN_SECONDS, heads_up=True)
                 if state == "ready":
                     self.next_set = (k + 1) % region.n_sets
                     self.on_shm_call(region.req_id(k), k)

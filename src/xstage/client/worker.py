@@ -873,7 +873,9 @@ class WorkerClient:
         if self._region is not None:
             self._region.close()  # the worker let go of it when it attached the new one
         self._region = region
-        if self._copies.threads and not dma_reads_region(self.loaded):
+        if dma_reads_region(self.loaded):  # large inputs in announced chunks (shm.py)
+            region.stream_fill = True
+        elif self._copies.threads:
             region.use_copier(self._copies)
         self._pipe.reset_sets()
         assert self._bell is not None

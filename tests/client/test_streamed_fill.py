@@ -1,0 +1,106 @@
+"""Streamed inputs (shm.py, "Streamed inputs"): a large input copied in announced chunks.
+
+Where the worker's device reads the region by DMA, the caller copies a large input in chunks
+and stores after each how far it got (``fill``); a waiting worker hands each new ``fill`` to its
+runtime, which queues the DMA of those bytes. Here the caller's side and the worker's hand-over
+run without a GPU (``tests/gpu`` runs the DMA itself): the bytes, the announcements, their
+order and the request counter.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from xstage_remote import shm
+from xstage_remote.worker import Worker
+
+BIG = shm.STREAM_MIN_BYTES * 3 // 4 + shm.STREAM_CHUNK_BYTES  # floats: 2.5 chunks of bytes
+IO_IN = [("x", "float32", BIG * 4), ("small", "float32", 64)]  # capacities in bytes
+IO_OUT = [("y", "float32", 64)]
+
+
+def _region() -> shm.Region:
+    slots, size = shm.plan_layout(IO_IN, IO_OUT)
+    region = shm.Region.create(size, slots)
+    region.stream_fill = True
+    return region
+
+
+def _parts(fill: int) -> tuple[int, int, int]:
+    return fill >> 48, (fill >> 32) & 0xFFFF, fill & 0xFFFFFFFF
+
+
+def test_a_large_input_is_copied_whole_and_its_fill_says_so() -> None:
+    region = _region()
+    try:
+        x = np.random.default_rng(0).standard_normal(BIG).astype(np.float32)
+        assert region.fill(0) == 0
+        assert region.write("in", "x", x, 0)
+        seq, slot, done = _parts(region.fill(0))
+        assert (seq, done) == (0, x.nbytes) and region.slots[slot]["name"] == "x"
+        np.testing.assert_array_equal(region.view("in", "x", x.dtype, x.shape, 0), x)
+        region.write("in", "small", np.ones(16, np.float32), 0)  # small: copied at once
+        assert _parts(region.fill(0))[1] == slot
+        region.publish_request(1, 0)
+        region.write("in", "x", x[::-1].copy(), 0)  # the next request counts on
+        assert _parts(region.fill(0))[0] == 1
+        np.testing.assert_array_equal(region.view("in", "x", x.dtype, x.shape, 0), x[::-1])
+    finally:
+        region.close()
+
+
+def test_without_the_switch_nothing_is_announced() -> None:
+    region = _region()
+    region.stream_fill = False
+    try:
+        x = np.ones(BIG, np.float32)
+        assert region.write("in", "x", x, 0) and region.fill(0) == 0
+    finally:
+        region.close()
+
+
+class _Recorder:
+    """A runtime that records what the worker hands it (the DMA a GPU runtime queues)."""
+
+    streams_inputs = True
+
+    def __init__(self) -> None:
+        self.fills: list[tuple[int, int]] = []
+
+    def prefetch(self, s: int, fill: int) -> None:
+        self.fills.append((s, fill))
+
+
+def test_a_waiting_worker_hands_each_new_fill_to_its_runtime_in_order() -> None:
+    """The caller copies on a thread while the worker's wait polls: every fill the worker saw
+    is one the caller stored, they only grow, and the last is the whole input."""
+    region = _region()
+    try:
+        worker = Worker.__new__(Worker)  # only what the wait's check reads
+        worker.region, worker.runtime = region, _Recorder()
+        published = threading.Event()
+        check = worker._prefetching(published.is_set, 0)
+        x = np.arange(BIG, dtype=np.float32)
+
+        def caller() -> None:
+            region.write("in", "x", x, 0)
+            published.set()
+
+        thread = threading.Thread(target=caller)
+        thread.start()
+        while not check():
+            pass
+        thread.join()
+        check()  # nothing new after the publish: nothing handed over
+        fills = worker.runtime.fills
+        assert fills and all(s == 0 for s, _ in fills)
+        done = [_parts(f)[2] for _, f in fills]
+        assert done == sorted(done) and all(d % shm.STREAM_CHUNK_BYTES == 0 or d == x.nbytes
+                                           for d in done)
+        last = fills[-1][1]
+        if _parts(last)[2] != x.nbytes:  # the publish came before the last poll saw it
+            assert _parts(region.fill(0))[2] == x.nbytes
+    finally:
+        region.close()
