@@ -457,6 +457,9 @@ class Worker:
                 info = memory.detail()
                 if self.bell is not None and self.bell.policy is not None:
                     info["doorbell"] = self.bell.summary()  # the wait policy's decisions
+                cuda = getattr(self.runtime, "cuda", None)
+                if cuda is not None:  # torch-cuda: the pinned region as it serves now
+                    info["pinned_region"] = dict(cuda.info["pinned_region"])
                 self.send({"op": "pong", "id": frame.id, "info": info})
                 continue
             handler = handlers.get(op)

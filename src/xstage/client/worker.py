@@ -672,7 +672,11 @@ class WorkerClient:
 
     # ------------------------------------------------------------------ operations
     def ping(self) -> dict[str, Any]:
-        """Liveness and the worker's memory (rss, peak)."""
+        """Liveness and the worker's memory (rss, peak).
+
+        A torch-cuda worker adds its pinned region as it serves now (``streamed_bytes``: input
+        bytes sent to the device ahead of their requests).
+        """
         with self._lock:
             return self._request({"op": "ping"}, "pong", "call").header.get("info", {})
 
