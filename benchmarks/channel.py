@@ -32,8 +32,15 @@ round, interleaved, and prints the medians of the rounds and their ratio. The ``
 (1 MiB) is ``channel`` with its payload records hashed on threads (``wire.MAC_THREADS``, at
 least 2), beside ``channel`` hashed in the thread that sends or receives.
 
+``--together`` puts every arm's two ends on one CPU, the one the measuring process runs on
+(the echo processes pin themselves there, the xstage worker inherits it): on a virtual
+machine whose idle vCPUs halt, a wake-up on another CPU costs tens of µs that every arm pays
+alike (docs/benchmarks.md); on one CPU each arm's time is its CPU work. ``--compare`` times
+the ``tcp`` and ``chan-fast`` arms in the same rounds as the two trees' whole calls, and
+prints the whole call's ratio to ``tcp``.
+
 Run: ``PYTHONPATH=src python benchmarks/channel.py [--json] [--rounds N] [--pin]
-[--compare SRC]``.
+[--together] [--compare SRC]``.
 """
 
 from __future__ import annotations
@@ -138,9 +145,18 @@ class Layer:
         return _cpu_ns(os.getpid()) + (_cpu_ns(self.peer) if self.peer else 0)
 
 
-def _socket_layer(layer: str, x: np.ndarray, pin: bool) -> Layer:
+def _together_cpu() -> int:
+    """The CPU this process runs on now (``--together`` puts every arm's two ends there)."""
+    try:
+        return os.sched_getcpu()  # type: ignore[attr-defined,no-any-return]
+    except (AttributeError, OSError):
+        return min(os.sched_getaffinity(0))
+
+
+def _socket_layer(layer: str, x: np.ndarray, pin: bool, cpu: int | None = None) -> Layer:
     q: mp.Queue = mp.Queue()
-    proc = mp.Process(target=_echo, args=(q, layer, x.size, 1 if pin else None), daemon=True)
+    where = cpu if cpu is not None else (1 if pin else None)
+    proc = mp.Process(target=_echo, args=(q, layer, x.size, where), daemon=True)
     proc.start()
     sock = socket.create_connection(("127.0.0.1", q.get(timeout=60)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -203,15 +219,19 @@ def _xstage_layer(x: np.ndarray, tmp: Path) -> Layer:
     return Layer("xstage", call, client.close, client.pid)
 
 
-def layers(rounds: int, calls: int, pin: bool, with_worker: bool) -> list[dict]:
+def layers(rounds: int, calls: int, pin: bool, with_worker: bool,
+           together: bool = False) -> list[dict]:
     rows = []
+    cpu = _together_cpu() if together else None
+    if cpu is not None:
+        _pin(cpu)  # the xstage worker inherits it; each echo process pins itself there
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
         for label, n in PAYLOADS:
             x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
             names = ("tcp", "frames", "fast", "channel", "chan-fast") + (
                 ("chan-mt",) if n > 1000 else ())
-            arms = [_socket_layer(name, x, pin) for name in names]
+            arms = [_socket_layer(name, x, pin, cpu) for name in names]
             if with_worker:
                 arms.append(_xstage_layer(x, Path(tmp)))
             if pin:
@@ -382,28 +402,55 @@ def _xstage_arm(n: int, calls: int) -> dict:
             "worker_cpu_us_per_call": worker_cpu / calls / 1e3}
 
 
-def compare(other_src: str, rounds: int, calls: int) -> list[dict]:
+def compare(other_src: str, rounds: int, calls: int, together: bool = False) -> list[dict]:
     """``WorkerClient.run`` over TCP under another source tree (before) and this one
-    (after), one process pair per arm and round, the arms interleaved: medians of rounds."""
+    (after), one process pair per arm and round, the arms interleaved: medians of rounds.
+
+    The ``tcp`` echo and the ``chan-fast`` layer (this tree) are timed in the same rounds,
+    between the two, so the whole call stands beside its floor in one run. ``together``:
+    every arm's two ends on the CPU this process runs on (the arms' processes inherit it).
+    """
     import subprocess
 
     own = str(Path(__file__).resolve().parents[1] / "src")
+    cpu = _together_cpu() if together else None
+    if cpu is not None:
+        _pin(cpu)
     rows = []
     for label, n in PAYLOADS:
+        each = calls if n < 1000 else max(20, calls // 4)
+        x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+        refs = [_socket_layer(name, x, False, cpu) for name in ("tcp", "chan-fast")]
         got: dict[str, list[dict]] = {"before": [], "after": []}
-        for _ in range(rounds):
-            for arm, src in (("before", other_src), ("after", own)):
-                env = dict(os.environ, PYTHONPATH=src)
-                done = subprocess.run([sys.executable, __file__, "--arm", str(n), "--calls",
-                                       str(calls if n < 1000 else max(20, calls // 4))],
-                                      env=env, capture_output=True, text=True, timeout=600)
-                got[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
-        row: dict = {"payload": label, "bytes_each_way": n * 4}
+        try:
+            for ref in refs:
+                for _ in range(30):
+                    ref.call()
+            for _ in range(rounds):
+                for arm, src in (("before", other_src), ("after", own)):
+                    env = dict(os.environ, PYTHONPATH=src)
+                    done = subprocess.run([sys.executable, __file__, "--arm", str(n), "--calls",
+                                           str(each)],
+                                          env=env, capture_output=True, text=True, timeout=600)
+                    got[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                    for ref in refs:  # the floor, between and beside the two trees' arms
+                        for _ in range(max(1, each // 2)):
+                            t0 = time.perf_counter_ns()
+                            ref.call()
+                            ref.over.append(time.perf_counter_ns() - t0)
+        finally:
+            for ref in refs:
+                ref.close()
+        row: dict = {"payload": label, "bytes_each_way": n * 4, "together": together}
+        for ref in refs:
+            half = statistics.median(ref.over) / 2e3
+            row[ref.name] = {"half_round_trip_us": half, "gbps_each_way": n * 4 / (half * 1e3)}
         for arm, runs in got.items():
             row[arm] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             row[arm]["gbps_each_way"] = n * 4 / (row[arm]["half_round_trip_us"] * 1e3)
         row["after_over_before"] = (row["after"]["half_round_trip_us"]
                                     / row["before"]["half_round_trip_us"])
+        row["after_over_tcp"] = row["after"]["half_round_trip_us"] / row["tcp"]["half_round_trip_us"]
         rows.append(row)
     return rows
 
@@ -415,6 +462,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200, help="calls per layer and payload")
     parser.add_argument("--pin", action="store_true",
                         help="run the two ends of each layer on different CPUs")
+    parser.add_argument("--together", action="store_true",
+                        help="every arm's two ends on one CPU, the one this process runs on "
+                        "(no wake-up of an idle CPU in any arm)")
     parser.add_argument("--no-worker", action="store_true",
                         help="leave out the whole-call layer (no onnxruntime worker)")
     parser.add_argument("--compare", metavar="SRC",
@@ -426,37 +476,52 @@ def main() -> None:
         print(json.dumps(_xstage_arm(args.arm, args.calls)))
         return
     if args.compare:
-        rows = compare(args.compare, args.rounds, args.calls)
+        rows = compare(args.compare, args.rounds, args.calls, args.together)
         if args.json:
             print(json.dumps({"benchmark": "channel-compare", "load_average": os.getloadavg(),
                               "rows": rows}, indent=2))
             return
         print(f"WorkerClient.run over TCP, before = {args.compare}, after = this tree; "
+              f"{'both ends on one CPU' if args.together else 'free placement'}; "
               f"load average {', '.join(f'{v:.1f}' for v in os.getloadavg())}")
         for row in rows:
+            for name in ("tcp", "chan-fast"):
+                a = row[name]
+                print(f"  {row['payload']:<7}{name:<10}half round trip "
+                      f"{a['half_round_trip_us']:>8.1f} µs  {a['gbps_each_way']:>5.2f} GB/s")
             for arm in ("before", "after"):
                 a = row[arm]
                 print(f"  {row['payload']:<7}{arm:<8}half round trip {a['half_round_trip_us']:>8.1f} µs"
                       f"  {a['gbps_each_way']:>5.2f} GB/s  CPU per call: client "
                       f"{a['client_cpu_us_per_call']:.0f} µs, worker {a['worker_cpu_us_per_call']:.0f} µs")
-            print(f"  {row['payload']:<7}after / before {row['after_over_before']:.2f}")
+            print(f"  {row['payload']:<7}after / before {row['after_over_before']:.2f}, "
+                  f"after / tcp {row['after_over_tcp']:.2f}")
         return
     doc = {"benchmark": "channel", "python": sys.version.split()[0], "cpus": os.cpu_count(),
            "sha_ni": _has_sha_ni(), "load_average": os.getloadavg(), "mac": wire.MAC_NAME,
            "macs": mac_costs(), "cpu_per_frame": cpu_per_frame(),
-           "layers": layers(args.rounds, args.calls, args.pin, not args.no_worker),
-           "pinned": args.pin}
+           "layers": layers(args.rounds, args.calls, args.pin, not args.no_worker,
+                            args.together),
+           "pinned": args.pin, "together": args.together}
     if args.json:
         print(json.dumps(doc, indent=2))
         return
     print(f"{doc['cpus']} CPUs, sha_ni={doc['sha_ni']}, load average "
-          f"{', '.join(f'{v:.1f}' for v in doc['load_average'])}, pinned={args.pin}")
+          f"{', '.join(f'{v:.1f}' for v in doc['load_average'])}, pinned={args.pin}, "
+          f"together={args.together}")
     print("\nlayers (median; each layer's cost is its difference from the one above):")
     for row in doc["layers"]:
         for name, a in row["arms"].items():
             print(f"  {row['payload']:<7}{name:<10}half round trip {a['half_round_trip_us']:>9.1f} µs"
                   f"   {a['gbps_each_way']:>6.2f} GB/s each way"
                   f"   both ends' CPU / wall {a['both_ends_cpu_over_wall']:.2f}")
+    for row in doc["layers"]:
+        arms = row["arms"]
+        if "xstage" in arms:
+            print(f"  {row['payload']:<7}xstage / tcp "
+                  f"{arms['xstage']['half_round_trip_us'] / arms['tcp']['half_round_trip_us']:.2f}"
+                  f", xstage / chan-fast "
+                  f"{arms['xstage']['half_round_trip_us'] / arms['chan-fast']['half_round_trip_us']:.2f}")
     print("\nCPU per 64 B frame (thread clock, median µs):")
     for name, us in doc["cpu_per_frame"]["steps_us"].items():
         print(f"  {name:<40}{us:>7.2f}")

@@ -200,6 +200,7 @@ def _linux_read():
 #: ``read_cached``: the reading it last took, the fault count it was taken at, and how many
 #: replies reused it since.
 _CACHED = {"faults": None, "reading": (0, 0), "reused": 0}
+_LINUX = sys.platform.startswith("linux")
 #: A reading is taken afresh after at most this many reuses, faults or not (an RSS can fall
 #: without a fault, when memory is unmapped; and pages the kernel maps in without a fault of
 #: this process, such as ``MAP_POPULATE``, raise it without one).
@@ -215,14 +216,13 @@ def read_cached():
     takes a full reading (``read``): the high-water mark the kernel keeps is read then, so a
     peak reached inside a call is in that call's reply.
     """
-    if not sys.platform.startswith("linux"):
+    if not _LINUX:
         return read()
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    if usage.ru_minflt + usage.ru_majflt == _CACHED["faults"] and _CACHED["reused"] < REUSE_AT_MOST:
-        _CACHED["reused"] += 1
-        return _CACHED["reading"]
+    usage = _getrusage(_RUSAGE_SELF)
+    cached = _CACHED
+    if usage.ru_minflt + usage.ru_majflt == cached["faults"] and cached["reused"] < REUSE_AT_MOST:
+        cached["reused"] += 1
+        return cached["reading"]
     reading = read()
     _CACHED.update(faults=_SEEN["faults"], reading=reading, reused=0)
     return reading

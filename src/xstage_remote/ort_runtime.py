@@ -396,6 +396,7 @@ class OrtRuntime:
         self.profile_text = None
         self.inputs = _signature(session.get_inputs())
         self.outputs = _signature(session.get_outputs())
+        self._names = [o["name"] for o in self.outputs]  # run's output names, in graph order
         self.info = {
             "runtime": "onnxruntime",
             "onnxruntime": ort.__version__,
@@ -410,7 +411,7 @@ class OrtRuntime:
 
     def run(self, feeds):
         """Outputs by name, in graph order, for inputs by name."""
-        names = [o["name"] for o in self.outputs]
+        names = self._names
         if self._profile_dir is not None:  # the first runs: a compiling EP may compile here
             with _StderrCapture() as capture:
                 for _ in range(self._extra_profiled_runs()):

@@ -625,6 +625,7 @@ class FastCodec:
                                     "names per side (%s)" % _FAST_OPS[kind])
         self._enc = {}
         self._dec = {}
+        self._lanes = {}
 
     # ---------------------------------------------------------------- writing
     def encode(self, kind, rid, gen, flags, arrays, timing=None):
@@ -706,6 +707,43 @@ class FastCodec:
                 self._enc.clear()
             self._enc[key] = known
         return known
+
+    def lane(self, kind, gen, arrays):
+        """The ``_Lane`` of one call signature (kind, generation, names, dtypes, shapes), or
+        None where its frame is not one small record of plain bytes (a tensor to convert to
+        little-endian, bfloat16, a frame over ``SMALL_FRAME``). Built once, from the frame
+        ``encode`` writes, and kept per signature (bounded)."""
+        try:
+            key = (kind, gen) + tuple([(name, type(arr), arr.dtype, arr.shape)
+                                       for name, arr in arrays.items()])
+            lane = self._lanes.get(key, False)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable name
+            return None
+        if lane is not False:
+            return lane
+        lane = None
+        if 1 <= gen <= MAX_GENERATION and kind in self.names \
+                and all(t is np.ndarray for _, t, _, _ in key[2:]):
+            try:
+                descs, plen, views = self._signature(
+                    kind, [(name, arr) for name, arr in arrays.items()], None)
+            except ProtocolError:  # the long way names the problem
+                return None
+            if 2 not in views and plen + FAST_HEAD.size + len(descs) + PREFIX.size \
+                    + FAST_TIMING.size <= SMALL_FRAME:
+                head = FAST_HEAD.pack(kind, 0, len(arrays), gen, 0)
+                if kind == FAST_RESULT:
+                    head += FAST_TIMING.pack(0, 0, 0)
+                lane = _Lane(kind, head + descs, plen, [
+                    (name, n) for (name, arr), n in zip(arrays.items(), _sizes(descs, len(arrays)))])
+                try:
+                    lane.fill(0, arrays)
+                except (ValueError, TypeError, BufferError):  # no plain buffer (bfloat16)
+                    lane = None
+        if len(self._lanes) >= _MAX_SIGNATURES:
+            self._lanes.clear()
+        self._lanes[key] = lane
+        return lane
 
     # ---------------------------------------------------------------- reading
     def decode_head(self, raw, plen):
@@ -819,6 +857,69 @@ class FastCodec:
             raise ProtocolError("binary %s frame: tensors cover %d bytes of a %d-byte payload"
                                 % (op, cursor, plen))
         return out
+
+
+def _sizes(descs, n):
+    """The byte length of each of ``n`` tensors, read back from their binary descriptors."""
+    out = []
+    pos = 0
+    for _ in range(n):
+        _, _, rank, _, nbytes = FAST_TENSOR.unpack_from(descs, pos)
+        pos += FAST_TENSOR.size + 8 * rank
+        out.append(nbytes)
+    return out
+
+
+class _Lane:
+    """One call signature's binary frame, kept whole with room for its record trailer.
+
+    The common case of a call (a fixed signature, no state reset, nothing to convert): the
+    prefix, the fixed header and the descriptors were written once, by ``FastCodec.encode``'s
+    checks; per call only the request id (and a result's timing) is packed into place and
+    the tensors' bytes copied in (``fill``). ``buf`` is the frame (``n`` bytes) followed by
+    ``TRAILER_BYTES`` for ``Channel.send_sealed``; it is reused, so it is sent before the
+    next ``fill`` (a call sends synchronously). The bytes equal ``encode``'s.
+    """
+
+    __slots__ = ("buf", "view", "n", "frame", "_id_at", "_timing_at", "_places")
+
+    def __init__(self, kind, head, plen, sizes):
+        prefix = PREFIX.pack(FAST_MAGIC, len(head), plen)
+        self.n = len(prefix) + len(head) + plen
+        self.buf = bytearray(prefix + head) + bytearray(plen + TRAILER_BYTES)
+        self.view = memoryview(self.buf)
+        self.frame = self.view[:self.n]  # the frame without the trailer (plain streams)
+        self._id_at = PREFIX.size + 8
+        self._timing_at = PREFIX.size + FAST_HEAD.size if kind == FAST_RESULT else None
+        places = []
+        at = len(prefix) + len(head)
+        for name, nbytes in sizes:
+            if nbytes:  # an empty tensor has no bytes to copy
+                places.append((name, at, at + nbytes))
+            at += nbytes
+        self._places = tuple(places)
+
+    def fill(self, rid, arrays, timing=None):
+        """Pack ``rid`` (and ``timing``: worker_ns, rss, peak) and copy the arrays' bytes in.
+
+        ValueError or BufferError where an array has no C-contiguous buffer (the caller
+        then encodes the frame the long way); struct.error for a field out of range.
+        """
+        if rid >= 1 << 63:
+            raise struct.error("request id %d is not in [0, 2^63)" % rid)
+        buf = self.buf
+        _U64_AT.pack_into(buf, self._id_at, rid)
+        if timing is not None:
+            FAST_TIMING.pack_into(buf, self._timing_at, *timing)
+        view = self.view
+        for name, start, end in self._places:
+            # Same length (the signature fixes it); a view that is not C-contiguous cannot
+            # be cast (TypeError), bfloat16 has no buffer (ValueError).
+            view[start:end] = arrays[name].data.cast("B")
+        return self
+
+
+_U64_AT = struct.Struct("<Q")
 
 
 def encode_fast(codec, op, rid, gen, arrays, options=None, timing=None):
@@ -1262,6 +1363,28 @@ class Channel:
         for chunk in records:
             self._send_record(chunk)
 
+    def send_sealed(self, lane):
+        """Send a ``_Lane``'s frame as one record, sealed in place in its trailer room.
+
+        The record ``send_parts`` makes of the same frame (its bytes, the counter, the tag of
+        counter and bytes), with no joined copy: the counter and the tag are written into the
+        lane's buffer after the frame, and the buffer goes out in one ``sendall``.
+        """
+        n = lane.n
+        buf = lane.buf
+        view = lane.view
+        counter = view[n:n + COUNTER.size]
+        COUNTER.pack_into(buf, n, self.sent)
+        self.sent += 1
+        mac = self._seal_mac
+        inner = mac._inner.copy()
+        inner.update(counter)
+        inner.update(lane.frame)
+        outer = mac._outer.copy()
+        outer.update(inner.digest())
+        buf[n + COUNTER.size:] = outer.digest()
+        self.sock.sendall(buf)
+
     def _send_sealed_ahead(self, records):
         """Payload records whose tags are computed on ``mac_threads`` threads at once while
         this thread sends: each record's bytes go out at once, its trailer when its tag is
@@ -1369,7 +1492,9 @@ class Channel:
 
         ``codec`` as in ``recv_frame``: binary call frames are records like any frame.
         """
-        s = self._need(PREFIX.size, started=False)
+        s = self._start
+        if self._end - s < PREFIX.size:
+            s = self._need(PREFIX.size, started=False)
         got = self._recv_small(s, max_payload, codec)
         if got is not None:
             return got
@@ -1423,13 +1548,20 @@ class Channel:
                 FAST_HEAD.size if magic == FAST_MAGIC else 2) or hlen > MAX_HEADER_BYTES \
                 or magic not in (MAGIC, FAST_MAGIC) or (magic == FAST_MAGIC and codec is None):
             return None
-        s = self._need(n + TRAILER_BYTES)
+        if self._end - s < n + TRAILER_BYTES:
+            s = self._need(n + TRAILER_BYTES)
         counter = COUNTER.pack(self.received)
         if buf[s + n:s + n + COUNTER.size] != counter:
             return None
         view = self._view
-        if not hmac.compare_digest(self._check_mac.tag(counter, (view[s:s + n],)),
-                                   bytes(view[s + n + COUNTER.size:s + n + TRAILER_BYTES])):
+        mac = self._check_mac  # _Mac.tag, written out (this runs for every small frame)
+        inner = mac._inner.copy()
+        inner.update(counter)
+        inner.update(view[s:s + n])
+        outer = mac._outer.copy()
+        outer.update(inner.digest())
+        if not hmac.compare_digest(outer.digest(),
+                                   view[s + n + COUNTER.size:s + n + TRAILER_BYTES]):
             return None
         self.received += 1
         self._start = s + n + TRAILER_BYTES
@@ -1438,7 +1570,8 @@ class Channel:
             header, tensors = codec.decode_head(view[s + PREFIX.size:end], plen)
         else:
             header, tensors = _validate_head(view[s + PREFIX.size:end], plen)
-        payload = np.frombuffer(bytearray(view[end:s + n]), dtype=np.uint8) if plen else _EMPTY
+        # The payload's own bytes (a bytearray: the arrays view it, writable, no numpy wrapper).
+        payload = bytearray(view[end:s + n]) if plen else _EMPTY
         return Frame(header, payload, tensors, magic == FAST_MAGIC)
 
     def _recv_checked_behind(self, view, plen):

@@ -129,3 +129,40 @@ def test_a_python39_worker_speaks_binary_frames(py39_ort119_python, graphs, tran
         np.testing.assert_allclose(w.run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(w.run({"x": x.astype(">f4")})["y"], ref, rtol=1e-5, atol=1e-5)
         assert seen == [True, True]
+
+
+@pytest.mark.parametrize("transport", ["local", "tcp"])
+def test_repeated_calls_take_the_kept_frame_and_keep_every_check(graphs, transport: str) -> None:
+    """The lean call (``WorkerClient._call_lean``: a signature's kept frame, id packed in):
+    same numbers as the long way; an input off the signature (not C-contiguous, another dtype,
+    big-endian) goes the long way, which converts or names it; a reply to another request
+    fails closed."""
+    from xstage import errors
+
+    x = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+    sess = ort.InferenceSession(str(graphs["mlp"]))
+    with WorkerClient(sys.executable, shm_mode="off", transport=transport) as w:
+        w.load(graphs["mlp"])
+        seen = _tap(w)
+        for i in range(3):
+            np.testing.assert_array_equal(w.run({"x": x + i})["y"], sess.run(None, {"x": x + i})[0])
+        assert w._lane is not None and seen == [True] * 3
+        wide = np.zeros((8, 512), np.float32)
+        wide[:, ::2] = x
+        np.testing.assert_array_equal(w.run({"x": wide[:, ::2]})["y"], sess.run(None, {"x": x})[0])
+        np.testing.assert_array_equal(w.run({"x": x.astype(">f4")})["y"], sess.run(None, {"x": x})[0])
+        with pytest.raises(errors.InputError, match="x"):
+            w.run({"x": x.astype(np.float64)})
+        np.testing.assert_array_equal(w.run({"x": x})["y"], sess.run(None, {"x": x})[0])
+        recv = w._recv
+
+        def another(*args, **kw):  # type: ignore[no-untyped-def]
+            frame = recv(*args, **kw)
+            frame.header["id"] += 1
+            return frame
+
+        w._recv = another  # type: ignore[method-assign]
+        with pytest.raises(errors.RemoteProtocolError, match="expected result #"):
+            w.run({"x": x})
+        with pytest.raises(errors.StageClosed):
+            w.run({"x": x})

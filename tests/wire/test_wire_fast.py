@@ -359,3 +359,69 @@ def test_attacks_on_binary_records_fail_closed_by_name(n: int, attack: str, chec
         records = records[per:] + records[:per]
     with pytest.raises(wire.ProtocolError, match=re.escape(check)):
         _read_after(records, rx, a, b, 2)
+
+
+# ------------------------------------------------------------------- a signature's kept frame
+LANE_CASES = [
+    ("run", {"x": np.arange(12, dtype=np.float32).reshape(3, 4)}, None),
+    ("run", {"ids": np.array([5, -1], np.int64), "x": np.zeros((0, 3), np.float32),
+             "mask": np.ones((2, 1, 2), bool)}, None),
+    ("result", {"y": np.float16(1.5) * np.ones((4,), np.float16)}, (7, 8, 9)),
+    ("result", {"z": np.array(3, np.uint8), "y": np.arange(5, dtype=np.float64)},
+     (2**64 - 1, 0, 10**12)),
+]
+
+
+@pytest.mark.parametrize("op, arrays, timing", LANE_CASES)
+def test_a_signatures_kept_frame_is_the_frame_encode_writes(op: str, arrays, timing) -> None:  # type: ignore[no-untyped-def]
+    """``_Lane``: the id and timing packed in, the tensors copied in; byte for byte the
+    frame ``encode_fast`` makes, call after call (its buffer is reused)."""
+    c = codec()
+    kind = {"run": wire.FAST_RUN, "result": wire.FAST_RESULT}[op]
+    lane = c.lane(kind, 3, arrays)
+    assert lane is not None and c.lane(kind, 3, arrays) is lane
+    for rid in (1, 2**63 - 1, 42):
+        arrays = {k: np.asarray(v + 1 if v.dtype != bool else v, v.dtype).reshape(v.shape)
+                  for k, v in arrays.items()}
+        want = wire.encode_fast(c, op, rid, 3, arrays, timing=None if timing is None else dict(
+            zip(("worker_ns", "rss", "peak"), timing, strict=True)))
+        lane.fill(rid, arrays, timing)
+        assert bytes(lane.frame) == b"".join(bytes(memoryview(p).cast("B")) for p in want)
+        assert parse(bytes(lane.frame), c).id == rid
+
+
+def test_a_kept_frame_is_only_for_bytes_that_go_as_they_are() -> None:
+    """Big-endian tensors, unknown names, non-arrays: no lane (the long way converts or names
+    the problem). An array of the signature that is not C-contiguous, or an id past 2^63, makes
+    ``fill`` raise before anything is sent (the caller takes the long way)."""
+    c = codec()
+    assert c.lane(wire.FAST_RUN, 1, {"x": np.arange(4, dtype=">f4")}) is None
+    assert c.lane(wire.FAST_RUN, 1, {"nope": np.arange(4, dtype="<f4")}) is None
+    assert c.lane(wire.FAST_RUN, 1, {"x": [1.0, 2.0]}) is None
+    assert c.lane(wire.FAST_RUN, 1, {"x": np.zeros(70_000, np.uint8)}) is None  # over one record
+    lane = c.lane(wire.FAST_RUN, 1, {"x": np.zeros((4, 4), np.float32)})
+    with pytest.raises((ValueError, TypeError, BufferError)):
+        lane.fill(1, {"x": np.zeros((4, 8), np.float32)[:, ::2]})
+    with pytest.raises(struct.error):
+        lane.fill(2**63, {"x": np.zeros((4, 4), np.float32)})
+
+
+def test_a_sealed_kept_frame_is_the_record_send_parts_makes() -> None:
+    """``Channel.send_sealed``: the same bytes on the wire as ``send_parts`` of the encoded
+    frame (counter and tag included), and the reader takes both."""
+    c = codec()
+    x = np.arange(16, dtype=np.float32)
+    tx, rx, a, _ = _pair()
+    lane = c.lane(wire.FAST_RUN, 1, {"x": x})
+    for rid in (1, 2):
+        tx.send_parts(wire.encode_fast(c, "run", rid, 1, {"x": x}))
+        got = rx.recv(codec=c)
+        assert got.id == rid and np.array_equal(got.arrays()["x"], x)
+    tx2, rx2, a2, _ = _pair()
+    tx2._seal_mac, rx2._check_mac = tx._seal_mac, rx._check_mac  # one key, to compare bytes
+    tx2.sent = rx2.received = 0
+    for rid in (1, 2):
+        tx2.send_sealed(lane.fill(rid, {"x": x}))
+        got = rx2.recv(codec=c)
+        assert got.id == rid and np.array_equal(got.arrays()["x"], x)
+    assert a2.sends == a.sends

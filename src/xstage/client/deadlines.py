@@ -183,6 +183,9 @@ class DeadlineSocket:
 
     def sendall(self, data: Any) -> None:
         """Send every byte of ``data``, each system call within the call's deadline."""
-        view = memoryview(data).cast("B")
+        sent = self.send(data)  # a small frame: the kernel takes it whole, one system call
+        if sent == (data.nbytes if type(data) is memoryview else len(data)):
+            return
+        view = memoryview(data).cast("B")[sent:]
         while view:
             view = view[self.send(view):]

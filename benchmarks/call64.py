@@ -1,0 +1,239 @@
+"""One 64 B call on the authenticated socket path, taken apart piece by piece (issue 13).
+
+Both ends run in this one thread over a TCP loopback pair: a ``WorkerClient`` wired to an
+``xstage_remote.worker.Worker`` (a real onnxruntime session of ``slice_graph(16, 16)``), each
+with its ``wire.Channel``. A call is driven step by step, as ``WorkerClient.run`` and the
+worker's ``serve`` loop make it, and each step is timed with the thread's CPU clock
+(``time.thread_time_ns``; the clock's own cost, measured with an empty step, is taken off).
+No wake-ups, no waiting: what is left is the CPU each piece costs. ``whole`` rows time the
+real entry points (``WorkerClient.run`` with the worker's turn inside its receive, and the
+worker's one-frame turn) for the same calls.
+
+Run: ``PYTHONPATH=src python benchmarks/call64.py [--calls N] [--rounds N] [--json]``.
+Not a test: nothing asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from xstage import builtin_graphs
+from xstage.client import WorkerClient
+from xstage.client.deadlines import DeadlineSocket
+from xstage.client.worker import WorkerState
+from xstage_remote import memory, wire
+from xstage_remote import worker as remote
+
+SECRET = "5e" * 16
+DIGEST = hashlib.sha256(b"benchmarks/call64.py").digest()
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    srv.close()
+    for s in (a, b):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return a, b
+
+
+def wired(graph: str) -> tuple[WorkerClient, remote.Worker]:
+    """A client and a worker in this process, joined by a TCP pair and two channels."""
+    a, b = _tcp_pair()
+    w = remote.Worker(b, None, 1, wire.Channel(b, SECRET, DIGEST, "worker"))
+    c = WorkerClient(sys.executable, shm_mode="off", transport="tcp")
+    c._io = DeadlineSocket(a)
+    c._channel = wire.Channel(c._io, SECRET, DIGEST, "client")
+    c._ctl = a
+    c.state = WorkerState.READY
+    c.hello = {"features": remote.FEATURES}
+    real_recv = c._channel.recv
+
+    def recv(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not c._channel._end - c._channel._start:  # nothing buffered: the worker's turn
+            turn(w)
+        return real_recv(*args, **kwargs)
+
+    c._channel.recv = recv  # type: ignore[method-assign]
+    c.load(graph)
+    del c._channel.recv  # the pieces drive each end by hand
+    return c, w
+
+
+def turn(w: remote.Worker) -> None:
+    """The worker's ``serve`` loop for one frame (no region on TCP)."""
+    frame = w.recv()
+    w.check_generation(frame)
+    {"load": w.on_load, "run": w.on_run}[frame.op](frame)
+
+
+def pieces(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict[str, float]:
+    """Median-free mean thread-CPU ns per step over ``calls`` calls, driven step by step."""
+    clock = time.thread_time_ns
+    tot: dict[str, int] = {}
+    ch, wch = c._channel, w.channel
+    assert ch is not None and wch is not None
+
+    def add(name: str, ns: int) -> None:
+        tot[name] = tot.get(name, 0) + ns
+
+    rt = w.runtime
+    names = [o["name"] for o in rt.outputs]
+    for _ in range(calls):
+        t0 = clock()
+        t1 = clock()
+        add("(the clock itself)", t1 - t0)
+        feeds = c._check_inputs({"x": x})
+        t2 = clock()
+        add("client: _check_inputs", t2 - t1)
+        rid = c._take_id()
+        parts = wire.encode_fast(c._fast, "run", rid, 1, feeds, None)
+        t3 = clock()
+        add("client: encode_fast (run)", t3 - t2)
+        c._io.start(c.deadlines.call)
+        t4 = clock()
+        add("client: deadline start", t4 - t3)
+        ch.send_parts(parts)
+        t5 = clock()
+        add("client: Channel.send_parts (MAC + send)", t5 - t4)
+        frame = wch.recv(codec=w.codec)
+        t6 = clock()
+        add("worker: Channel.recv (recv + MAC + head)", t6 - t5)
+        w.check_generation(frame)
+        arrays = frame.arrays()
+        w.check_feeds(arrays)
+        t7 = clock()
+        add("worker: generation, arrays, check_feeds", t7 - t6)
+        outs = rt.session.run(names, arrays)
+        t8 = clock()
+        add("worker: session.run (onnxruntime)", t8 - t7)
+        outputs = dict(zip(names, outs, strict=True))
+        rt._after_first_run()
+        t9 = clock()
+        add("worker: runtime.run's wrapping", t9 - t8)
+        rss, peak = memory.read_cached()
+        t10 = clock()
+        add("worker: memory.read_cached", t10 - t9)
+        timing = {"worker_ns": 7000, "rss": rss, "peak": peak}
+        rparts = wire.encode_fast(w.codec, "result", frame.id, 1, outputs, timing=timing)
+        t11 = clock()
+        add("worker: encode_fast (result)", t11 - t10)
+        wch.send_parts(rparts)
+        t12 = clock()
+        add("worker: Channel.send_parts (MAC + send)", t12 - t11)
+        reply = ch.recv(codec=c._fast)
+        t13 = clock()
+        add("client: Channel.recv (recv + MAC + head)", t13 - t12)
+        c._expect(reply, "result", rid)
+        c.last_timing = dict(reply.header["timing"])
+        c._collect(reply.arrays(), {})
+        t14 = clock()
+        add("client: _expect, timing, arrays, _collect", t14 - t13)
+    clock_ns = tot.pop("(the clock itself)") / calls
+    out = {k: max(0.0, v / calls - clock_ns) for k, v in tot.items()}
+    out["(the clock itself, taken off each step)"] = clock_ns
+    return out
+
+
+def wholes(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict[str, float]:
+    """CPU ns per call of the real entry points: the client's ``run`` (the worker's turn
+    inside, timed apart and taken off) and the worker's turn alone."""
+    clock = time.thread_time_ns
+    ch = c._channel
+    assert ch is not None
+    real = wire.Channel.recv
+    worker_ns = [0]
+
+    def recv(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not ch._end - ch._start:
+            t0 = clock()
+            turn(w)
+            worker_ns[0] += clock() - t0
+        return real(ch, *args, **kwargs)
+
+    ch.recv = recv  # type: ignore[method-assign]
+    t0 = clock()
+    for _ in range(calls):
+        c.run({"x": x})
+    total = clock() - t0
+    del ch.recv
+    return {"whole: client run() (the worker's turn taken off)": (total - worker_ns[0]) / calls,
+            "whole: the worker's turn (recv .. send_parts)": worker_ns[0] / calls}
+
+
+def compare(other_src: str, rounds: int, calls: int) -> None:
+    """The whole-call rows under ``other_src`` (before) and this tree (after), interleaved."""
+    import subprocess
+
+    own = str(Path(__file__).resolve().parents[1] / "src")
+    got: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
+    for _ in range(rounds):
+        for arm, src in (("before", other_src), ("after", own)):
+            done = subprocess.run([sys.executable, __file__, "--whole", "--calls", str(calls)],
+                                  env=dict(os.environ, PYTHONPATH=src), capture_output=True,
+                                  text=True, timeout=600, check=True)
+            for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items():
+                got[arm].setdefault(k, []).append(v / 1e3)
+    print(f"CPU µs per 64 B call, in one thread (median of {rounds} rounds of {calls}); "
+          f"before = {other_src}; load average "
+          f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    for k in got["after"]:
+        b, a = statistics.median(got["before"][k]), statistics.median(got["after"][k])
+        print(f"  {k:<52}before {b:>6.2f}  after {a:>6.2f}  after/before {a / b:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--compare", metavar="SRC",
+                        help="the whole-call rows under another tree's src/ (before) and this "
+                        "one (after), one process each per round, interleaved")
+    parser.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.compare:
+        compare(args.compare, args.rounds, args.calls)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
+        x = np.random.default_rng(0).standard_normal(16).astype(np.float32)
+        graph = str(builtin_graphs.write(builtin_graphs.slice_graph(16, 16), Path(tmp) / "s.onnx"))
+        c, w = wired(graph)
+        wholes(c, w, x, 300)
+        if args.whole:
+            print(json.dumps(wholes(c, w, x, args.calls)))
+            return
+        rows: dict[str, list[float]] = {}
+        for _ in range(args.rounds):
+            for k, v in {**pieces(c, w, x, args.calls), **wholes(c, w, x, args.calls)}.items():
+                rows.setdefault(k, []).append(v)
+    med = {k: statistics.median(v) / 1e3 for k, v in rows.items()}
+    if args.json:
+        print(json.dumps({"benchmark": "call64", "load_average": os.getloadavg(),
+                          "us": med}, indent=2))
+        return
+    print(f"one 64 B call, thread CPU µs per step (median of {args.rounds} rounds of "
+          f"{args.calls}); load average {', '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    client = sum(v for k, v in med.items() if k.startswith("client:"))
+    worker = sum(v for k, v in med.items() if k.startswith("worker:"))
+    for k, v in med.items():
+        print(f"  {k:<58}{v:>7.2f}")
+    print(f"  {'sum of the client steps':<58}{client:>7.2f}")
+    print(f"  {'sum of the worker steps':<58}{worker:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()
