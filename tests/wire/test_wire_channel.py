@@ -1,7 +1,7 @@
 """The TCP handshake's proofs and the authenticated records (docs/wire.md, docs/security.md).
 
 In one process over a socketpair: both directions, small frames (one record) and large ones
-(head + 256 KiB payload records). Every attack on a record fails with a ``ProtocolError``
+(head + 512 KiB payload records). Every attack on a record fails with a ``ProtocolError``
 naming its check; the process-level attacker is ``tests/client/test_tcp_attacker.py``.
 """
 
@@ -17,6 +17,9 @@ from taps import channel_pair, cut_records
 from xstage_remote import wire
 
 SECRET = "5e" * 16
+#: float32 values of a frame of three full payload records and a short fourth (equal-sized
+#: records can be swapped or replayed without moving the record boundaries).
+LARGE = (3 * wire.CHUNK_BYTES + 4096) // 4
 
 
 @pytest.fixture(autouse=True, params=[0, 3], ids=["mac-inline", "mac-threads"])
@@ -103,7 +106,7 @@ def test_a_large_frame_is_one_send_per_payload_record_and_one_for_the_last_trail
     woken once per record; the last trailer goes alone."""
     tx, _, a, _ = _pair()
     a.mute = True
-    tx.send({"op": "run", "id": 1}, {"x": np.arange(200_000, dtype=np.float32)})
+    tx.send({"op": "run", "id": 1}, {"x": np.arange(LARGE, dtype=np.float32)})
     records = _records(b"".join(a.sends))
     t = wire.TRAILER_BYTES
     assert len(a.sends) == len(records)
@@ -116,7 +119,7 @@ def test_a_large_frame_is_one_send_per_payload_record_and_one_for_the_last_trail
 def test_reordered_payload_records_fail_as_reorder() -> None:
     tx, rx, a, b = _pair()
     a.mute = True
-    tx.send({"op": "run", "id": 1}, {"x": np.arange(200_000, dtype=np.float32)})
+    tx.send({"op": "run", "id": 1}, {"x": np.arange(LARGE, dtype=np.float32)})
     head, first, second, *rest = _records(b"".join(a.sends))
 
     def write() -> None:
@@ -182,7 +185,7 @@ def test_a_payload_record_hashed_as_it_arrives_names_each_failure(attack: str, c
     comes; a record that carries another counter is checked again under that one."""
     tx, rx, a, b = _pair()
     a.mute = True
-    tx.send({"op": "run", "id": 1}, {"x": np.arange(200_000, dtype=np.float32)})
+    tx.send({"op": "run", "id": 1}, {"x": np.arange(LARGE, dtype=np.float32)})
     records = _records(b"".join(a.sends))
     if attack == "flip":
         bad = bytearray(records[2])
@@ -242,7 +245,7 @@ def test_a_bad_payload_record_then_the_end_of_the_stream_fails_on_the_records_ch
     closes: the reader names the bad record's check, not the closed stream."""
     tx, rx, a, b = _pair()
     a.mute = True
-    tx.send({"op": "run", "id": 1}, {"x": np.arange(200_000, dtype=np.float32)})
+    tx.send({"op": "run", "id": 1}, {"x": np.arange(LARGE, dtype=np.float32)})
     records = _records(b"".join(a.sends))
     bad = bytearray(records[1])
     bad[10] ^= 0x01
