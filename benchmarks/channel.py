@@ -85,9 +85,13 @@ def _tcp_pair() -> tuple[socket.socket, socket.socket]:
 # --------------------------------------------------------------------------- layers
 class _Before(wire.Channel):
     """The channel's large frames as they went before ``c9f0e0f`` (the A/B arms ``chan-v0``
-    and ``chan-mt-v0``): the head record alone, then each payload record's bytes and its
-    trailer in two sends; a reader hashing on threads waits for every pending tag before
-    it blocks for bytes. The bytes on the wire are the same."""
+    and ``chan-mt-v0``): records of 256 KiB, the head record alone, then each payload
+    record's bytes and its trailer in two sends; a reader hashing on threads waits for every
+    pending tag before it blocks for bytes."""
+
+    def __init__(self, *args) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args)
+        self.chunk_bytes = 1 << 18
 
     def _send_record(self, ahead, chunk):  # type: ignore[no-untyped-def]
         wire.send_parts(self.sock, ahead)

@@ -1211,6 +1211,8 @@ class Channel:
         self.received = 0
         #: Threads that hash a large frame's records at once (``MAC_THREADS``; 0: this one).
         self.mac_threads = MAC_THREADS
+        #: Payload bytes per record (``CHUNK_BYTES``; both ends of a connection must agree).
+        self.chunk_bytes = CHUNK_BYTES
         self._stall = None  # called before a receive would block (_recv_checked_behind)
         self._waker = None  # made by the first large frame received on hashing threads
         self._buf = bytearray(SMALL_FRAME + TRAILER_BYTES + 4096)
@@ -1249,7 +1251,7 @@ class Channel:
         head = head + [self._seal(head)]
         records = []
         chunk = []
-        room = CHUNK_BYTES
+        room = self.chunk_bytes
         for view in body:
             while len(view):
                 take = view[:room]
@@ -1258,7 +1260,7 @@ class Channel:
                 room -= len(take)
                 if room == 0:
                     records.append(chunk)
-                    chunk, room = [], CHUNK_BYTES
+                    chunk, room = [], self.chunk_bytes
         if chunk:
             records.append(chunk)
         if self.mac_threads and len(records) > 1:
@@ -1414,11 +1416,11 @@ class Channel:
         payload = np.empty(plen, dtype=np.uint8)
         view = memoryview(payload)
         mac = self._check_mac
-        if self.mac_threads and plen > CHUNK_BYTES:
+        if self.mac_threads and plen > self.chunk_bytes:
             self._recv_checked_behind(view, plen)
             return Frame(header, payload, tensors, fast)
-        for start in range(0, plen, CHUNK_BYTES):
-            part = view[start:start + CHUNK_BYTES]
+        for start in range(0, plen, self.chunk_bytes):
+            part = view[start:start + self.chunk_bytes]
             inner = mac.begin(COUNTER.pack(self.received))  # the counter this record must carry
             self._fill(part, inner)
             self._verify((part,), self._trailer(), "payload at byte %d" % start, mac.finish(inner))
@@ -1471,8 +1473,8 @@ class Channel:
         pending = []  # [part, tag future, byte offset, trailer or None], in record order
         self._stall = lambda: self._verify_ready(pending, waker)
         try:
-            for start in range(0, plen, CHUNK_BYTES):
-                part = view[start:start + CHUNK_BYTES]
+            for start in range(0, plen, self.chunk_bytes):
+                part = view[start:start + self.chunk_bytes]
                 counter = COUNTER.pack(self.received + len(pending))
                 self._fill(part)
                 tag = pool.submit(mac.tag, counter, (part,))
