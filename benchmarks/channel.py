@@ -32,8 +32,9 @@ round, interleaved, and prints the medians of the rounds and their ratio. The ``
 (1 MiB) is ``channel`` with its payload records hashed on threads (``wire.MAC_THREADS``, at
 least 2), beside ``channel`` hashed in the thread that sends or receives. ``chan-v0`` and
 ``chan-mt-v0`` are the two as they were before ``c9f0e0f`` (two sends per payload record; a
-threaded reader that waits out every pending tag before it blocks): an A/B of that change in
-one run. After the layers, one line per 1 MiB arm says whether the issue's target (≥ 1 GB/s
+threaded reader that waits out every pending tag before it blocks), and the ``-256k`` arms
+today's channel with the records of before (256 KiB, where 512 KiB is now the default): an A/B
+of both changes in one run. After the layers, one line per 1 MiB arm says whether the issue's target (≥ 1 GB/s
 each way) is met. ``benchmarks/channel_timeline.py`` takes one 1 MiB round trip apart.
 
 Run: ``PYTHONPATH=src python benchmarks/channel.py [--json] [--rounds N] [--pin]
@@ -117,14 +118,16 @@ class _Before(wire.Channel):
 
 
 def _channel(layer: str, sock: socket.socket, role: str) -> wire.Channel | None:
-    """The layer's channel end: ``channel``/``chan-fast``/``chan-v0`` hash in the thread that
-    sends or receives, ``chan-mt``/``chan-mt-v0`` on threads (``wire.MAC_THREADS``, at least
-    2); the ``-v0`` arms send and wait as before (``_Before``)."""
+    """The layer's channel end: ``chan-mt*`` arms hash on threads (``wire.MAC_THREADS``, at
+    least 2), the others in the thread that sends or receives; the ``-v0`` arms send and
+    wait as before (``_Before``), the ``-256k`` arms use 256 KiB records."""
     if not layer.startswith("chan"):
         return None
     cls = _Before if layer.endswith("-v0") else wire.Channel
     channel = cls(sock, SECRET, DIGEST, role)
     channel.mac_threads = max(2, wire.MAC_THREADS) if layer.startswith("chan-mt") else 0
+    if layer.endswith("-256k"):  # today's sends and waits, the records of before
+        channel.chunk_bytes = 1 << 18
     return channel
 
 
@@ -256,7 +259,8 @@ def layers(rounds: int, calls: int, pin: bool, with_worker: bool) -> list[dict]:
         for label, n in PAYLOADS:
             x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
             names = ("tcp", "frames", "fast", "channel", "chan-fast") + (
-                ("chan-v0", "chan-mt", "chan-mt-v0") if n > 1000 else ())
+                ("chan-256k", "chan-v0", "chan-mt", "chan-mt-256k", "chan-mt-v0")
+                if n > 1000 else ())
             arms = [_socket_layer(name, x, pin) for name in names]
             if with_worker:
                 arms.append(_xstage_layer(x, Path(tmp)))
@@ -500,7 +504,7 @@ def main() -> None:
     print("\nlayers (median; each layer's cost is its difference from the one above):")
     for row in doc["layers"]:
         for name, a in row["arms"].items():
-            print(f"  {row['payload']:<7}{name:<10}half round trip {a['half_round_trip_us']:>9.1f} µs"
+            print(f"  {row['payload']:<7}{name:<13}half round trip {a['half_round_trip_us']:>9.1f} µs"
                   f"   {a['gbps_each_way']:>6.2f} GB/s each way"
                   f"   both ends' CPU / wall {a['both_ends_cpu_over_wall']:.2f}")
     for row in doc["layers"]:
@@ -511,7 +515,7 @@ def main() -> None:
         for name, a in row["arms"].items():
             if name.startswith("chan") or name == "xstage":
                 verdict = "met" if a["gbps_each_way"] >= 1.0 else "missed"
-                print(f"  {name:<11}{a['gbps_each_way']:5.2f} GB/s each way: {verdict}")
+                print(f"  {name:<13}{a['gbps_each_way']:5.2f} GB/s each way: {verdict}")
     print("\nCPU per 64 B frame (thread clock, median µs):")
     for name, us in doc["cpu_per_frame"]["steps_us"].items():
         print(f"  {name:<40}{us:>7.2f}")
