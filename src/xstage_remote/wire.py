@@ -1065,8 +1065,8 @@ NONCE_BYTES = 32
 SMALL_FRAME = 1 << 16
 #: Payload bytes per record in a larger frame: small enough that the two ends' MACs overlap
 #: with the transfer, large enough that a record's fixed cost is noise. Each record costs
-#: the sender a system call that wakes the reader: on 2 vCPUs 512 KiB took the sender
-#: 750-800 µs of CPU per MiB against 850-890 for 256 KiB and 830-880 for 1 MiB
+#: the sender a system call that wakes the reader: on 2 vCPUs 512 KiB records took the
+#: sender 5-20 % less CPU per MiB than 256 KiB or 1 MiB ones, in interleaved rounds
 #: (``benchmarks/channel_timeline.py``, docs/benchmarks.md).
 CHUNK_BYTES = 1 << 19
 _HANDSHAKE = b"xstage-handshake-v1\0"
