@@ -30,7 +30,12 @@ scheduler would otherwise run both on one CPU. Not a test: nothing asserts.
 commit's ``src/`` in a worktree: before) and this one (after), one process pair per arm and
 round, interleaved, and prints the medians of the rounds and their ratio. The ``chan-mt`` arm
 (1 MiB) is ``channel`` with its payload records hashed on threads (``wire.MAC_THREADS``, at
-least 2), beside ``channel`` hashed in the thread that sends or receives.
+least 2), beside ``channel`` hashed in the thread that sends or receives. ``chan-v0`` and
+``chan-mt-v0`` are the two as they were before ``c9f0e0f`` (two sends per payload record; a
+threaded reader that waits out every pending tag before it blocks), and the ``-256k`` arms
+today's channel with the records of before (256 KiB, where 512 KiB is now the default): an A/B
+of both changes in one run. After the layers, one line per 1 MiB arm says whether the issue's target (≥ 1 GB/s
+each way) is met. ``benchmarks/channel_timeline.py`` takes one 1 MiB round trip apart.
 
 ``--together`` puts every arm's two ends on one CPU, the one the measuring process runs on
 (the echo processes pin themselves there, the xstage worker inherits it): on a virtual
@@ -67,6 +72,7 @@ SECRET = "5e" * 16
 DIGEST = hashlib.sha256(b"benchmarks/channel.py").digest()
 PAYLOADS = [("64 B", 16), ("1 MiB", 262_144)]
 RESULT = {"worker_ns": 5000, "rss": 10**8, "peak": 10**9}  # a reply's usual timing block
+TARGET_BYTES = 1 << 20  # the issue's 1 MiB each way
 
 
 def _pin(cpu: int | None) -> None:
@@ -85,6 +91,53 @@ def _tcp_pair() -> tuple[socket.socket, socket.socket]:
 
 
 # --------------------------------------------------------------------------- layers
+class _Before(wire.Channel):
+    """The channel's large frames as they went before ``c9f0e0f`` (the A/B arms ``chan-v0``
+    and ``chan-mt-v0``): records of 256 KiB, the head record alone, then each payload
+    record's bytes and its trailer in two sends; a reader hashing on threads waits for every
+    pending tag before it blocks for bytes."""
+
+    def __init__(self, *args) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args)
+        self.chunk_bytes = 1 << 18
+
+    def _send_record(self, ahead, chunk):  # type: ignore[no-untyped-def]
+        wire.send_parts(self.sock, ahead)
+        wire.send_parts(self.sock, chunk)
+        return [self._seal(chunk)]
+
+    def _send_sealed_ahead(self, ahead, records):  # type: ignore[no-untyped-def]
+        pool = wire._mac_pool(self.mac_threads)
+        first = self.sent
+        self.sent += len(records)
+        counters = [wire.COUNTER.pack(first + i) for i in range(len(records))]
+        tags = [pool.submit(self._seal_mac.tag, c, chunk) for c, chunk in zip(counters, records,
+                                                                                strict=True)]
+        wire.send_parts(self.sock, ahead)
+        for counter, chunk, tag in zip(counters, records, tags, strict=True):
+            wire.send_parts(self.sock, chunk)
+            wire.send_parts(self.sock, [counter + tag.result()])
+
+    def _verify_ready(self, pending, waker):  # type: ignore[no-untyped-def]
+        while pending and pending[0][3] is not None:
+            part, tag, start, trailer = pending.pop(0)
+            self._verify((part,), trailer, f"payload at byte {start}", tag.result())
+
+
+def _channel(layer: str, sock: socket.socket, role: str) -> wire.Channel | None:
+    """The layer's channel end: ``chan-mt*`` arms hash on threads (``wire.MAC_THREADS``, at
+    least 2), the others in the thread that sends or receives; the ``-v0`` arms send and
+    wait as before (``_Before``), the ``-256k`` arms use 256 KiB records."""
+    if not layer.startswith("chan"):
+        return None
+    cls = _Before if layer.endswith("-v0") else wire.Channel
+    channel = cls(sock, SECRET, DIGEST, role)
+    channel.mac_threads = max(2, wire.MAC_THREADS) if layer.startswith("chan-mt") else 0
+    if layer.endswith("-256k"):  # today's sends and waits, the records of before
+        channel.chunk_bytes = 1 << 18
+    return channel
+
+
 def _echo(port_q: mp.Queue, layer: str, n: int, cpu: int | None) -> None:
     _pin(cpu)
     srv = socket.create_server(("127.0.0.1", 0))
@@ -102,9 +155,7 @@ def _echo(port_q: mp.Queue, layer: str, n: int, cpu: int | None) -> None:
                     return
                 got += k
             conn.sendall(view)
-    channel = wire.Channel(conn, SECRET, DIGEST, "worker") if layer.startswith("chan") else None
-    if channel is not None:
-        channel.mac_threads = max(2, wire.MAC_THREADS) if layer == "chan-mt" else 0
+    channel = _channel(layer, conn, "worker")
     codec = wire.FastCodec(["x"], ["y"])
     while True:
         try:
@@ -160,9 +211,7 @@ def _socket_layer(layer: str, x: np.ndarray, pin: bool, cpu: int | None = None) 
     proc.start()
     sock = socket.create_connection(("127.0.0.1", q.get(timeout=60)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    channel = wire.Channel(sock, SECRET, DIGEST, "client") if layer.startswith("chan") else None
-    if channel is not None:  # channel: hashed in the I/O thread; chan-mt: on hashing threads
-        channel.mac_threads = max(2, wire.MAC_THREADS) if layer == "chan-mt" else 0
+    channel = _channel(layer, sock, "client")
     data = memoryview(x).cast("B")
     back = bytearray(len(data))
     view = memoryview(back)
@@ -230,7 +279,8 @@ def layers(rounds: int, calls: int, pin: bool, with_worker: bool,
         for label, n in PAYLOADS:
             x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
             names = ("tcp", "frames", "fast", "channel", "chan-fast") + (
-                ("chan-mt",) if n > 1000 else ())
+                ("chan-256k", "chan-v0", "chan-mt", "chan-mt-256k", "chan-mt-v0")
+                if n > 1000 else ())
             arms = [_socket_layer(name, x, pin, cpu) for name in names]
             if with_worker:
                 arms.append(_xstage_layer(x, Path(tmp)))
@@ -512,7 +562,7 @@ def main() -> None:
     print("\nlayers (median; each layer's cost is its difference from the one above):")
     for row in doc["layers"]:
         for name, a in row["arms"].items():
-            print(f"  {row['payload']:<7}{name:<10}half round trip {a['half_round_trip_us']:>9.1f} µs"
+            print(f"  {row['payload']:<7}{name:<13}half round trip {a['half_round_trip_us']:>9.1f} µs"
                   f"   {a['gbps_each_way']:>6.2f} GB/s each way"
                   f"   both ends' CPU / wall {a['both_ends_cpu_over_wall']:.2f}")
     for row in doc["layers"]:
@@ -522,6 +572,15 @@ def main() -> None:
                   f"{arms['xstage']['half_round_trip_us'] / arms['tcp']['half_round_trip_us']:.2f}"
                   f", xstage / chan-fast "
                   f"{arms['xstage']['half_round_trip_us'] / arms['chan-fast']['half_round_trip_us']:.2f}")
+    for row in doc["layers"]:
+        if row["bytes_each_way"] < TARGET_BYTES:
+            continue
+        print(f"\ntarget (issue 13): {row['payload']} in + out at >= 1 GB/s each way with "
+              f"{doc['mac']} (half round trip <= {TARGET_BYTES / 1e3:.1f} µs):")
+        for name, a in row["arms"].items():
+            if name.startswith("chan") or name == "xstage":
+                verdict = "met" if a["gbps_each_way"] >= 1.0 else "missed"
+                print(f"  {name:<13}{a['gbps_each_way']:5.2f} GB/s each way: {verdict}")
     print("\nCPU per 64 B frame (thread clock, median µs):")
     for name, us in doc["cpu_per_frame"]["steps_us"].items():
         print(f"  {name:<40}{us:>7.2f}")

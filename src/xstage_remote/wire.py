@@ -1165,8 +1165,11 @@ NONCE_BYTES = 32
 #: Frames up to this size (prefix + header + payload) are one record.
 SMALL_FRAME = 1 << 16
 #: Payload bytes per record in a larger frame: small enough that the two ends' MACs overlap
-#: with the transfer, large enough that a record's fixed cost is noise.
-CHUNK_BYTES = 1 << 18
+#: with the transfer, large enough that a record's fixed cost is noise. Each record costs
+#: the sender a system call that wakes the reader: on 2 vCPUs 512 KiB records took the
+#: sender 5-20 % less CPU per MiB than 256 KiB or 1 MiB ones, in interleaved rounds
+#: (``benchmarks/channel_timeline.py``, docs/benchmarks.md).
+CHUNK_BYTES = 1 << 19
 _HANDSHAKE = b"xstage-handshake-v1\0"
 
 
@@ -1309,7 +1312,10 @@ class Channel:
         self.received = 0
         #: Threads that hash a large frame's records at once (``MAC_THREADS``; 0: this one).
         self.mac_threads = MAC_THREADS
+        #: Payload bytes per record (``CHUNK_BYTES``; both ends of a connection must agree).
+        self.chunk_bytes = CHUNK_BYTES
         self._stall = None  # called before a receive would block (_recv_checked_behind)
+        self._waker = None  # made by the first large frame received on hashing threads
         self._buf = bytearray(SMALL_FRAME + TRAILER_BYTES + 4096)
         self._view = memoryview(self._buf)
         self._start = self._end = 0
@@ -1331,7 +1337,8 @@ class Channel:
         payload records of ``CHUNK_BYTES``, each sent before it is sealed: the reader hashes a
         record's bytes as they arrive, under the counter it expects, while this end computes
         the same tag (on two CPUs, the two MACs overlap instead of following each other); the
-        trailer follows.
+        trailer follows, in one ``sendmsg`` with the next record's bytes (one system call and
+        one wake-up of the reader per record, docs/benchmarks.md).
         """
         _, hlen, plen = PREFIX.unpack_from(parts[0])  # what the encoder wrote: the sizes
         if PREFIX.size + hlen + plen <= SMALL_FRAME:  # one record, one send
@@ -1342,10 +1349,10 @@ class Channel:
             return
         head = parts[:2]
         body = [memoryview(p).cast("B") for p in parts[2:]]
-        send_parts(self.sock, head + [self._seal(head)])
+        head = head + [self._seal(head)]
         records = []
         chunk = []
-        room = CHUNK_BYTES
+        room = self.chunk_bytes
         for view in body:
             while len(view):
                 take = view[:room]
@@ -1354,14 +1361,16 @@ class Channel:
                 room -= len(take)
                 if room == 0:
                     records.append(chunk)
-                    chunk, room = [], CHUNK_BYTES
+                    chunk, room = [], self.chunk_bytes
         if chunk:
             records.append(chunk)
         if self.mac_threads and len(records) > 1:
-            self._send_sealed_ahead(records)
+            self._send_sealed_ahead(head, records)
             return
+        ahead = head
         for chunk in records:
-            self._send_record(chunk)
+            ahead = self._send_record(ahead, chunk)
+        send_parts(self.sock, ahead)
 
     def send_sealed(self, lane):
         """Send a ``_Lane``'s frame as one record, sealed in place in its trailer room.
@@ -1385,24 +1394,29 @@ class Channel:
         buf[n + COUNTER.size:] = outer.digest()
         self.sock.sendall(buf)
 
-    def _send_sealed_ahead(self, records):
+    def _send_sealed_ahead(self, ahead, records):
         """Payload records whose tags are computed on ``mac_threads`` threads at once while
         this thread sends: each record's bytes go out at once, its trailer when its tag is
-        ready (the bytes on the wire are those of ``_send_record``)."""
+        ready, with the next record's bytes (the bytes on the wire are those of
+        ``_send_record``)."""
         pool = _mac_pool(self.mac_threads)
         first = self.sent
         self.sent += len(records)
         counters = [COUNTER.pack(first + i) for i in range(len(records))]
         tags = [pool.submit(self._seal_mac.tag, c, chunk) for c, chunk in zip(counters, records)]
         for counter, chunk, tag in zip(counters, records, tags):
-            send_parts(self.sock, chunk)
-            send_parts(self.sock, [counter + tag.result()])
+            send_parts(self.sock, ahead + chunk)
+            ahead = [counter + tag.result()]
+        send_parts(self.sock, ahead)
 
-    def _send_record(self, chunk):
-        """A payload record: its bytes first, so the reader hashes them while this end does,
-        then its trailer (the reader checks nothing before the trailer has come)."""
-        send_parts(self.sock, chunk)
-        send_parts(self.sock, [self._seal(chunk)])
+    def _send_record(self, ahead, chunk):
+        """A payload record's bytes, behind ``ahead`` (the head record, or the previous
+        record's trailer) in the same system call; returns its trailer, which goes out with
+        the next record's bytes or alone after the last. The bytes go before the MAC, so the
+        reader hashes them while this end does (it checks nothing before the trailer has
+        come), and each send wakes the reader once."""
+        send_parts(self.sock, ahead + chunk)
+        return [self._seal(chunk)]
 
     # ------------------------------------------------------------------ receiving
     def _recv_into(self, view, n):
@@ -1527,11 +1541,11 @@ class Channel:
         payload = np.empty(plen, dtype=np.uint8)
         view = memoryview(payload)
         mac = self._check_mac
-        if self.mac_threads and plen > CHUNK_BYTES:
+        if self.mac_threads and plen > self.chunk_bytes:
             self._recv_checked_behind(view, plen)
             return Frame(header, payload, tensors, fast)
-        for start in range(0, plen, CHUNK_BYTES):
-            part = view[start:start + CHUNK_BYTES]
+        for start in range(0, plen, self.chunk_bytes):
+            part = view[start:start + self.chunk_bytes]
             inner = mac.begin(COUNTER.pack(self.received))  # the counter this record must carry
             self._fill(part, inner)
             self._verify((part,), self._trailer(), "payload at byte %d" % start, mac.finish(inner))
@@ -1576,27 +1590,85 @@ class Channel:
 
     def _recv_checked_behind(self, view, plen):
         """Payload records read by this thread while ``mac_threads`` threads hash the ones
-        already in, each under the counter it must carry. Every record is verified in order
-        (``_verify`` names a failure) before any byte of the frame is returned, and before
-        this thread blocks for more bytes: a stream cut short after a bad record fails on
-        that record's check, as in the caller's thread, instead of waiting for bytes that
-        never come."""
+        already in, each under the counter it must carry (a record's hash starts as soon as
+        its bytes are in, before its trailer comes). Every record is verified in order
+        (``_verify`` names a failure) before any byte of the frame is returned. Before this
+        thread blocks for more bytes it verifies the records whose tags are ready, and while
+        one in front is still being hashed it waits for whichever comes first, bytes or that
+        tag (``_Waker``): a stream cut short after a bad record fails on that record's check,
+        as in the caller's thread, instead of waiting for bytes that never come, and the
+        reader never waits for a hash while bytes are there to read."""
         pool = _mac_pool(self.mac_threads)
         mac = self._check_mac
-        pending = []
-        self._stall = lambda: self._verify_pending(pending)
+        if self._waker is None:
+            self._waker = _Waker()
+        waker = self._waker
+        pending = []  # [part, tag future, byte offset, trailer or None], in record order
+        self._stall = lambda: self._verify_ready(pending, waker)
         try:
-            for start in range(0, plen, CHUNK_BYTES):
-                part = view[start:start + CHUNK_BYTES]
+            for start in range(0, plen, self.chunk_bytes):
+                part = view[start:start + self.chunk_bytes]
                 counter = COUNTER.pack(self.received + len(pending))
                 self._fill(part)
-                trailer = self._trailer()
-                pending.append((part, trailer, start, pool.submit(mac.tag, counter, (part,))))
+                tag = pool.submit(mac.tag, counter, (part,))
+                tag.add_done_callback(waker.ring)
+                entry = [part, tag, start, None]
+                pending.append(entry)
+                entry[3] = self._trailer()
+        except EOFError:
+            self._stall = None
+            self._verify_pending([e for e in pending if e[3] is not None])
+            raise
         finally:
             self._stall = None
         self._verify_pending(pending)
 
+    def _verify_ready(self, pending, waker):
+        """Called when a receive would block: verify the records in front whose tags are
+        ready; while the one in front has its trailer but not its tag, wait for the tag or
+        for bytes, whichever comes first."""
+        import select
+
+        while pending and pending[0][3] is not None:
+            part, tag, start, trailer = pending[0]
+            if tag.done():
+                self._verify((part,), trailer, "payload at byte %d" % start, tag.result())
+                del pending[0]
+                continue
+            ready = select.select([self.sock, waker.sock], [], [])[0]
+            waker.drain()
+            if self.sock in ready:
+                return
+
     def _verify_pending(self, pending):
-        for part, trailer, start, tag in pending:
+        for part, tag, start, trailer in pending:
             self._verify((part,), trailer, "payload at byte %d" % start, tag.result())
         del pending[:]
+
+
+class _Waker:
+    """A socket pair a hashing thread rings when a tag is ready, so that a reader can wait
+    for bytes or a tag in one ``select`` (a socket pair, not a pipe: Windows selects sockets
+    only)."""
+
+    __slots__ = ("sock", "_bell")
+
+    def __init__(self):
+        import socket
+
+        self.sock, self._bell = socket.socketpair()
+        self.sock.setblocking(False)
+        self._bell.setblocking(False)
+
+    def ring(self, _future=None):
+        try:
+            self._bell.send(b"\0")
+        except OSError:  # full (never: drained at each wait) or closed with its channel
+            pass
+
+    def drain(self):
+        try:
+            while self.sock.recv(4096):
+                pass
+        except OSError:
+            pass

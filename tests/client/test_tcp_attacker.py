@@ -98,7 +98,7 @@ def _attack(mode: str, frames: list[list[bytearray]], k: int, authenticated: boo
     elif mode == "reorder" and k == 1:
         if authenticated:
             recs = [recs[0], recs[2], recs[1]] + recs[3:]
-        else:  # one record: swap the first two 256 KiB blocks of the payload
+        else:  # one record: swap the first two record-sized blocks of the payload
             r = recs[0]
             end = len(r)
             a, b = end - N * 4, end - N * 4 + wire.CHUNK_BYTES if hasattr(wire, "CHUNK_BYTES") \

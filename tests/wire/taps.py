@@ -43,3 +43,23 @@ def channel_pair(secret: str, role_a: str = "client", role_b: str = "worker"):  
     ta, tb = Tap(a), Tap(b)
     return wire.Channel(ta, secret, digest, role_a), wire.Channel(tb, secret, digest, role_b), \
         ta, tb
+
+
+def cut_records(data: bytes) -> list[bytes]:
+    """Frames as a channel sends them, back to back, cut into their records (each with its
+    trailer): a small frame is one record; a large one its head, then its payload records."""
+    t = wire.TRAILER_BYTES
+    records: list[bytes] = []
+    pos = 0
+    while pos < len(data):
+        _, hlen, plen = wire.PREFIX.unpack_from(data, pos)
+        if wire.PREFIX.size + hlen + plen <= wire.SMALL_FRAME:
+            sizes = [wire.PREFIX.size + hlen + plen + t]
+        else:
+            sizes = [wire.PREFIX.size + hlen + t] + [
+                min(wire.CHUNK_BYTES, plen - start) + t for start in range(0, plen, wire.CHUNK_BYTES)]
+        for size in sizes:
+            records.append(data[pos:pos + size])
+            pos += size
+    assert pos == len(data)
+    return records

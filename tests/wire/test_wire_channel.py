@@ -1,7 +1,7 @@
 """The TCP handshake's proofs and the authenticated records (docs/wire.md, docs/security.md).
 
 In one process over a socketpair: both directions, small frames (one record) and large ones
-(head + 256 KiB payload records). Every attack on a record fails with a ``ProtocolError``
+(head + 512 KiB payload records). Every attack on a record fails with a ``ProtocolError``
 naming its check; the process-level attacker is ``tests/client/test_tcp_attacker.py``.
 """
 
@@ -12,11 +12,14 @@ import threading
 
 import numpy as np
 import pytest
-from taps import channel_pair
+from taps import channel_pair, cut_records
 
 from xstage_remote import wire
 
 SECRET = "5e" * 16
+#: float32 values of a frame of three full payload records and a short fourth (equal-sized
+#: records can be swapped or replayed without moving the record boundaries).
+LARGE = (3 * wire.CHUNK_BYTES + 4096) // 4
 
 
 @pytest.fixture(autouse=True, params=[0, 3], ids=["mac-inline", "mac-threads"])
@@ -92,15 +95,32 @@ def test_a_replayed_record_fails_as_replay() -> None:
         rx.recv()
 
 
+def _records(data: bytes) -> list[bytes]:
+    """One large frame's bytes cut into its records (head, then payload), with trailers."""
+    return cut_records(data)
+
+
+def test_a_large_frame_is_one_send_per_payload_record_and_one_for_the_last_trailer() -> None:
+    """Each send carries what is ready: the head record (or the previous record's trailer)
+    with the next record's bytes, so the reader hashes them while the sender does, and is
+    woken once per record; the last trailer goes alone."""
+    tx, _, a, _ = _pair()
+    a.mute = True
+    tx.send({"op": "run", "id": 1}, {"x": np.arange(LARGE, dtype=np.float32)})
+    records = _records(b"".join(a.sends))
+    t = wire.TRAILER_BYTES
+    assert len(a.sends) == len(records)
+    assert a.sends[0] == records[0] + records[1][:-t]
+    for i in range(1, len(records) - 1):
+        assert a.sends[i] == records[i][-t:] + records[i + 1][:-t]
+    assert a.sends[-1] == records[-1][-t:]
+
+
 def test_reordered_payload_records_fail_as_reorder() -> None:
     tx, rx, a, b = _pair()
     a.mute = True
-    tx.send({"op": "run", "id": 1}, {"x": np.arange(200_000, dtype=np.float32)})
-    # A payload record goes out as two sends, its bytes and then its trailer (so the reader
-    # hashes the bytes while the sender does): regroup them.
-    assert [len(x) for x in a.sends[2::2]] == [wire.TRAILER_BYTES] * ((len(a.sends) - 1) // 2)
-    head, first, second, *rest = [a.sends[0]] + [a.sends[i] + a.sends[i + 1]
-                                                 for i in range(1, len(a.sends), 2)]
+    tx.send({"op": "run", "id": 1}, {"x": np.arange(LARGE, dtype=np.float32)})
+    head, first, second, *rest = _records(b"".join(a.sends))
 
     def write() -> None:
         try:
@@ -165,9 +185,8 @@ def test_a_payload_record_hashed_as_it_arrives_names_each_failure(attack: str, c
     comes; a record that carries another counter is checked again under that one."""
     tx, rx, a, b = _pair()
     a.mute = True
-    tx.send({"op": "run", "id": 1}, {"x": np.arange(200_000, dtype=np.float32)})
-    sends = a.sends
-    records = [sends[0]] + [sends[i] + sends[i + 1] for i in range(1, len(sends), 2)]
+    tx.send({"op": "run", "id": 1}, {"x": np.arange(LARGE, dtype=np.float32)})
+    records = _records(b"".join(a.sends))
     if attack == "flip":
         bad = bytearray(records[2])
         bad[1000] ^= 0x10
@@ -219,3 +238,28 @@ def test_back_to_back_frames_of_every_size_class_arrive_whole() -> None:
             np.testing.assert_array_equal(got[name], value)
     writer.join(10)
     assert tx.sent == rx.received
+
+
+def test_a_bad_payload_record_then_the_end_of_the_stream_fails_on_the_records_check() -> None:
+    """A tampered payload record with its trailer, a few bytes of the next, then the peer
+    closes: the reader names the bad record's check, not the closed stream."""
+    tx, rx, a, b = _pair()
+    a.mute = True
+    tx.send({"op": "run", "id": 1}, {"x": np.arange(LARGE, dtype=np.float32)})
+    records = _records(b"".join(a.sends))
+    bad = bytearray(records[1])
+    bad[10] ^= 0x01
+
+    def write() -> None:
+        try:
+            a.sock.sendall(records[0] + bytes(bad) + records[2][:100])
+            a.sock.close()
+        except OSError:
+            pass
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    with pytest.raises(wire.ProtocolError, match=r"frame integrity check failed \(mac\)"):
+        rx.recv()
+    b.sock.close()
+    writer.join(10)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from taps import channel_pair
+from taps import channel_pair, cut_records
 
 from xstage_remote import wire
 
@@ -310,8 +310,7 @@ def _records(n: int, frames: int = 1):  # type: ignore[no-untyped-def]
     for rid in range(1, frames + 1):
         del a.sends[:]
         tx.send_parts(wire.encode_fast(c, "run", rid, 1, {"x": np.arange(n, dtype=np.float32)}))
-        sends = a.sends
-        out += sends[:1] + [sends[i] + sends[i + 1] for i in range(1, len(sends), 2)]
+        out += cut_records(b"".join(a.sends))
     return out, rx, a, b
 
 
@@ -333,7 +332,7 @@ def _read_after(records: list[bytes], rx, a, b, frames: int) -> None:  # type: i
         writer.join(10)
 
 
-@pytest.mark.parametrize("n", [16, 200_000], ids=["small", "large"])
+@pytest.mark.parametrize("n", [16, (3 * wire.CHUNK_BYTES + 4096) // 4], ids=["small", "large"])
 @pytest.mark.parametrize("attack, check", [
     ("tamper", "frame integrity check failed (mac)"),
     ("inject", "frame integrity check failed (mac)"),
