@@ -169,7 +169,8 @@ _OBJ, _LIST, _STR, _INT, _BOOL, _NUM = dict, list, str, int, bool, (int, float)
 #: ``id`` are common to all. ``t`` is the tensor list (validated by validate_tensor_descs).
 OPS = {
     "hello": {"v": (_INT, True), "features": (_LIST, True), "worker": (_OBJ, True),
-              "package_hash": (_STR, True), "auth": (_STR, True), "nonce": (_STR, False)},
+              "package_hash": (_STR, True), "auth": (_STR, True), "nonce": (_STR, False),
+              "record_bytes": (_INT, False)},
     "auth": {"nonce": (_STR, True), "proof": (_STR, True)},
     "auth_ok": {"proof": (_STR, True)},
     "load": {"runtime": (_STR, True), "path": (_STR, True), "options": (_OBJ, False)},
@@ -1164,12 +1165,6 @@ TRAILER_BYTES = COUNTER.size + TAG_BYTES
 NONCE_BYTES = 32
 #: Frames up to this size (prefix + header + payload) are one record.
 SMALL_FRAME = 1 << 16
-#: Payload bytes per record in a larger frame: small enough that the two ends' MACs overlap
-#: with the transfer, large enough that a record's fixed cost is noise. Each record costs
-#: the sender a system call that wakes the reader: on 2 vCPUs 512 KiB records took the
-#: sender 5-20 % less CPU per MiB than 256 KiB or 1 MiB ones, in interleaved rounds
-#: (``benchmarks/channel_timeline.py``, docs/benchmarks.md).
-CHUNK_BYTES = 1 << 19
 _HANDSHAKE = b"xstage-handshake-v1\0"
 
 
@@ -1195,6 +1190,35 @@ def _mac_threads_default():
 
 #: The default of ``Channel.mac_threads`` in this process.
 MAC_THREADS = _mac_threads_default()
+#: Record sizes a worker may announce in its hello (``record_bytes``).
+RECORD_BYTES_RANGE = (1 << 16, 1 << 22)
+
+
+def record_bytes_default(threads):
+    """Payload bytes per record of a large frame, for a worker hashing on ``threads`` threads.
+
+    Small enough that the two ends' MACs overlap with the transfer, large enough that a
+    record's fixed cost is noise. Each record costs the sender a system call that wakes the
+    reader: on 2 vCPUs (no hashing threads) 512 KiB records took the sender 5-20 % less CPU
+    per MiB than 256 KiB or 1 MiB ones; on the 16-core host, where records are hashed on
+    threads, 1 MiB went 1.10 GB/s each way in 256 KiB records against 0.83 in 512 KiB ones
+    (two records leave two of four threads idle) (``benchmarks/channel.py``,
+    ``channel_timeline.py``, docs/benchmarks.md).
+    """
+    return 1 << 18 if threads else 1 << 19
+
+
+#: This process's record size (a worker announces it in its hello; both ends use the worker's).
+CHUNK_BYTES = record_bytes_default(MAC_THREADS)
+
+
+def check_record_bytes(value):
+    """The record size a hello announced, checked (a power of two in ``RECORD_BYTES_RANGE``)."""
+    if type(value) is not int or value & (value - 1) \
+            or not RECORD_BYTES_RANGE[0] <= value <= RECORD_BYTES_RANGE[1]:
+        raise ProtocolError("handshake: record_bytes %r is not a power of two in [%d, %d]"
+                            % ((value,) + RECORD_BYTES_RANGE))
+    return value
 _POOLS = {}
 
 

@@ -554,6 +554,7 @@ def hello(secret, nonce=None, generation=1):
                          "versions": versions}}
     if nonce is not None:
         header["nonce"] = nonce
+        header["record_bytes"] = wire.CHUNK_BYTES  # the channel's records, both ways
     return header
 
 
@@ -573,7 +574,9 @@ def handshake(sock, secret, generation=1):
     wire.check_proof(secret, "client", digest, frame.header["proof"])
     wire.send_frame(sock, {"op": "auth_ok", "id": 0,
                            "proof": wire.proof(secret, "worker", digest)})
-    return wire.Channel(sock, secret, digest, "worker")
+    channel = wire.Channel(sock, secret, digest, "worker")
+    channel.chunk_bytes = header["record_bytes"]
+    return channel
 
 
 def main(argv):

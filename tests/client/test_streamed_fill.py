@@ -9,8 +9,6 @@ order and the request counter.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from xstage_remote import shm
@@ -73,34 +71,38 @@ class _Recorder:
         self.fills.append((s, fill))
 
 
-def test_a_waiting_worker_hands_each_new_fill_to_its_runtime_in_order() -> None:
-    """The caller copies on a thread while the worker's wait polls: every fill the worker saw
-    is one the caller stored, they only grow, and the last is the whole input."""
+def test_a_waiting_worker_hands_each_new_fill_to_its_runtime_in_order(monkeypatch) -> None:
+    """The worker's wait polls between the caller's chunk stores (here: right after each one):
+    every chunk's fill is handed over once, in order, growing to the whole input; once the
+    request is published the wait is ready and hands nothing more."""
     region = _region()
     try:
         worker = Worker.__new__(Worker)  # only what the wait's check reads
         worker.region, worker.runtime = region, _Recorder()
-        published = threading.Event()
-        check = worker._prefetching(published.is_set, 0)
+        published = [False]
+        check = worker._prefetching(lambda: published[0], 0)
+        real = shm._U64
+
+        class Polled:  # the fill store, then one poll of the waiting worker
+            @staticmethod
+            def pack_into(mm, off, value):
+                real.pack_into(mm, off, value)
+                assert not check()
+
+            unpack_from = staticmethod(real.unpack_from)
+
+        monkeypatch.setattr(shm, "_U64", Polled)
         x = np.arange(BIG, dtype=np.float32)
-
-        def caller() -> None:
-            region.write("in", "x", x, 0)
-            published.set()
-
-        thread = threading.Thread(target=caller)
-        thread.start()
-        while not check():
-            pass
-        thread.join()
-        check()  # nothing new after the publish: nothing handed over
+        region.write("in", "x", x, 0)
+        monkeypatch.setattr(shm, "_U64", real)
+        assert not check()  # nothing new: nothing handed over again
+        published[0] = True
+        assert check()
         fills = worker.runtime.fills
-        assert fills and all(s == 0 for s, _ in fills)
         done = [_parts(f)[2] for _, f in fills]
-        assert done == sorted(done) and all(d % shm.STREAM_CHUNK_BYTES == 0 or d == x.nbytes
-                                           for d in done)
-        last = fills[-1][1]
-        if _parts(last)[2] != x.nbytes:  # the publish came before the last poll saw it
-            assert _parts(region.fill(0))[2] == x.nbytes
+        chunk = shm.STREAM_CHUNK_BYTES
+        assert done == [min(k, x.nbytes) for k in range(chunk, x.nbytes + chunk, chunk)]
+        assert all(s == 0 and _parts(f)[:2] == _parts(region.fill(0))[:2] for s, f in fills)
+        np.testing.assert_array_equal(region.view("in", "x", x.dtype, x.shape, 0), x)
     finally:
         region.close()

@@ -76,6 +76,7 @@ def _advance(peer: _Peer, secret: str, frame: wire.Frame) -> wire.Channel | None
                                      "expected hello #0")
         nonce = wire.new_nonce()
         peer.digest = wire.transcript(frame.header, nonce)  # checks the worker's nonce
+        wire.check_record_bytes(frame.header.get("record_bytes", wire.CHUNK_BYTES))
         peer.hello = frame.header
         peer.sock.setblocking(True)
         wire.send_frame(peer.sock, {"op": "auth", "id": 0, "nonce": nonce,
@@ -89,7 +90,10 @@ def _advance(peer: _Peer, secret: str, frame: wire.Frame) -> wire.Channel | None
     if peer.buf:
         raise wire.ProtocolError("handshake: bytes after auth_ok before the first request")
     peer.sock.setblocking(True)
-    return wire.Channel(peer.sock, secret, peer.digest, "client")
+    channel = wire.Channel(peer.sock, secret, peer.digest, "client")
+    # the worker's record size, both ways (its hello, part of the transcript both proofs cover)
+    channel.chunk_bytes = peer.hello.get("record_bytes", wire.CHUNK_BYTES)
+    return channel
 
 
 def accept_authenticated(listener: socket.socket, secret: str, deadline: float | None,
