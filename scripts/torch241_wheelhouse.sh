@@ -5,7 +5,7 @@
 # import without its nvidia-* wheels; the CPU-only index is the smaller choice where reachable).
 #
 #   scripts/torch241_wheelhouse.sh [DIR]          # default: ./.test-cache/torch241-wheels
-#   XSTAGE_TORCH241_WHEELHOUSE=DIR python3 -m pytest -m slow tests/routes/test_torch241.py
+#   XSTAGE_TORCH241_WHEELHOUSE=DIR python3 -m pytest --run-slow tests/routes/test_torch241.py
 #
 # The README's test command never runs this, and never downloads torch 2.4.1.
 set -euo pipefail

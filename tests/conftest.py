@@ -9,6 +9,10 @@
   EP variant), ``openvino_plugin_python`` (the plugin EP variant) and ``torch_python``
   (torch 2.13.0, only where pip can take it from local disk: anything else is a download of
   several GB, so the fixture skips instead).
+* Tests marked ``slow`` (long by nature: soaks, many start/kill cycles, full exports that a
+  smaller test of the same code already covers) are skipped by default, saying how to run them:
+  ``--run-slow`` or ``XSTAGE_SLOW=1`` runs them too (``python3 -m pytest -q --run-slow`` is the
+  whole suite). The default run keeps at least one real test of every feature.
 * Tests that reach the package index are marked ``network``: explicitly when every run does
   (the hook below skips them when the index cannot be reached), automatically when they use a
   fixture that fills the test cache from the index (``NETWORK_FIXTURES``; the fixture skips, and
@@ -45,13 +49,32 @@ NETWORK_FIXTURES = {
 }
 
 
+#: Why a ``slow`` test skipped, and how to run it.
+SLOW_REASON = "slow: skipped by default; run it with --run-slow or XSTAGE_SLOW=1"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--run-slow``: also run the tests marked ``slow``."""
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow (skipped by default); XSTAGE_SLOW=1 does the same")
+
+
+def run_slow(config: pytest.Config) -> bool:
+    """Whether this run includes the tests marked ``slow``."""
+    return bool(config.getoption("--run-slow")) or os.environ.get("XSTAGE_SLOW", "") not in ("", "0")
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marker
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``network`` every test that uses a fixture in NETWORK_FIXTURES."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``network`` every test that uses a fixture in NETWORK_FIXTURES; skip every test marked
+    ``slow`` unless the run asked for them (SLOW_REASON says how)."""
+    slow = None if run_slow(config) else pytest.mark.skip(reason=SLOW_REASON)
     for item in items:
         needs = sorted(set(getattr(item, "fixturenames", ())) & NETWORK_FIXTURES.keys())
         if needs:
             item.add_marker(pytest.mark.network(on_miss=tuple(needs)))
+        if slow is not None and item.get_closest_marker("slow") is not None:
+            item.add_marker(slow)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -42,8 +42,10 @@ from xstage_remote import shm, wire
 HARD_TIMEOUT = 120  # seconds a scenario may take before it counts as hung
 
 
-def tagged_slow_graph(rows: int, n: int = 1024, depth: int = 120) -> onnx.ModelProto:
-    """``y = x`` (rows x 1024 float32) and ``z``, seconds of MatMul seeded by ``x``.
+def tagged_slow_graph(rows: int, n: int = 1024, depth: int = 60) -> onnx.ModelProto:
+    """``y = x`` (rows x 1024 float32) and ``z``, about a second of MatMul seeded by ``x`` (60
+    MatMuls of 1024 x 1024: ~1 s of CPU on this 2-core VM, ten times the 0.1 s after which the
+    interrupt lands; a call too short to interrupt fails the test, it does not pass it).
 
     The slow branch depends on ``x`` (so nothing is folded away) while ``x`` keeps the size
     under test: 256 rows are 1 MiB, 4 rows 16 KiB.
@@ -104,7 +106,7 @@ _INTERRUPT = textwrap.dedent(
     base = sum(proc.cpu_times()[:2])
 
     def interrupt():
-        # SIGINT once the worker is computing call A (the call lasts seconds), like Ctrl-C.
+        # SIGINT once the worker is computing call A (the call lasts ~1 s of CPU), like Ctrl-C.
         while sum(proc.cpu_times()[:2]) - base < 0.1:
             time.sleep(0.005)
         os.kill(os.getpid(), signal.SIGINT)

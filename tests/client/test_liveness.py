@@ -166,11 +166,13 @@ def test_close_ends_the_whole_process_group(graphs):
     assert not _children()
 
 
-def test_hundred_start_kill_cycles_leave_nothing_behind(graphs, monkeypatch):
-    """With the named-region fallback forced: no stray process, no /dev/shm name."""
+@pytest.mark.parametrize("cycles", [10, pytest.param(100, marks=pytest.mark.slow)])
+def test_hundred_start_kill_cycles_leave_nothing_behind(graphs, monkeypatch, cycles):
+    """With the named-region fallback forced: no stray process, no /dev/shm name (10 cycles by
+    default, the hundred with --run-slow)."""
     before = set(glob.glob("/dev/shm/xstage-*"))
     x = np.ones(4096, np.float32)
-    for _i in range(100):
+    for _i in range(cycles):
         w = WorkerClient(sys.executable, shm_mode="named")
         w.start()
         w.load(graphs["slice"])

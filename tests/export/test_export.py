@@ -44,21 +44,34 @@ def _run(path, feeds):
     return s.run(None, feeds)
 
 
+class Exports:
+    """``xstage export COMPONENT ARGS --format F``, run on first use of each format and kept.
+
+    ``onnx:fp32`` is the fp32 source the ``onnx:fp16`` export writes first, by the very call
+    ``--format onnx:fp32`` makes (``cli/export.py``): one export gives both reports.
+    """
+
+    def __init__(self, python, root, component, *args):
+        self.python, self.root, self.component, self.args = python, root, component, args
+        self.reports: dict[str, list] = {}
+
+    def __getitem__(self, fmt: str) -> list:
+        if fmt == "onnx:fp32":
+            return self["onnx:fp16"][:1]
+        if fmt not in self.reports:
+            out = self.root / fmt.replace(":", "-") / self.component
+            _export(self.python, self.component, *self.args, "--format", fmt, "--out", str(out),
+                    "--json", str(out) + ".report.json")
+            self.reports[fmt] = json.loads(Path(str(out) + ".report.json").read_text())
+        return self.reports[fmt]
+
+
 @pytest.fixture(scope="module")
 def towers(export_python, tmp_path_factory):
-    """The tiny Qwen3.5 tower in every format, plus the Qwen3-VL one in fp32."""
-    root = tmp_path_factory.mktemp("towers")
-    reports = {}
-    for fmt in FORMATS:
-        out = root / fmt.replace(":", "-") / "tower"
-        _export(export_python, "vision-tower", "--config", "tiny", "--images", "2",
-                "--format", fmt, "--out", str(out), "--json", str(out) + ".report.json")
-        reports[fmt] = json.loads(Path(str(out) + ".report.json").read_text())
-    out = root / "vl" / "tower"
-    _export(export_python, "vision-tower", "--family", "qwen3_vl", "--config", "tiny",
-            "--out", str(out), "--json", str(out) + ".report.json")
-    reports["qwen3_vl"] = json.loads(Path(str(out) + ".report.json").read_text())
-    return reports
+    """The tiny Qwen3.5 tower in every format."""
+    exports = Exports(export_python, tmp_path_factory.mktemp("towers"), "vision-tower",
+                      "--config", "tiny", "--images", "2")
+    return {fmt: exports[fmt] for fmt in FORMATS}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -105,19 +118,42 @@ def test_onnx_towers_pass_external_on_both_routes(towers, openvino_python, tmp_p
     assert rec["parity"]["reference_kind"] == kind
 
 
-def test_qwen3_vl_tower_gives_deepstack_outputs(towers):
-    (report,) = towers["qwen3_vl"]
+@pytest.mark.slow  # tests/integrations/test_transformers exports this tower and generates through it
+def test_qwen3_vl_tower_gives_deepstack_outputs(export_python, tmp_path):
+    out = tmp_path / "tower"
+    _export(export_python, "vision-tower", "--family", "qwen3_vl", "--config", "tiny",
+            "--out", str(out), "--json", str(out) + ".report.json")
+    (report,) = json.loads(Path(str(out) + ".report.json").read_text())
     doc = read_manifest(Path(report["manifest"]))
     assert [o["name"] for o in doc["outputs"]] == ["embeds", "deepstack_0", "deepstack_1"]
     assert report["wrapper"]["outputs"] == 3 and report["wrapper"]["bitwise_equal"]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_tiny_code2wav_exports_bitwise_in_every_format(export_python, tmp_path, openvino_python, fmt):
-    out = tmp_path / "c2w"
-    _export(export_python, "code2wav", "--config", "tiny", "--frames", "50", "--format", fmt,
-            "--out", str(out), "--json", str(tmp_path / "r.json"))
-    report = json.loads((tmp_path / "r.json").read_text())[-1]
+@pytest.fixture(scope="module")
+def code2wavs(export_python, tmp_path_factory):
+    """The tiny code2wav of 50 frames in every format (its fp32 ONNX is also the shipped
+    ``code2wav-tiny``'s fresh export)."""
+    return Exports(export_python, tmp_path_factory.mktemp("code2wav"), "code2wav",
+                   "--config", "tiny", "--frames", "50")
+
+
+@pytest.fixture(scope="module")
+def tiny_tower(export_python, tmp_path_factory) -> Path:
+    """``xstage export vision-tower --config tiny`` (image size 64, one image: the defaults, and the
+    shipped ``vision-tower-tiny``'s settings), exported once for the tests that compare with it."""
+    out = tmp_path_factory.mktemp("tiny-tower") / "tiny"
+    _export(export_python, "vision-tower", "--config", "tiny", "--out", str(out))
+    return out
+
+
+#: pt:fp16 takes no path that pt:fp32 (the .pt2) and onnx:fp16 (code2wav's fp16 cast) do not, and
+#: the tower is exported in it by default: the code2wav one runs with --run-slow.
+CODE2WAV_FORMATS = [*FORMATS[:3], pytest.param("pt:fp16", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("fmt", CODE2WAV_FORMATS)
+def test_tiny_code2wav_exports_bitwise_in_every_format(code2wavs, tmp_path, openvino_python, fmt):
+    report = code2wavs[fmt][-1]
     assert report["wrapper"]["bitwise_equal"] and report["frames"] == 50
     if fmt.startswith("onnx"):
         ops = {n.op_type for n in onnx.load(report["path"]).graph.node}
@@ -150,17 +186,19 @@ print(len(model.state_dict()))
 """
 
 
-@pytest.mark.parametrize("prefix", ["model.visual.", "visual."])
-def test_checkpoint_under_either_prefix_loads_strictly_and_matches(export_python, tmp_path, prefix):
+#: Both prefixes take one line (``vision_tower.PREFIXES``): the second runs with --run-slow.
+@pytest.mark.parametrize("prefix", ["model.visual.", pytest.param("visual.", marks=pytest.mark.slow)])
+def test_checkpoint_under_either_prefix_loads_strictly_and_matches(export_python, tiny_tower, tmp_path,
+                                                                  prefix):
     ckpt = tmp_path / "ckpt"
     n = subprocess.run([str(export_python), "-c", _WRITE_CHECKPOINT, str(ckpt), prefix, "keep"],
                        capture_output=True, text=True, timeout=300, check=True).stdout.strip()
     _export(export_python, "vision-tower", "--checkpoint", str(ckpt), "--out", str(tmp_path / "a"))
-    _export(export_python, "vision-tower", "--config", "tiny", "--out", str(tmp_path / "b"))
     doc = read_manifest(tmp_path / "a.manifest.json")
     assert doc["source"]["kind"] == "checkpoint" and doc["source"]["tensors"] == int(n)
     x = np.random.default_rng(0).standard_normal((16, 1536)).astype(np.float32)
-    (a,), (b,) = _run(tmp_path / "a.onnx", {"patches": x}), _run(tmp_path / "b.onnx", {"patches": x})
+    b_onnx = tiny_tower.with_suffix(".onnx")  # the same model from --config tiny
+    (a,), (b,) = _run(tmp_path / "a.onnx", {"patches": x}), _run(b_onnx, {"patches": x})
     assert np.array_equal(a, b)  # the same weights, through the checkpoint
 
 
@@ -176,20 +214,21 @@ def test_checkpoint_with_a_missing_tensor_is_refused_by_name(export_python, tmp_
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
-def test_shipped_builtins_match_a_fresh_export(export_python, tmp_path, name):
+def test_shipped_builtins_match_a_fresh_export(export_python, tiny_tower, code2wavs, tmp_path, name):
     shipped = builtin_artifact(name)
     doc = read_manifest(shipped.with_suffix(".manifest.json"))
-    if name == "vision-tower-tiny":
-        args = ["vision-tower", "--config", "tiny", "--image-size", "64"]
+    if name == "vision-tower-tiny":  # --config tiny at the default --image-size 64
+        fresh, manifest = tiny_tower.with_suffix(".onnx"), tiny_tower.with_suffix(".manifest.json")
     elif name == "code2wav-stream-tiny":
-        args = ["code2wav", "--config", "tiny", "--chunk", "8", "--left-context", "50"]
-    else:
-        args = ["code2wav", "--config", "tiny", "--frames", "50"]
-    _export(export_python, *args, "--out", str(tmp_path / name))
-    fresh = tmp_path / f"{name}.onnx"
+        _export(export_python, "code2wav", "--config", "tiny", "--chunk", "8", "--left-context", "50",
+                "--out", str(tmp_path / name))
+        fresh, manifest = tmp_path / f"{name}.onnx", tmp_path / f"{name}.manifest.json"
+    else:  # code2wav --config tiny --frames 50, in fp32
+        (report,) = code2wavs["onnx:fp32"]
+        fresh, manifest = Path(report["path"]), Path(report["manifest"])
     # The bytes may differ with the exporter's versions (the manifest records them); the
     # numbers may not.
-    assert doc["source"] == read_manifest(tmp_path / f"{name}.manifest.json")["source"]
+    assert doc["source"] == read_manifest(manifest)["source"]
     art = inspect_artifact(fresh)
     rng = np.random.default_rng(1)
     feeds = {s.name: (rng.integers(0, 8, s.shape) if s.dtype == "int64"

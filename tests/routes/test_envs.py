@@ -129,7 +129,6 @@ def test_create_refuses_to_overwrite_without_force(tmp_path):
     assert "--force" in err.value.remedy
 
 
-@pytest.mark.slow
 @pytest.mark.network
 def test_failed_pip_leaves_nothing_behind():
     plan = envs.plan(
