@@ -19,7 +19,6 @@ import argparse
 import hashlib
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _sockets import tcp_pair  # noqa: E402  (beside this file)
 
 from xstage import builtin_graphs
 from xstage.client import WorkerClient
@@ -39,19 +39,9 @@ SECRET = "5e" * 16
 DIGEST = hashlib.sha256(b"benchmarks/call64.py").digest()
 
 
-def _tcp_pair() -> tuple[socket.socket, socket.socket]:
-    srv = socket.create_server(("127.0.0.1", 0))
-    a = socket.create_connection(srv.getsockname())
-    b, _ = srv.accept()
-    srv.close()
-    for s in (a, b):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return a, b
-
-
 def wired(graph: str) -> tuple[WorkerClient, remote.Worker]:
     """A client and a worker in this process, joined by a TCP pair and two channels."""
-    a, b = _tcp_pair()
+    a, b = tcp_pair()
     w = remote.Worker(b, None, 1, wire.Channel(b, SECRET, DIGEST, "worker"))
     c = WorkerClient(sys.executable, shm_mode="off", transport="tcp")
     c._io = DeadlineSocket(a)

@@ -65,6 +65,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from _sockets import tcp_pair  # noqa: E402  (beside this file)
 
 from xstage_remote import wire
 
@@ -78,16 +79,6 @@ TARGET_BYTES = 1 << 20  # the issue's 1 MiB each way
 def _pin(cpu: int | None) -> None:
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {cpu % (os.cpu_count() or 1)})
-
-
-def _tcp_pair() -> tuple[socket.socket, socket.socket]:
-    srv = socket.create_server(("127.0.0.1", 0))
-    a = socket.create_connection(srv.getsockname())
-    b, _ = srv.accept()
-    srv.close()
-    for s in (a, b):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return a, b
 
 
 # --------------------------------------------------------------------------- layers
@@ -338,7 +329,7 @@ class _Counting:
 
 def cpu_per_frame(repeats: int = 25, per: int = 200) -> dict:
     """Median thread-CPU µs of each step of one 64 B reply frame (the client reads it)."""
-    a, b = _tcp_pair()
+    a, b = tcp_pair()
     ca, cb = _Counting(a), _Counting(b)
     tx, rx = wire.Channel(ca, SECRET, DIGEST, "worker"), wire.Channel(cb, SECRET, DIGEST, "client")
     y = np.zeros(16, np.float32)

@@ -44,10 +44,12 @@ class _Detour(torch.nn.Module):
         return torch.sin(h.to("cpu")).to("cuda") + h  # a host round trip: no graph captures it
 
 
-def _export(module, path: Path, outputs):
+def _export(module, path: Path, outputs, shape=(32, 256)):
+    """``module`` on the GPU, exported to ``path`` with its manifest (one input ``x`` of
+    ``shape``, float32); returns the module."""
     torch.manual_seed(0)
     module = module.cuda().eval()
-    x = torch.randn(32, 256, device="cuda")
+    x = torch.randn(*shape, device="cuda")
     program = torch.export.export(module, (x,), strict=False)
     torch.export.save(program, str(path))
     with torch.no_grad():
@@ -56,7 +58,7 @@ def _export(module, path: Path, outputs):
     write_manifest(path, component=path.stem, fmt="pt:fp32", files=[path],
                    source={"kind": "script", "what": "tests/gpu"},
                    exporter={"torch": torch.__version__},
-                   inputs=[{"name": "x", "dtype": "float32", "shape": [32, 256]}],
+                   inputs=[{"name": "x", "dtype": "float32", "shape": list(shape)}],
                    outputs=[{"name": n, "dtype": "float32", "shape": list(y.shape)}
                             for n, y in zip(outputs, ys, strict=True)])
     return module
@@ -161,17 +163,7 @@ def test_a_large_input_streams_into_the_graph_while_the_caller_copies(tmp_path):
     the in-process numbers (no byte of an earlier call's input survives), and the record says
     how many bytes went ahead of the request."""
     path = tmp_path / "big.pt2"
-    module = _Big().cuda().eval()
-    x = torch.randn(1024, 1024, device="cuda")
-    torch.export.save(torch.export.export(module, (x,), strict=False), str(path))
-    with torch.no_grad():
-        ys = module(x)
-    write_manifest(path, component="big", fmt="pt:fp32", files=[path],
-                   source={"kind": "script", "what": "tests/gpu"},
-                   exporter={"torch": torch.__version__},
-                   inputs=[{"name": "x", "dtype": "float32", "shape": [1024, 1024]}],
-                   outputs=[{"name": n, "dtype": "float32", "shape": list(y.shape)}
-                            for n, y in zip(["s", "head"], ys, strict=True)])
+    module = _export(_Big(), path, ["s", "head"], shape=(1024, 1024))
     with xstage.open_stage(path, route="torch-cuda", record_on_close=False, depth=1) as stage:
         rng = np.random.default_rng(2)
         for _ in range(20):
