@@ -25,6 +25,8 @@ over every call:
 * ``xstage graph unstreamed``: the same with the caller's copy of a large input in one piece
   (``Region.stream_fill`` off: the worker's DMA of it starts at the request, not during the
   copy; shm.py's "Streamed inputs");
+* ``xstage graph chunk 1MiB``: the same with the streamed copy's chunks at 1 MiB instead of
+  ``shm.STREAM_CHUNK_BYTES`` (fewer announcements, each DMA larger);
 * ``xstage graph lead 0.3ms``: the same with the caller's near-end lead (waitpolicy rule 3) at
   0.3 ms instead of ``shm.NEAR_END_SECONDS``: a sleeping CPU here wakes 60-120 µs late;
 * ``xstage graph slack 1us``: the same with this thread's timer slack at 1 µs during the call
@@ -60,13 +62,15 @@ import numpy as np
 TOLERANCE = {"elem_a": 1e-5}
 ARMS = ("inproc pageable", "inproc pinned", "xstage old", "xstage eager", "xstage graph",
         "xstage graph 1cpu", "xstage graph no heads-up", "xstage graph unstreamed",
+        "xstage graph chunk 1MiB",
         "xstage graph lead 0.3ms",
         "xstage graph slack 1us", "xstage host in place", "inproc device",
         "xstage device", "xstage in place")
 XS_OPTIONS = {"xstage old": {"pinned_region": "off", "cuda_graphs": "off"},
               "xstage eager": {"cuda_graphs": "off"}, "xstage graph": {},
               "xstage graph 1cpu": {}, "xstage graph no heads-up": {},
-              "xstage graph unstreamed": {}, "xstage graph lead 0.3ms": {},
+              "xstage graph unstreamed": {}, "xstage graph chunk 1MiB": {},
+              "xstage graph lead 0.3ms": {},
               "xstage graph slack 1us": {},
               "xstage device": {"device_tensors": "on"}}
 
@@ -90,6 +94,20 @@ def _near_end_lead(stage, seconds):
     policy.near_end = seconds
     policy._near_end = waitpolicy.Decision(round(min(3 * seconds, policy.spin_seconds), 9),
                                            "near_end")
+
+
+def _with_chunk(fn, nbytes):
+    """``fn`` run with the streamed copy's chunk at ``nbytes`` (restored after)."""
+    from xstage_remote import shm
+
+    def call():
+        default, shm.STREAM_CHUNK_BYTES = shm.STREAM_CHUNK_BYTES, nbytes
+        try:
+            return fn()
+        finally:
+            shm.STREAM_CHUNK_BYTES = default
+
+    return call
 
 
 def _with_slack(fn, ns):
@@ -255,6 +273,8 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
     dev_feeds = {k: torch.from_numpy(np.ascontiguousarray(v)).cuda() for k, v in feeds.items()}
     fns = {"inproc pageable": pageable, "inproc pinned": pinned_call, "inproc device": device_call,
            **{arm: (lambda s=s: s(feeds)) for arm, s in stages.items()}}
+    if "xstage graph chunk 1MiB" in stages:
+        fns["xstage graph chunk 1MiB"] = _with_chunk(fns["xstage graph chunk 1MiB"], 1 << 20)
     if "xstage graph slack 1us" in stages:
         fns["xstage graph slack 1us"] = _with_slack(fns["xstage graph slack 1us"], 1000)
     ref = {k: np.asarray(v) for k, v in stages["xstage graph"](feeds).items()}
@@ -279,6 +299,7 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
                     f"{float(np.max(np.abs(got[k] - v))):.3g}")
     for arm in [a for a in ("xstage old", "xstage eager", "xstage graph 1cpu",
                             "xstage graph no heads-up", "xstage graph unstreamed",
+                            "xstage graph chunk 1MiB",
                             "xstage graph lead 0.3ms",
                             "xstage graph slack 1us") if a in stages]:
         got = stages[arm](feeds)
