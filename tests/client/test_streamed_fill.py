@@ -14,7 +14,7 @@ import numpy as np
 from xstage_remote import shm
 from xstage_remote.worker import Worker
 
-BIG = shm.STREAM_MIN_BYTES * 3 // 4 + shm.STREAM_CHUNK_BYTES  # floats: 2.5 chunks of bytes
+BIG = (shm.STREAM_MIN_BYTES + shm.STREAM_CHUNK_BYTES // 2) // 4  # floats: chunks and a half
 IO_IN = [("x", "float32", BIG * 4), ("small", "float32", 64)]  # capacities in bytes
 IO_OUT = [("y", "float32", 64)]
 
