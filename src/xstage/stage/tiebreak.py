@@ -46,10 +46,9 @@ from typing import Any
 import numpy as np
 
 from xstage import parity
-from xstage.stage import f64_kernels
 
-__all__ = [
-    "EVALUATOR", "MEMORY_FACTOR", "MEMORY_SHARE", "TIME_LIMIT_S", "Unavailable", "evaluate_float64",
+__all__ = [  # and EVALUATOR, computed on first use (``__getattr__``)
+    "MEMORY_FACTOR", "MEMORY_SHARE", "TIME_LIMIT_S", "Unavailable", "evaluate_float64",
     "memory_check", "settle",
 ]
 
@@ -74,10 +73,26 @@ class Unavailable(Exception):  # noqa: N818 - a state, not an error: the record 
     """The float64 evaluation cannot run or did not finish; ``str()`` is the reason."""
 
 
-#: How the record names the ONNX path (a torch program's is :data:`_TORCH_EVALUATOR`).
-EVALUATOR = ("onnx.reference.ReferenceEvaluator (float64), xstage.stage.f64_kernels for "
-             + ", ".join(k.__name__ for k in f64_kernels.KERNELS))
 _TORCH_EVALUATOR = "torch-cpu, the program widened to float64"
+
+
+def _evaluator() -> str:
+    """How the record names the ONNX path (a torch program's is ``_TORCH_EVALUATOR``).
+
+    Built when asked: ``f64_kernels`` imports ``onnx.reference``, ~0.5 s that every
+    ``import xstage`` (``xstage --version`` too) paid at start-up.
+    """
+    from xstage.stage import f64_kernels
+
+    return ("onnx.reference.ReferenceEvaluator (float64), xstage.stage.f64_kernels for "
+            + ", ".join(k.__name__ for k in f64_kernels.KERNELS))
+
+
+def __getattr__(name: str) -> Any:
+    """``EVALUATOR``: :func:`_evaluator`'s text (module attribute, computed on first use)."""
+    if name == "EVALUATOR":
+        return _evaluator()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def memory_check(graph_bytes: int, available: int | None = None) -> None:
@@ -186,6 +201,8 @@ def evaluate_float64(path: Path, feeds: Mapping[str, np.ndarray], *, graph_bytes
     import onnx
     from onnx.reference import ReferenceEvaluator
 
+    from xstage.stage import f64_kernels
+
     memory_check(path.stat().st_size if graph_bytes is None else graph_bytes, available)
     try:
         model = onnx.load(str(path))
@@ -278,11 +295,11 @@ def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
             evaluate_float64(Path(artifact.path), feeds, graph_bytes=artifact.bytes)
     except Unavailable as exc:
         settled = parity.tiebreak_unavailable(gate, str(exc), limit_s=TIME_LIMIT_S,
-                                              evaluator=_TORCH_EVALUATOR if torch else EVALUATOR,
+                                              evaluator=_TORCH_EVALUATOR if torch else _evaluator(),
                                               seconds=round(time.monotonic() - started, 3))
     else:
         settled = parity.settle_tiebreak(gate, outputs, reference, exact,
-                                         evaluator=_TORCH_EVALUATOR if torch else EVALUATOR,
+                                         evaluator=_TORCH_EVALUATOR if torch else _evaluator(),
                                          seconds=round(time.monotonic() - started, 3))
     return _noise_tier(settled, outputs, reference)
 
