@@ -126,11 +126,13 @@ misses it (or an older one that ignores it) takes the request from the usual rin
 Streamed inputs: where the worker's device reads the inputs from the region by DMA (torch-cuda's
 pinned region), the caller copies a large input (``STREAM_MIN_BYTES``) in chunks and, after
 each, stores in its set's ``fill`` how far it got: ``seq << 48 | slot << 32 | bytes`` (``seq``
-counts the region's requests, mod 2^16; ``slot`` indexes the slot table; bytes from the slot's
+counts the large inputs written, mod 2^16; ``slot`` indexes the slot table; bytes from the slot's
 start). A worker waiting for that set's request may queue the DMA of the bytes written so far
 (``bytes`` only grows for one ``seq`` and slot, and the caller never writes below it again
 before the publish), so the transfer overlaps the caller's copy; at the request it copies only
-what it has not, if ``seq`` still matches. A worker that ignores ``fill`` copies everything.
+what it has not, if ``seq`` still matches. Each large input written takes a new ``seq`` (one
+written in place or not contiguous announces 0 bytes), so queued bytes of a withdrawn or
+abandoned write never stand for a later one. A worker that ignores ``fill`` copies everything.
 """
 
 import atexit
@@ -715,7 +717,6 @@ class Region:
         base = self._base[s]
         _PUBLISH.pack_into(self.mm, base + _R_REQ_GEN, self.generation, flags, time.monotonic_ns())
         _U64.pack_into(self.mm, base + _R_REQ_ID, rid)
-        self._fill_seq = (self._fill_seq + 1) & 0xFFFF  # the next request's streamed inputs
 
     def req_flags(self, s=0):
         return _U32.unpack_from(self.mm, self._base[s] + _R_REQ_FLAGS)[0]
@@ -827,13 +828,18 @@ class Region:
             self._writes[key] = plan
         off, end, raw, view, large, at = plan
         self.mm[off:end] = raw
+        streamed = self.stream_fill and view is not None and role == "in" \
+            and STREAM_MIN_BYTES <= view.nbytes < (1 << 32)
         if at is not None and arr.__array_interface__["data"][0] == at \
                 and arr.flags.c_contiguous:
+            if streamed:  # nothing streamed for it: no bytes a worker queued may stand for it
+                self._announce(s, self.index[(s, role, name)], 0)
             return True  # the slot itself (``slot_views``), filled in place: nothing to copy
-        if self.stream_fill and view is not None and role == "in" \
-                and STREAM_MIN_BYTES <= view.nbytes < (1 << 32) and arr.flags.c_contiguous:
+        if streamed and arr.flags.c_contiguous:
             self._stream(view, arr, s, self.index[(s, role, name)])
             return True
+        if streamed:
+            self._announce(s, self.index[(s, role, name)], 0)
         if view is not None:
             if large:
                 self.copier.copyto(view, arr, "no")
@@ -846,13 +852,23 @@ class Region:
         ``fill`` after its bytes ("Streamed inputs"; x86 keeps the stores in order)."""
         dst = view.reshape(-1).view(np.uint8)
         src = arr.reshape(-1).view(np.uint8)
-        head = (self._fill_seq << 48) | (i << 32)
+        head = self._announce(s, i, 0)
         off, mm, pack = self._base[s] + _R_FILL, self.mm, _U64.pack_into
         n = dst.nbytes
         for a in range(0, n, STREAM_CHUNK_BYTES):
             b = min(a + STREAM_CHUNK_BYTES, n)
             dst[a:b] = src[a:b]
             pack(mm, off, head | b)
+
+    def _announce(self, s, i, done):
+        """A new ``seq`` for slot ``i`` of set ``s``, stored with ``done`` bytes; returns
+        ``seq << 48 | i << 32``. Every large input written to a DMA-read region takes one, so
+        bytes a worker queued for an earlier write (withdrawn, or abandoned for the inline
+        way) never stand for this one."""
+        self._fill_seq = (self._fill_seq + 1) & 0xFFFF
+        head = (self._fill_seq << 48) | (i << 32)
+        _U64.pack_into(self.mm, self._base[s] + _R_FILL, head | done)
+        return head
 
     def fill(self, s=0):
         """Set ``s``'s ``fill`` (``seq << 48 | slot << 32 | bytes``; "Streamed inputs")."""

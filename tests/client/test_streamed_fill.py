@@ -37,14 +37,33 @@ def test_a_large_input_is_copied_whole_and_its_fill_says_so() -> None:
         assert region.fill(0) == 0
         assert region.write("in", "x", x, 0)
         seq, slot, done = _parts(region.fill(0))
-        assert (seq, done) == (0, x.nbytes) and region.slots[slot]["name"] == "x"
+        assert seq != 0 and done == x.nbytes and region.slots[slot]["name"] == "x"
         np.testing.assert_array_equal(region.view("in", "x", x.dtype, x.shape, 0), x)
-        region.write("in", "small", np.ones(16, np.float32), 0)  # small: copied at once
-        assert _parts(region.fill(0))[1] == slot
+        region.write("in", "small", np.ones(16, np.float32), 0)  # small: nothing announced
+        assert _parts(region.fill(0)) == (seq, slot, done)
         region.publish_request(1, 0)
-        region.write("in", "x", x[::-1].copy(), 0)  # the next request counts on
-        assert _parts(region.fill(0))[0] == 1
+        region.write("in", "x", x[::-1].copy(), 0)  # every large input written: a new seq
+        assert _parts(region.fill(0)) == (seq + 1, slot, x.nbytes)
         np.testing.assert_array_equal(region.view("in", "x", x.dtype, x.shape, 0), x[::-1])
+    finally:
+        region.close()
+
+
+def test_a_large_input_not_streamed_announces_none_of_its_bytes() -> None:
+    """Written in place, or not contiguous (copied at once): a new seq with 0 bytes, so bytes
+    a worker queued for an earlier, withdrawn or abandoned write never stand for this one."""
+    region = _region()
+    try:
+        x = np.random.default_rng(1).standard_normal(BIG).astype(np.float32)
+        region.write("in", "x", x, 0)
+        seq, slot, _ = _parts(region.fill(0))
+        strided = np.repeat(x, 2)[::2]  # the same values, not contiguous
+        assert region.write("in", "x", strided, 0)
+        assert _parts(region.fill(0)) == (seq + 1, slot, 0)
+        np.testing.assert_array_equal(region.view("in", "x", x.dtype, x.shape, 0), x)
+        slots = region.slot_views("in", {"x": (x.dtype, x.shape)}, 0)
+        assert region.write("in", "x", slots["x"], 0)  # in place
+        assert _parts(region.fill(0)) == (seq + 2, slot, 0)
     finally:
         region.close()
 
@@ -101,7 +120,8 @@ def test_a_waiting_worker_hands_each_new_fill_to_its_runtime_in_order(monkeypatc
         fills = worker.runtime.fills
         done = [_parts(f)[2] for _, f in fills]
         chunk = shm.STREAM_CHUNK_BYTES
-        assert done == [min(k, x.nbytes) for k in range(chunk, x.nbytes + chunk, chunk)]
+        # the new seq with 0 bytes first, then every chunk
+        assert done == [0] + [min(k, x.nbytes) for k in range(chunk, x.nbytes + chunk, chunk)]
         assert all(s == 0 and _parts(f)[:2] == _parts(region.fill(0))[:2] for s, f in fills)
         np.testing.assert_array_equal(region.view("in", "x", x.dtype, x.shape, 0), x)
     finally:
