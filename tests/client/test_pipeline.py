@@ -9,6 +9,8 @@ depth 1 never.
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -208,10 +210,16 @@ def test_a_deadline_before_start_fails_the_request_and_keeps_the_worker(long):
     with WorkerClient(sys.executable, depth=2) as w:
         w.load(long)
         pid = w.pid
-        first = w.submit(_x(1024), timeout=None)
-        late = w.submit(_x(1024), timeout=0.05)
-        with pytest.raises(errors.CallTimeout):
-            late.result(timeout=120)
+        # Stopped, the worker cannot start either request before the second's deadline passes
+        # (the first's compute outlasting 50 ms was a race on a loaded machine).
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            first = w.submit(_x(1024), timeout=None)
+            late = w.submit(_x(1024), timeout=0.05)
+            with pytest.raises(errors.CallTimeout):
+                late.result(timeout=120)
+        finally:
+            os.kill(pid, signal.SIGCONT)
         assert first.result(timeout=120)["y"].shape == (1024, 1024)
         assert w.run(_x(1024))["y"].shape == (1024, 1024)
         assert w.pid == pid

@@ -71,11 +71,20 @@ def test_a_dead_worker_is_replaced_by_the_next_generation(mlp):
 
 
 def test_in_flight_requests_fail_with_the_generation_and_the_queue_moves_on(wide):
+    """The worker is stopped (SIGSTOP) before the requests are submitted and killed while they
+    wait: the ones published to it are in flight when it dies, whatever the machine's load
+    (a kill from a callback raced with the worker finishing the next request)."""
     x = {"x": np.random.default_rng(0).standard_normal((128, 1024)).astype(np.float32)}
     with xstage.open_stage(wide, route="ort-cpu", restart="on_death", depth=2) as stage:
         want = stage(x)["y"]
-        futures = [stage.submit(x, timeout=None) for _ in range(8)]
-        futures[0].add_done_callback(lambda _f: _kill(stage))
+        done = stage.submit(x, timeout=None)
+        assert done.result(timeout=300) is not None and done.generation == 1
+        pid = stage.worker_pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            futures = [done] + [stage.submit(x, timeout=None) for _ in range(6)]
+        finally:
+            os.kill(pid, signal.SIGKILL)
         outcomes = []
         for fut in futures:
             exc = fut.exception(timeout=300)
