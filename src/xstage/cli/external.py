@@ -18,7 +18,6 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xstage import errors
-from xstage.builtin_graphs import builtin_artifact, builtin_stage
 from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
 from xstage.cli._summary import show_summary
@@ -205,6 +204,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
         raise errors.UsageError("--runs must be >= 1 and --warmup >= 0")
     _check_out_path("--json", args.json_path, "record.json")
     _check_out_path("--save-outputs", args.save_outputs, "outputs.npz")
+    # Imported here: builtin_graphs imports onnx (~0.7 s), which `xstage --help` need not pay.
+    from xstage.builtin_graphs import builtin_artifact, builtin_stage
+
     graph = (Path(args.graph) if args.graph
              else builtin_artifact(args.builtin) if args.builtin else builtin_stage())
     prefer = [p for p in args.prefer.split(",") if p] if args.prefer else None

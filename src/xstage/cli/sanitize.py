@@ -18,7 +18,6 @@ from rich.markup import escape
 from xstage.cli._flags import add_input_flags
 from xstage.cli._output import Output
 from xstage.exit_codes import EXIT_OK
-from xstage.export import sanitize_onnx
 from xstage.inputs import parse_dims, parse_shapes
 
 __all__ = ["register"]
@@ -35,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    from xstage.export import sanitize_onnx  # onnx and onnx-ir: imported when sanitizing
+
     report = sanitize_onnx(args.src, args.dst, inputs=args.inputs, shapes=parse_shapes(args.shape),
                            dims=parse_dims(args.dim))
     if args.json_path:
