@@ -21,6 +21,16 @@ def test_version():
     assert out.returncode == 0 and out.stdout.strip() == f"xstage {__version__}"
 
 
+def test_help_does_not_import_onnx():
+    """onnx (with ml_dtypes, ~0.7 s) is imported by the subcommands that use it, when they run."""
+    code = ("import sys; from xstage.cli.main import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('onnx', 'onnxruntime', 'onnx_ir') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_help_documents_debug_home_and_exit_codes():
     out = _xstage("--help")
     assert out.returncode == 0
