@@ -77,15 +77,17 @@ CPUs do not promise that and Python has no fence: there ``SPIN`` is off and the 
 blocks on the doorbell, whose send/recv pair orders memory in the kernel.
 
 Wait policy: each wait asks ``waitpolicy.WaitPolicy`` (a pure module: its rules, and why, are
-in its docstring) whether to spin, and for how long, before it blocks. It spins with
-``sched_yield`` (a yield lets the other side run on a busy 2-core machine) while spinning can
-pay: the answer is expected soon, recent spins were answered, and no yield came back late (a
-late yield means another task ran on this CPU: the spin stops at once and the policy backs
-off). Otherwise it blocks at once: beside neighbours that never sleep, a spinner's yield hands
-its CPU to them for a whole scheduler slice, and a 64 B call took ~2-10 ms instead of ~15 µs
-(issue 14). The doorbell measures what the policy needs: the machine's runnable tasks
-(``/proc/loadavg``, at most every ``LOAD_SAMPLE_SECONDS``), each spin's longest yield, how long
-each answer took. ``Doorbell.summary()`` counts the decisions (``--verbose``);
+in its docstring) whether to spin, and for how long, before it blocks. It spins, yielding
+once every ``SPIN_YIELD_SECONDS`` (50 µs: a yield lets a peer that shares this CPU run, but
+beside busy neighbours each yield hands the CPU to one of them for a scheduler slice, so a
+small call's answer is awaited without one), while spinning can pay: the answer is expected
+soon, recent spins were answered, and no check came back late (a late one means another task
+ran on this CPU: the spin stops at once and the policy backs off). Otherwise it blocks at
+once: beside neighbours that never sleep, a spinner's yield hands its CPU to them for a whole
+scheduler slice, and a 64 B call took ~2-10 ms instead of ~15 µs (issue 14). The doorbell
+measures what the policy needs: the machine's runnable tasks (``/proc/loadavg``, at most every
+``LOAD_SAMPLE_SECONDS``), each spin's longest gap between two checks, how long each answer
+took. ``Doorbell.summary()`` counts the decisions (``--verbose``);
 ``XSTAGE_WAIT_TRACE`` records them with their inputs (``scripts/record_wait_traces.py``).
 
 To block, a side raises its ``*_asleep`` flag, re-checks, and sleeps on the doorbell (``poll``
@@ -263,6 +265,16 @@ WORKER_SPIN_SECONDS = _env_number("XSTAGE_WORKER_SPIN_SECONDS", 0.0003, float, "
 #: here: a 0.5 ms call took 1.5 ms round trip with the caller spinning, 0.55 ms without); the
 #: doorbell's wake-up (~20-50 µs) is small against such a call.
 LONG_CALL_SECONDS = _env_number("XSTAGE_LONG_CALL_SECONDS", 0.0002, float, "0.0002")
+#: A spinner yields once this long after its last yield (or its start), not on every check.
+#: Beside busy neighbours a yield hands the CPU to one of them for a scheduler slice (EEVDF
+#: moves the yielder's deadline a slice later), so a spin that yielded on every check was
+#: preempted at once and the policy blocked instead; a 64 B call's answer comes within ~10-20 µs,
+#: before the first yield. Measured on the 2-vCPU VM beside 2 busy loops (issue 14, "busy64"
+#: in docs/benchmarks.md): half round trip 8.4-10.4 against 20.2-24.2 µs yielding on every check,
+#: quiet unchanged. A yield every 50 µs still lets a peer that shares this CPU run (a spin never
+#: holds it longer), and a spin preempted between two checks still stops at once.
+#: 0: yield on every check (as before).
+SPIN_YIELD_SECONDS = _env_number("XSTAGE_SPIN_YIELD_SECONDS", 0.00005, float, "0.00005")
 #: A yield that returns later than this was preempted: another task ran on this CPU meanwhile
 #: (a yield with nothing else to run takes ~0.3-1 µs here; a neighbour's scheduler slice is
 #: ~1-3 ms). The spin stops at once and the policy backs off (waitpolicy rule 4).
@@ -1303,22 +1315,29 @@ class Doorbell:
                          latency if outcome is not None else None)
 
     def _spin(self, ready, start, budget, tell):
-        """Spin with yields until ``ready()`` or the budget ends; (outcome, longest yield,
-        end time). A yield longer than the policy's ``preempted`` ends the spin at once:
-        someone else wanted this CPU."""
+        """Spin until ``ready()`` or the budget ends, yielding once every
+        ``SPIN_YIELD_SECONDS`` (not on every check: see there); (outcome, longest gap between
+        two checks, end time). A gap longer than the policy's ``preempted`` ends the spin at
+        once: someone else ran on this CPU (after a yield, or preempting the spin)."""
         stop = start + budget
         preempted = self.policy.preempted
         shared = self._shares_cpu if tell and self.nudge else None
         monotonic = time.monotonic
+        every = SPIN_YIELD_SECONDS
         last = start
+        due = start + every  # the next yield
         longest = 0.0
         while True:
             # Checked before yielding: on a shared CPU the yield itself hands over, so a
             # short call would always be answered before a later check could see it.
             if shared is not None and shared():
                 return "shared", longest, monotonic()
-            _yield()
-            now = monotonic()
+            if last >= due:
+                _yield()
+                now = monotonic()
+                due = now + every
+            else:
+                now = monotonic()
             gap = now - last
             last = now
             if gap > longest:
