@@ -102,11 +102,12 @@ def serve() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
-        graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 16), Path(tmp) / "s.onnx")
+        n = int(os.environ.get("HOTPATH_FLOATS", "16"))
+        graph = builtin_graphs.write(builtin_graphs.slice_graph(n, n), Path(tmp) / "s.onnx")
         client = WorkerClient(sys.executable)
         client.start()
         client.load(graph)
-        feeds = {"x": np.ones(16, np.float32)}
+        feeds = {"x": np.ones(n, np.float32)}
         me = os.getpid()
         try:
             for line in sys.stdin:
@@ -189,7 +190,8 @@ def run(compare: str | None, busy: int, rounds: int, calls: int,
     children = {"after": _Child(own, envs.get("after"))}
     if compare:
         children = {"before": _Child(compare, envs.get("before")), **children}
-    tcp = _tcp_arm(np.ones(16, np.float32), 16)
+    floats = int(os.environ.get("HOTPATH_FLOATS", "16"))
+    tcp = _tcp_arm(np.ones(floats, np.float32), floats)
     names = list(children) + ["tcp"]
     got: dict[str, dict[str, list[dict]]] = {s: {a: [] for a in names} for s in ("quiet", "busy")}
     states = ("quiet", "busy") if busy else ("quiet",)
@@ -241,6 +243,8 @@ def main() -> None:
                              "(repeatable; with --compare set to this tree's src/: a knob's A/B)")
     parser.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE",
                         help="the same for the after arm")
+    parser.add_argument("--floats", type=int, default=16,
+                        help="float32 values each way (16: the 64 B call; 262144: 1 MiB)")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=1000, help="calls per arm, round and state")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -256,16 +260,19 @@ def main() -> None:
             if not sep or not name:
                 parser.error(f"--{arm}-env takes NAME=VALUE, got {pair!r}")
             envs.setdefault(arm, {})[name] = value
+    os.environ["HOTPATH_FLOATS"] = str(args.floats)  # the arms' processes read it too
     load0 = os.getloadavg()
     table = run(args.compare, args.busy, args.rounds, args.calls, args.after, envs)
     doc = {"benchmark": "hotpath", "cpus": os.cpu_count(), "busy": args.busy,
            "rounds": args.rounds, "calls": args.calls, "compare": args.compare,
+           "floats": args.floats,
            "after": args.after, "envs": envs,
            "load_average": [load0, os.getloadavg()], "table": table}
     if args.json:
         print(json.dumps(doc, indent=2))
         return
-    print(f"64 B through the shared region, {os.cpu_count()} CPUs, busy = {args.busy}, "
+    print(f"{args.floats * 4} B each way through the shared region, {os.cpu_count()} CPUs, "
+          f"busy = {args.busy}, "
           f"{args.rounds} rounds x {args.calls} calls; load average "
           f"{load0[0]:.2f} -> {os.getloadavg()[0]:.2f}")
     for state, rows in table.items():
