@@ -1113,7 +1113,8 @@ class Doorbell:
             self.policy = waitpolicy.WaitPolicy(
                 SPIN_SECONDS if spin is None else spin, _allowed_cpus(), spinning=SPIN,
                 long_call=LONG_CALL_SECONDS, preempted=PREEMPTED_SECONDS,
-                crowd_blocks=CROWD_BLOCKS, near_end=NEAR_END_SECONDS)
+                crowd_blocks=CROWD_BLOCKS, near_end=NEAR_END_SECONDS,
+                hold=SPIN_YIELD_SECONDS)
             if TRACE_DIR:
                 self.trace = []
                 _TRACES.append(self)
@@ -1332,6 +1333,12 @@ class Doorbell:
         shared = self._shares_cpu if tell and self.nudge else None
         monotonic = time.monotonic
         every = SPIN_YIELD_SECONDS
+        if tell and not self.nudge and every:
+            # The side that never moves (the worker) holds no CPU its peer last waited on:
+            # the caller preempted there by this side's wake-up must run to send the next
+            # request, so this spin yields on every check (as all spins did before holding).
+            if self.region.flag(self.peer + CPU_AFTER_FLAG) == _getcpu() + 1:
+                every = 0.0
         last = start
         due = start + every  # the next yield
         longest = 0.0
@@ -1381,7 +1388,7 @@ class Doorbell:
                 "window": p.window, "failures": p.failures, "min_backoff": p.min_backoff,
                 "max_backoff": p.max_backoff, "load_margin": p.load_margin,
                 "crowd_blocks": p.crowd_blocks, "near_end": p.near_end,
-                "spin_yield": SPIN_YIELD_SECONDS,
+                "hold": p.hold,
                 "cpus": os.cpu_count(), "waits": list(self.trace or [])}
 
     def _sleep(self, ready, deadline, watch, fine=False, early=None):
