@@ -150,6 +150,33 @@ def test_a_spin_yields_once_per_interval_not_on_every_check(monkeypatch) -> None
         region.close()
 
 
+@pytest.mark.parametrize("caller_cpu", [0, 1])
+def test_a_worker_on_its_callers_cpu_yields_on_every_check(monkeypatch, caller_cpu: int) -> None:
+    """The worker never moves: holding a CPU its caller last waited on would keep the caller
+    from sending the next request, so there it yields before every check; elsewhere it holds."""
+    slots, size = shm.plan_layout(IO, IO)
+    region = shm.Region.create(size, slots)
+    a, b = shm.socketpair()
+    yields = []
+    try:
+        bell = shm.Doorbell(b)
+        bell.bind(region, shm.OFF_WORKER_ASLEEP, shm.OFF_CLIENT_ASLEEP,
+                  spin=shm.WORKER_SPIN_SECONDS)
+        monkeypatch.setattr(shm, "_getcpu", lambda: 0)
+        monkeypatch.setattr(shm, "_yield", lambda: yields.append(1))
+        monkeypatch.setattr(shm, "_read_load", lambda: None)
+        monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 60.0)
+        bell.policy.preempted = 60.0
+        region.set_flag(shm.OFF_CLIENT_ASLEEP + shm.CPU_AFTER_FLAG, caller_cpu + 1)
+        answers = iter([False] * 20 + [True])
+        assert bell.wait(lambda: next(answers), time.monotonic() + 5, spin=1.0) == "ready"
+        assert len(yields) == (20 if caller_cpu == 0 else 0)
+    finally:
+        a.close()
+        b.close()
+        region.close()
+
+
 def test_a_spin_preempted_between_two_checks_stops_at_once(monkeypatch) -> None:
     """Without a yield, a check that comes late still means another task ran on this CPU:
     the spin ends there (``preempted``) and the wait blocks."""
