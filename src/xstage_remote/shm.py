@@ -730,6 +730,11 @@ class Region:
         _PUBLISH.pack_into(self.mm, base + _R_REQ_GEN, self.generation, flags, time.monotonic_ns())
         _U64.pack_into(self.mm, base + _R_REQ_ID, rid)
 
+    def request_head(self, s=0):
+        """Set ``s``'s ``(req_gen, req_flags)`` in one read (the worker's, once per request)."""
+        gen, flags, _ = _PUBLISH.unpack_from(self.mm, self._base[s] + _R_REQ_GEN)
+        return gen, flags
+
     def req_flags(self, s=0):
         return _U32.unpack_from(self.mm, self._base[s] + _R_REQ_FLAGS)[0]
 
@@ -1128,10 +1133,11 @@ class Doorbell:
         summary["line"] = waitpolicy.describe(summary)
         return summary
 
-    def _shares_cpu(self):
+    def _shares_cpu(self, known=0):
         """True when this side should stop spinning: the peer last waited on this CPU and
-        moving off it failed or was tried less than ``NUDGE_SECONDS`` ago."""
-        cpu = _getcpu()
+        moving off it failed or was tried less than ``NUDGE_SECONDS`` ago. ``known``: this
+        side's CPU + 1 as just read (0: read it here)."""
+        cpu = known - 1 if known else _getcpu()
         if cpu < 0 or self.region.flag(self.peer + CPU_AFTER_FLAG) != cpu + 1:
             return False
         now = time.monotonic()
@@ -1266,8 +1272,10 @@ class Doorbell:
         decision, expected, start = made if made is not None else self._decide(expected)
         budget = decision.spin if spin is None else min(decision.spin, spin)
         tell = _getcpu is not None  # publish where this side runs
+        cpu = 0
         if tell:
-            region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
+            cpu = _getcpu() + 1
+            _U32.pack_into(region.mm, self.own + CPU_AFTER_FLAG, cpu)
         outcome, longest, spun = "blocked", 0.0, 0.0
         near_end = decision.rule == "near_end"
         if budget > 0 and near_end:  # sleep until near the expected answer first (waitpolicy)
@@ -1281,7 +1289,8 @@ class Doorbell:
                 return state
         if budget > 0:
             begun = time.monotonic()
-            outcome, longest, now = self._spin(ready, begun, budget, tell)
+            outcome, longest, now = self._spin(ready, begun, budget, tell,
+                                               cpu if not near_end else 0)
             spun = now - (begun if near_end else start)
             if outcome == "answered":
                 self._learn(decision, expected, spun, longest, outcome, now - start)
@@ -1323,11 +1332,12 @@ class Doorbell:
             self._record(decision, expected, spun, longest, outcome,
                          latency if outcome is not None else None)
 
-    def _spin(self, ready, start, budget, tell):
+    def _spin(self, ready, start, budget, tell, cpu=0):
         """Spin until ``ready()`` or the budget ends, yielding once every
         ``SPIN_YIELD_SECONDS`` (not on every check: see there); (outcome, longest gap between
         two checks, end time). A gap longer than the policy's ``preempted`` ends the spin at
-        once: someone else ran on this CPU (after a yield, or preempting the spin)."""
+        once: someone else ran on this CPU (after a yield, or preempting the spin). ``cpu``:
+        this side's CPU + 1 as the wait read it (0: read it here)."""
         stop = start + budget
         preempted = self.policy.preempted
         shared = self._shares_cpu if tell and self.nudge else None
@@ -1337,7 +1347,8 @@ class Doorbell:
             # The side that never moves (the worker) holds no CPU its peer last waited on:
             # the caller preempted there by this side's wake-up must run to send the next
             # request, so this spin yields on every check (as all spins did before holding).
-            if self.region.flag(self.peer + CPU_AFTER_FLAG) == _getcpu() + 1:
+            if _U32.unpack_from(self.region.mm, self.peer + CPU_AFTER_FLAG)[0] \
+                    == (cpu or _getcpu() + 1):
                 every = 0.0
         last = start
         due = start + every  # the next yield
@@ -1345,7 +1356,7 @@ class Doorbell:
         # A shared CPU is checked when the spin starts and before each yield (not on every
         # check: ~0.4 µs each): on a shared CPU the yield itself hands over, so a short call
         # would always be answered before a later check could see it.
-        if shared is not None and shared():
+        if shared is not None and shared(cpu):
             return "shared", longest, monotonic()
         while True:
             if last >= due:
