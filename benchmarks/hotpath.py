@@ -71,6 +71,25 @@ def _nvcsw(pid: int) -> int:
     return total
 
 
+def _waits_delta(after: dict, before: dict) -> dict:
+    """The doorbell decisions of one measurement (two ``WorkerClient.waits()`` readings)."""
+    delta = {}
+    for side, now in after.items():
+        then = before.get(side, {})
+        side_delta = {}
+        for key in ("rules", "outcomes"):
+            counts = {k: v - then.get(key, {}).get(k, 0) for k, v in now.get(key, {}).items()}
+            side_delta[key] = {k: v for k, v in counts.items() if v}
+        delta[side] = side_delta
+    return delta
+
+
+def _describe(counts: dict) -> str:
+    rules = ", ".join(f"{k} {v}" for k, v in counts.get("rules", {}).items()) or "none"
+    ends = ", ".join(f"{k} {v}" for k, v in counts.get("outcomes", {}).items()) or "none"
+    return f"decided: {rules}; ended: {ends}"
+
+
 def serve() -> None:
     """One arm's client process: a worker kept for the run; each stdin line N runs N calls
     and answers one JSON line (``FIELDS``)."""
@@ -83,11 +102,12 @@ def serve() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
-        graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 16), Path(tmp) / "s.onnx")
+        n = int(os.environ.get("HOTPATH_FLOATS", "16"))
+        graph = builtin_graphs.write(builtin_graphs.slice_graph(n, n), Path(tmp) / "s.onnx")
         client = WorkerClient(sys.executable)
         client.start()
         client.load(graph)
-        feeds = {"x": np.ones(16, np.float32)}
+        feeds = {"x": np.ones(n, np.float32)}
         me = os.getpid()
         try:
             for line in sys.stdin:
@@ -95,6 +115,7 @@ def serve() -> None:
                 for _ in range(min(100, n)):  # warm: the policy follows the state
                     client.run(feeds)
                 over = []
+                waits0 = client.waits()
                 run0, wait0 = _schedstat(me)
                 peer0 = _schedstat(client.pid)[0]
                 nv0 = _nvcsw(me)
@@ -108,20 +129,21 @@ def serve() -> None:
                 peer = _schedstat(client.pid)[0] - peer0
                 wait = _schedstat(me)[1] - wait0
                 nv = _nvcsw(me) - nv0
+                waits = _waits_delta(client.waits(), waits0)
                 print(json.dumps({"half_us": statistics.median(over) / 2e3,
                                   "client_cpu_us": cpu / n / 1e3,
                                   "worker_cpu_us": peer / n / 1e3,
                                   "client_rq_us": wait / n / 1e3,
                                   "client_nvcsw": nv / n,
-                                  "waits": client.waits() if hasattr(client, "waits") else {}}),
+                                  "waits": waits}),
                       flush=True)
         finally:
             client.close()
 
 
 class _Child:
-    def __init__(self, src: str) -> None:
-        env = dict(os.environ, PYTHONPATH=src)
+    def __init__(self, src: str, extra: dict[str, str] | None = None) -> None:
+        env = dict(os.environ, PYTHONPATH=src, **(extra or {}))
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
@@ -156,7 +178,7 @@ def _tcp(n: int, arm) -> dict:  # type: ignore[no-untyped-def]
 
 
 def run(compare: str | None, busy: int, rounds: int, calls: int,
-        after: str | None = None) -> dict:
+        after: str | None = None, envs: dict[str, dict[str, str]] | None = None) -> dict:
     import numpy as np
 
     sys.path.insert(0, str(HERE))
@@ -164,10 +186,12 @@ def run(compare: str | None, busy: int, rounds: int, calls: int,
     from transport import _tcp_arm
 
     own = after or str(HERE.parent / "src")
-    children = {"after": _Child(own)}
+    envs = envs or {}
+    children = {"after": _Child(own, envs.get("after"))}
     if compare:
-        children = {"before": _Child(compare), **children}
-    tcp = _tcp_arm(np.ones(16, np.float32), 16)
+        children = {"before": _Child(compare, envs.get("before")), **children}
+    floats = int(os.environ.get("HOTPATH_FLOATS", "16"))
+    tcp = _tcp_arm(np.ones(floats, np.float32), floats)
     names = list(children) + ["tcp"]
     got: dict[str, dict[str, list[dict]]] = {s: {a: [] for a in names} for s in ("quiet", "busy")}
     states = ("quiet", "busy") if busy else ("quiet",)
@@ -194,8 +218,8 @@ def run(compare: str | None, busy: int, rounds: int, calls: int,
             runs = got[state][name]
             row: dict = {k: statistics.median(x[k] for x in runs) for k in FIELDS
                          if k in runs[0]}
-            if runs and runs[-1].get("waits"):
-                row["waits"] = {side: w.get("line") for side, w in runs[-1]["waits"].items()}
+            if runs and runs[-1].get("waits"):  # the decisions of the last round, per side
+                row["waits"] = {side: _describe(w) for side, w in runs[-1]["waits"].items()}
             table.setdefault(state, {})[name] = row
         tcp_half = table[state]["tcp"]["half_us"]
         for name in children:
@@ -214,6 +238,13 @@ def main() -> None:
                         help="the tree measured as after (default: this one's src/)")
     parser.add_argument("--busy", type=int, default=0, metavar="N",
                         help="also measure beside N busy-looping processes")
+    parser.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for the before arm's processes only "
+                             "(repeatable; with --compare set to this tree's src/: a knob's A/B)")
+    parser.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="the same for the after arm")
+    parser.add_argument("--floats", type=int, default=16,
+                        help="float32 values each way (16: the 64 B call; 262144: 1 MiB)")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=1000, help="calls per arm, round and state")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -222,16 +253,26 @@ def main() -> None:
     if args.serve:
         serve()
         return
+    envs = {}
+    for arm, pairs in (("before", args.before_env), ("after", args.after_env)):
+        for pair in pairs:
+            name, sep, value = pair.partition("=")
+            if not sep or not name:
+                parser.error(f"--{arm}-env takes NAME=VALUE, got {pair!r}")
+            envs.setdefault(arm, {})[name] = value
+    os.environ["HOTPATH_FLOATS"] = str(args.floats)  # the arms' processes read it too
     load0 = os.getloadavg()
-    table = run(args.compare, args.busy, args.rounds, args.calls, args.after)
+    table = run(args.compare, args.busy, args.rounds, args.calls, args.after, envs)
     doc = {"benchmark": "hotpath", "cpus": os.cpu_count(), "busy": args.busy,
            "rounds": args.rounds, "calls": args.calls, "compare": args.compare,
-           "after": args.after,
+           "floats": args.floats,
+           "after": args.after, "envs": envs,
            "load_average": [load0, os.getloadavg()], "table": table}
     if args.json:
         print(json.dumps(doc, indent=2))
         return
-    print(f"64 B through the shared region, {os.cpu_count()} CPUs, busy = {args.busy}, "
+    print(f"{args.floats * 4} B each way through the shared region, {os.cpu_count()} CPUs, "
+          f"busy = {args.busy}, "
           f"{args.rounds} rounds x {args.calls} calls; load average "
           f"{load0[0]:.2f} -> {os.getloadavg()[0]:.2f}")
     for state, rows in table.items():

@@ -3,7 +3,9 @@
 Each payload is moved by every arm in interleaved rounds (so machine noise lands on all arms
 alike), and medians are compared as ratios. Two phases in one run: the shared-memory arms
 with their floor, then the socket and pickle arms with theirs (their megabytes of traffic
-would otherwise flush the caches the first phase lives in, which measures the neighbours):
+would otherwise flush the caches the first phase lives in, which measures the neighbours).
+The 64 B payload moves no megabytes: there every arm runs in one phase, interleaved (its
+xstage / TCP ratio is issue 14's figure):
 
 * ``floor``     — in-process ``np.copyto`` of the same input and output bytes into
                   preallocated buffers: the cost of touching the bytes once each way.
@@ -125,6 +127,18 @@ class Arm:
         self.split: Callable[[], int] | None = None
         self.calls = 0
         self.decisions: dict[str, dict] = {}
+        #: (this process's CPU, the peer's CPU) read once after each round (``tcp``: the echo).
+        self.where: Callable[[], tuple[int, int]] | None = None
+        self.places: dict[str, list[tuple[int, int]]] = {s: [] for s in STATES}
+
+
+def _cpu_of(pid: int) -> int:
+    """The CPU ``pid``'s main thread last ran on (``/proc/PID/stat`` field 39), or -1."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 def _xstage_arm(name: str, graph: Path, x: np.ndarray, n_out: int, *, shm_mode: str,
@@ -174,7 +188,11 @@ def _tcp_arm(x: np.ndarray, n_out: int) -> Arm:
         if proc.is_alive():
             proc.kill()
 
-    return Arm("tcp", call, close)
+    arm = Arm("tcp", call, close)
+    me, echo = os.getpid(), proc.pid
+    assert echo is not None
+    arm.where = lambda: (_cpu_of(me), _cpu_of(echo))
+    return arm
 
 
 def _mp_arm(x: np.ndarray, n_out: int) -> Arm:
@@ -247,6 +265,13 @@ def _summarize(arm: Arm, state: str, floor: float, n_in: int) -> dict:
                  rest_us=(med_over - copies) / 1e3)
     if state in arm.decisions:
         a["waits"] = arm.decisions[state]
+    if arm.places[state]:
+        # The echo's yardstick depends on where its two processes run: on one CPU (socket
+        # wake-ups are "sync": the woken reader takes the writer's CPU) a round trip is a
+        # switch; on two, each wake-up is a cross-CPU one (in a VM, an interrupt to a CPU
+        # that may be halted). Read once per round, after it.
+        same = [a == b for a, b in arm.places[state] if a >= 0 and b >= 0]
+        a["same_cpu_rounds"] = f"{sum(same)}/{len(same)}"
     return a
 
 
@@ -273,7 +298,8 @@ def _add_waits(total: dict, more: dict) -> None:
 
 def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS,
             neighbours: Neighbours | None = None,
-            copy_threads: int | None = None) -> dict[str, list[dict]]:
+            copy_threads: int | None = None,
+            payloads: list[tuple[str, int, int]] = PAYLOADS) -> dict[str, list[dict]]:
     """Every arm, per payload, in interleaved rounds; with ``neighbours``, each round twice:
     quiet (the neighbours stopped), then busy. Returns the rows per state.
 
@@ -282,7 +308,7 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS,
     plain = None if copy_threads is None else 0
     states = STATES if neighbours is not None and neighbours.n else STATES[:1]
     results: dict[str, list[dict]] = {state: [] for state in states}
-    for label, n_in, n_out in PAYLOADS:
+    for label, n_in, n_out in payloads:
         graph = builtin_graphs.write(builtin_graphs.slice_graph(n_in, n_out), tmp / f"s{n_in}.onnx")
         x = np.random.default_rng(0).standard_normal(n_in).astype(np.float32)
         makers = {
@@ -331,6 +357,8 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS,
                             if "copy_out_ns" in t:
                                 arm.copies[state].append(t["copy_in_ns"] + t["copy_out_ns"])
                         arm.cpu[state].append((time.process_time_ns() - cpu0) / per_round)
+                        if arm.where is not None:
+                            arm.places[state].append(arm.where())
                         if arm.waits:
                             _add_waits(arm.decisions.setdefault(state, {}),
                                        _waits_delta(arm.waits(), before))
@@ -381,21 +409,35 @@ PHASES = (("xstage", "xstage-out", "xstage-inplace", "xstage-pool", "xstage-out-
           ("inline", "tcp-auth", "tcp", "mp-pickle"))
 
 
+#: Payloads this small move no megabytes: every arm runs in one phase, interleaved round by
+#: round with the others (issue 14's 64 B ratio is xstage's against the TCP echo's, and each
+#: of the two varies with the machine's moment; measured in separate phases, the ratio also
+#: carried the difference between the two moments).
+SMALL_BYTES = 4096
+
+
 def _run(args: argparse.Namespace, tmp: Path, neighbours: Neighbours) -> dict[str, list[dict]]:
     wanted = [a for a in args.arms.split(",") if a]
     if args.copy_threads is not None:
         wanted += [f"{a}-pool" for a in ("xstage", "xstage-out") if a in wanted]
+    small = [p for p in PAYLOADS if p[1] * 4 < SMALL_BYTES]
+    large = [p for p in PAYLOADS if p[1] * 4 >= SMALL_BYTES]
+    every = tuple(a for phase in PHASES for a in phase if a in wanted)
+    runs = [(every, small)] if small and every else []
+    runs += [(tuple(a for a in phase if a in wanted), large) for phase in PHASES]
     results: dict[str, list[dict]] = {}
-    for phase in PHASES:
-        arms = tuple(a for a in phase if a in wanted)
-        if not arms:
+    for arms, payloads in runs:
+        if not arms or not payloads:
             continue
-        by_state = measure(args.rounds, args.calls, tmp, arms, neighbours, args.copy_threads)
+        by_state = measure(args.rounds, args.calls, tmp, arms, neighbours, args.copy_threads,
+                           payloads)
         for state, rows in by_state.items():
-            if state not in results:
-                results[state] = rows
-                continue
-            for row, more in zip(results[state], rows, strict=True):
+            have = {row["payload"]: row for row in results.setdefault(state, [])}
+            for more in rows:
+                row = have.get(more["payload"])
+                if row is None:
+                    results[state].append(more)
+                    continue
                 row["arms"].update(more["arms"])
                 row.setdefault("floor_us_by_phase", [row["floor_us"]]).append(more["floor_us"])
     return results
@@ -421,6 +463,9 @@ def _print_rows(rows: list[dict], verbose: bool) -> None:
             if verbose and a.get("waits"):
                 for side, counts in a["waits"].items():
                     print(f"{'':<30}doorbell ({side}): {describe_waits(counts)}")
+            if verbose and a.get("same_cpu_rounds"):
+                print(f"{'':<30}client and echo on one CPU after "
+                      f"{a['same_cpu_rounds']} rounds")
 
 
 def describe_waits(counts: dict) -> str:

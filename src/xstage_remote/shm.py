@@ -77,15 +77,17 @@ CPUs do not promise that and Python has no fence: there ``SPIN`` is off and the 
 blocks on the doorbell, whose send/recv pair orders memory in the kernel.
 
 Wait policy: each wait asks ``waitpolicy.WaitPolicy`` (a pure module: its rules, and why, are
-in its docstring) whether to spin, and for how long, before it blocks. It spins with
-``sched_yield`` (a yield lets the other side run on a busy 2-core machine) while spinning can
-pay: the answer is expected soon, recent spins were answered, and no yield came back late (a
-late yield means another task ran on this CPU: the spin stops at once and the policy backs
-off). Otherwise it blocks at once: beside neighbours that never sleep, a spinner's yield hands
-its CPU to them for a whole scheduler slice, and a 64 B call took ~2-10 ms instead of ~15 µs
-(issue 14). The doorbell measures what the policy needs: the machine's runnable tasks
-(``/proc/loadavg``, at most every ``LOAD_SAMPLE_SECONDS``), each spin's longest yield, how long
-each answer took. ``Doorbell.summary()`` counts the decisions (``--verbose``);
+in its docstring) whether to spin, and for how long, before it blocks. It spins, yielding
+once every ``SPIN_YIELD_SECONDS`` (50 µs: a yield lets a peer that shares this CPU run, but
+beside busy neighbours each yield hands the CPU to one of them for a scheduler slice, so a
+small call's answer is awaited without one), while spinning can pay: the answer is expected
+soon, recent spins were answered, and no check came back late (a late one means another task
+ran on this CPU: the spin stops at once and the policy backs off). Otherwise it blocks at
+once: beside neighbours that never sleep, a spinner's yield hands its CPU to them for a whole
+scheduler slice, and a 64 B call took ~2-10 ms instead of ~15 µs (issue 14). The doorbell
+measures what the policy needs: the machine's runnable tasks (``/proc/loadavg``, at most every
+``LOAD_SAMPLE_SECONDS``), each spin's longest gap between two checks, how long each answer
+took. ``Doorbell.summary()`` counts the decisions (``--verbose``);
 ``XSTAGE_WAIT_TRACE`` records them with their inputs (``scripts/record_wait_traces.py``).
 
 To block, a side raises its ``*_asleep`` flag, re-checks, and sleeps on the doorbell (``poll``
@@ -263,6 +265,16 @@ WORKER_SPIN_SECONDS = _env_number("XSTAGE_WORKER_SPIN_SECONDS", 0.0003, float, "
 #: here: a 0.5 ms call took 1.5 ms round trip with the caller spinning, 0.55 ms without); the
 #: doorbell's wake-up (~20-50 µs) is small against such a call.
 LONG_CALL_SECONDS = _env_number("XSTAGE_LONG_CALL_SECONDS", 0.0002, float, "0.0002")
+#: A spinner yields once this long after its last yield (or its start), not on every check.
+#: Beside busy neighbours a yield hands the CPU to one of them for a scheduler slice (EEVDF
+#: moves the yielder's deadline a slice later), so a spin that yielded on every check was
+#: preempted at once and the policy blocked instead; a 64 B call's answer comes within ~10-20 µs,
+#: before the first yield. Measured on the 2-vCPU VM beside 2 busy loops (issue 14, "busy64"
+#: in docs/benchmarks.md): half round trip 8.4-10.4 against 20.2-24.2 µs yielding on every check,
+#: quiet unchanged. A yield every 50 µs still lets a peer that shares this CPU run (a spin never
+#: holds it longer), and a spin preempted between two checks still stops at once.
+#: 0: yield on every check (as before).
+SPIN_YIELD_SECONDS = _env_number("XSTAGE_SPIN_YIELD_SECONDS", 0.00005, float, "0.00005")
 #: A yield that returns later than this was preempted: another task ran on this CPU meanwhile
 #: (a yield with nothing else to run takes ~0.3-1 µs here; a neighbour's scheduler slice is
 #: ~1-3 ms). The spin stops at once and the policy backs off (waitpolicy rule 4).
@@ -718,6 +730,11 @@ class Region:
         _PUBLISH.pack_into(self.mm, base + _R_REQ_GEN, self.generation, flags, time.monotonic_ns())
         _U64.pack_into(self.mm, base + _R_REQ_ID, rid)
 
+    def request_head(self, s=0):
+        """Set ``s``'s ``(req_gen, req_flags)`` in one read (the worker's, once per request)."""
+        gen, flags, _ = _PUBLISH.unpack_from(self.mm, self._base[s] + _R_REQ_GEN)
+        return gen, flags
+
     def req_flags(self, s=0):
         return _U32.unpack_from(self.mm, self._base[s] + _R_REQ_FLAGS)[0]
 
@@ -1101,7 +1118,8 @@ class Doorbell:
             self.policy = waitpolicy.WaitPolicy(
                 SPIN_SECONDS if spin is None else spin, _allowed_cpus(), spinning=SPIN,
                 long_call=LONG_CALL_SECONDS, preempted=PREEMPTED_SECONDS,
-                crowd_blocks=CROWD_BLOCKS, near_end=NEAR_END_SECONDS)
+                crowd_blocks=CROWD_BLOCKS, near_end=NEAR_END_SECONDS,
+                hold=SPIN_YIELD_SECONDS)
             if TRACE_DIR:
                 self.trace = []
                 _TRACES.append(self)
@@ -1115,10 +1133,11 @@ class Doorbell:
         summary["line"] = waitpolicy.describe(summary)
         return summary
 
-    def _shares_cpu(self):
+    def _shares_cpu(self, known=0):
         """True when this side should stop spinning: the peer last waited on this CPU and
-        moving off it failed or was tried less than ``NUDGE_SECONDS`` ago."""
-        cpu = _getcpu()
+        moving off it failed or was tried less than ``NUDGE_SECONDS`` ago. ``known``: this
+        side's CPU + 1 as just read (0: read it here)."""
+        cpu = known - 1 if known else _getcpu()
         if cpu < 0 or self.region.flag(self.peer + CPU_AFTER_FLAG) != cpu + 1:
             return False
         now = time.monotonic()
@@ -1148,16 +1167,24 @@ class Doorbell:
         and a stale wake-up in the next wait).
         """
         region = self.region
-        if self.policy is not None and self._next is None and not region._closed:
-            self._next = self._decide(expected)
         if SPIN and region is not None:
             # NOTE (ordering): the number just published must be visible to the peer before
             # its flag is read here, or both sides could miss each other (store→load); a
             # locked instruction orders them (``_fence``, inline: see the wait policy above).
             _FENCE.acquire()
             _FENCE.release()
-            if not _U32.unpack_from(region.mm, self.peer)[0]:
-                return  # the peer is spinning and will see the published number
+            if _U32.unpack_from(region.mm, self.peer)[0]:
+                self._wake()
+            # else the peer is spinning and will see the published number
+        else:
+            self._wake()
+        # The decision after the ring, not before: a sleeping peer's wake-up starts ~1 µs
+        # earlier (the policy, a clock read, now and then a load sample).
+        if self.policy is not None and self._next is None and not region._closed:
+            self._next = self._decide(expected)
+
+    def _wake(self):
+        """One ring: a write to the peer's eventfd, or a byte on the socketpair."""
         if self._ring_fd is not None:
             try:
                 os.write(self._ring_fd, _EVENT_ONE)
@@ -1245,8 +1272,10 @@ class Doorbell:
         decision, expected, start = made if made is not None else self._decide(expected)
         budget = decision.spin if spin is None else min(decision.spin, spin)
         tell = _getcpu is not None  # publish where this side runs
+        cpu = 0
         if tell:
-            region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
+            cpu = _getcpu() + 1
+            _U32.pack_into(region.mm, self.own + CPU_AFTER_FLAG, cpu)
         outcome, longest, spun = "blocked", 0.0, 0.0
         near_end = decision.rule == "near_end"
         if budget > 0 and near_end:  # sleep until near the expected answer first (waitpolicy)
@@ -1260,7 +1289,8 @@ class Doorbell:
                 return state
         if budget > 0:
             begun = time.monotonic()
-            outcome, longest, now = self._spin(ready, begun, budget, tell)
+            outcome, longest, now = self._spin(ready, begun, budget, tell,
+                                               cpu if not near_end else 0)
             spun = now - (begun if near_end else start)
             if outcome == "answered":
                 self._learn(decision, expected, spun, longest, outcome, now - start)
@@ -1302,23 +1332,41 @@ class Doorbell:
             self._record(decision, expected, spun, longest, outcome,
                          latency if outcome is not None else None)
 
-    def _spin(self, ready, start, budget, tell):
-        """Spin with yields until ``ready()`` or the budget ends; (outcome, longest yield,
-        end time). A yield longer than the policy's ``preempted`` ends the spin at once:
-        someone else wanted this CPU."""
+    def _spin(self, ready, start, budget, tell, cpu=0):
+        """Spin until ``ready()`` or the budget ends, yielding once every
+        ``SPIN_YIELD_SECONDS`` (not on every check: see there); (outcome, longest gap between
+        two checks, end time). A gap longer than the policy's ``preempted`` ends the spin at
+        once: someone else ran on this CPU (after a yield, or preempting the spin). ``cpu``:
+        this side's CPU + 1 as the wait read it (0: read it here)."""
         stop = start + budget
         preempted = self.policy.preempted
         shared = self._shares_cpu if tell and self.nudge else None
         monotonic = time.monotonic
+        every = SPIN_YIELD_SECONDS
+        if tell and not self.nudge and every:
+            # The side that never moves (the worker) holds no CPU its peer last waited on:
+            # the caller preempted there by this side's wake-up must run to send the next
+            # request, so this spin yields on every check (as all spins did before holding).
+            if _U32.unpack_from(self.region.mm, self.peer + CPU_AFTER_FLAG)[0] \
+                    == (cpu or _getcpu() + 1):
+                every = 0.0
         last = start
+        due = start + every  # the next yield
         longest = 0.0
+        # A shared CPU is checked when the spin starts and before each yield (not on every
+        # check: ~0.4 µs each): on a shared CPU the yield itself hands over, so a short call
+        # would always be answered before a later check could see it.
+        if shared is not None and shared(cpu):
+            return "shared", longest, monotonic()
         while True:
-            # Checked before yielding: on a shared CPU the yield itself hands over, so a
-            # short call would always be answered before a later check could see it.
-            if shared is not None and shared():
-                return "shared", longest, monotonic()
-            _yield()
-            now = monotonic()
+            if last >= due:
+                if shared is not None and shared():
+                    return "shared", longest, monotonic()
+                _yield()
+                now = monotonic()
+                due = now + every
+            else:
+                now = monotonic()
             gap = now - last
             last = now
             if gap > longest:
@@ -1351,6 +1399,7 @@ class Doorbell:
                 "window": p.window, "failures": p.failures, "min_backoff": p.min_backoff,
                 "max_backoff": p.max_backoff, "load_margin": p.load_margin,
                 "crowd_blocks": p.crowd_blocks, "near_end": p.near_end,
+                "hold": p.hold,
                 "cpus": os.cpu_count(), "waits": list(self.trace or [])}
 
     def _sleep(self, ready, deadline, watch, fine=False, early=None):

@@ -53,13 +53,20 @@ Rules, in order; a decision names the rule that made it:
    median 64 B overhead 40 µs instead of 14 µs and its p99 worse, not better (blocked wake-ups
    wait behind the same neighbours). Neighbours that never sleep preempt every spin, so two
    in a row start the backoff.
-5. ``oversubscribed``: the backoff is over, but more tasks are runnable than there are CPUs
-   (and ``load_margin``):
+5. ``oversubscribed`` (only for spins that yield on every check, ``hold`` 0): the backoff is
+   over, but more tasks are runnable than there are CPUs (and ``load_margin``):
    the probe waits for a sample that shows a CPU free, for as many waits again as the backoff
    at most (a crowded machine doubles the time between probes). Outside a backoff the load
    alone stops a spin only by rule 6: a load sample cannot tell neighbours that run in bursts
    from neighbours that never sleep; the spins themselves can, and rule 6 holds that even a
-   spin that pays is not worth its CPU on a crowded machine.
+   spin that pays is not worth its CPU on a crowded machine. A *held* spin (``hold`` > 0: it
+   yields only once every ``hold`` seconds, ``shm.SPIN_YIELD_SECONDS``) is not handed to a
+   neighbour by a yield before a small call's answer comes, so beside busy neighbours it pays
+   and a crowded sample holds no probe back: its own outcomes decide (rule 4). Measured on the
+   2-vCPU VM beside 2 busy loops (``benchmarks/hotpath.py``, issue 14 "busy64"): with rule 5
+   holding back the probes of held spins, both sides stayed blocked in most waits and the 64 B
+   half round trip was 14.8 and 28.7 µs (1.39x and 2.72x the TCP echo); without, 11.9 and
+   11.4 µs (1.11x and 1.08x), quiet unchanged.
 6. ``crowded`` (only where ``crowd_blocks``: the doorbell sets it with ``XSTAGE_CROWD_BLOCKS=1``,
    off by default): no backoff is running, but
    more tasks are runnable than there are CPUs (and ``load_margin``): block. A spin that is
@@ -79,7 +86,13 @@ Rules, in order; a decision names the rule that made it:
    worker whose caller calls every few milliseconds): spinning would burn the budget every
    time. Blocked waits keep reporting their answers' times, so this rule lets go as soon as
    answers come quickly again.
-8. ``spin``: otherwise, spin for the budget (``spin_seconds``), then block.
+8. ``held``: a crowded sample (more runnable tasks than CPUs and ``load_margin``) where spins
+   are held (``hold`` > 0): spin for the hold window only, then block. Past the window the spin
+   would yield, and on a crowded machine a yield hands the CPU to a neighbour for a scheduler
+   slice while the answer comes: the waiter then saw it milliseconds late (on the 2-vCPU VM
+   beside 2 busy loops, ~6% of the caller's spins, each answered 2-9 ms late); a blocked
+   waiter is woken by the ring and preempts the neighbour instead.
+9. ``spin``: otherwise, spin for the budget (``spin_seconds``), then block.
 
 Blocking is the safe side: a wrong block costs a wake-up (microseconds), a wrong spin can cost
 a scheduler slice (milliseconds).
@@ -99,7 +112,7 @@ __all__ = [
 
 #: The rules in the order they are tried (module docstring).
 RULES = ("off", "one_cpu", "long_call", "near_end", "backoff", "oversubscribed", "crowded",
-         "slow_answers", "spin")
+         "slow_answers", "held", "spin")
 
 #: How a wait ended: ``ready`` (answered before it began), ``answered`` (during the spin),
 #: ``expired`` (the budget ran out), ``preempted`` (a yield was preempted: the spin stopped at
@@ -118,7 +131,7 @@ Decision = namedtuple("Decision", ["spin", "rule"])
 Wait = namedtuple("Wait", ["spun", "longest_yield", "outcome", "latency"])
 
 #: The blocking decisions, made once (a decision is taken on every call).
-_BLOCK = {rule: Decision(0.0, rule) for rule in RULES if rule not in ("spin", "near_end")}
+_BLOCK = {rule: Decision(0.0, rule) for rule in RULES if rule not in ("spin", "near_end", "held")}
 
 
 class WaitPolicy:
@@ -142,11 +155,15 @@ class WaitPolicy:
             busy loops on 2 cores the sample shows 3 whenever the caller sleeps.)
         crowd_blocks: rule 6 is on: a crowded sample blocks outside a backoff too (off by
             default; the doorbell turns it on with ``XSTAGE_CROWD_BLOCKS=1``).
+        hold: seconds a spin checks without yielding (``shm.SPIN_YIELD_SECONDS``); 0: it
+            yields before every check. Rule 5 holds back only the probes of spins that yield
+            on every check.
     """
 
     def __init__(self, spin_seconds, allowed_cpus, spinning=True, long_call=0.0002,
                  preempted=0.0002, window=8, failures=2, min_backoff=8,
-                 max_backoff=256, load_margin=1, crowd_blocks=False, near_end=0.0):
+                 max_backoff=256, load_margin=1, crowd_blocks=False, near_end=0.0,
+                 hold=0.0):
         self.spin_seconds = float(spin_seconds)
         self.allowed_cpus = int(allowed_cpus)
         self.spinning = bool(spinning)
@@ -159,6 +176,7 @@ class WaitPolicy:
         self.load_margin = int(load_margin)
         self.crowd_blocks = bool(crowd_blocks)
         self.near_end = float(near_end)
+        self.hold = float(hold)
         self._slow = [False] * self.window  # a ring: which recent answers were slow
         self._slow_at = 0
         self._slow_count = 0
@@ -171,12 +189,13 @@ class WaitPolicy:
         #: How many decisions each rule made, and how the waits ended.
         self.rules = dict.fromkeys(RULES, 0)
         self._spin = Decision(self.spin_seconds, "spin")
+        self._held = Decision(round(min(self.hold, self.spin_seconds), 9), "held")
         # to the nanosecond, as traces keep times (3 * 0.0001 is not 0.0003 in binary)
         self._near_end = Decision(round(min(3 * self.near_end, self.spin_seconds), 9), "near_end")
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
 
     def decide(self, load, expected=None):
-        """The decision for the wait about to begin (rules 1-8); counts it.
+        """The decision for the wait about to begin (rules 1-9); counts it.
 
         Args:
             load: ``Load(running, cpus)`` or None (unknown).
@@ -205,9 +224,10 @@ class WaitPolicy:
                 self._blocked_for -= 1
                 self._since_probe += 1
                 return _BLOCK["backoff"]
-        if load is not None and load[0] > load[1] + self.load_margin:
+        crowded = load is not None and load[0] > load[1] + self.load_margin
+        if crowded:
             if self._backoff:
-                if self._since_probe < 2 * self._backoff:
+                if not self.hold and self._since_probe < 2 * self._backoff:
                     self._since_probe += 1
                     return _BLOCK["oversubscribed"]
             elif self.crowd_blocks:
@@ -215,7 +235,7 @@ class WaitPolicy:
         if 2 * self._slow_count > self.window:
             return _BLOCK["slow_answers"]
         self._since_probe = 0  # a spin while backing off is the probe
-        return self._spin
+        return self._held if crowded and self.hold > 0 else self._spin
 
     def wake(self, expected):
         """Seconds after the wait begins that a ``near_end`` decision sleeps before spinning."""
@@ -256,14 +276,17 @@ class WaitPolicy:
 
 def describe(summary):
     """One line for a summary: ``spin 180 (answered 175, expired 5), block 20 (long_call 20)``;
-    then ``near end N``: the waits that slept until near the expected answer, then spun."""
+    then ``held N``: the spins among them cut to the hold window (rule 8), and ``near end N``:
+    the waits that slept until near the expected answer, then spun."""
     rules = summary.get("rules", {})
     outcomes = summary.get("outcomes", {})
-    blocking = [k for k in rules if k not in ("spin", "near_end")]
+    blocking = [k for k in rules if k not in ("spin", "near_end", "held")]
     blocks = ", ".join("%s %d" % (k, rules[k]) for k in blocking)
     spun = ", ".join("%s %d" % (k, v) for k, v in outcomes.items() if k not in ("blocked", "ready"))
-    parts = ["spin %d (%s)" % (rules.get("spin", 0), spun or "none"),
+    parts = ["spin %d (%s)" % (rules.get("spin", 0) + rules.get("held", 0), spun or "none"),
              "block %d (%s)" % (sum(rules[k] for k in blocking), blocks or "none")]
+    if rules.get("held"):  # spins cut to the hold window on a crowded sample (rule 8)
+        parts.append("held %d" % rules["held"])
     if rules.get("near_end"):  # after the two counts, which readers (and tests) expect first
         parts.append("near end %d" % rules["near_end"])
     if outcomes.get("ready"):

@@ -396,9 +396,10 @@ class Worker:
     def on_shm_call(self, seq, s=0):
         """Serve request ``seq`` published in slot set ``s`` (docs/wire.md, shm.py's table)."""
         region = self.region
-        if region.req_gen(s) != self.generation:
+        gen, req_flags = region.request_head(s)
+        if gen != self.generation:
             raise wire.ProtocolError("shared-region request #%d carries gen %d, this worker is "
-                                     "generation %d" % (seq, region.req_gen(s), self.generation))
+                                     "generation %d" % (seq, gen, self.generation))
         if not region.take(seq, s):  # withdrawn before it started: never run
             region.publish_response(seq, shm_mod.STATUS_CANCELLED, 0, s=s)
             self.bell.ring()
@@ -407,7 +408,7 @@ class Worker:
         start = end = flags = 0
         state = self.state
         try:
-            if region.req_flags(s) & shm_mod.FLAG_DEVICE_TENSORS:  # device tensors (#20)
+            if req_flags & shm_mod.FLAG_DEVICE_TENSORS:  # device tensors (#20)
                 if not hasattr(self.runtime, "run_device"):
                     raise ValueError("a device-tensor request to a worker without device slots")
                 start = time.monotonic_ns()
@@ -420,7 +421,7 @@ class Worker:
                 return
             feeds = region.inputs(s, self.in_names)
             if state is not None:
-                if region.req_flags(s) & shm_mod.FLAG_RESET_STATE:
+                if req_flags & shm_mod.FLAG_RESET_STATE:
                     state.reset()
                 flags = shm_mod.FLAG_STATE_RESET if state.fresh else 0
                 feeds.update(state.values)

@@ -104,6 +104,7 @@ def test_a_preempted_spin_stops_at_once_blocks_and_backs_off(monkeypatch) -> Non
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
         monkeypatch.setattr(shm, "_yield", lambda: time.sleep(0.005))  # the CPU went elsewhere
+        monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 0.0)  # a yield on every check
         monkeypatch.setattr(shm, "_read_load", lambda: None)
         for _ in range(2):  # one preempted spin alone is no pattern (waitpolicy rule 4); two are
             answers = iter([False, False, True])  # before waiting, after the yield, blocked
@@ -114,6 +115,90 @@ def test_a_preempted_spin_stops_at_once_blocks_and_backs_off(monkeypatch) -> Non
         answers = iter([False, True])
         assert bell.wait(lambda: next(answers), time.monotonic() + 5) == "ready"
         assert bell.summary()["rules"] == {"spin": 2, "backoff": 1}
+    finally:
+        a.close()
+        b.close()
+        region.close()
+
+
+def test_a_spin_yields_once_per_interval_not_on_every_check(monkeypatch) -> None:
+    """A spin checks without yielding until ``SPIN_YIELD_SECONDS`` have passed since its last
+    yield (beside busy neighbours a yield hands the CPU away for a scheduler slice): an answer
+    that comes within the interval costs no yield; a long spin yields once per interval."""
+    slots, size = shm.plan_layout(IO, IO)
+    region = shm.Region.create(size, slots)
+    a, b = shm.socketpair()
+    yields = []
+    try:
+        bell = shm.Doorbell(a)
+        bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
+        monkeypatch.setattr(shm, "_yield", lambda: yields.append(1))
+        monkeypatch.setattr(shm, "_read_load", lambda: None)
+        bell.policy.preempted = 60.0  # a loaded test machine may preempt: not what is tested
+        monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 60.0)
+        answers = iter([False] * 50 + [True])
+        assert bell.wait(lambda: next(answers), time.monotonic() + 5) == "ready"
+        assert yields == []
+        assert bell.summary()["outcomes"] == {"answered": 1}
+        monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 0.0)
+        answers = iter([False] * 50 + [True])
+        assert bell.wait(lambda: next(answers), time.monotonic() + 5) == "ready"
+        assert len(yields) == 50  # one before each check of the spin (the first is before it)
+    finally:
+        a.close()
+        b.close()
+        region.close()
+
+
+@pytest.mark.parametrize("caller_cpu", [0, 1])
+def test_a_worker_on_its_callers_cpu_yields_on_every_check(monkeypatch, caller_cpu: int) -> None:
+    """The worker never moves: holding a CPU its caller last waited on would keep the caller
+    from sending the next request, so there it yields before every check; elsewhere it holds."""
+    slots, size = shm.plan_layout(IO, IO)
+    region = shm.Region.create(size, slots)
+    a, b = shm.socketpair()
+    yields = []
+    try:
+        bell = shm.Doorbell(b)
+        bell.bind(region, shm.OFF_WORKER_ASLEEP, shm.OFF_CLIENT_ASLEEP,
+                  spin=shm.WORKER_SPIN_SECONDS)
+        monkeypatch.setattr(shm, "_getcpu", lambda: 0)
+        monkeypatch.setattr(shm, "_yield", lambda: yields.append(1))
+        monkeypatch.setattr(shm, "_read_load", lambda: None)
+        monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 60.0)
+        bell.policy.preempted = 60.0
+        region.set_flag(shm.OFF_CLIENT_ASLEEP + shm.CPU_AFTER_FLAG, caller_cpu + 1)
+        answers = iter([False] * 20 + [True])
+        assert bell.wait(lambda: next(answers), time.monotonic() + 5, spin=1.0) == "ready"
+        assert len(yields) == (20 if caller_cpu == 0 else 0)
+    finally:
+        a.close()
+        b.close()
+        region.close()
+
+
+def test_a_spin_preempted_between_two_checks_stops_at_once(monkeypatch) -> None:
+    """Without a yield, a check that comes late still means another task ran on this CPU:
+    the spin ends there (``preempted``) and the wait blocks."""
+    slots, size = shm.plan_layout(IO, IO)
+    region = shm.Region.create(size, slots)
+    a, b = shm.socketpair()
+    try:
+        bell = shm.Doorbell(a)
+        bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
+        monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 60.0)
+        monkeypatch.setattr(shm, "_read_load", lambda: None)
+        checks = iter([False, "late", False, True])  # before waiting, in the spin, blocked
+
+        def ready() -> bool:
+            got = next(checks)
+            if got == "late":
+                time.sleep(0.005)  # the spin lost its CPU here
+                return False
+            return bool(got)
+
+        assert bell.wait(ready, time.monotonic() + 5) == "ready"
+        assert bell.summary()["outcomes"] == {"preempted": 1}
     finally:
         a.close()
         b.close()

@@ -203,6 +203,27 @@ def test_rule_5_a_crowded_machine_holds_the_probe_back_as_long_again_at_most() -
     assert p.decide(CROWDED).rule == "spin"
 
 
+def test_rule_5_a_crowded_machine_holds_no_probe_of_a_held_spin_back() -> None:
+    """A spin that yields only once every ``hold`` seconds is not handed to a neighbour
+    before a small call's answer: after its backoff the probe goes, crowded or not."""
+    p = policy(min_backoff=4, max_backoff=16, hold=0.00005)
+    preempted(p)
+    rules = [p.decide(CROWDED).rule for _ in range(5)]
+    assert rules == ["backoff"] * 4 + ["held"]  # the probe, cut to the hold window (rule 8)
+    assert p.rules["oversubscribed"] == 0
+
+
+def test_rule_8_a_crowded_sample_cuts_a_held_spin_to_its_hold_window() -> None:
+    """Past the hold window a spin yields, and on a crowded machine a yield hands the CPU to a
+    neighbour for a slice: there the spin stops at the window (then blocks)."""
+    p = policy(hold=0.00005)
+    assert p.decide(CROWDED) == (0.00005, "held")
+    assert p.decide(QUIET) == (SPIN, "spin")
+    assert policy().decide(CROWDED) == (SPIN, "spin")  # spins that yield on every check
+    p.decide(CROWDED)
+    assert waitpolicy.describe(p.summary()).startswith("spin 3 (none), block 0 (none), held 2")
+
+
 def test_rule_5_the_probe_goes_as_soon_as_a_cpu_is_free() -> None:
     p = policy(min_backoff=2)
     preempted(p)
@@ -325,7 +346,8 @@ def _policy_of(doc: dict) -> WaitPolicy:
                       window=doc["window"], failures=doc["failures"],
                       min_backoff=doc["min_backoff"], max_backoff=doc["max_backoff"],
                       load_margin=doc["load_margin"], near_end=doc.get("near_end", 0.0),
-                      crowd_blocks=doc.get("crowd_blocks", False))  # recorded before rule 6: off
+                      crowd_blocks=doc.get("crowd_blocks", False),  # recorded before rule 6: off
+                      hold=doc.get("hold", 0.0))  # recorded before held spins: a yield a check
 
 
 def _replay(doc: dict) -> list[list | None]:
