@@ -24,7 +24,7 @@ import traceback
 
 import numpy as np
 
-from . import PROTOCOL_VERSION, memory, package_hash, wire
+from . import PROTOCOL_VERSION, memory, package_hash, sockspin, wire
 from . import shm as shm_mod
 
 __all__ = ["main"]
@@ -523,6 +523,9 @@ class Worker:
                 info = memory.detail()
                 if self.bell is not None and self.bell.policy is not None:
                     info["doorbell"] = self.bell.summary()  # the wait policy's decisions
+                spin = getattr(self.channel, "spin", None)
+                if spin is not None:  # the TCP channel's spins for the next request
+                    info["socket_spin"] = spin.summary()
                 cuda = getattr(self.runtime, "cuda", None)
                 if cuda is not None:  # torch-cuda: the pinned region as it serves now
                     info["pinned_region"] = dict(cuda.info["pinned_region"])
@@ -609,6 +612,9 @@ def main(argv):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             channel = handshake(sock, secret, args.generation)  # under the 60 s connect timeout
             sock.settimeout(None)
+            # spin for the next request before blocking (sockspin: the shared region's policy)
+            channel.spin = sockspin.SocketSpin(shm_mod.WORKER_SPIN_SECONDS,
+                                               sockspin.nonblocking_poll(sock))
             worker = Worker(sock, None, args.generation, channel)
         else:
             sock = socket.socket(fileno=args.ctl_fd)

@@ -36,7 +36,7 @@ from xstage.client.pipeline import USE_DEADLINE, Outputs, Pipeline, StageFuture
 from xstage.client.staging import local_hash, worker_argv
 from xstage.home import LOG_KEEP_DEFAULT, logs_dir, prune_logs
 from xstage.signature import check_inputs, wire_order
-from xstage_remote import PROTOCOL_VERSION, shm, wire
+from xstage_remote import PROTOCOL_VERSION, shm, sockspin, wire
 
 __all__ = ["WorkerClient", "WorkerState"]
 
@@ -193,6 +193,10 @@ class WorkerClient:
         self.fast_frames = True
         self._tcp_hello: dict[str, Any] | None = None
         self.refused_peers: list[str] = []
+        #: The TCP channel's spin before a blocking receive (``sockspin.SocketSpin``), and
+        #: the worker's last time per call, which it is told as the answer's expected time.
+        self._spin: Any = None
+        self._spin_expected = 0.0
         self._bell: shm.Doorbell | None = None
         self._stdin: Any = None
         self._region: shm.Region | None = None
@@ -307,6 +311,9 @@ class WorkerClient:
             self._io = DeadlineSocket(ctl_parent)
             if self._channel is not None:
                 self._channel.sock = self._io  # records bounded by the call's deadline too
+                # spin for a reply before blocking (sockspin: the shared region's policy)
+                self._spin = sockspin.SocketSpin(shm.SPIN_SECONDS, self._io.recv_nowait)
+                self._channel.spin = self._spin
         self._bell = shm.Doorbell(bell_parent) if bell_parent is not None else None
 
     def _accept(self, listener: socket.socket) -> socket.socket:
@@ -557,6 +564,8 @@ class WorkerClient:
             raise errors.LocalProtocolError(str(exc)) from exc
         seconds = getattr(self.deadlines, phase)
         io.start(seconds)
+        if self._spin is not None:  # a reply other than a call's: no spin (long_call)
+            self._spin.expected = self._spin_expected if header["op"] == "run" else 60.0
         try:
             if self._channel is not None:  # authenticated records
                 self._channel.send_parts(parts)
@@ -995,6 +1004,9 @@ class WorkerClient:
         assert io is not None
         seconds = self.deadlines.call
         io.start(seconds)
+        spin = self._spin
+        if spin is not None:
+            spin.expected = self._spin_expected
         self._pending = ("frame", rid)  # before the send, as _request
         try:
             if channel is not None:
@@ -1016,7 +1028,8 @@ class WorkerClient:
         if header["id"] != rid or header["op"] != "result" or not frame.fast \
                 or header.get(wire.GEN_FIELD) != self.generation:
             return self._finish_inline(self._expect(frame, "result", rid), {})
-        self.last_timing = header["timing"]  # decoded for this frame alone
+        timing = self.last_timing = header["timing"]  # decoded for this frame alone
+        self._spin_expected = timing["worker_ns"] * 1e-9
         return self._collect_lean(frame)
 
     def _collect_lean(self, frame: wire.Frame) -> Outputs:
@@ -1062,6 +1075,7 @@ class WorkerClient:
         """A ``result`` frame (checked by ``_expect``) as the call's outputs and timing."""
         timing = frame.header.get("timing")
         self.last_timing = dict(timing) if timing else {}
+        self._spin_expected = self.last_timing.get("worker_ns", 0) * 1e-9
         result = self._collect(frame.arrays(), out)
         result.state_reset = bool(self.last_timing.get("state_reset"))
         return result

@@ -1,0 +1,160 @@
+"""Spin before blocking on the control socket: the socket path's wait (issue 13).
+
+A blocked receive sleeps in the kernel, and the reply then wakes it: on a virtual machine
+whose idle vCPUs halt (guest halt-polling off) that wake-up costs tens of µs, more than a
+64 B call's whole CPU work (docs/benchmarks.md, "Spinning on the socket path"). A receive
+that polls the socket (``MSG_DONTWAIT``) for a bounded time first takes the reply on a CPU
+that never slept.
+
+When to spin is the shared region's decision, made by the same pure policy
+(``waitpolicy.WaitPolicy``: its rules and why are in its docstring), with the same budgets:
+``XSTAGE_SPIN_SECONDS`` for the client waiting for its reply, ``XSTAGE_WORKER_SPIN_SECONDS``
+for the worker waiting for the next request, off where ``SPIN`` is off (not x86-64) or the
+budget is 0. This module only measures for it: the machine's runnable tasks
+(``/proc/loadavg``, sampled at most every ``LOAD_SAMPLE_SECONDS``), each spin's longest gap
+between two polls, how each wait ended. A gap longer than ``PREEMPTED_SECONDS`` means
+another task ran on this CPU: the spin stops there and the policy backs off. The socket
+path always blocks at once on a crowded machine (the policy's ``crowded`` rule is on here):
+a spinner beside busy neighbours takes the CPU they, or the peer, need.
+
+Between two polls the spinner yields (``sched_yield``): where the peer runs on this same CPU
+the yield hands it over, and the reply is there at the next poll.
+
+A spin never outlives the caller's deadline: each poll goes through ``poll``, which raises
+``TimeoutError`` once the deadline has passed (the client's ``DeadlineSocket.recv_nowait``),
+and a peer that leaves is seen at the next poll (a receive of 0 bytes: end of file).
+Python 3.9, standard library only.
+"""
+
+import socket
+import time
+
+from . import shm, waitpolicy
+
+__all__ = ["SocketSpin", "nonblocking_poll"]
+
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+
+#: A spin yields its CPU (``sched_yield``) every this many polls: where the peer shares this
+#: CPU the yield hands it over; a yield on every poll slowed the polls themselves (measured:
+#: docs/benchmarks.md).
+YIELD_EVERY = 4
+
+
+def nonblocking_poll(sock):
+    """``poll(view)`` for a plain socket: the bytes received into ``view`` (0: end of file),
+    or None when nothing is there yet.
+
+    Raises:
+        ValueError: ``sock`` has a Python timeout (a socket in timeout mode waits for
+            readiness before a ``MSG_DONTWAIT`` receive, so the poll would block).
+    """
+    if sock.gettimeout() is not None:
+        raise ValueError("nonblocking_poll needs a blocking socket (settimeout(None)), "
+                         "not one with a timeout of %rs" % sock.gettimeout())
+    recv_into = sock.recv_into
+
+    def poll(view):
+        try:
+            return recv_into(view, 0, _DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+
+    return poll
+
+
+class SocketSpin:
+    """One side's receive wait on a socket: spin, as the policy decides, then block.
+
+    Args:
+        spin_seconds: this side's budget (``shm.SPIN_SECONDS`` for the client,
+            ``shm.WORKER_SPIN_SECONDS`` for the worker).
+        poll: ``poll(view) -> int | None`` (``nonblocking_poll`` or the client's
+            ``DeadlineSocket.recv_nowait``).
+        spinning: False turns every wait into a block (``shm.SPIN`` by default).
+        allowed_cpus: CPUs this process may run on (default: its affinity mask).
+        load: ``() -> waitpolicy.Load | None`` (default ``shm.read_load``).
+
+    ``expected``: seconds the answer is expected to take (the client sets it from the
+    worker's time per call; None for the worker's wait for a request).
+    """
+
+    def __init__(self, spin_seconds, poll, spinning=None, allowed_cpus=None, load=None):
+        if spinning is None:
+            spinning = shm.SPIN and _DONTWAIT != 0
+        if allowed_cpus is None:
+            allowed_cpus = shm._allowed_cpus()
+        self.policy = waitpolicy.WaitPolicy(
+            spin_seconds, allowed_cpus, spinning=spinning, long_call=shm.LONG_CALL_SECONDS,
+            preempted=shm.PREEMPTED_SECONDS, crowd_blocks=True)
+        self.poll = poll
+        self.expected = None
+        self._read_load = shm.read_load if load is None else load
+        self._load = None
+        self._sampled = -shm.LOAD_SAMPLE_SECONDS
+        self._waiting = None  # (spun, longest gap, outcome, start) of a wait that blocked
+
+    def recv_into(self, view):
+        """Spin for the bytes of the next frame; the count received into ``view`` (0: the
+        peer closed), or None: nothing came within the spin (or the policy said block), so
+        the caller blocks. ``TimeoutError`` from ``poll`` passes through (a deadline)."""
+        now = time.monotonic()
+        if now - self._sampled >= shm.LOAD_SAMPLE_SECONDS:
+            self._sampled = now
+            self._load = self._read_load()
+        policy = self.policy
+        decision = policy.decide(self._load, self.expected)
+        poll = self.poll
+        k = poll(view)
+        if k is not None:
+            policy.observe(0.0, 0.0, "ready", 0.0)
+            return k
+        budget = decision.spin if decision.rule == "spin" else 0.0
+        if budget <= 0:
+            self._waiting = (0.0, 0.0, "blocked", now)
+            return None
+        stop = now + budget
+        preempted = policy.preempted
+        monotonic = time.monotonic
+        yield_ = shm._yield
+        every = YIELD_EVERY
+        polls = 0
+        last = now
+        longest = 0.0
+        while True:
+            polls += 1
+            if polls % every == 0:
+                yield_()
+            k = poll(view)
+            t = monotonic()
+            gap = t - last
+            last = t
+            if gap > longest:
+                longest = gap
+            if k is not None:
+                policy.observe(t - now, longest, "answered", t - now)
+                return k
+            if gap > preempted:
+                outcome = "preempted"
+                break
+            if t > stop:
+                outcome = "expired"
+                break
+        self._waiting = (t - now, longest, outcome, now)
+        return None
+
+    def blocked(self):
+        """The blocking receive that followed a None from ``recv_into`` has returned: the
+        policy learns how long the answer took (its ``slow_answers`` rule)."""
+        waiting = self._waiting
+        if waiting is not None:
+            self._waiting = None
+            spun, longest, outcome, start = waiting
+            self.policy.observe(spun, longest, outcome, time.monotonic() - start)
+
+    def summary(self):
+        """The policy's decisions and outcomes so far, with ``line`` in words."""
+        summary = self.policy.summary()
+        summary["line"] = waitpolicy.describe(summary)
+        return summary
+
