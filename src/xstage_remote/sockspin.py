@@ -40,6 +40,8 @@ _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 #: docs/benchmarks.md).
 YIELD_EVERY = 4
 
+_READY = (0.0, 0.0, "ready", 0.0)  # a wait whose bytes were there at its first look
+
 
 def nonblocking_poll(sock):
     """``poll(view)`` for a plain socket: the bytes received into ``view`` (0: end of file),
@@ -93,22 +95,33 @@ class SocketSpin:
         self._load = None
         self._sampled = -shm.LOAD_SAMPLE_SECONDS
         self._waiting = None  # (spun, longest gap, outcome, start) of a wait that blocked
+        self._seen = None  # what the last wait saw, for the policy (``Wait``'s fields)
 
     def recv_into(self, view):
         """Spin for the bytes of the next frame; the count received into ``view`` (0: the
         peer closed), or None: nothing came within the spin (or the policy said block), so
-        the caller blocks. ``TimeoutError`` from ``poll`` passes through (a deadline)."""
+        the caller blocks, then calls ``blocked``. ``TimeoutError`` from ``poll`` passes
+        through (a deadline).
+
+        What a wait saw is told to the policy at the start of the next wait, not when the
+        bytes arrive: the frame they begin is then read first (the next wait begins after
+        this side's send, while the peer works).
+        """
+        policy = self.policy
+        seen = self._seen
+        if seen is not None:
+            self._seen = None
+            policy.observe(*seen)
+        poll = self.poll
+        k = poll(view)
+        if k is not None:  # already there: no decision to make
+            self._seen = _READY
+            return k
         now = time.monotonic()
         if now - self._sampled >= shm.LOAD_SAMPLE_SECONDS:
             self._sampled = now
             self._load = self._read_load()
-        policy = self.policy
         decision = policy.decide(self._load, self.expected)
-        poll = self.poll
-        k = poll(view)
-        if k is not None:
-            policy.observe(0.0, 0.0, "ready", 0.0)
-            return k
         budget = decision.spin if decision.rule == "spin" else 0.0
         if budget <= 0:
             self._waiting = (0.0, 0.0, "blocked", now)
@@ -132,7 +145,7 @@ class SocketSpin:
             if gap > longest:
                 longest = gap
             if k is not None:
-                policy.observe(t - now, longest, "answered", t - now)
+                self._seen = (t - now, longest, "answered", t - now)
                 return k
             if gap > preempted:
                 outcome = "preempted"
@@ -154,6 +167,10 @@ class SocketSpin:
 
     def summary(self):
         """The policy's decisions and outcomes so far, with ``line`` in words."""
+        seen = self._seen
+        if seen is not None:
+            self._seen = None
+            self.policy.observe(*seen)
         summary = self.policy.summary()
         summary["line"] = waitpolicy.describe(summary)
         return summary

@@ -54,13 +54,14 @@ def test_a_spin_takes_an_answer_that_comes_while_it_polls():
     assert spin.recv_into(memoryview(bytearray(16))) == 7
     assert poll.calls == 4
     assert spin.policy.rules["spin"] == 1
-    assert spin.policy.outcomes == dict(spin.policy.outcomes, answered=1)
+    assert spin.summary()["outcomes"] == {"answered": 1}
 
 
 def test_bytes_already_there_are_taken_without_a_spin():
     spin = _spin(Polls([5]))
     assert spin.recv_into(memoryview(bytearray(16))) == 5
-    assert spin.policy.outcomes["ready"] == 1
+    assert spin.summary()["outcomes"] == {"ready": 1}
+    assert spin.policy.rules["spin"] == 0  # nothing to decide
 
 
 def test_end_of_file_while_spinning_is_returned_at_once():
@@ -147,10 +148,12 @@ def _frames_through(a, sender, reader, codec):
     counter = wire.COUNTER.pack(sender.sent)
     sealed = record + counter + sender._seal_mac.tag(counter, (record,))
     sender.sent += 1
-    a.sendall(sealed[:5])
-    late = threading.Timer(0.05, a.sendall, (sealed[5:],))
+    first = threading.Timer(0.05, a.sendall, (sealed[:5],))  # while the reader spins
+    late = threading.Timer(0.1, a.sendall, (sealed[5:],))
+    first.start()
     late.start()
     got = reader.recv()
+    first.join()
     late.join()
     assert (got.op, got.id) == ("ping", 10)
     assert reader.spin.policy.rules["spin"] >= 1
