@@ -31,9 +31,12 @@ import time
 
 from . import shm, waitpolicy
 
-__all__ = ["SocketSpin", "nonblocking_poll"]
+__all__ = ["AVAILABLE", "SocketSpin", "install", "nonblocking_poll"]
 
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+
+#: Whether a receive can poll here (Windows has no ``MSG_DONTWAIT``: its worker blocks).
+AVAILABLE = _DONTWAIT != 0
 
 #: A spin yields its CPU (``sched_yield``) every this many polls: where the peer shares this
 #: CPU the yield hands it over; a yield on every poll slowed the polls themselves (measured:
@@ -65,6 +68,18 @@ def nonblocking_poll(sock):
     return poll
 
 
+def install(channel, spin_seconds, poll):
+    """Give ``channel`` (a ``wire.Channel``) a ``SocketSpin`` where waits could spin here;
+    return it, or None (the channel then blocks at once, as before)."""
+    if not AVAILABLE:
+        return None
+    spin = SocketSpin(spin_seconds, poll)
+    if spin.never:
+        return None
+    channel.spin = spin
+    return spin
+
+
 class SocketSpin:
     """One side's receive wait on a socket: spin, as the policy decides, then block.
 
@@ -83,7 +98,7 @@ class SocketSpin:
 
     def __init__(self, spin_seconds, poll, spinning=None, allowed_cpus=None, load=None):
         if spinning is None:
-            spinning = shm.SPIN and _DONTWAIT != 0
+            spinning = shm.SPIN and AVAILABLE
         if allowed_cpus is None:
             allowed_cpus = shm._allowed_cpus()
         self.policy = waitpolicy.WaitPolicy(
@@ -97,36 +112,43 @@ class SocketSpin:
         self._waiting = None  # (spun, longest gap, outcome, start) of a wait that blocked
         self._seen = None  # what the last wait saw, for the policy (``Wait``'s fields)
 
+    @property
+    def never(self):
+        """True where every wait would block (spinning off, no budget, one CPU allowed): such
+        a spin is better not installed (``install``), so a wait costs nothing extra."""
+        p = self.policy
+        return not p.spinning or p.spin_seconds <= 0 or p.allowed_cpus <= 1
+
     def recv_into(self, view):
         """Spin for the bytes of the next frame; the count received into ``view`` (0: the
-        peer closed), or None: nothing came within the spin (or the policy said block), so
+        peer closed), or None: the policy said block, or nothing came within the spin, so
         the caller blocks, then calls ``blocked``. ``TimeoutError`` from ``poll`` passes
         through (a deadline).
 
-        What a wait saw is told to the policy at the start of the next wait, not when the
-        bytes arrive: the frame they begin is then read first (the next wait begins after
-        this side's send, while the peer works).
+        A wait the policy blocks costs no poll (the blocking receive takes bytes already
+        there). What a wait saw is told to the policy at the start of the next wait, not
+        when the bytes arrive: the frame they begin is read first (the next wait begins
+        after this side's send, while the peer works).
         """
         policy = self.policy
         seen = self._seen
         if seen is not None:
             self._seen = None
             policy.observe(*seen)
-        poll = self.poll
-        k = poll(view)
-        if k is not None:  # already there: no decision to make
-            self._seen = _READY
-            return k
         now = time.monotonic()
         if now - self._sampled >= shm.LOAD_SAMPLE_SECONDS:
             self._sampled = now
             self._load = self._read_load()
         decision = policy.decide(self._load, self.expected)
-        budget = decision.spin if decision.rule == "spin" else 0.0
-        if budget <= 0:
+        if decision.rule != "spin" or decision.spin <= 0:
             self._waiting = (0.0, 0.0, "blocked", now)
             return None
-        stop = now + budget
+        poll = self.poll
+        k = poll(view)
+        if k is not None:  # already there
+            self._seen = _READY
+            return k
+        stop = now + decision.spin
         preempted = policy.preempted
         monotonic = time.monotonic
         yield_ = shm._yield
@@ -158,12 +180,12 @@ class SocketSpin:
 
     def blocked(self):
         """The blocking receive that followed a None from ``recv_into`` has returned: the
-        policy learns how long the answer took (its ``slow_answers`` rule)."""
+        policy learns, at the next wait, how long the answer took (``slow_answers``)."""
         waiting = self._waiting
         if waiting is not None:
             self._waiting = None
             spun, longest, outcome, start = waiting
-            self.policy.observe(spun, longest, outcome, time.monotonic() - start)
+            self._seen = (spun, longest, outcome, time.monotonic() - start)
 
     def summary(self):
         """The policy's decisions and outcomes so far, with ``line`` in words."""

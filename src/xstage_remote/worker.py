@@ -613,8 +613,9 @@ def main(argv):
             channel = handshake(sock, secret, args.generation)  # under the 60 s connect timeout
             sock.settimeout(None)
             # spin for the next request before blocking (sockspin: the shared region's policy)
-            channel.spin = sockspin.SocketSpin(shm_mod.WORKER_SPIN_SECONDS,
-                                               sockspin.nonblocking_poll(sock))
+            if sockspin.AVAILABLE:
+                sockspin.install(channel, shm_mod.WORKER_SPIN_SECONDS,
+                                 sockspin.nonblocking_poll(sock))
             worker = Worker(sock, None, args.generation, channel)
         else:
             sock = socket.socket(fileno=args.ctl_fd)

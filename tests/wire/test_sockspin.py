@@ -16,6 +16,7 @@ wall-clock time.
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import threading
 
@@ -57,11 +58,12 @@ def test_a_spin_takes_an_answer_that_comes_while_it_polls():
     assert spin.summary()["outcomes"] == {"answered": 1}
 
 
-def test_bytes_already_there_are_taken_without_a_spin():
-    spin = _spin(Polls([5]))
+def test_bytes_already_there_are_taken_at_the_first_poll():
+    poll = Polls([5])
+    spin = _spin(poll)
     assert spin.recv_into(memoryview(bytearray(16))) == 5
+    assert poll.calls == 1
     assert spin.summary()["outcomes"] == {"ready": 1}
-    assert spin.policy.rules["spin"] == 0  # nothing to decide
 
 
 def test_end_of_file_while_spinning_is_returned_at_once():
@@ -77,14 +79,37 @@ def test_end_of_file_while_spinning_is_returned_at_once():
     ("no budget", {"budget": 0.0}, "off"),
 ])
 def test_the_policy_blocks_at_once(why, kwargs, rule):
-    """Where the policy says block, the wait looks once and hands over to the blocking read."""
+    """Where the policy says block, the wait hands over to the blocking read at once, with
+    no poll (the blocking read takes bytes already there)."""
     poll = Polls([])
     spin = _spin(poll, **kwargs)
     assert spin.recv_into(memoryview(bytearray(16))) is None, why
-    assert poll.calls == 1
+    assert poll.calls == 0
     assert spin.policy.rules[rule] == 1
     spin.blocked()
-    assert spin.policy.outcomes["blocked"] == 1
+    assert spin.summary()["outcomes"] == {"blocked": 1}
+
+
+@pytest.mark.parametrize("kwargs", [{"cpus": 1}, {"spinning": False}, {"budget": 0.0}])
+def test_a_spin_that_would_always_block_is_not_installed(kwargs):
+    a, b = socket.socketpair()
+    try:
+        assert _spin(sockspin.nonblocking_poll(b), **kwargs).never
+        assert not _spin(sockspin.nonblocking_poll(b)).never
+        channel = wire.Channel(b, SECRET, DIGEST, "worker")
+        if kwargs == {"cpus": 1}:
+            if not hasattr(os, "sched_getaffinity"):
+                pytest.skip("no affinity mask here")
+            mask = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {min(mask)})
+            try:
+                assert sockspin.install(channel, 1.0, sockspin.nonblocking_poll(b)) is None
+            finally:
+                os.sched_setaffinity(0, mask)
+            assert channel.spin is None
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_long_call_blocks_at_once():
@@ -92,7 +117,7 @@ def test_a_long_call_blocks_at_once():
     spin = _spin(poll)
     spin.expected = 0.5  # the worker's last call took half a second
     assert spin.recv_into(memoryview(bytearray(16))) is None
-    assert poll.calls == 1 and spin.policy.rules["long_call"] == 1
+    assert poll.calls == 0 and spin.policy.rules["long_call"] == 1
 
 
 def test_a_spin_that_finds_nothing_expires_and_the_caller_blocks():
@@ -101,7 +126,7 @@ def test_a_spin_that_finds_nothing_expires_and_the_caller_blocks():
     assert spin.recv_into(memoryview(bytearray(16))) is None
     assert poll.calls > 1
     spin.blocked()
-    assert spin.policy.outcomes["expired"] == 1
+    assert spin.summary()["outcomes"] == {"expired": 1}
 
 
 # ------------------------------------------------------------------ through the channel

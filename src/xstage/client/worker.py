@@ -312,8 +312,8 @@ class WorkerClient:
             if self._channel is not None:
                 self._channel.sock = self._io  # records bounded by the call's deadline too
                 # spin for a reply before blocking (sockspin: the shared region's policy)
-                self._spin = sockspin.SocketSpin(shm.SPIN_SECONDS, self._io.recv_nowait)
-                self._channel.spin = self._spin
+                self._spin = sockspin.install(self._channel, shm.SPIN_SECONDS,
+                                              self._io.recv_nowait)
         self._bell = shm.Doorbell(bell_parent) if bell_parent is not None else None
 
     def _accept(self, listener: socket.socket) -> socket.socket:
