@@ -43,6 +43,9 @@ AVAILABLE = _DONTWAIT != 0
 #: docs/benchmarks.md).
 YIELD_EVERY = 4
 
+#: Load samples (``LOAD_SAMPLE_SECONDS`` apart) whose fewest runnable tasks the policy is told.
+STEADY = 3
+
 _READY = (0.0, 0.0, "ready", 0.0)  # a wait whose bytes were there at its first look
 
 
@@ -109,6 +112,8 @@ class SocketSpin:
         self._read_load = shm.read_load if load is None else load
         self._load = None
         self._sampled = -shm.LOAD_SAMPLE_SECONDS
+        self._recent = []  # runnable tasks in the last samples (``_steady``)
+        self._crowded = False  # the last decision was "crowded" (until the next sample)
         self._waiting = None  # (spun, longest gap, outcome, start) of a wait that blocked
         self._seen = None  # what the last wait saw, for the policy (``Wait``'s fields)
 
@@ -138,11 +143,17 @@ class SocketSpin:
         now = time.monotonic()
         if now - self._sampled >= shm.LOAD_SAMPLE_SECONDS:
             self._sampled = now
-            self._load = self._read_load()
+            self._load = self._steady(self._read_load())
+        elif self._crowded:  # the same sample would say "crowded" again: block, no decision
+            policy.rules["crowded"] += 1
+            return None
         decision = policy.decide(self._load, self.expected)
         if decision.rule != "spin" or decision.spin <= 0:
+            # "crowded" stands until the next load sample (it depends on nothing else)
+            self._crowded = decision.rule == "crowded"
             self._waiting = (0.0, 0.0, "blocked", now)
             return None
+        self._crowded = False
         poll = self.poll
         k = poll(view)
         if k is not None:  # already there
@@ -177,6 +188,20 @@ class SocketSpin:
                 break
         self._waiting = (t - now, longest, outcome, now)
         return None
+
+    def _steady(self, load):
+        """The load the policy is told: the fewest runnable tasks of the last ``STEADY``
+        samples. onnxruntime's pool threads spin a while after each run, so one sample on a
+        quiet 2-CPU machine often shows a task or two beyond the CPUs; neighbours that never
+        sleep show in every sample (measured: docs/benchmarks.md)."""
+        recent = self._recent
+        if load is None:
+            recent.clear()
+            return None
+        recent.append(load[0])
+        if len(recent) > STEADY:
+            del recent[0]
+        return waitpolicy.Load(min(recent), load[1])
 
     def blocked(self):
         """The blocking receive that followed a None from ``recv_into`` has returned: the

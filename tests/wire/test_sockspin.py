@@ -277,3 +277,32 @@ def test_a_client_leaving_inside_a_frame_is_a_partial_end():
     finally:
         leave.join()
         b.close()
+
+
+def test_the_policy_is_told_the_fewest_runnable_tasks_of_the_last_samples():
+    """A transient spike (a runtime's pool threads spinning after a run) is not a crowd;
+    neighbours that never sleep show in every sample."""
+    spin = _spin(Polls([]))
+    seen = [spin._steady(waitpolicy.Load(n, 2)) for n in (2, 5, 5, 5, 1)]
+    assert [s.running for s in seen] == [2, 2, 2, 5, 1]
+    assert spin._steady(None) is None
+    assert spin._steady(waitpolicy.Load(4, 2)).running == 4  # a gap starts afresh
+
+
+def test_crowded_stands_until_the_next_load_sample():
+    """Once a sample says crowded, the waits until the next sample block without asking
+    the policy again (each is still counted as a crowded block)."""
+    samples = []
+
+    def load():
+        samples.append(1)
+        return waitpolicy.Load(6, 2)
+
+    poll = Polls([])
+    spin = sockspin.SocketSpin(10.0, poll, spinning=True, allowed_cpus=2, load=load)
+    for _ in range(5):
+        assert spin.recv_into(memoryview(bytearray(16))) is None
+        spin.blocked()
+    assert poll.calls == 0
+    assert spin.policy.rules["crowded"] == 5
+    assert len(samples) <= 2  # sampled at most every LOAD_SAMPLE_SECONDS
