@@ -26,12 +26,13 @@ and a peer that leaves is seen at the next poll (a receive of 0 bytes: end of fi
 Python 3.9, standard library only.
 """
 
+import os
 import socket
 import time
 
 from . import shm, waitpolicy
 
-__all__ = ["AVAILABLE", "SocketSpin", "install", "nonblocking_poll"]
+__all__ = ["AVAILABLE", "SocketSpin", "close_proc_cpu", "install", "nonblocking_poll", "proc_cpu"]
 
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
@@ -71,12 +72,39 @@ def nonblocking_poll(sock):
     return poll
 
 
-def install(channel, spin_seconds, poll):
+def proc_cpu(pid):
+    """``() -> int``: the CPU process ``pid``'s main thread last ran on (``/proc/PID/stat``,
+    field 39), or -1; None where there is no such file (another kernel, not Linux)."""
+    try:
+        fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+
+    def cpu():
+        try:
+            return int(os.pread(fd, 1024, 0).rsplit(b")", 1)[1].split()[36])
+        except (OSError, ValueError, IndexError):
+            return -1
+
+    cpu.fd = fd  # closed by ``close_proc_cpu``
+    return cpu
+
+
+def close_proc_cpu(cpu):
+    """Close what ``proc_cpu`` opened (None: nothing)."""
+    if cpu is not None:
+        try:
+            os.close(cpu.fd)
+        except OSError:
+            pass
+
+
+def install(channel, spin_seconds, poll, peer_cpu=None):
     """Give ``channel`` (a ``wire.Channel``) a ``SocketSpin`` where waits could spin here;
     return it, or None (the channel then blocks at once, as before)."""
     if not AVAILABLE:
         return None
-    spin = SocketSpin(spin_seconds, poll)
+    spin = SocketSpin(spin_seconds, poll, peer_cpu=peer_cpu)
     if spin.never:
         return None
     channel.spin = spin
@@ -99,7 +127,8 @@ class SocketSpin:
     worker's time per call; None for the worker's wait for a request).
     """
 
-    def __init__(self, spin_seconds, poll, spinning=None, allowed_cpus=None, load=None):
+    def __init__(self, spin_seconds, poll, spinning=None, allowed_cpus=None, load=None,
+                 peer_cpu=None):
         if spinning is None:
             spinning = shm.SPIN and AVAILABLE
         if allowed_cpus is None:
@@ -114,6 +143,11 @@ class SocketSpin:
         self._sampled = -shm.LOAD_SAMPLE_SECONDS
         self._recent = []  # runnable tasks in the last samples (``_steady``)
         self._crowded = False  # the last decision was "crowded" (until the next sample)
+        #: ``() -> int``: the CPU the peer last ran on (``proc_cpu``), where it is known: a
+        #: spin that finds the peer on its own CPU moves itself off it ("Shared CPU").
+        self.peer_cpu = peer_cpu if shm._getcpu is not None else None
+        self._nudged = -shm.NUDGE_SECONDS
+        self.moved = 0  # how many times a spin moved this process off the peer's CPU
         self._waiting = None  # (spun, longest gap, outcome, start) of a wait that blocked
         self._seen = None  # what the last wait saw, for the policy (``Wait``'s fields)
 
@@ -159,6 +193,9 @@ class SocketSpin:
         if k is not None:  # already there
             self._seen = _READY
             return k
+        if self.peer_cpu is not None and now - self._nudged >= shm.NUDGE_SECONDS:
+            self._nudged = now
+            self._move_off_peer()
         stop = now + decision.spin
         preempted = policy.preempted
         monotonic = time.monotonic
@@ -188,6 +225,25 @@ class SocketSpin:
                 break
         self._waiting = (t - now, longest, outcome, now)
         return None
+
+    def _move_off_peer(self):
+        """Where the peer last ran on this process's CPU, move to another CPU it may use
+        (pinning to the others migrates at once; the full mask is restored right after), as
+        the shared region's caller does (``shm.py``, "Shared CPU"): two spinners on one CPU
+        take turns by yields, and the peer's reply waits for each. Once a millisecond at
+        most; never on the worker's side (both moving would chase each other)."""
+        cpu = shm._getcpu()
+        if cpu < 0 or self.peer_cpu() != cpu:
+            return
+        try:
+            allowed = os.sched_getaffinity(0)
+            others = allowed - {cpu}
+            if others:
+                os.sched_setaffinity(0, others)
+                os.sched_setaffinity(0, allowed)
+                self.moved += 1
+        except (OSError, AttributeError):
+            pass
 
     def _steady(self, load):
         """The load the policy is told: the fewest runnable tasks of the last ``STEADY``
@@ -220,5 +276,8 @@ class SocketSpin:
             self.policy.observe(*seen)
         summary = self.policy.summary()
         summary["line"] = waitpolicy.describe(summary)
+        if self.peer_cpu is not None:
+            summary["moved"] = self.moved
+            summary["line"] += ", moved off the peer's CPU %d" % self.moved
         return summary
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from xstage.client.deadlines import DeadlineSocket
-from xstage_remote import sockspin, waitpolicy, wire
+from xstage_remote import shm, sockspin, waitpolicy, wire
 
 SECRET = "5e" * 16
 DIGEST = hashlib.sha256(b"tests/wire/test_sockspin.py").digest()
@@ -306,3 +306,30 @@ def test_crowded_stands_until_the_next_load_sample():
     assert poll.calls == 0
     assert spin.policy.rules["crowded"] == 5
     assert len(samples) <= 2  # sampled at most every LOAD_SAMPLE_SECONDS
+
+
+def test_proc_cpu_reads_where_a_process_last_ran():
+    cpu = sockspin.proc_cpu(os.getpid())
+    if cpu is None:
+        pytest.skip("no /proc/PID/stat here")
+    try:
+        assert 0 <= cpu() < (os.cpu_count() or 1)
+    finally:
+        sockspin.close_proc_cpu(cpu)
+    assert sockspin.proc_cpu(2**22 + 12345) is None  # above pid_max: no such process
+
+
+def test_a_spin_that_finds_the_peer_on_its_cpu_moves_off_it():
+    """The client's side of "Shared CPU": the peer reported on this CPU, so the spin pins
+    itself to the other CPUs for a moment (and restores its mask)."""
+    if shm._getcpu is None or not hasattr(os, "sched_getaffinity") \
+            or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs sched_getcpu and two CPUs")
+    mask = os.sched_getaffinity(0)
+    poll = Polls([None, None, 3])
+    spin = sockspin.SocketSpin(10.0, poll, spinning=True, allowed_cpus=2, load=lambda: QUIET,
+                               peer_cpu=lambda: shm._getcpu())
+    assert spin.recv_into(memoryview(bytearray(16))) == 3
+    assert spin.moved == 1
+    assert os.sched_getaffinity(0) == mask
+    assert "moved off the peer's CPU 1" in spin.summary()["line"]

@@ -311,9 +311,16 @@ class WorkerClient:
             self._io = DeadlineSocket(ctl_parent)
             if self._channel is not None:
                 self._channel.sock = self._io  # records bounded by the call's deadline too
-                # spin for a reply before blocking (sockspin: the shared region's policy)
+                # spin for a reply before blocking (sockspin: the shared region's policy);
+                # a worker on this kernel (its hello's pid is our child's) is watched for a
+                # shared CPU, as the region's caller does
+                pid = ((self._tcp_hello or {}).get("worker") or {}).get("pid")
+                peer_cpu = sockspin.proc_cpu(pid) if self._proc is not None \
+                    and pid == self._proc.pid else None
                 self._spin = sockspin.install(self._channel, shm.SPIN_SECONDS,
-                                              self._io.recv_nowait)
+                                              self._io.recv_nowait, peer_cpu)
+                if self._spin is None:
+                    sockspin.close_proc_cpu(peer_cpu)
         self._bell = shm.Doorbell(bell_parent) if bell_parent is not None else None
 
     def _accept(self, listener: socket.socket) -> socket.socket:
@@ -461,6 +468,9 @@ class WorkerClient:
         self._ctl = None
         self._io = None
         self._channel = None
+        if self._spin is not None:
+            sockspin.close_proc_cpu(self._spin.peer_cpu)
+            self._spin.peer_cpu = None
         self._bell = None
         if self._stdin is not None:
             with contextlib.suppress(OSError):
