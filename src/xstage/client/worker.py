@@ -574,8 +574,14 @@ class WorkerClient:
             raise errors.LocalProtocolError(str(exc)) from exc
         seconds = getattr(self.deadlines, phase)
         io.start(seconds)
-        if self._spin is not None:  # a reply other than a call's: no spin (long_call)
-            self._spin.expected = self._spin_expected if header["op"] == "run" else 60.0
+        if self._spin is not None:
+            # Spin only for the reply to a call sent as one record: a reply other than a
+            # call's is long (long_call), and where a large frame's transfer takes a
+            # millisecond a spin saves one wake-up and takes the CPU the peer's copies,
+            # MACs and runtime threads want (measured: docs/benchmarks.md, "sockspin").
+            _, hlen, plen = wire.PREFIX.unpack_from(parts[0])
+            small = header["op"] == "run" and wire.PREFIX.size + hlen + plen <= wire.SMALL_FRAME
+            self._spin.expected = self._spin_expected if small else 60.0
         try:
             if self._channel is not None:  # authenticated records
                 self._channel.send_parts(parts)
