@@ -17,8 +17,12 @@ another task ran on this CPU: the spin stops there and the policy backs off. The
 path always blocks at once on a crowded machine (the policy's ``crowded`` rule is on here):
 a spinner beside busy neighbours takes the CPU they, or the peer, need.
 
-Between two polls the spinner yields (``sched_yield``): where the peer runs on this same CPU
-the yield hands it over, and the reply is there at the next poll.
+Every fourth poll the spinner yields (``sched_yield``): where the peer runs on this same CPU
+the yield hands it over, and the reply is there at the next poll. The client also moves off
+the CPU its local worker last ran on (``proc_cpu``; "Shared CPU" in ``shm.py``), and waits
+blocked for the reply to a request larger than one record (``client/worker.py``). The load
+the policy is told is the fewest runnable tasks of the last ``STEADY`` samples: onnxruntime's
+pool threads spin a while after each run, so one sample overstates the crowd.
 
 A spin never outlives the caller's deadline: each poll goes through ``poll``, which raises
 ``TimeoutError`` once the deadline has passed (the client's ``DeadlineSocket.recv_nowait``),
