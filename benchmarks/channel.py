@@ -470,8 +470,11 @@ def compare(other_src: str, rounds: int, calls: int, together: bool = False) -> 
             for ref in refs:
                 for _ in range(30):
                     ref.call()
-            for _ in range(rounds):
-                for arm, src in (("before", other_src), ("after", own)):
+            for r in range(rounds):
+                # the order alternates per round (call64.py measured a fixed order's second
+                # process up to 20% apart from its first, either way, one tree on both sides)
+                pair = (("before", other_src), ("after", own))
+                for arm, src in pair if r % 2 == 0 else pair[::-1]:
                     env = dict(os.environ, PYTHONPATH=src)
                     done = subprocess.run([sys.executable, __file__, "--arm", str(n), "--calls",
                                            str(each)],

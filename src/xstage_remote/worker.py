@@ -138,6 +138,7 @@ class Worker:
         self.fed_names = None  # the input names a run's frame carries (check_feeds)
         self.codec = None  # binary run/result frames for the loaded signature (wire.FastCodec)
         self._plan = None  # (checked descriptor list, how to read its arrays): _fed
+        self.spin = getattr(channel, "spin", None)  # the TCP channel's spin (sockspin)
 
     # ---------------------------------------------------------------- replies
     def send(self, header, arrays=None):
@@ -506,6 +507,12 @@ class Worker:
                 frame = self.recv()
             except wire.PeerClosed:
                 return EXIT_ORPHANED
+            spin = self.spin
+            if spin is not None:
+                # After a request larger than one record, wait for the next one blocked: a
+                # large transfer takes milliseconds, and a spin saves one wake-up while it
+                # takes the CPU the caller's MACs and copies want (as the client does).
+                spin.expected = 60.0 if len(frame.payload) > wire.SMALL_FRAME else None
             header = frame.header
             op = header["op"]
             if header.get(wire.GEN_FIELD) != self.generation:
