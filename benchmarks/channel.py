@@ -44,8 +44,11 @@ alike (docs/benchmarks.md); on one CPU each arm's time is its CPU work. ``--comp
 the ``tcp`` and ``chan-fast`` arms in the same rounds as the two trees' whole calls, and
 prints the whole call's ratio to ``tcp``.
 
+``--busy N`` runs everything beside N CPU-burning processes (``benchmarks/_busy.py``), for a
+busy machine's before/after; ``--small`` leaves out the 1 MiB payload.
+
 Run: ``PYTHONPATH=src python benchmarks/channel.py [--json] [--rounds N] [--pin]
-[--together] [--compare SRC]``.
+[--together] [--compare SRC] [--busy N] [--small]``.
 """
 
 from __future__ import annotations
@@ -467,8 +470,11 @@ def compare(other_src: str, rounds: int, calls: int, together: bool = False) -> 
             for ref in refs:
                 for _ in range(30):
                     ref.call()
-            for _ in range(rounds):
-                for arm, src in (("before", other_src), ("after", own)):
+            for r in range(rounds):
+                # the order alternates per round (call64.py measured a fixed order's second
+                # process up to 20% apart from its first, either way, one tree on both sides)
+                pair = (("before", other_src), ("after", own))
+                for arm, src in pair if r % 2 == 0 else pair[::-1]:
                     env = dict(os.environ, PYTHONPATH=src)
                     done = subprocess.run([sys.executable, __file__, "--arm", str(n), "--calls",
                                            str(each)],
@@ -511,8 +517,26 @@ def main() -> None:
     parser.add_argument("--compare", metavar="SRC",
                         help="time the whole call under another tree's src/ (before) and this "
                         "one (after), interleaved, e.g. --compare ../main/src")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="run with N CPU-burning processes beside it for the whole run "
+                        "(benchmarks/_busy.py), to show a busy machine did not get worse")
+    parser.add_argument("--small", action="store_true",
+                        help="64 B only (leave out the 1 MiB payload)")
     parser.add_argument("--arm", type=int, help=argparse.SUPPRESS)  # one compare run
     args = parser.parse_args()
+    if args.small:
+        PAYLOADS[:] = PAYLOADS[:1]
+    if args.busy and not args.arm:
+        from _busy import Neighbours  # noqa: E402  (beside this file)
+
+        with Neighbours(args.busy) as neighbours:
+            neighbours.busy()
+            _main(args)
+        return
+    _main(args)
+
+
+def _main(args: argparse.Namespace) -> None:
     if args.arm:
         print(json.dumps(_xstage_arm(args.arm, args.calls)))
         return
@@ -524,6 +548,7 @@ def main() -> None:
             return
         print(f"WorkerClient.run over TCP, before = {args.compare}, after = this tree; "
               f"{'both ends on one CPU' if args.together else 'free placement'}; "
+              f"{args.busy} busy neighbours; "
               f"load average {', '.join(f'{v:.1f}' for v in os.getloadavg())}")
         for row in rows:
             for name in ("tcp", "chan-fast"):
@@ -547,7 +572,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(doc, indent=2))
         return
-    print(f"{doc['cpus']} CPUs, sha_ni={doc['sha_ni']}, load average "
+    print(f"{doc['cpus']} CPUs, sha_ni={doc['sha_ni']}, {args.busy} busy neighbours, load average "
           f"{', '.join(f'{v:.1f}' for v in doc['load_average'])}, pinned={args.pin}, "
           f"together={args.together}")
     print("\nlayers (median; each layer's cost is its difference from the one above):")

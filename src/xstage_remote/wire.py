@@ -1338,6 +1338,8 @@ class Channel:
         self.mac_threads = MAC_THREADS
         #: Payload bytes per record (``CHUNK_BYTES``; both ends of a connection must agree).
         self.chunk_bytes = CHUNK_BYTES
+        #: Spins before blocking for the next frame (``sockspin.SocketSpin``; None: blocks).
+        self.spin = None
         self._stall = None  # called before a receive would block (_recv_checked_behind)
         self._waker = None  # made by the first large frame received on hashing threads
         self._buf = bytearray(SMALL_FRAME + TRAILER_BYTES + 4096)
@@ -1532,7 +1534,21 @@ class Channel:
         """
         s = self._start
         if self._end - s < PREFIX.size:
-            s = self._need(PREFIX.size, started=False)
+            spin = self.spin
+            if spin is not None and self._end == s:  # nothing of the next frame yet: spin
+                self._start = self._end = s = 0
+                k = spin.recv_into(self._view)
+                if k is None:
+                    s = self._need(PREFIX.size, started=False)
+                    spin.blocked()
+                elif k == 0:
+                    raise PeerClosed(False)
+                else:
+                    self._end = k
+                    if k < PREFIX.size:
+                        s = self._need(PREFIX.size)
+            else:
+                s = self._need(PREFIX.size, started=False)
         got = self._recv_small(s, max_payload, codec)
         if got is not None:
             return got

@@ -24,7 +24,7 @@ import traceback
 
 import numpy as np
 
-from . import PROTOCOL_VERSION, memory, package_hash, wire
+from . import PROTOCOL_VERSION, memory, package_hash, sockspin, wire
 from . import shm as shm_mod
 
 __all__ = ["main"]
@@ -138,6 +138,7 @@ class Worker:
         self.fed_names = None  # the input names a run's frame carries (check_feeds)
         self.codec = None  # binary run/result frames for the loaded signature (wire.FastCodec)
         self._plan = None  # (checked descriptor list, how to read its arrays): _fed
+        self.spin = getattr(channel, "spin", None)  # the TCP channel's spin (sockspin)
 
     # ---------------------------------------------------------------- replies
     def send(self, header, arrays=None):
@@ -507,6 +508,12 @@ class Worker:
                 frame = self.recv()
             except wire.PeerClosed:
                 return EXIT_ORPHANED
+            spin = self.spin
+            if spin is not None:
+                # After a request larger than one record, wait for the next one blocked: a
+                # large transfer takes milliseconds, and a spin saves one wake-up while it
+                # takes the CPU the caller's MACs and copies want (as the client does).
+                spin.expected = 60.0 if len(frame.payload) > wire.SMALL_FRAME else None
             header = frame.header
             op = header["op"]
             if header.get(wire.GEN_FIELD) != self.generation:
@@ -524,6 +531,9 @@ class Worker:
                 info = memory.detail()
                 if self.bell is not None and self.bell.policy is not None:
                     info["doorbell"] = self.bell.summary()  # the wait policy's decisions
+                spin = getattr(self.channel, "spin", None)
+                if spin is not None:  # the TCP channel's spins for the next request
+                    info["socket_spin"] = spin.summary()
                 cuda = getattr(self.runtime, "cuda", None)
                 if cuda is not None:  # torch-cuda: the pinned region as it serves now
                     info["pinned_region"] = dict(cuda.info["pinned_region"])
@@ -610,6 +620,10 @@ def main(argv):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             channel = handshake(sock, secret, args.generation)  # under the 60 s connect timeout
             sock.settimeout(None)
+            # spin for the next request before blocking (sockspin: the shared region's policy)
+            if sockspin.AVAILABLE:
+                sockspin.install(channel, shm_mod.WORKER_SPIN_SECONDS,
+                                 sockspin.nonblocking_poll(sock))
             worker = Worker(sock, None, args.generation, channel)
         else:
             sock = socket.socket(fileno=args.ctl_fd)

@@ -248,9 +248,11 @@ def test_the_worker_package_does_not_import_xstage() -> None:
 
 
 #: What the client side may use of the worker package: the package root (its version and hash),
-#: the wire (frames, and the shared region's layout) and one stdlib-only module.
+#: the wire (frames, and the shared region's layout), the socket path's spin before blocking
+#: and one stdlib-only module.
 SHARED_WITH_WORKER = ("xstage_remote", "xstage_remote.wire", "xstage_remote.shm",
-                      "xstage_remote.formats", "xstage_remote.device_slots")
+                      "xstage_remote.sockspin", "xstage_remote.formats",
+                      "xstage_remote.device_slots")
 
 
 def test_xstage_shares_only_the_wire_with_the_worker_package() -> None:

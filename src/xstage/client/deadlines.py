@@ -81,6 +81,7 @@ def parse_timeouts(items: Iterable[str], base: Deadlines | None = None) -> Deadl
 #: set again: small against any phase, large against a call's few microseconds of Python.
 REARM_SLACK_S = 1e-3
 _TIMEVAL = struct.Struct("@ll")
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
 
 class DeadlineSocket:
@@ -162,6 +163,22 @@ class DeadlineSocket:
             k = self.sock.recv_into(buffer, nbytes)
         except BlockingIOError:
             raise self._expired() from None
+        self.got += k
+        return k
+
+    def recv_nowait(self, buffer: Any) -> int | None:
+        """``recv_into`` that does not block: the bytes received (0: end of file), or None.
+
+        None means nothing is there yet. A passed deadline raises ``TimeoutError`` (a spin
+        polls through here, so it ends by the call's deadline).
+        """
+        deadline = self.deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"the deadline of {self._seconds}s passed")
+        try:
+            k = self.sock.recv_into(buffer, 0, _DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
         self.got += k
         return k
 

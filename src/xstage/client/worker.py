@@ -36,7 +36,7 @@ from xstage.client.pipeline import USE_DEADLINE, Outputs, Pipeline, StageFuture
 from xstage.client.staging import local_hash, worker_argv
 from xstage.home import LOG_KEEP_DEFAULT, logs_dir, prune_logs
 from xstage.signature import check_inputs, wire_order
-from xstage_remote import PROTOCOL_VERSION, shm, wire
+from xstage_remote import PROTOCOL_VERSION, shm, sockspin, wire
 
 __all__ = ["WorkerClient", "WorkerState"]
 
@@ -193,6 +193,10 @@ class WorkerClient:
         self.fast_frames = True
         self._tcp_hello: dict[str, Any] | None = None
         self.refused_peers: list[str] = []
+        #: The TCP channel's spin before a blocking receive (``sockspin.SocketSpin``), and
+        #: the worker's last time per call, which it is told as the answer's expected time.
+        self._spin: Any = None
+        self._spin_expected = 0.0
         self._bell: shm.Doorbell | None = None
         self._stdin: Any = None
         self._region: shm.Region | None = None
@@ -307,6 +311,16 @@ class WorkerClient:
             self._io = DeadlineSocket(ctl_parent)
             if self._channel is not None:
                 self._channel.sock = self._io  # records bounded by the call's deadline too
+                # spin for a reply before blocking (sockspin: the shared region's policy);
+                # a worker on this kernel (its hello's pid is our child's) is watched for a
+                # shared CPU, as the region's caller does
+                pid = ((self._tcp_hello or {}).get("worker") or {}).get("pid")
+                peer_cpu = sockspin.proc_cpu(pid) if self._proc is not None \
+                    and pid == self._proc.pid else None
+                self._spin = sockspin.install(self._channel, shm.SPIN_SECONDS,
+                                              self._io.recv_nowait, peer_cpu)
+                if self._spin is None:
+                    sockspin.close_proc_cpu(peer_cpu)
         self._bell = shm.Doorbell(bell_parent) if bell_parent is not None else None
 
     def _accept(self, listener: socket.socket) -> socket.socket:
@@ -454,6 +468,9 @@ class WorkerClient:
         self._ctl = None
         self._io = None
         self._channel = None
+        if self._spin is not None:
+            sockspin.close_proc_cpu(self._spin.peer_cpu)
+            self._spin.peer_cpu = None
         self._bell = None
         if self._stdin is not None:
             with contextlib.suppress(OSError):
@@ -557,6 +574,14 @@ class WorkerClient:
             raise errors.LocalProtocolError(str(exc)) from exc
         seconds = getattr(self.deadlines, phase)
         io.start(seconds)
+        if self._spin is not None:
+            # Spin only for the reply to a call sent as one record: a reply other than a
+            # call's is long (long_call), and where a large frame's transfer takes a
+            # millisecond a spin saves one wake-up and takes the CPU the peer's copies,
+            # MACs and runtime threads want (measured: docs/benchmarks.md, "sockspin").
+            _, hlen, plen = wire.PREFIX.unpack_from(parts[0])
+            small = header["op"] == "run" and wire.PREFIX.size + hlen + plen <= wire.SMALL_FRAME
+            self._spin.expected = self._spin_expected if small else 60.0
         try:
             if self._channel is not None:  # authenticated records
                 self._channel.send_parts(parts)
@@ -995,6 +1020,9 @@ class WorkerClient:
         assert io is not None
         seconds = self.deadlines.call
         io.start(seconds)
+        spin = self._spin
+        if spin is not None:
+            spin.expected = self._spin_expected
         self._pending = ("frame", rid)  # before the send, as _request
         try:
             if channel is not None:
@@ -1016,7 +1044,8 @@ class WorkerClient:
         if header["id"] != rid or header["op"] != "result" or not frame.fast \
                 or header.get(wire.GEN_FIELD) != self.generation:
             return self._finish_inline(self._expect(frame, "result", rid), {})
-        self.last_timing = header["timing"]  # decoded for this frame alone
+        timing = self.last_timing = header["timing"]  # decoded for this frame alone
+        self._spin_expected = timing["worker_ns"] * 1e-9
         return self._collect_lean(frame)
 
     def _collect_lean(self, frame: wire.Frame) -> Outputs:
@@ -1062,6 +1091,7 @@ class WorkerClient:
         """A ``result`` frame (checked by ``_expect``) as the call's outputs and timing."""
         timing = frame.header.get("timing")
         self.last_timing = dict(timing) if timing else {}
+        self._spin_expected = self.last_timing.get("worker_ns", 0) * 1e-9
         result = self._collect(frame.arrays(), out)
         result.state_reset = bool(self.last_timing.get("state_reset"))
         return result
