@@ -34,6 +34,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _waits import waits_delta  # noqa: E402  (beside this file)
+
 FIELDS = ("half_us", "client_cpu_us", "worker_cpu_us", "client_rq_us", "client_nvcsw")
 
 
@@ -69,19 +72,6 @@ def _nvcsw(pid: int) -> int:
         except OSError:
             continue
     return total
-
-
-def _waits_delta(after: dict, before: dict) -> dict:
-    """The doorbell decisions of one measurement (two ``WorkerClient.waits()`` readings)."""
-    delta = {}
-    for side, now in after.items():
-        then = before.get(side, {})
-        side_delta = {}
-        for key in ("rules", "outcomes"):
-            counts = {k: v - then.get(key, {}).get(k, 0) for k, v in now.get(key, {}).items()}
-            side_delta[key] = {k: v for k, v in counts.items() if v}
-        delta[side] = side_delta
-    return delta
 
 
 def _describe(counts: dict) -> str:
@@ -129,7 +119,7 @@ def serve() -> None:
                 peer = _schedstat(client.pid)[0] - peer0
                 wait = _schedstat(me)[1] - wait0
                 nv = _nvcsw(me) - nv0
-                waits = _waits_delta(client.waits(), waits0)
+                waits = waits_delta(client.waits(), waits0)
                 print(json.dumps({"half_us": statistics.median(over) / 2e3,
                                   "client_cpu_us": cpu / n / 1e3,
                                   "worker_cpu_us": peer / n / 1e3,

@@ -72,6 +72,7 @@ from xstage_remote import shm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _busy import Neighbours  # noqa: E402  (beside this file)
+from _waits import waits_delta  # noqa: E402
 
 PAYLOADS = [
     ("64 B", 16, 16),
@@ -275,19 +276,6 @@ def _summarize(arm: Arm, state: str, floor: float, n_in: int) -> dict:
     return a
 
 
-def _waits_delta(after: dict, before: dict) -> dict:
-    """The doorbell decisions made between two ``WorkerClient.waits()`` readings, per side."""
-    delta = {}
-    for side, now in after.items():
-        then = before.get(side, {})
-        side_delta = {}
-        for key in ("rules", "outcomes"):
-            counts = {k: v - then.get(key, {}).get(k, 0) for k, v in now.get(key, {}).items()}
-            side_delta[key] = {k: v for k, v in counts.items() if v}
-        delta[side] = side_delta
-    return delta
-
-
 def _add_waits(total: dict, more: dict) -> None:
     for side, counts in more.items():
         for key, values in counts.items():
@@ -361,7 +349,7 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS,
                             arm.places[state].append(arm.where())
                         if arm.waits:
                             _add_waits(arm.decisions.setdefault(state, {}),
-                                       _waits_delta(arm.waits(), before))
+                                       waits_delta(arm.waits(), before))
                         # A worker spins a while after its last call; let it fall asleep so
                         # the next arm is not measured against a core someone else is burning.
                         time.sleep(3 * shm.SPIN_SECONDS)

@@ -197,16 +197,17 @@ class SocketSpin:
         if k is not None:  # already there
             self._seen = _READY
             return k
+        last = now
         if self.peer_cpu is not None and now - self._nudged >= shm.NUDGE_SECONDS:
             self._nudged = now
             self._move_off_peer()
+            last = time.monotonic()  # the move's migration is not a preemption of the spin
         stop = now + decision.spin
         preempted = policy.preempted
         monotonic = time.monotonic
         yield_ = shm._yield
         every = YIELD_EVERY
         polls = 0
-        last = now
         longest = 0.0
         while True:
             polls += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -94,13 +95,24 @@ def test_no_wake_up_is_ever_lost(spin: float | None, bell_kind: str) -> None:
     assert child.exitcode == 0
 
 
-def test_a_preempted_spin_stops_at_once_blocks_and_backs_off(monkeypatch) -> None:
-    """A yield that comes back late means another task held this CPU: the spin ends there,
-    the wait blocks, and the next waits block without spinning."""
+@contextlib.contextmanager
+def _region_and_pair():  # type: ignore[no-untyped-def]
+    """A one-set region and a socketpair for two doorbells, closed after the test."""
     slots, size = shm.plan_layout(IO, IO)
     region = shm.Region.create(size, slots)
     a, b = shm.socketpair()
     try:
+        yield region, a, b
+    finally:
+        a.close()
+        b.close()
+        region.close()
+
+
+def test_a_preempted_spin_stops_at_once_blocks_and_backs_off(monkeypatch) -> None:
+    """A yield that comes back late means another task held this CPU: the spin ends there,
+    the wait blocks, and the next waits block without spinning."""
+    with _region_and_pair() as (region, a, b):
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
         monkeypatch.setattr(shm, "_yield", lambda: time.sleep(0.005))  # the CPU went elsewhere
@@ -115,21 +127,14 @@ def test_a_preempted_spin_stops_at_once_blocks_and_backs_off(monkeypatch) -> Non
         answers = iter([False, True])
         assert bell.wait(lambda: next(answers), time.monotonic() + 5) == "ready"
         assert bell.summary()["rules"] == {"spin": 2, "backoff": 1}
-    finally:
-        a.close()
-        b.close()
-        region.close()
 
 
 def test_a_spin_yields_once_per_interval_not_on_every_check(monkeypatch) -> None:
     """A spin checks without yielding until ``SPIN_YIELD_SECONDS`` have passed since its last
     yield (beside busy neighbours a yield hands the CPU away for a scheduler slice): an answer
     that comes within the interval costs no yield; a long spin yields once per interval."""
-    slots, size = shm.plan_layout(IO, IO)
-    region = shm.Region.create(size, slots)
-    a, b = shm.socketpair()
     yields = []
-    try:
+    with _region_and_pair() as (region, a, b):
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
         monkeypatch.setattr(shm, "_yield", lambda: yields.append(1))
@@ -144,21 +149,14 @@ def test_a_spin_yields_once_per_interval_not_on_every_check(monkeypatch) -> None
         answers = iter([False] * 50 + [True])
         assert bell.wait(lambda: next(answers), time.monotonic() + 5) == "ready"
         assert len(yields) == 50  # one before each check of the spin (the first is before it)
-    finally:
-        a.close()
-        b.close()
-        region.close()
 
 
 @pytest.mark.parametrize("caller_cpu", [0, 1])
 def test_a_worker_on_its_callers_cpu_yields_on_every_check(monkeypatch, caller_cpu: int) -> None:
     """The worker never moves: holding a CPU its caller last waited on would keep the caller
     from sending the next request, so there it yields before every check; elsewhere it holds."""
-    slots, size = shm.plan_layout(IO, IO)
-    region = shm.Region.create(size, slots)
-    a, b = shm.socketpair()
     yields = []
-    try:
+    with _region_and_pair() as (region, a, b):
         bell = shm.Doorbell(b)
         bell.bind(region, shm.OFF_WORKER_ASLEEP, shm.OFF_CLIENT_ASLEEP,
                   spin=shm.WORKER_SPIN_SECONDS)
@@ -171,19 +169,12 @@ def test_a_worker_on_its_callers_cpu_yields_on_every_check(monkeypatch, caller_c
         answers = iter([False] * 20 + [True])
         assert bell.wait(lambda: next(answers), time.monotonic() + 5, spin=1.0) == "ready"
         assert len(yields) == (20 if caller_cpu == 0 else 0)
-    finally:
-        a.close()
-        b.close()
-        region.close()
 
 
 def test_a_spin_preempted_between_two_checks_stops_at_once(monkeypatch) -> None:
     """Without a yield, a check that comes late still means another task ran on this CPU:
     the spin ends there (``preempted``) and the wait blocks."""
-    slots, size = shm.plan_layout(IO, IO)
-    region = shm.Region.create(size, slots)
-    a, b = shm.socketpair()
-    try:
+    with _region_and_pair() as (region, a, b):
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
         monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 60.0)
@@ -199,10 +190,6 @@ def test_a_spin_preempted_between_two_checks_stops_at_once(monkeypatch) -> None:
 
         assert bell.wait(ready, time.monotonic() + 5) == "ready"
         assert bell.summary()["outcomes"] == {"preempted": 1}
-    finally:
-        a.close()
-        b.close()
-        region.close()
 
 
 def _heads_up_worker_side(region: shm.Region, sock, other, events) -> None:
