@@ -52,7 +52,15 @@ Rules, in order; a decision names the rule that made it:
    preempt ~1% of spins (this 2-core VM at a load average of 4), and blocking there made the
    median 64 B overhead 40 µs instead of 14 µs and its p99 worse, not better (blocked wake-ups
    wait behind the same neighbours). Neighbours that never sleep preempt every spin, so two
-   in a row start the backoff.
+   in a row start the backoff. A *held* spin (rule 8) that found nothing for its hold window
+   (and ended within twice that) is not counted as unpaid: it cost at most the window
+   (50 µs), about what the blocked wake-up it would be traded for costs beside busy
+   neighbours, and the peer it waited for (the caller between two calls, kept off a CPU for a
+   moment) comes back in the next wait. Counted, on the 2-vCPU VM beside 2 busy loops
+   (``benchmarks/transport.py --busy 2``), ~16% of the worker's held spins expired, two in a
+   window of 8 started backoffs that doubled, and the worker blocked in 588 of 800 waits:
+   the 64 B half round trip was 24.5-31.8 µs (2.1-2.7x the TCP echo) in one run of three;
+   not counted, 11.8-15.1 µs in six arms of three runs, the worker blocking in 23-72 waits.
 5. ``oversubscribed`` (only for spins that yield on every check, ``hold`` 0): the backoff is
    over, but more tasks are runnable than there are CPUs (and ``load_margin``):
    the probe waits for a sample that shows a CPU free, for as many waits again as the backoff
@@ -186,6 +194,7 @@ class WaitPolicy:
         self._backoff = 0  # the current backoff length, in waits (0: none)
         self._blocked_for = 0  # waits left in the current backoff
         self._since_probe = 0  # waits blocked since the last preempted spin
+        self._held_last = False  # the last decision was rule 8's (a spin cut to its window)
         #: How many decisions each rule made, and how the waits ended.
         self.rules = dict.fromkeys(RULES, 0)
         self._spin = Decision(self.spin_seconds, "spin")
@@ -203,6 +212,7 @@ class WaitPolicy:
         """
         decision = self._rule(load, expected)
         self.rules[decision.rule] += 1
+        self._held_last = decision is self._held
         return decision
 
     def _rule(self, load, expected):
@@ -251,8 +261,10 @@ class WaitPolicy:
         self._slow_at = (at + 1) % self.window
         if spun <= 0:
             return
-        # The spin did not pay: it was preempted, or nothing came for its whole budget.
-        unpaid = outcome in ("preempted", "expired") or longest_yield > self.preempted
+        # The spin did not pay: it was preempted, or nothing came for its whole budget (a
+        # held spin that expired at its hold window excepted: rule 4).
+        unpaid = outcome == "preempted" or longest_yield > self.preempted or (
+            outcome == "expired" and not (self._held_last and spun <= 2 * self.hold))
         at = self._spun_at
         self._unpaid_count += unpaid - self._unpaid[at]
         self._unpaid[at] = unpaid

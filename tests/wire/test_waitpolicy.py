@@ -213,6 +213,23 @@ def test_rule_5_a_crowded_machine_holds_no_probe_of_a_held_spin_back() -> None:
     assert p.rules["oversubscribed"] == 0
 
 
+def test_rule_4_a_held_spin_that_expires_at_its_window_starts_no_backoff() -> None:
+    """A held spin costs at most its window, about a blocked wake-up beside busy neighbours;
+    a preempted one, or a full spin that expires, still backs off."""
+    p = policy(hold=0.00005, failures=2)
+    for _ in range(8):
+        assert p.decide(CROWDED).rule == "held"
+        p.observe(0.00005, 1e-6, "expired", 0.00009)
+    assert p.decide(CROWDED).rule == "held"
+    p.observe(0.00004, 0.001, "preempted", 0.001)
+    p.observe(0.00004, 0.001, "preempted", 0.001)
+    assert p.decide(CROWDED).rule == "backoff"
+    full = policy(hold=0.00005, failures=2)
+    full.observe(SPIN, 1e-6, "expired", 0.003)
+    full.observe(SPIN, 1e-6, "expired", 0.003)
+    assert full.decide(QUIET).rule == "backoff"
+
+
 def test_rule_8_a_crowded_sample_cuts_a_held_spin_to_its_hold_window() -> None:
     """Past the hold window a spin yields, and on a crowded machine a yield hands the CPU to a
     neighbour for a slice: there the spin stops at the window (then blocks)."""
@@ -380,8 +397,14 @@ def test_a_recorded_trace_replays_to_the_decisions_the_run_made(path: Path) -> N
 
 
 def _is_unpaid(doc: dict, w: dict) -> bool:
-    return w["wait"] is not None and w["wait"][0] > 0 and (
-        w["wait"][2] in ("expired", "preempted") or w["wait"][1] > doc["preempted"])
+    """As rule 4 counts it: preempted, a late yield, or expired (a held spin that expired
+    within twice its window excepted)."""
+    if w["wait"] is None or w["wait"][0] <= 0:
+        return False
+    held = w["decision"] is not None and w["decision"][1] == "held" \
+        and w["wait"][0] <= 2 * doc["hold"]
+    return w["wait"][2] == "preempted" or w["wait"][1] > doc["preempted"] or (
+        w["wait"][2] == "expired" and not held)
 
 
 def _blocks_after_repeated_unpaid_spins(doc: dict) -> list[tuple[int, bool]]:
