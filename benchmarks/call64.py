@@ -7,7 +7,10 @@ worker's ``serve`` loop make it, and each step is timed with the thread's CPU cl
 (``time.thread_time_ns``; the clock's own cost, measured with an empty step, is taken off).
 No wake-ups, no waiting: what is left is the CPU each piece costs. ``whole`` rows time the
 real entry points (``WorkerClient.run`` with the worker's turn inside its receive, and the
-worker's one-frame turn) for the same calls.
+worker's one-frame turn) for the same calls. The ``floor`` row sends the same two frames with
+the fewest steps Python can take (``floor``): what any implementation of this protocol in
+Python pays on this machine; its half is the least half round trip the socket path can reach
+here with both ends awake (issue 13's target is 15 µs).
 
 Run: ``PYTHONPATH=src python benchmarks/call64.py [--calls N] [--rounds N] [--json]``.
 Not a test: nothing asserts.
@@ -17,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import hmac
 import json
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -163,6 +168,67 @@ def wholes(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict
             "whole: the worker's turn (recv .. send_parts)": worker_ns[0] / calls}
 
 
+def floor(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict[str, float]:
+    """CPU ns per round trip of the fewest steps Python can take for one authenticated 64 B
+    call on this connection: the same two frames (the signature's kept lanes, so the same
+    bytes), the id packed, the tensor copied in, the record sealed, one send; one receive, the
+    tag checked, the id read, the payload copied out. No checks, no runtime, no function of
+    ours in between: what any Python implementation of this protocol pays (the kernel's TCP
+    and the MAC included). The worker's compute is left out, as the half round trip leaves
+    it out."""
+    clock = time.thread_time_ns
+    ch, wch = c._channel, w.channel
+    assert ch is not None and wch is not None and c._lane is not None
+    req = c._lane[1]
+    res = w.codec.lane(wire.FAST_RESULT, 1, {o["name"]: x for o in w.runtime.outputs})
+    assert res is not None
+    a, b = ch.sock, wch.sock
+    a = getattr(a, "sock", a)  # the DeadlineSocket's socket
+    pack = wire.COUNTER.pack_into
+    unpack = wire.COUNTER.unpack_from
+    tag = wire.TAG_BYTES
+    keys = (ch._seal_mac, wch._check_mac, wch._seal_mac, ch._check_mac)
+    rbuf = bytearray(4096)
+    rview = memoryview(rbuf)
+    data = x.data.cast("B")
+    start, end = req._places[0][1:]
+    rstart, rend = res._places[0][1:]
+    dont = socket.MSG_DONTWAIT
+
+    def seal(lane, mac, counter):  # type: ignore[no-untyped-def]
+        n, buf, view = lane.n, lane.buf, lane.view
+        pack(buf, n, counter)
+        inner = mac._inner.copy()
+        inner.update(view[n:n + 8])
+        inner.update(view[:n])
+        outer = mac._outer.copy()
+        outer.update(inner.digest())
+        buf[n + 8:] = outer.digest()
+        return buf
+
+    def opened(sock, mac, n, at, to):  # type: ignore[no-untyped-def]
+        k = sock.recv_into(rview, 0, dont)
+        inner = mac._inner.copy()
+        inner.update(rview[n:n + 8])
+        inner.update(rview[:n])
+        outer = mac._outer.copy()
+        outer.update(inner.digest())
+        if k != n + 8 + tag or not hmac.compare_digest(outer.digest(), rview[n + 8:n + 8 + tag]):
+            raise SystemExit("floor: a record did not verify")
+        unpack(rbuf, wire.PREFIX.size + 8)
+        return np.frombuffer(bytearray(rview[at:to]), np.float32)
+
+    t0 = clock()
+    for i in range(calls):
+        req.view[start:end] = data
+        a.send(seal(req, keys[0], i))
+        got = opened(b, keys[1], req.n, start, end)
+        res.view[rstart:rend] = got.data.cast("B")
+        b.send(seal(res, keys[2], i))
+        opened(a, keys[3], res.n, rstart, rend)
+    return {"floor: the fewest steps, both ends (no runtime)": (clock() - t0) / calls}
+
+
 def compare(other_src: str, rounds: int, calls: int) -> None:
     """The whole-call rows under ``other_src`` (before) and this tree (after), interleaved."""
     import subprocess
@@ -211,7 +277,8 @@ def main() -> None:
             return
         rows: dict[str, list[float]] = {}
         for _ in range(args.rounds):
-            for k, v in {**pieces(c, w, x, args.calls), **wholes(c, w, x, args.calls)}.items():
+            for k, v in {**pieces(c, w, x, args.calls), **wholes(c, w, x, args.calls),
+                         **floor(c, w, x, args.calls)}.items():
                 rows.setdefault(k, []).append(v)
     med = {k: statistics.median(v) / 1e3 for k, v in rows.items()}
     if args.json:
@@ -226,6 +293,12 @@ def main() -> None:
         print(f"  {k:<58}{v:>7.2f}")
     print(f"  {'sum of the client steps':<58}{client:>7.2f}")
     print(f"  {'sum of the worker steps':<58}{worker:>7.2f}")
+    whole = med["whole: client run() (the worker's turn taken off)"] \
+        + med["whole: the worker's turn (recv .. send_parts)"] \
+        - med["worker: session.run (onnxruntime)"] - med["worker: runtime.run's wrapping"]
+    least = med["floor: the fewest steps, both ends (no runtime)"]
+    print(f"  half round trip from CPU alone, the runtime's run left out (as worker_ns is): "
+          f"whole call {whole / 2:.2f}, floor {least / 2:.2f} ({whole / least:.2f}x)")
 
 
 if __name__ == "__main__":
