@@ -793,11 +793,11 @@ class Region:
 
     def answer(self, s=0):
         """Set ``s``'s answer in one read: (status, worker_ns, rss, peak, published_ns,
-        start_ns, end_ns, flags)."""
+        start_ns, end_ns, flags, resp_gen)."""
         base = self._base[s]
         f = _ANSWER.unpack_from(self.mm, base + _R_STATUS)
         return (f[0], f[2], f[3], f[4], _U64.unpack_from(self.mm, base + _R_PUB_NS)[0],
-                f[11], f[12], f[13])
+                f[11], f[12], f[13], f[7])
 
     # ------------------------------------------------------------------ descriptors + slots
     def has(self, role, name, s=0):

@@ -124,6 +124,37 @@ def test_inputs_that_do_not_match_are_refused_by_name(graphs, feeds, message):
         assert w.run({"x": np.ones(4096, np.float32)})["y"].shape == (1024,)
 
 
+def test_a_repeated_signature_skips_the_checks_and_nothing_else(graphs, monkeypatch):
+    """Through the region, a call of the signature last accepted as it was skips
+    ``_check_inputs`` (``run``'s known signature); any other input is checked, converted or
+    refused by name as before, and a new load forgets the signature."""
+    x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+    with WorkerClient(sys.executable) as w:
+        w.load(graphs["slice"])
+        assert w._region is not None
+        checked = []
+        real = w._check_inputs
+        monkeypatch.setattr(w, "_check_inputs", lambda inputs: checked.append(1) or real(inputs))
+        for _ in range(3):
+            np.testing.assert_array_equal(w.run({"x": x})["y"], x[:1024])
+        assert len(checked) == 1
+        for feeds, message in [({"x": np.ones(4095, np.float32)}, "has shape"),
+                               ({"x": x.astype(np.float64)}, "is float64"),
+                               ({"x": x, "z": x}, "unexpected")]:
+            with pytest.raises(errors.InputError, match=message):
+                w.run(feeds)
+        big = x.astype(">f4")  # converted at the boundary every time, never skipped
+        for _ in range(2):
+            np.testing.assert_array_equal(w.run({"x": big})["y"], x[:1024])
+        np.testing.assert_array_equal(w.run({"x": list(x)})["y"], x[:1024])
+        before = len(checked)
+        np.testing.assert_array_equal(w.run({"x": x})["y"], x[:1024])
+        assert len(checked) == before + 1  # the signature last accepted was the list's
+        w.load(graphs["mlp"])
+        with pytest.raises(errors.InputError, match="the stage expects"):
+            w.run({"x": x})
+
+
 def test_worker_exception_comes_back_with_its_traceback(tmp_path):
     """A corrupt graph makes the worker raise; the client says so and the worker lives on."""
     bad = tmp_path / "bad.onnx"

@@ -215,19 +215,24 @@ class Pipeline:
         fill = c._fill_output
         if self._names_of is not c._outputs:  # the names, once per load
             self._names_of, self._out_names = c._outputs, [d["name"] for d in c._outputs]
+        whole = c._copies.min_bytes  # a copy this large is split (``copies.CopyPool``)
         for name in self._out_names:
             try:
                 view = region.output(name, s)  # the descriptor checked (cached by its bytes)
             except wire.ProtocolError as exc:
                 c._abort()
                 raise errors.RemoteProtocolError(f"worker {c.pid}: {exc}") from exc
-            target = out.get(name)
-            if views and target is None:
+            target = out.get(name) if out else None
+            if target is not None:
+                result[name] = fill(target, view, name)
+            elif views:
                 ro = view.view()
                 ro.flags.writeable = False
                 result[name] = ro
+            elif view.nbytes < whole:  # a slot view is C-contiguous: its copy is owned, C order
+                result[name] = view.copy()
             else:
-                result[name] = fill(target, view, name)
+                result[name] = fill(None, view, name)
 
     def _call_fast(self, region: shm.Region, feeds: Mapping[str, np.ndarray],
                    out: Mapping[str, np.ndarray], phase: str,
@@ -280,9 +285,9 @@ class Pipeline:
                 with self.mu:
                     self.inflight.append(req)
             raise
-        if frame is None and region.resp_gen(s) == c.generation:
-            status, worker_ns, rss, peak, published, start, end, answer = region.answer(s)
-            if status == shm.STATUS_OK:  # the common case, without the bookkeeping below
+        if frame is None:
+            status, worker_ns, rss, peak, published, start, end, answer, gen = region.answer(s)
+            if status == shm.STATUS_OK and gen == c.generation:  # the common case
                 c._expected_s = 0.7 * c._expected_s + 0.3 * worker_ns / 1e9
                 t0 = time.perf_counter_ns()
                 result = Outputs()
@@ -669,7 +674,7 @@ class Pipeline:
             raise errors.RemoteProtocolError(
                 f"the region's response #{region.resp_id(s)} carries gen {region.resp_gen(s)}, "
                 f"expected #{rid} of generation {c.generation}")
-        status, worker_ns, rss, peak, published, start, end, answer = region.answer(s)
+        status, worker_ns, rss, peak, published, start, end, answer, _ = region.answer(s)
         timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak, **req.timing,
                   "published_ns": published, "start_ns": start, "end_ns": end}
         if status == shm.STATUS_CANCELLED:

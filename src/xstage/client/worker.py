@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,8 @@ from xstage_remote import PROTOCOL_VERSION, shm, sockspin, wire
 __all__ = ["WorkerClient", "WorkerState"]
 
 _LOG_TAIL_BYTES = 4096
+#: The ``out`` of a call that gave none (read only: nothing is ever added to it).
+_NO_OUT: Mapping[str, np.ndarray] = MappingProxyType({})
 
 
 class WorkerState(enum.Enum):
@@ -189,6 +192,8 @@ class WorkerClient:
         self._fast: wire.FastCodec | None = None
         #: The lean call's lane (``_lane_for``) and the reply's reading plan (``_collect_lean``).
         self._lane: Any = None
+        #: The region path's last accepted signature and its region (``_known_for``).
+        self._known: tuple[tuple[Any, ...], Any] | None = None
         self._out_plan: Any = None
         self.fast_frames = True
         self._tcp_hello: dict[str, Any] | None = None
@@ -802,7 +807,7 @@ class WorkerClient:
             header = {"op": "load", "runtime": runtime, "path": self.worker_path(str(path)),
                       "options": options}
             self._fast = None  # the worker drops its codec when a load starts
-            self._lane = self._out_plan = None
+            self._lane = self._out_plan = self._known = None
             frame = self._request(header, "loaded", "load")
             self.loaded = frame.header
             if self.fast_frames and "fast-frames" in ((self.hello or {}).get("features") or ()):
@@ -963,14 +968,43 @@ class WorkerClient:
                 result = self._call_lean(lane, inputs)
                 if result is not None:
                     return result
+            known = self._known
+            if known is not None and known[1] is self._region and out is None \
+                    and phase == "call" and type(inputs) is dict \
+                    and self.state is WorkerState.READY and self._closed_why is None:
+                try:
+                    key = tuple([(name, type(a), a.dtype, a.shape) for name, a in inputs.items()])
+                except AttributeError:  # not an array
+                    key = None
+                if key == known[0]:  # accepted as they are, region path: see _known_for
+                    return self._pipe.call(inputs, _NO_OUT, phase, views)
             self._require_ready()
             if self.loaded is None:
                 raise errors.UsageError("run() before load()")
             feeds = self._check_inputs(inputs)
-            if self._fast is not None and out is None and phase == "call" \
-                    and self._region is None:
-                self._lane = self._lane_for(feeds, inputs)
+            if out is None and phase == "call":
+                if self._region is None:
+                    if self._fast is not None:
+                        self._lane = self._lane_for(feeds, inputs)
+                else:
+                    self._known = self._known_for(feeds, inputs)
             return self._pipe.call(feeds, out or {}, phase, views)
+
+    def _known_for(self, feeds: Mapping[str, np.ndarray],
+                   inputs: Mapping[str, Any]) -> tuple[tuple[Any, ...], Any] | None:
+        """The signature of inputs ``_check_inputs`` just accepted, for ``run`` to skip.
+
+        Numpy arrays accepted as they are (in wire byte order, host memory), with the region
+        they go through: a later call of the same (name, type, dtype, shape) skips the checks,
+        as a socket call's lane does (~2 µs a call). Device tensors, converted inputs: None
+        (checked each time).
+        """
+        if self._pipe.device is not None or type(inputs) is not dict \
+                or any(feeds[name] is not value or type(value) is not np.ndarray
+                       for name, value in inputs.items()):
+            return None
+        return (tuple([(name, type(a), a.dtype, a.shape) for name, a in inputs.items()]),
+                self._region)
 
     def _lane_for(self, feeds: Mapping[str, np.ndarray],
                   inputs: Mapping[str, Any]) -> Any:
