@@ -151,6 +151,29 @@ def test_a_spin_yields_once_per_interval_not_on_every_check(monkeypatch) -> None
         assert len(yields) == 50  # one before each check of the spin (the first is before it)
 
 
+def test_an_answered_spin_is_learned_at_the_next_decision_not_before_the_answer(
+        monkeypatch) -> None:
+    """The answer goes first (the caller's copy out, the worker's run): an answered spin's
+    outcome reaches the policy when this side next decides or waits, in the same order."""
+    seen = []
+    with _region_and_pair() as (region, a, b):
+        bell = shm.Doorbell(a)
+        bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
+        monkeypatch.setattr(shm, "_read_load", lambda: None)
+        bell.policy.preempted = 60.0
+        real = bell.policy.observe
+        monkeypatch.setattr(bell.policy, "observe", lambda *w: seen.append(w[2]) or real(*w))
+        answers = iter([False, True])
+        assert bell.wait(lambda: next(answers), time.monotonic() + 5) == "ready"
+        assert seen == []  # not yet: the caller has its answer to read
+        bell.ring()  # the next publish's ring decides the next wait: learned first
+        assert seen == ["answered"]
+        answers = iter([False, True])
+        assert bell.wait(lambda: next(answers), time.monotonic() + 5) == "ready"
+        assert bell.summary()["outcomes"] == {"answered": 2}  # a summary catches up too
+        assert seen == ["answered", "answered"]
+
+
 @pytest.mark.parametrize("caller_cpu", [0, 1])
 def test_a_worker_on_its_callers_cpu_yields_on_every_check(monkeypatch, caller_cpu: int) -> None:
     """The worker never moves: holding a CPU its caller last waited on would keep the caller
