@@ -1299,7 +1299,8 @@ class Doorbell:
                                                cpu if not near_end else 0)
             spun = now - (begun if near_end else start)
             if outcome == "answered":
-                self._unlearned = (decision, expected, spun, longest, outcome, now - start)
+                self._unlearned = (tell, (decision, expected, spun, longest, outcome,
+                                          now - start))
                 return "ready"  # the answer first: the policy learns at the next decision
         early = self._announced if heads_up and SPIN else None
         state = self._sleep(ready, deadline, watch, early=early)
@@ -1327,7 +1328,11 @@ class Doorbell:
         budget = min(coming + HEADS_UP_SLACK_SECONDS, now + HEADS_UP_MAX_SECONDS) - now
         if budget <= 0:
             return ready()
-        return self._spin(ready, now, budget, tell)[0] == "answered"
+        if self._spin(ready, now, budget, tell)[0] != "answered":
+            return False
+        if tell:  # the scheduler may have moved this side while it spun
+            self.region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
+        return True
 
     def _catch_up(self):
         """Tell the policy (and the trace) the answered spin ``wait`` left for later.
@@ -1336,10 +1341,14 @@ class Doorbell:
         critical path (the caller's copy out, the worker's run): its outcome is learned at
         this side's next decision (``_decide``, after its next publish and ring) or wait,
         before anything else is decided, so the policy sees the same sequence (the traces
-        replay). ~1.5 µs a wait on the 2-vCPU VM.
+        replay), and the CPU this side now runs on is published then (the peer reads it when
+        its next spin starts). ~2 µs a wait on the 2-vCPU VM.
         """
-        args, self._unlearned = self._unlearned, None
-        if args is not None:
+        late, self._unlearned = self._unlearned, None
+        if late is not None:
+            tell, args = late
+            if tell and not self.region._closed:  # the scheduler may have moved it while it spun
+                self.region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
             self._learn(*args)
 
     def _learn(self, decision, expected, spun, longest, outcome, latency):
@@ -1390,9 +1399,7 @@ class Doorbell:
             last = now
             if gap > longest:
                 longest = gap
-            if ready():
-                if tell:  # the scheduler may have moved this side while it spun
-                    self.region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
+            if ready():  # (where this side runs now is told later: ``_catch_up``)
                 return "answered", longest, now
             if gap > preempted:
                 return "preempted", longest, now
