@@ -68,7 +68,11 @@ def wired(graph: str) -> tuple[WorkerClient, remote.Worker]:
 
 
 def turn(w: remote.Worker) -> None:
-    """The worker's ``serve`` loop for one frame (no region on TCP)."""
+    """The worker's ``serve`` loop for one frame (no region on TCP): ``Worker.turn``, or
+    where a tree has none (before issue 13's "sockdiet"), its loop's steps."""
+    if hasattr(w, "turn"):
+        w.turn()
+        return
     frame = w.recv()
     w.check_generation(frame)
     {"load": w.on_load, "run": w.on_run}[frame.op](frame)

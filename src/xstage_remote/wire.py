@@ -746,6 +746,42 @@ class FastCodec:
         self._lanes[key] = lane
         return lane
 
+    def expect(self, kind, gen, tensors, plen):
+        """The ``_Expect`` of the frames of ``kind`` and generation ``gen`` that carry the
+        checked descriptor list ``tensors`` (as ``decode_head`` returned it for a frame of
+        payload ``plen``), no flags set, in one record; None where there is none.
+
+        Its fixed bytes are written from ``tensors`` (a checked list has one encoding) and
+        decoded once here the long way: a frame that equals them outside the id (and a
+        result's timing) is one ``decode_head`` accepts, with these tensors.
+        """
+        index = self.index.get(kind)
+        if index is None or not 1 <= gen <= MAX_GENERATION:
+            return None
+        out = []
+        try:
+            for name, tag, shape, _, nbytes in tensors:
+                out.append(FAST_TENSOR.pack(index[name], DTYPE_CODES[tag], len(shape), 0, nbytes))
+                out.append(_dims_struct(len(shape)).pack(*shape))
+            head = FAST_HEAD.pack(kind, 0, len(tensors), gen, 0)
+        except (KeyError, TypeError, ValueError, struct.error):
+            return None
+        if kind == FAST_RESULT:
+            head += FAST_TIMING.pack(0, 0, 0)
+        descs = b"".join(out)
+        n = PREFIX.size + len(head) + len(descs) + plen
+        if n > SMALL_FRAME:
+            return None
+        try:
+            header, checked = self.decode_head(head + descs, plen)
+        except ProtocolError:
+            return None
+        if list(checked) != list(tensors) or "options" in header or (
+                "timing" in header and len(header["timing"]) != 3):
+            return None
+        return _Expect(self, kind, PREFIX.pack(FAST_MAGIC, len(head) + len(descs), plen)
+                       + head[:8], descs, n, plen, checked)
+
     # ---------------------------------------------------------------- reading
     def decode_head(self, raw, plen):
         """A binary header checked against ``plen``: ``(header dict, tensors)``.
@@ -921,6 +957,42 @@ class _Lane:
 
 
 _U64_AT = struct.Struct("<Q")
+#: A binary frame's bytes before its id: the prefix, then kind, flags, tensor count, gen.
+_FIXED_BYTES = 24
+#: A result's id and timing, read in one step (``_Expect``).
+_ID_TIMING = struct.Struct("<QQQQ")
+
+
+class _Expect:
+    """The next frame as one call signature makes it: what ``Channel.recv`` checks it against
+    in fewer steps (``FastCodec.expect`` builds one from a checked frame).
+
+    ``fixed``: the prefix and the header's first 8 bytes (kind, flags 0, tensor count, gen);
+    ``descs``: the descriptors, after the id (and a result's timing). A frame whose bytes
+    equal these is one of ``n`` bytes, one record, that ``decode_head`` accepts with
+    ``tensors``; ``Channel.recv`` then checks its counter and tag and its id, and fills
+    ``fields`` (``(id,)`` of a run, ``(id, worker_ns, rss, peak)`` of a result) and
+    ``payload`` (the payload's own bytes). ``rid``: the id the frame must carry, set by the
+    caller before each receive (None: any id in ``[0, 2^63)``).
+    """
+
+    __slots__ = ("codec", "kind", "prefix", "fixed", "descs", "descs_at", "n", "plen",
+                 "tensors", "unpack", "rid", "fields", "payload")
+
+    def __init__(self, codec, kind, fixed, descs, n, plen, tensors):
+        self.codec = codec
+        self.kind = kind
+        self.prefix = fixed[:PREFIX.size]
+        self.fixed = fixed
+        self.descs = descs
+        self.descs_at = _FIXED_BYTES + (_ID_TIMING.size if kind == FAST_RESULT else _U64_AT.size)
+        self.n = n
+        self.plen = plen
+        self.tensors = tensors
+        self.unpack = (_ID_TIMING if kind == FAST_RESULT else _U64_AT).unpack_from
+        self.rid = None
+        self.fields = None
+        self.payload = None
 
 
 def encode_fast(codec, op, rid, gen, arrays, options=None, timing=None):
@@ -1527,10 +1599,15 @@ class Channel:
                                 % (number, self.received))
         self.received += 1
 
-    def recv(self, max_payload=MAX_PAYLOAD_BYTES, codec=None):
+    def recv(self, max_payload=MAX_PAYLOAD_BYTES, codec=None, expect=None):
         """Read, authenticate, validate and return one Frame (nothing unverified is returned).
 
         ``codec`` as in ``recv_frame``: binary call frames are records like any frame.
+        ``expect``: a ``_Expect`` of ``codec`` (``FastCodec.expect``). Where the next frame
+        is the one it describes (its fixed bytes, the id it asks for), under the counter
+        expected and with a tag that verifies, that frame is taken in fewer steps: ``expect``
+        itself is returned, its ``fields`` and ``payload`` the frame's. Any other frame is
+        read as without it (nothing is consumed before), so a failure is named as ever.
         """
         s = self._start
         if self._end - s < PREFIX.size:
@@ -1549,6 +1626,34 @@ class Channel:
                         s = self._need(PREFIX.size)
             else:
                 s = self._need(PREFIX.size, started=False)
+        if expect is not None and codec is expect.codec and expect.plen <= max_payload:
+            # The signature's frame: its fixed bytes compared, the id (and timing) read in one
+            # step, the counter and tag checked; no header dict, no Frame.
+            buf = self._buf
+            n = expect.n
+            if self._end - s < n + TRAILER_BYTES and buf.startswith(expect.prefix, s):
+                s = self._need(n + TRAILER_BYTES)  # as _recv_small would, for this prefix
+            at = s + expect.descs_at
+            if self._end - s >= n + TRAILER_BYTES and buf[s:s + _FIXED_BYTES] == expect.fixed \
+                    and buf[at:at + len(expect.descs)] == expect.descs \
+                    and _U64_AT.unpack_from(buf, s + n)[0] == self.received:
+                fields = expect.unpack(buf, s + _FIXED_BYTES)
+                rid = expect.rid
+                if fields[0] == rid if rid is not None else fields[0] < 1 << 63:
+                    view = self._view
+                    mac = self._check_mac
+                    inner = mac._inner.copy()
+                    inner.update(view[s + n:s + n + COUNTER.size])
+                    inner.update(view[s:s + n])
+                    outer = mac._outer.copy()
+                    outer.update(inner.digest())
+                    if hmac.compare_digest(outer.digest(),
+                                           view[s + n + COUNTER.size:s + n + TRAILER_BYTES]):
+                        self.received += 1
+                        self._start = s + n + TRAILER_BYTES
+                        expect.fields = fields
+                        expect.payload = bytearray(view[at + len(expect.descs):s + n])
+                        return expect
         got = self._recv_small(s, max_payload, codec)
         if got is not None:
             return got
