@@ -945,9 +945,12 @@ class _Lane:
         if rid >= 1 << 63:
             raise struct.error("request id %d is not in [0, 2^63)" % rid)
         buf = self.buf
-        _U64_AT.pack_into(buf, self._id_at, rid)
-        if timing is not None:
-            FAST_TIMING.pack_into(buf, self._timing_at, *timing)
+        if timing is None:
+            _U64_AT.pack_into(buf, self._id_at, rid)
+        elif self._timing_at is None:
+            raise TypeError("a run frame carries no timing")
+        else:  # a result's: the timing follows the id
+            _ID_TIMING.pack_into(buf, self._id_at, rid, *timing)
         view = self.view
         for name, start, end in self._places:
             # Same length (the signature fixes it); a view that is not C-contiguous cannot
@@ -1624,6 +1627,14 @@ class Channel:
                     self._end = k
                     if k < PREFIX.size:
                         s = self._need(PREFIX.size)
+            elif self._end == s:  # nothing of the next frame yet: one receive, at the front
+                self._start = self._end = s = 0  # (no records hashed behind here: no _stall)
+                k = self.sock.recv_into(self._view, 0)
+                if k == 0:
+                    raise PeerClosed(False)
+                self._end = k
+                if k < PREFIX.size:
+                    s = self._need(PREFIX.size)
             else:
                 s = self._need(PREFIX.size, started=False)
         if expect is not None and codec is expect.codec and expect.plen <= max_payload:

@@ -321,7 +321,7 @@ class Worker:
     def _fed(self, frame):
         """A binary run's inputs, checked (``check_feeds``) once per descriptor list: the codec
         hands back the same checked list for every frame of one signature, and its arrays are
-        then read with the plan made from the first (dtype, count, offset, shape)."""
+        then read with the plan made from the first (shape, dtype, offset)."""
         tensors = frame.tensors
         plan = self._plan
         if plan is None or tensors is not plan[0]:
@@ -330,7 +330,7 @@ class Worker:
             self._plan = self._expect = None
             if all(nbytes for _, _, _, _, nbytes in tensors):
                 self._plan = (tensors, tuple(
-                    (name, arr.dtype, arr.size, offset, shape if len(shape) != 1 else None)
+                    (name, shape, arr.dtype, offset)
                     for (name, _, shape, offset, _), arr in zip(tensors, feeds.values())))
                 if self.channel is not None and self.state is None:
                     # the next request of this signature, checked in fewer steps (turn):
@@ -340,9 +340,8 @@ class Worker:
             return feeds
         payload = frame.payload
         feeds = {}
-        for name, dtype, count, offset, shape in plan[1]:
-            arr = np.frombuffer(payload, dtype, count, offset)
-            feeds[name] = arr if shape is None else arr.reshape(shape)
+        for name, shape, dtype, offset in plan[1]:  # arrays viewing the payload, as arrays()
+            feeds[name] = np.ndarray(shape, dtype, payload, offset)
         return feeds
 
     def _answer_lean(self, rid, outputs, worker_ns, rss, peak):
@@ -553,9 +552,8 @@ class Worker:
                 try:
                     payload = expect.payload
                     feeds = {}
-                    for name, dtype, count, offset, shape in self._plan[1]:  # _fed's plan
-                        arr = np.frombuffer(payload, dtype, count, offset)
-                        feeds[name] = arr if shape is None else arr.reshape(shape)
+                    for name, shape, dtype, offset in self._plan[1]:  # _fed's plan
+                        feeds[name] = np.ndarray(shape, dtype, payload, offset)
                     self._run_binary(expect.fields[0], feeds)
                 except Exception as exc:
                     self.send_error(expect.fields[0], exc)

@@ -1064,10 +1064,9 @@ class WorkerClient:
                 self._spin_expected = worker_ns * 1e-9
                 payload = reply.payload
                 result = Outputs()
-                for name, dtype, count, offset, shape in self._out_plan[1]:
-                    value = np.frombuffer(payload, dtype, count, offset)
-                    if shape is not None:
-                        value = value.reshape(shape)
+                ndarray = np.ndarray
+                for name, shape, dtype, offset in self._out_plan[1]:
+                    value = ndarray(shape, dtype, payload, offset)
                     result[name] = value if value.flags.aligned else _fill(None, value, name)
                 return result
         self._pending = None
@@ -1094,9 +1093,7 @@ class WorkerClient:
             if all(nbytes for _, _, _, _, nbytes in tensors) and len(tensors) == len(result):
                 at = {name: (offset, shape) for name, _, shape, offset, _ in tensors}
                 self._out_plan = (tensors, tuple(
-                    (name, v.dtype, v.size, at[name][0],
-                     at[name][1] if len(at[name][1]) != 1 else None)
-                    for name, v in result.items()))
+                    (name, at[name][1], v.dtype, at[name][0]) for name, v in result.items()))
                 if self._channel is not None and self._fast is not None \
                         and "state_reset" not in frame.header["timing"]:
                     # the next reply of this signature, checked by the channel in fewer
@@ -1106,10 +1103,8 @@ class WorkerClient:
             return result
         payload = frame.payload
         result = Outputs()
-        for name, dtype, count, offset, shape in plan[1]:
-            value = np.frombuffer(payload, dtype, count, offset)
-            if shape is not None:
-                value = value.reshape(shape)
+        for name, shape, dtype, offset in plan[1]:  # arrays viewing the payload, as arrays()
+            value = np.ndarray(shape, dtype, payload, offset)
             result[name] = value if value.flags.aligned else _fill(None, value, name)
         return result
 
