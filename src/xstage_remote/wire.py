@@ -979,8 +979,8 @@ class _Expect:
     caller before each receive (None: any id in ``[0, 2^63)``).
     """
 
-    __slots__ = ("codec", "kind", "prefix", "fixed", "descs", "descs_at", "n", "plen",
-                 "tensors", "unpack", "rid", "fields", "payload")
+    __slots__ = ("codec", "kind", "prefix", "fixed", "descs", "descs_at", "payload_at", "n",
+                 "plen", "tensors", "unpack", "rid", "fields", "payload")
 
     def __init__(self, codec, kind, fixed, descs, n, plen, tensors):
         self.codec = codec
@@ -989,6 +989,7 @@ class _Expect:
         self.fixed = fixed
         self.descs = descs
         self.descs_at = _FIXED_BYTES + (_ID_TIMING.size if kind == FAST_RESULT else _U64_AT.size)
+        self.payload_at = self.descs_at + len(descs)
         self.n = n
         self.plen = plen
         self.tensors = tensors
@@ -1644,13 +1645,12 @@ class Channel:
             n = expect.n
             if self._end - s < n + TRAILER_BYTES and buf.startswith(expect.prefix, s):
                 s = self._need(n + TRAILER_BYTES)  # as _recv_small would, for this prefix
-            at = s + expect.descs_at
             if self._end - s >= n + TRAILER_BYTES and buf[s:s + _FIXED_BYTES] == expect.fixed \
-                    and buf[at:at + len(expect.descs)] == expect.descs \
+                    and buf[s + expect.descs_at:s + expect.payload_at] == expect.descs \
                     and _U64_AT.unpack_from(buf, s + n)[0] == self.received:
                 fields = expect.unpack(buf, s + _FIXED_BYTES)
                 rid = expect.rid
-                if fields[0] == rid if rid is not None else fields[0] < 1 << 63:
+                if (fields[0] == rid) if rid is not None else (fields[0] < 1 << 63):
                     view = self._view
                     mac = self._check_mac
                     inner = mac._inner.copy()
@@ -1663,7 +1663,7 @@ class Channel:
                         self.received += 1
                         self._start = s + n + TRAILER_BYTES
                         expect.fields = fields
-                        expect.payload = bytearray(view[at + len(expect.descs):s + n])
+                        expect.payload = bytearray(view[s + expect.payload_at:s + n])
                         return expect
         got = self._recv_small(s, max_payload, codec)
         if got is not None:
