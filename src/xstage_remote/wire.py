@@ -737,6 +737,7 @@ class FastCodec:
                     head += FAST_TIMING.pack(0, 0, 0)
                 lane = _Lane(kind, head + descs, plen, [
                     (name, n) for (name, arr), n in zip(arrays.items(), _sizes(descs, len(arrays)))])
+                lane._signed([(name, arr.dtype, arr.shape) for name, arr in arrays.items()])
                 try:
                     lane.fill(0, arrays)
                 except (ValueError, TypeError, BufferError):  # no plain buffer (bfloat16)
@@ -918,7 +919,7 @@ class _Lane:
     next ``fill`` (a call sends synchronously). The bytes equal ``encode``'s.
     """
 
-    __slots__ = ("buf", "view", "n", "frame", "_id_at", "_timing_at", "_places")
+    __slots__ = ("buf", "view", "n", "frame", "_id_at", "_timing_at", "_places", "_sig")
 
     def __init__(self, kind, head, plen, sizes):
         prefix = PREFIX.pack(FAST_MAGIC, len(head), plen)
@@ -935,6 +936,40 @@ class _Lane:
                 places.append((name, at, at + nbytes))
             at += nbytes
         self._places = tuple(places)
+        self._sig = None
+
+    def _signed(self, sig):
+        """Keep the signature it was built for, ``[(name, dtype, shape)]`` in its order (with
+        numpy arrays: ``FastCodec.lane``'s key), for ``fill_same``."""
+        at = {name: (start, end) for name, start, end in self._places}
+        self._sig = tuple((name, dtype, shape) + at.get(name, (0, 0))
+                          for name, dtype, shape in sig)
+
+    def fill_same(self, rid, arrays, timing=None):
+        """``fill`` for arrays of the signature this lane was built for (the names in its
+        order, numpy arrays of its dtypes and shapes), compared in the loop that copies them;
+        None where they are not (the caller takes the long way; what was copied is
+        overwritten by the next fill, and nothing is sent). Raises as ``fill``."""
+        if rid >= 1 << 63:
+            raise struct.error("request id %d is not in [0, 2^63)" % rid)
+        sig = self._sig
+        if sig is None or len(arrays) != len(sig):
+            return None
+        view = self.view
+        ndarray = np.ndarray
+        for (name, dtype, shape, start, end), (got, arr) in zip(sig, arrays.items()):
+            if got != name or type(arr) is not ndarray or arr.dtype != dtype \
+                    or arr.shape != shape:
+                return None
+            if start:  # an empty tensor has no bytes to copy
+                view[start:end] = arr.data.cast("B")
+        if timing is None:
+            _U64_AT.pack_into(self.buf, self._id_at, rid)
+        elif self._timing_at is None:
+            raise TypeError("a run frame carries no timing")
+        else:  # a result's: the timing follows the id
+            _ID_TIMING.pack_into(self.buf, self._id_at, rid, *timing)
+        return self
 
     def fill(self, rid, arrays, timing=None):
         """Pack ``rid`` (and ``timing``: worker_ns, rss, peak) and copy the arrays' bytes in.

@@ -139,8 +139,8 @@ class Worker:
         self.codec = None  # binary run/result frames for the loaded signature (wire.FastCodec)
         self._plan = None  # (checked descriptor list, how to read its arrays): _fed
         #: The next request as the last binary run's signature makes it (``wire._Expect``,
-        #: TCP only), read with ``_plan`` (``turn``); and the last result's lane with the
-        #: outputs' signature it was built for (``_answer_lean``).
+        #: TCP only), read with ``_plan`` (``turn``); and the last result's lane
+        #: (``_answer_lean``).
         self._expect = None
         self._out_lane = None
         self.spin = getattr(channel, "spin", None)  # the TCP channel's spin (sockspin)
@@ -347,26 +347,18 @@ class Worker:
     def _answer_lean(self, rid, outputs, worker_ns, rss, peak):
         """A binary result through its signature's lane (``wire._Lane``): the id and the
         timing packed into the kept frame, the outputs copied in, sealed in place. False where
-        the outputs take the long way (``encode_fast``). The last lane is kept with the
-        signature it was built for (names in order, numpy arrays, dtypes, shapes: the codec's
-        key), compared in place of the codec's lookup."""
-        kept = self._out_lane
-        lane = None
-        if kept is not None and len(outputs) == len(kept[1]):
-            lane = kept[0]
-            nd = np.ndarray
-            for (name, dtype, shape), (got, arr) in zip(kept[1], outputs.items()):
-                if got != name or type(arr) is not nd or arr.dtype != dtype or arr.shape != shape:
-                    lane = None
-                    break
-        if lane is None:
-            lane = self.codec.lane(wire.FAST_RESULT, self.generation, outputs)
-            if lane is None:
-                return False
-            self._out_lane = (lane, tuple((name, arr.dtype, arr.shape)
-                                          for name, arr in outputs.items()))
+        the outputs take the long way (``encode_fast``). The last lane is kept, and outputs of
+        its signature (names in order, numpy arrays, dtypes, shapes: the codec's key) fill it
+        at once (``fill_same``), without the codec's lookup."""
+        timing = (worker_ns, rss, peak)
+        lane = self._out_lane
         try:
-            lane.fill(rid, outputs, (worker_ns, rss, peak))
+            if lane is None or lane.fill_same(rid, outputs, timing) is None:
+                lane = self.codec.lane(wire.FAST_RESULT, self.generation, outputs)
+                if lane is None:
+                    return False
+                self._out_lane = lane
+                lane.fill(rid, outputs, timing)
         except (ValueError, TypeError, BufferError, struct.error):
             return False
         if self.channel is not None:

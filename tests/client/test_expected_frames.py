@@ -177,7 +177,7 @@ def test_a_request_off_the_expectation_fails_as_before(pair, attack: str, expect
     if not expecting:
         w._expect = None
     ch = c._channel
-    lane = c._lane[1]
+    lane = c._lane
     lane.fill(20, {"x": _x(9)})
     message = {
         "another generation": "request run #20 carries gen 2, this worker is generation 1",

@@ -405,6 +405,51 @@ def test_a_kept_frame_is_only_for_bytes_that_go_as_they_are() -> None:
         lane.fill(2**63, {"x": np.zeros((4, 4), np.float32)})
 
 
+@pytest.mark.parametrize("op, arrays, timing", LANE_CASES)
+def test_a_kept_frame_filled_for_its_own_signature_is_the_frame_fill_writes(op: str, arrays, timing) -> None:  # type: ignore[no-untyped-def]
+    """``_Lane.fill_same``: for arrays of the lane's signature, the bytes ``fill`` writes;
+    for anything else (a name, its order, a dtype, a shape, not an array, one tensor more or
+    less) None, and the next fill of the signature is whole again."""
+    c = codec()
+    kind = {"run": wire.FAST_RUN, "result": wire.FAST_RESULT}[op]
+    lane = c.lane(kind, 3, arrays)
+    first = next(iter(arrays))
+    a0 = arrays[first]
+    bads = [
+        {("w" if k == first else k): v for k, v in arrays.items()},  # another name
+        {**arrays, first: a0.astype(np.int32 if a0.dtype != np.int32 else np.int16)},
+        {**arrays, first: a0.reshape(-1) if a0.ndim != 1 else a0.reshape(1, -1)},
+        {**arrays, first: a0.tolist()},  # not an array
+        {**arrays, "extra": a0},
+        {k: v for k, v in arrays.items() if k != first},  # one less
+    ]
+    if len(arrays) > 1:
+        bads.append(dict(reversed(list(arrays.items()))))  # another order
+    for bad in bads:
+        assert lane.fill_same(9, bad, timing) is None
+    for rid in (1, 2**63 - 1, 42):
+        arrays = {k: np.asarray(v + 1 if v.dtype != bool else ~v, v.dtype).reshape(v.shape)
+                  for k, v in arrays.items()}
+        assert lane.fill_same(rid, arrays, timing) is lane
+        want = bytes(lane.frame)
+        assert bytes(lane.fill(rid, arrays, timing).frame) == want
+        want_parts = wire.encode_fast(c, op, rid, 3, arrays, timing=None if timing is None else dict(
+            zip(("worker_ns", "rss", "peak"), timing, strict=True)))
+        assert want == b"".join(bytes(memoryview(p).cast("B")) for p in want_parts)
+    with pytest.raises(struct.error):
+        lane.fill_same(2**63, arrays, timing)
+
+
+def test_a_kept_frame_filled_for_its_signature_refuses_what_fill_refuses() -> None:
+    c = codec()
+    lane = c.lane(wire.FAST_RUN, 1, {"x": np.zeros((4, 4), np.float32)})
+    with pytest.raises((ValueError, TypeError, BufferError)):
+        lane.fill_same(1, {"x": np.zeros((4, 8), np.float32)[:, ::2]})
+    with pytest.raises(TypeError, match="a run frame carries no timing"):
+        lane.fill_same(1, {"x": np.zeros((4, 4), np.float32)}, (1, 2, 3))
+    assert lane.fill_same(1, {"x": np.zeros((4, 4), ">f4")}) is None  # another dtype
+
+
 def test_a_sealed_kept_frame_is_the_record_send_parts_makes() -> None:
     """``Channel.send_sealed``: the same bytes on the wire as ``send_parts`` of the encoded
     frame (counter and tag included), and the reader takes both."""

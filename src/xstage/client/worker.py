@@ -980,17 +980,13 @@ class WorkerClient:
         """The lean call's lane (``_call_lean``) for inputs ``_check_inputs`` just accepted.
 
         Only for numpy arrays accepted as they are (already in wire byte order); else None.
-        The lane is the signature's key and its kept frame (``wire._Lane``).
+        The lane is the signature's kept frame (``wire._Lane``), which knows its signature.
         """
         if self._fast is None or self._pipe.stateful or self._pipe.device is not None:
             return None
         if any(feeds[name] is not value for name, value in inputs.items()):
             return None  # converted (byte order, not an array): the long way each time
-        lane = self._fast.lane(wire.FAST_RUN, self.generation, feeds)
-        if lane is None:
-            return None
-        key = tuple([(name, type(a), a.dtype, a.shape) for name, a in feeds.items()])
-        return (key, lane)
+        return self._fast.lane(wire.FAST_RUN, self.generation, feeds)
 
     def _call_lean(self, lane: Any, inputs: dict[str, Any]) -> Outputs | None:
         """One call the common way, in fewer steps.
@@ -1004,15 +1000,11 @@ class WorkerClient:
         reply's checked descriptor list. None where the inputs are not that signature's
         (nothing sent): the caller takes the long way, which checks them.
         """
-        key, frame_lane = lane
-        if len(inputs) != len(key):
-            return None
-        for (name, typ, dtype, shape), (got, a) in zip(key, inputs.items(), strict=True):
-            if got != name or type(a) is not typ or a.dtype != dtype or a.shape != shape:
-                return None  # (typ is an array type: a.dtype is there)
+        frame_lane = lane
         rid = self._next_id
         try:
-            frame_lane.fill(rid, inputs)
+            if frame_lane.fill_same(rid, inputs) is None:  # not the signature: the long way
+                return None
         except (ValueError, TypeError, BufferError, KeyError):  # not C-contiguous: the long way
             return None
         except struct.error as exc:
