@@ -68,7 +68,11 @@ def wired(graph: str) -> tuple[WorkerClient, remote.Worker]:
 
 
 def turn(w: remote.Worker) -> None:
-    """The worker's ``serve`` loop for one frame (no region on TCP)."""
+    """The worker's ``serve`` loop for one frame (no region on TCP): ``Worker.turn``, or
+    where a tree has none (before issue 13's "sockdiet"), its loop's steps."""
+    if hasattr(w, "turn"):
+        w.turn()
+        return
     frame = w.recv()
     w.check_generation(frame)
     {"load": w.on_load, "run": w.on_run}[frame.op](frame)
@@ -179,7 +183,7 @@ def floor(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict[
     clock = time.thread_time_ns
     ch, wch = c._channel, w.channel
     assert ch is not None and wch is not None and c._lane is not None
-    req = c._lane[1]
+    req = c._lane[1] if isinstance(c._lane, tuple) else c._lane  # (key, lane) before sockdiet
     res = w.codec.lane(wire.FAST_RESULT, 1, {o["name"]: x for o in w.runtime.outputs})
     assert res is not None
     a, b = ch.sock, wch.sock

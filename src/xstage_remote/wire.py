@@ -737,6 +737,7 @@ class FastCodec:
                     head += FAST_TIMING.pack(0, 0, 0)
                 lane = _Lane(kind, head + descs, plen, [
                     (name, n) for (name, arr), n in zip(arrays.items(), _sizes(descs, len(arrays)))])
+                lane._signed([(name, arr.dtype, arr.shape) for name, arr in arrays.items()])
                 try:
                     lane.fill(0, arrays)
                 except (ValueError, TypeError, BufferError):  # no plain buffer (bfloat16)
@@ -745,6 +746,42 @@ class FastCodec:
             self._lanes.clear()
         self._lanes[key] = lane
         return lane
+
+    def expect(self, kind, gen, tensors, plen):
+        """The ``_Expect`` of the frames of ``kind`` and generation ``gen`` that carry the
+        checked descriptor list ``tensors`` (as ``decode_head`` returned it for a frame of
+        payload ``plen``), no flags set, in one record; None where there is none.
+
+        Its fixed bytes are written from ``tensors`` (a checked list has one encoding) and
+        decoded once here the long way: a frame that equals them outside the id (and a
+        result's timing) is one ``decode_head`` accepts, with these tensors.
+        """
+        index = self.index.get(kind)
+        if index is None or not 1 <= gen <= MAX_GENERATION:
+            return None
+        out = []
+        try:
+            for name, tag, shape, _, nbytes in tensors:
+                out.append(FAST_TENSOR.pack(index[name], DTYPE_CODES[tag], len(shape), 0, nbytes))
+                out.append(_dims_struct(len(shape)).pack(*shape))
+            head = FAST_HEAD.pack(kind, 0, len(tensors), gen, 0)
+        except (KeyError, TypeError, ValueError, struct.error):
+            return None
+        if kind == FAST_RESULT:
+            head += FAST_TIMING.pack(0, 0, 0)
+        descs = b"".join(out)
+        n = PREFIX.size + len(head) + len(descs) + plen
+        if n > SMALL_FRAME:
+            return None
+        try:
+            header, checked = self.decode_head(head + descs, plen)
+        except ProtocolError:
+            return None
+        if list(checked) != list(tensors) or "options" in header or (
+                "timing" in header and len(header["timing"]) != 3):
+            return None
+        return _Expect(self, kind, PREFIX.pack(FAST_MAGIC, len(head) + len(descs), plen)
+                       + head[:8], descs, n, plen, checked)
 
     # ---------------------------------------------------------------- reading
     def decode_head(self, raw, plen):
@@ -882,7 +919,7 @@ class _Lane:
     next ``fill`` (a call sends synchronously). The bytes equal ``encode``'s.
     """
 
-    __slots__ = ("buf", "view", "n", "frame", "_id_at", "_timing_at", "_places")
+    __slots__ = ("buf", "view", "n", "frame", "_id_at", "_timing_at", "_places", "_sig")
 
     def __init__(self, kind, head, plen, sizes):
         prefix = PREFIX.pack(FAST_MAGIC, len(head), plen)
@@ -899,6 +936,40 @@ class _Lane:
                 places.append((name, at, at + nbytes))
             at += nbytes
         self._places = tuple(places)
+        self._sig = None
+
+    def _signed(self, sig):
+        """Keep the signature it was built for, ``[(name, dtype, shape)]`` in its order (with
+        numpy arrays: ``FastCodec.lane``'s key), for ``fill_same``."""
+        at = {name: (start, end) for name, start, end in self._places}
+        self._sig = tuple((name, dtype, shape) + at.get(name, (0, 0))
+                          for name, dtype, shape in sig)
+
+    def fill_same(self, rid, arrays, timing=None):
+        """``fill`` for arrays of the signature this lane was built for (the names in its
+        order, numpy arrays of its dtypes and shapes), compared in the loop that copies them;
+        None where they are not (the caller takes the long way; what was copied is
+        overwritten by the next fill, and nothing is sent). Raises as ``fill``."""
+        if rid >= 1 << 63:
+            raise struct.error("request id %d is not in [0, 2^63)" % rid)
+        sig = self._sig
+        if sig is None or len(arrays) != len(sig):
+            return None
+        view = self.view
+        ndarray = np.ndarray
+        for (name, dtype, shape, start, end), (got, arr) in zip(sig, arrays.items()):
+            if got != name or type(arr) is not ndarray or arr.dtype != dtype \
+                    or arr.shape != shape:
+                return None
+            if start:  # an empty tensor has no bytes to copy
+                view[start:end] = arr.data.cast("B")
+        if timing is None:
+            _U64_AT.pack_into(self.buf, self._id_at, rid)
+        elif self._timing_at is None:
+            raise TypeError("a run frame carries no timing")
+        else:  # a result's: the timing follows the id
+            _ID_TIMING.pack_into(self.buf, self._id_at, rid, *timing)
+        return self
 
     def fill(self, rid, arrays, timing=None):
         """Pack ``rid`` (and ``timing``: worker_ns, rss, peak) and copy the arrays' bytes in.
@@ -909,9 +980,12 @@ class _Lane:
         if rid >= 1 << 63:
             raise struct.error("request id %d is not in [0, 2^63)" % rid)
         buf = self.buf
-        _U64_AT.pack_into(buf, self._id_at, rid)
-        if timing is not None:
-            FAST_TIMING.pack_into(buf, self._timing_at, *timing)
+        if timing is None:
+            _U64_AT.pack_into(buf, self._id_at, rid)
+        elif self._timing_at is None:
+            raise TypeError("a run frame carries no timing")
+        else:  # a result's: the timing follows the id
+            _ID_TIMING.pack_into(buf, self._id_at, rid, *timing)
         view = self.view
         for name, start, end in self._places:
             # Same length (the signature fixes it); a view that is not C-contiguous cannot
@@ -921,6 +995,43 @@ class _Lane:
 
 
 _U64_AT = struct.Struct("<Q")
+#: A binary frame's bytes before its id: the prefix, then kind, flags, tensor count, gen.
+_FIXED_BYTES = 24
+#: A result's id and timing, read in one step (``_Expect``).
+_ID_TIMING = struct.Struct("<QQQQ")
+
+
+class _Expect:
+    """The next frame as one call signature makes it: what ``Channel.recv`` checks it against
+    in fewer steps (``FastCodec.expect`` builds one from a checked frame).
+
+    ``fixed``: the prefix and the header's first 8 bytes (kind, flags 0, tensor count, gen);
+    ``descs``: the descriptors, after the id (and a result's timing). A frame whose bytes
+    equal these is one of ``n`` bytes, one record, that ``decode_head`` accepts with
+    ``tensors``; ``Channel.recv`` then checks its counter and tag and its id, and fills
+    ``fields`` (``(id,)`` of a run, ``(id, worker_ns, rss, peak)`` of a result) and
+    ``payload`` (the payload's own bytes). ``rid``: the id the frame must carry, set by the
+    caller before each receive (None: any id in ``[0, 2^63)``).
+    """
+
+    __slots__ = ("codec", "kind", "prefix", "fixed", "descs", "descs_at", "payload_at", "n",
+                 "plen", "tensors", "unpack", "rid", "fields", "payload")
+
+    def __init__(self, codec, kind, fixed, descs, n, plen, tensors):
+        self.codec = codec
+        self.kind = kind
+        self.prefix = fixed[:PREFIX.size]
+        self.fixed = fixed
+        self.descs = descs
+        self.descs_at = _FIXED_BYTES + (_ID_TIMING.size if kind == FAST_RESULT else _U64_AT.size)
+        self.payload_at = self.descs_at + len(descs)
+        self.n = n
+        self.plen = plen
+        self.tensors = tensors
+        self.unpack = (_ID_TIMING if kind == FAST_RESULT else _U64_AT).unpack_from
+        self.rid = None
+        self.fields = None
+        self.payload = None
 
 
 def encode_fast(codec, op, rid, gen, arrays, options=None, timing=None):
@@ -1527,10 +1638,15 @@ class Channel:
                                 % (number, self.received))
         self.received += 1
 
-    def recv(self, max_payload=MAX_PAYLOAD_BYTES, codec=None):
+    def recv(self, max_payload=MAX_PAYLOAD_BYTES, codec=None, expect=None):
         """Read, authenticate, validate and return one Frame (nothing unverified is returned).
 
         ``codec`` as in ``recv_frame``: binary call frames are records like any frame.
+        ``expect``: a ``_Expect`` of ``codec`` (``FastCodec.expect``). Where the next frame
+        is the one it describes (its fixed bytes, the id it asks for), under the counter
+        expected and with a tag that verifies, that frame is taken in fewer steps: ``expect``
+        itself is returned, its ``fields`` and ``payload`` the frame's. Any other frame is
+        read as without it (nothing is consumed before), so a failure is named as ever.
         """
         s = self._start
         if self._end - s < PREFIX.size:
@@ -1547,8 +1663,20 @@ class Channel:
                     self._end = k
                     if k < PREFIX.size:
                         s = self._need(PREFIX.size)
+            elif self._end == s:  # nothing of the next frame yet: one receive, at the front
+                self._start = self._end = s = 0  # (no records hashed behind here: no _stall)
+                k = self.sock.recv_into(self._view, 0)
+                if k == 0:
+                    raise PeerClosed(False)
+                self._end = k
+                if k < PREFIX.size:
+                    s = self._need(PREFIX.size)
             else:
                 s = self._need(PREFIX.size, started=False)
+        if expect is not None and codec is expect.codec and expect.plen <= max_payload:
+            if self._recv_expected(s, expect):
+                return expect
+            s = self._start  # (the wait for its bytes may have moved them to the front)
         got = self._recv_small(s, max_payload, codec)
         if got is not None:
             return got
@@ -1590,6 +1718,40 @@ class Channel:
             self._fill(part, inner)
             self._verify((part,), self._trailer(), "payload at byte %d" % start, mac.finish(inner))
         return Frame(header, payload, tensors, fast)
+
+    def _recv_expected(self, s, expect):
+        """``recv`` of the frame ``expect`` describes, at ``s`` (``self._start``): True when the
+        next frame is that one (its fixed bytes, the id it asks for, the counter expected, a tag
+        that verifies), then consumed, its ``fields`` and ``payload`` in ``expect``; False with
+        nothing consumed (the long path reads the same bytes and names any failure).
+        """
+        # The signature's frame: its fixed bytes compared, the id (and timing) read in one
+        # step, the counter and tag checked; no header dict, no Frame.
+        buf = self._buf
+        n = expect.n
+        if self._end - s < n + TRAILER_BYTES and buf.startswith(expect.prefix, s):
+            s = self._need(n + TRAILER_BYTES)  # as _recv_small would, for this prefix
+        if self._end - s >= n + TRAILER_BYTES and buf[s:s + _FIXED_BYTES] == expect.fixed \
+                and buf[s + expect.descs_at:s + expect.payload_at] == expect.descs \
+                and _U64_AT.unpack_from(buf, s + n)[0] == self.received:
+            fields = expect.unpack(buf, s + _FIXED_BYTES)
+            rid = expect.rid
+            if (fields[0] == rid) if rid is not None else (fields[0] < 1 << 63):
+                view = self._view
+                mac = self._check_mac
+                inner = mac._inner.copy()
+                inner.update(view[s + n:s + n + COUNTER.size])
+                inner.update(view[s:s + n])
+                outer = mac._outer.copy()
+                outer.update(inner.digest())
+                if hmac.compare_digest(outer.digest(),
+                                       view[s + n + COUNTER.size:s + n + TRAILER_BYTES]):
+                    self.received += 1
+                    self._start = s + n + TRAILER_BYTES
+                    expect.fields = fields
+                    expect.payload = bytearray(view[s + expect.payload_at:s + n])
+                    return True
+        return False
 
     def _recv_small(self, s, max_payload, codec):
         """The common case of ``recv`` in fewer steps: a well-formed one-record frame whose

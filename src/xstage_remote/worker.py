@@ -138,6 +138,11 @@ class Worker:
         self.fed_names = None  # the input names a run's frame carries (check_feeds)
         self.codec = None  # binary run/result frames for the loaded signature (wire.FastCodec)
         self._plan = None  # (checked descriptor list, how to read its arrays): _fed
+        #: The next request as the last binary run's signature makes it (``wire._Expect``,
+        #: TCP only), read with ``_plan`` (``turn``); and the last result's lane
+        #: (``_answer_lean``).
+        self._expect = None
+        self._out_lane = None
         self.spin = getattr(channel, "spin", None)  # the TCP channel's spin (sockspin)
 
     # ---------------------------------------------------------------- replies
@@ -189,7 +194,7 @@ class Worker:
             raise ValueError("unknown runtime %r (this worker has: ort, torch)" % runtime)
         self.state = State(options["state"], self.runtime) if options.get("state") else None
         self.fed_names = None
-        self._plan = None
+        self._plan = self._expect = self._out_lane = None
         try:
             self.codec = wire.FastCodec([d["name"] for d in self.runtime.inputs],
                                         [d["name"] for d in self.runtime.outputs])
@@ -316,34 +321,44 @@ class Worker:
     def _fed(self, frame):
         """A binary run's inputs, checked (``check_feeds``) once per descriptor list: the codec
         hands back the same checked list for every frame of one signature, and its arrays are
-        then read with the plan made from the first (dtype, count, offset, shape)."""
+        then read with the plan made from the first (shape, dtype, offset)."""
         tensors = frame.tensors
         plan = self._plan
         if plan is None or tensors is not plan[0]:
             feeds = frame.arrays()
             self.check_feeds(feeds)
-            self._plan = None
+            self._plan = self._expect = None
             if all(nbytes for _, _, _, _, nbytes in tensors):
                 self._plan = (tensors, tuple(
-                    (name, arr.dtype, arr.size, offset, shape if len(shape) != 1 else None)
+                    (name, shape, arr.dtype, offset)
                     for (name, _, shape, offset, _), arr in zip(tensors, feeds.values())))
+                if self.channel is not None and self.state is None:
+                    # the next request of this signature, checked in fewer steps (turn):
+                    # this frame passed every check (generation, frame, feeds) to get here
+                    self._expect = self.codec.expect(wire.FAST_RUN, self.generation, tensors,
+                                                     len(frame.payload))
             return feeds
         payload = frame.payload
         feeds = {}
-        for name, dtype, count, offset, shape in plan[1]:
-            arr = np.frombuffer(payload, dtype, count, offset)
-            feeds[name] = arr if shape is None else arr.reshape(shape)
+        for name, shape, dtype, offset in plan[1]:  # arrays viewing the payload, as arrays()
+            feeds[name] = np.ndarray(shape, dtype, payload, offset)
         return feeds
 
     def _answer_lean(self, rid, outputs, worker_ns, rss, peak):
         """A binary result through its signature's lane (``wire._Lane``): the id and the
         timing packed into the kept frame, the outputs copied in, sealed in place. False where
-        the outputs take the long way (``encode_fast``)."""
-        lane = self.codec.lane(wire.FAST_RESULT, self.generation, outputs)
-        if lane is None:
-            return False
+        the outputs take the long way (``encode_fast``). The last lane is kept, and outputs of
+        its signature (names in order, numpy arrays, dtypes, shapes: the codec's key) fill it
+        at once (``fill_same``), without the codec's lookup."""
+        timing = (worker_ns, rss, peak)
+        lane = self._out_lane
         try:
-            lane.fill(rid, outputs, (worker_ns, rss, peak))
+            if lane is None or lane.fill_same(rid, outputs, timing) is None:
+                lane = self.codec.lane(wire.FAST_RESULT, self.generation, outputs)
+                if lane is None:
+                    return False
+                self._out_lane = lane
+                lane.fill(rid, outputs, timing)
         except (ValueError, TypeError, BufferError, struct.error):
             return False
         if self.channel is not None:
@@ -356,20 +371,7 @@ class Worker:
         if self.runtime is None:
             raise RuntimeError("run before load")
         if frame.fast and self.state is None:  # the common case: a binary run, no state
-            feeds = self._fed(frame)
-            t0 = time.perf_counter_ns()
-            outputs = self.runtime.run(feeds)
-            worker_ns = time.perf_counter_ns() - t0
-            rss, peak = memory.read_cached()
-            if self._answer_lean(frame.id, outputs, worker_ns, rss, peak):
-                return
-            timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak}
-            parts = wire.encode_fast(self.codec, "result", frame.id, self.generation, outputs,
-                                     timing=timing)
-            if parts is not None:
-                self.send_parts(parts)
-            else:
-                self.send({"op": "result", "id": frame.id, "timing": timing}, outputs)
+            self._run_binary(frame.id, self._fed(frame))
             return
         feeds = frame.arrays()
         self.check_feeds(feeds)
@@ -393,6 +395,22 @@ class Worker:
                 self.send_parts(parts)
                 return
         self.send({"op": "result", "id": frame.id, "timing": timing}, outputs)
+
+    def _run_binary(self, rid, feeds):
+        """A binary run of a stage without state, its inputs read: run, answer in binary."""
+        t0 = time.perf_counter_ns()
+        outputs = self.runtime.run(feeds)
+        worker_ns = time.perf_counter_ns() - t0
+        rss, peak = memory.read_cached()
+        if self._answer_lean(rid, outputs, worker_ns, rss, peak):
+            return
+        timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak}
+        parts = wire.encode_fast(self.codec, "result", rid, self.generation, outputs,
+                                 timing=timing)
+        if parts is not None:
+            self.send_parts(parts)
+        else:
+            self.send({"op": "result", "id": rid, "timing": timing}, outputs)
 
     def on_shm_call(self, seq, s=0):
         """Serve request ``seq`` published in slot set ``s`` (docs/wire.md, shm.py's table)."""
@@ -487,8 +505,6 @@ class Worker:
 
     # ---------------------------------------------------------------- loop
     def serve(self):
-        handlers = {"load": self.on_load, "attach": self.on_attach, "run": self.on_run,
-                    "evidence": self.on_evidence, "device_slots": self.on_device_slots}
         while True:
             if self.region is not None:
                 # Requests come in the sets' cyclic order: wait on the next set only.
@@ -504,48 +520,80 @@ class Worker:
                     continue
                 if state == "closed":
                     return EXIT_ORPHANED
+            code = self.turn()
+            if code is not None:
+                return code
+
+    def turn(self):
+        """Read and serve one frame of the control stream; the exit status where the worker
+        ends, else None.
+
+        The next binary run of the last one's signature (``_expect``, TCP) is checked by the
+        channel in fewer steps (its fixed bytes, generation included, its id, counter and
+        tag) and run at once; any other frame takes the checks below.
+        """
+        expect = self._expect
+        if expect is not None:
+            try:
+                frame = self.channel.recv(codec=self.codec, expect=expect)
+            except wire.PeerClosed:
+                return EXIT_ORPHANED
+            if frame is expect:
+                if self.spin is not None:
+                    self.spin.expected = None  # one record: spin for the next one
+                try:
+                    payload = expect.payload
+                    feeds = {}
+                    for name, shape, dtype, offset in self._plan[1]:  # _fed's plan
+                        feeds[name] = np.ndarray(shape, dtype, payload, offset)
+                    self._run_binary(expect.fields[0], feeds)
+                except Exception as exc:
+                    self.send_error(expect.fields[0], exc)
+                return None
+        else:
             try:
                 frame = self.recv()
             except wire.PeerClosed:
                 return EXIT_ORPHANED
-            spin = self.spin
-            if spin is not None:
-                # After a request larger than one record, wait for the next one blocked: a
-                # large transfer takes milliseconds, and a spin saves one wake-up while it
-                # takes the CPU the caller's MACs and copies want (as the client does).
-                spin.expected = 60.0 if len(frame.payload) > wire.SMALL_FRAME else None
-            header = frame.header
-            op = header["op"]
-            if header.get(wire.GEN_FIELD) != self.generation:
-                self.check_generation(frame)  # raises, naming both
-            if frame.fast and op == "run":  # the common call: no lookup, no other op's checks
-                try:
-                    self.on_run(frame)
-                except Exception as exc:
-                    self.send_error(frame.id, exc)
-                continue
-            if op == "shutdown":
-                self.send({"op": "bye", "id": frame.id})
-                return 0
-            if op == "ping":
-                info = memory.detail()
-                if self.bell is not None and self.bell.policy is not None:
-                    info["doorbell"] = self.bell.summary()  # the wait policy's decisions
-                spin = getattr(self.channel, "spin", None)
-                if spin is not None:  # the TCP channel's spins for the next request
-                    info["socket_spin"] = spin.summary()
-                cuda = getattr(self.runtime, "cuda", None)
-                if cuda is not None:  # torch-cuda: the pinned region as it serves now
-                    info["pinned_region"] = dict(cuda.info["pinned_region"])
-                self.send({"op": "pong", "id": frame.id, "info": info})
-                continue
-            handler = handlers.get(op)
+        spin = self.spin
+        if spin is not None:
+            # After a request larger than one record, wait for the next one blocked: a
+            # large transfer takes milliseconds, and a spin saves one wake-up while it
+            # takes the CPU the caller's MACs and copies want (as the client does).
+            spin.expected = 60.0 if len(frame.payload) > wire.SMALL_FRAME else None
+        header = frame.header
+        op = header["op"]
+        if header.get(wire.GEN_FIELD) != self.generation:
+            self.check_generation(frame)  # raises, naming both
+        if frame.fast and op == "run":  # the common call: no lookup, no other op's checks
             try:
-                if handler is None:
-                    raise wire.ProtocolError("op %s is not a request a worker serves" % op)
-                handler(frame)
+                self.on_run(frame)
             except Exception as exc:
                 self.send_error(frame.id, exc)
+            return None
+        if op == "shutdown":
+            self.send({"op": "bye", "id": frame.id})
+            return 0
+        if op == "ping":
+            info = memory.detail()
+            if self.bell is not None and self.bell.policy is not None:
+                info["doorbell"] = self.bell.summary()  # the wait policy's decisions
+            spin = getattr(self.channel, "spin", None)
+            if spin is not None:  # the TCP channel's spins for the next request
+                info["socket_spin"] = spin.summary()
+            cuda = getattr(self.runtime, "cuda", None)
+            if cuda is not None:  # torch-cuda: the pinned region as it serves now
+                info["pinned_region"] = dict(cuda.info["pinned_region"])
+            self.send({"op": "pong", "id": frame.id, "info": info})
+            return None
+        handler = {"load": self.on_load, "attach": self.on_attach, "run": self.on_run,
+                   "evidence": self.on_evidence, "device_slots": self.on_device_slots}.get(op)
+        try:
+            if handler is None:
+                raise wire.ProtocolError("op %s is not a request a worker serves" % op)
+            handler(frame)
+        except Exception as exc:
+            self.send_error(frame.id, exc)
 
 
 def hello(secret, nonce=None, generation=1):

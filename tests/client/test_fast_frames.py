@@ -18,8 +18,20 @@ from xstage_remote import wire
 
 
 def _tap(w: WorkerClient) -> list[bool]:
-    """Record, for every frame the client reads from now on, whether it was binary."""
+    """Record, for every frame the client reads from now on, whether it was binary. Over TCP
+    the channel reads every frame, a lean call's reply against its expectation (``wire._Expect``
+    comes back: a binary frame)."""
     seen: list[bool] = []
+    if w._channel is not None:
+        channel_recv = w._channel.recv
+
+        def channel_tapped(*args, **kw):  # type: ignore[no-untyped-def]
+            got = channel_recv(*args, **kw)
+            seen.append(True if isinstance(got, wire._Expect) else got.fast)
+            return got
+
+        w._channel.recv = channel_tapped  # type: ignore[method-assign]
+        return seen
     recv = w._recv
 
     def tapped(*args, **kw):  # type: ignore[no-untyped-def]
@@ -154,14 +166,19 @@ def test_repeated_calls_take_the_kept_frame_and_keep_every_check(graphs, transpo
         with pytest.raises(errors.InputError, match="x"):
             w.run({"x": x.astype(np.float64)})
         np.testing.assert_array_equal(w.run({"x": x})["y"], sess.run(None, {"x": x})[0])
-        recv = w._recv
+        # (over TCP the reply is read by the channel: asked for a Frame, not the expectation)
+        recv = w._recv if w._channel is None else w._channel.recv
 
         def another(*args, **kw):  # type: ignore[no-untyped-def]
+            kw.pop("expect", None)
             frame = recv(*args, **kw)
             frame.header["id"] += 1
             return frame
 
-        w._recv = another  # type: ignore[method-assign]
+        if w._channel is None:
+            w._recv = another  # type: ignore[method-assign]
+        else:
+            w._channel.recv = another  # type: ignore[method-assign]
         with pytest.raises(errors.RemoteProtocolError, match="expected result #"):
             w.run({"x": x})
         with pytest.raises(errors.StageClosed):

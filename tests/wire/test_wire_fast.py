@@ -405,6 +405,51 @@ def test_a_kept_frame_is_only_for_bytes_that_go_as_they_are() -> None:
         lane.fill(2**63, {"x": np.zeros((4, 4), np.float32)})
 
 
+@pytest.mark.parametrize("op, arrays, timing", LANE_CASES)
+def test_a_kept_frame_filled_for_its_own_signature_is_the_frame_fill_writes(op: str, arrays, timing) -> None:  # type: ignore[no-untyped-def]
+    """``_Lane.fill_same``: for arrays of the lane's signature, the bytes ``fill`` writes;
+    for anything else (a name, its order, a dtype, a shape, not an array, one tensor more or
+    less) None, and the next fill of the signature is whole again."""
+    c = codec()
+    kind = {"run": wire.FAST_RUN, "result": wire.FAST_RESULT}[op]
+    lane = c.lane(kind, 3, arrays)
+    first = next(iter(arrays))
+    a0 = arrays[first]
+    bads = [
+        {("w" if k == first else k): v for k, v in arrays.items()},  # another name
+        {**arrays, first: a0.astype(np.int32 if a0.dtype != np.int32 else np.int16)},
+        {**arrays, first: a0.reshape(-1) if a0.ndim != 1 else a0.reshape(1, -1)},
+        {**arrays, first: a0.tolist()},  # not an array
+        {**arrays, "extra": a0},
+        {k: v for k, v in arrays.items() if k != first},  # one less
+    ]
+    if len(arrays) > 1:
+        bads.append(dict(reversed(list(arrays.items()))))  # another order
+    for bad in bads:
+        assert lane.fill_same(9, bad, timing) is None
+    for rid in (1, 2**63 - 1, 42):
+        arrays = {k: np.asarray(v + 1 if v.dtype != bool else ~v, v.dtype).reshape(v.shape)
+                  for k, v in arrays.items()}
+        assert lane.fill_same(rid, arrays, timing) is lane
+        want = bytes(lane.frame)
+        assert bytes(lane.fill(rid, arrays, timing).frame) == want
+        want_parts = wire.encode_fast(c, op, rid, 3, arrays, timing=None if timing is None else dict(
+            zip(("worker_ns", "rss", "peak"), timing, strict=True)))
+        assert want == b"".join(bytes(memoryview(p).cast("B")) for p in want_parts)
+    with pytest.raises(struct.error):
+        lane.fill_same(2**63, arrays, timing)
+
+
+def test_a_kept_frame_filled_for_its_signature_refuses_what_fill_refuses() -> None:
+    c = codec()
+    lane = c.lane(wire.FAST_RUN, 1, {"x": np.zeros((4, 4), np.float32)})
+    with pytest.raises((ValueError, TypeError, BufferError)):
+        lane.fill_same(1, {"x": np.zeros((4, 8), np.float32)[:, ::2]})
+    with pytest.raises(TypeError, match="a run frame carries no timing"):
+        lane.fill_same(1, {"x": np.zeros((4, 4), np.float32)}, (1, 2, 3))
+    assert lane.fill_same(1, {"x": np.zeros((4, 4), ">f4")}) is None  # another dtype
+
+
 def test_a_sealed_kept_frame_is_the_record_send_parts_makes() -> None:
     """``Channel.send_sealed``: the same bytes on the wire as ``send_parts`` of the encoded
     frame (counter and tag included), and the reader takes both."""
@@ -424,3 +469,181 @@ def test_a_sealed_kept_frame_is_the_record_send_parts_makes() -> None:
         got = rx2.recv(codec=c)
         assert got.id == rid and np.array_equal(got.arrays()["x"], x)
     assert a2.sends == a.sends
+
+
+# --------------------------------------------------------- a signature's expected frame
+def _expecting(op: str, arrays, gen: int = 3):  # type: ignore[no-untyped-def]
+    """A codec, a channel pair, the signature's lane and its ``_Expect``, made from a first
+    frame read the long way."""
+    c = codec()
+    kind = {"run": wire.FAST_RUN, "result": wire.FAST_RESULT}[op]
+    tx, rx, a, b = _pair()
+    tx.send_parts(wire.encode_fast(c, op, 1, gen, arrays, timing=TIMING if op == "result" else None))
+    first = rx.recv(codec=c)
+    exp = c.expect(kind, gen, first.tensors, len(first.payload))
+    assert exp is not None
+    return c, tx, rx, c.lane(kind, gen, arrays), exp
+
+
+EXPECT_CASES = [
+    ("run", {"x": np.arange(12, dtype=np.float32).reshape(3, 4)}, None),
+    ("run", {"ids": np.array([5, -1], np.int64), "mask": np.ones((2, 1, 2), bool)}, None),
+    ("result", {"y": np.arange(5, dtype=np.float64)}, (7, 8, 9)),
+    ("result", {"z": np.array(3, np.uint8), "y": np.ones((2, 2), np.float16)},
+     (2**64 - 1, 0, 10**12)),
+]
+
+
+@pytest.mark.parametrize("op, arrays, timing", EXPECT_CASES)
+def test_an_expected_frame_is_read_as_the_long_way_reads_it(op: str, arrays, timing) -> None:  # type: ignore[no-untyped-def]
+    """``Channel.recv(expect=)``: the signature's frame comes back as the expectation, its id,
+    timing and payload those the long way decodes from the same bytes; its fixed bytes are
+    the frame's own; one record consumed per frame, the stream in step after it."""
+    c, tx, rx, lane, exp = _expecting(op, arrays)
+    for i, rid in enumerate((2, 2**63 - 1, 5)):
+        arrays = {k: np.asarray(v + i if v.dtype != bool else v, v.dtype).reshape(v.shape)
+                  for k, v in arrays.items()}
+        lane.fill(rid, arrays, timing)
+        data = bytes(lane.frame)
+        assert data[:len(exp.fixed)] == exp.fixed
+        assert data[exp.descs_at:exp.descs_at + len(exp.descs)] == exp.descs
+        want = parse(data, c)
+        exp.rid = rid if op == "result" else None
+        received = rx.received
+        tx.send_sealed(lane)
+        got = rx.recv(codec=c, expect=exp)
+        assert got is exp and rx.received == received + 1
+        assert exp.fields[0] == want.id == rid
+        if op == "result":
+            assert dict(zip(("worker_ns", "rss", "peak"), exp.fields[1:], strict=True)) \
+                == want.header["timing"]
+        assert bytes(exp.payload) == bytes(want.payload) and type(exp.payload) is bytearray
+    tx.send({"op": "pong", "id": 9})  # the next frame, of another kind: the long way
+    assert rx.recv(codec=c, expect=exp).op == "pong"
+
+
+OFF_CASES = ["another id", "another generation", "another shape", "reset_state", "JSON frame",
+             "in pieces"]
+
+
+@pytest.mark.parametrize("case", OFF_CASES)
+def test_a_frame_off_the_expectation_is_read_the_long_way(case: str) -> None:
+    """Any frame but the expected one comes back as a Frame, decoded as without the
+    expectation (the caller's checks name the difference); a record that arrives in pieces
+    is still read whole; the next expected frame is taken as ever."""
+    x = np.arange(16, dtype=np.float32)
+    c, tx, rx, lane, exp = _expecting("run", {"x": x})
+    exp.rid = 4
+    if case == "another id":
+        tx.send_sealed(lane.fill(5, {"x": x}))
+        got = rx.recv(codec=c, expect=exp)
+        assert got is not exp and got.id == 5 and got.header["gen"] == 3
+    elif case == "another generation":
+        tx.send_parts(wire.encode_fast(c, "run", 4, 2, {"x": x}))
+        got = rx.recv(codec=c, expect=exp)
+        assert got is not exp and got.header["gen"] == 2
+    elif case == "another shape":
+        tx.send_parts(wire.encode_fast(c, "run", 4, 3, {"x": x.reshape(4, 4)}))
+        got = rx.recv(codec=c, expect=exp)
+        assert got is not exp and got.arrays()["x"].shape == (4, 4)
+    elif case == "reset_state":
+        tx.send_parts(wire.encode_fast(c, "run", 4, 3, {"x": x}, {"reset_state": True}))
+        got = rx.recv(codec=c, expect=exp)
+        assert got is not exp and got.header["options"] == {"reset_state": True}
+    elif case == "JSON frame":
+        tx.send({"op": "run", "id": 4, "gen": 3}, {"x": x})
+        got = rx.recv(codec=c, expect=exp)
+        assert got is not exp and not got.fast and got.id == 4
+    else:  # the record's first 20 bytes, the rest 50 ms later
+        lane.fill(4, {"x": x})
+        a = tx.sock
+        real = a.sock
+
+        class Split:
+            def sendall(self, data: bytes) -> None:
+                real.sendall(bytes(data[:20]))
+                threading.Timer(0.05, real.sendall, (bytes(data[20:]),)).start()
+
+        tx.sock = Split()
+        tx.send_sealed(lane)
+        tx.sock = a
+        assert rx.recv(codec=c, expect=exp) is exp and exp.fields == (4,)
+    exp.rid = None
+    tx.send_sealed(lane.fill(6, {"x": x + 1}))
+    assert rx.recv(codec=c, expect=exp) is exp and exp.fields == (6,)
+    assert np.frombuffer(exp.payload, np.float32).tolist() == (x + 1).tolist()
+
+
+def test_an_expected_frame_keeps_the_id_range_check() -> None:
+    """An id past 2^63 (the kept frame refuses to write one) fails as the long way names it,
+    with or without an expectation."""
+    x = np.arange(16, dtype=np.float32)
+    c, tx, rx, lane, exp = _expecting("run", {"x": x})
+    data = bytearray(lane.fill(7, {"x": x}).frame)
+    wire._U64_AT.pack_into(data, wire.PREFIX.size + 8, 1 << 63)
+    tx.send_parts([bytes(data)])
+    with pytest.raises(wire.ProtocolError, match=re.escape("id 9223372036854775808 is not in")):
+        rx.recv(codec=c, expect=exp)
+
+
+def test_an_expectation_is_only_for_what_it_was_made_for() -> None:
+    """Another codec's frames, a smaller payload limit, or no codec at all: the long way."""
+    x = np.arange(16, dtype=np.float32)
+    c, tx, rx, lane, exp = _expecting("run", {"x": x})
+    tx.send_sealed(lane.fill(8, {"x": x}))
+    got = rx.recv(codec=codec(), expect=exp)
+    assert got is not exp and got.id == 8
+    for kw, message in [({"codec": c, "max_payload": 8}, "payload length 64 exceeds the limit 8"),
+                        ({"codec": None}, "binary frame (XSB1) where this end expects JSON")]:
+        tx.send_sealed(lane.fill(8, {"x": x}))
+        with pytest.raises(wire.ProtocolError, match=re.escape(message)):
+            rx.recv(expect=exp, **kw)
+        c, tx, rx, lane, exp = _expecting("run", {"x": x})
+    assert c.expect(wire.FAST_RUN, 0, exp.tensors, exp.plen) is None  # gen 0
+    assert c.expect(wire.FAST_RUN, 1, exp.tensors, exp.plen + 4) is None  # tensors != payload
+    assert c.expect(wire.FAST_RESULT, 1, exp.tensors, exp.plen) is None  # x is not an output
+
+
+@pytest.mark.parametrize("attack, check", [
+    ("tamper id", "frame integrity check failed (mac)"),
+    ("tamper payload", "frame integrity check failed (mac)"),
+    ("inject", "frame integrity check failed (mac)"),
+    ("replay", "frame sequence check failed (replay)"),
+    ("reorder", "frame sequence check failed (reorder)"),
+])
+def test_attacks_on_expected_records_fail_closed_by_name(attack: str, check: str) -> None:
+    """With an expectation, a tampered, injected, replayed or reordered record fails with
+    the same check name as without one."""
+    records, rx, a, b = _records(16, 2)
+    c = codec()
+    exp = c.expect(wire.FAST_RUN, 1, parse(records[0][:-wire.TRAILER_BYTES], c).tensors, 64)
+    assert exp is not None
+    if attack.startswith("tamper"):
+        bad = bytearray(records[0])
+        bad[wire.PREFIX.size + 8 if attack == "tamper id" else -wire.TRAILER_BYTES - 1] ^= 1
+        records[0] = bytes(bad)
+    elif attack == "inject":
+        forged = b"".join(bytes(memoryview(p).cast("B")) for p in
+                          wire.encode_fast(c, "run", 1, 1, {"x": np.zeros(16, np.float32)}))
+        records.insert(0, forged + wire.COUNTER.pack(0) + bytes(wire.TAG_BYTES))
+    elif attack == "replay":
+        records = records[:1] + records[:1]
+    else:
+        records = records[1:] + records[:1]
+
+    def write() -> None:
+        try:
+            a.sock.sendall(b"".join(records))
+            a.sock.close()
+        except OSError:
+            pass
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        with pytest.raises(wire.ProtocolError, match=re.escape(check)):
+            for _ in range(3):
+                assert rx.recv(codec=c, expect=exp) is exp
+    finally:
+        b.sock.close()
+        writer.join(10)
