@@ -92,6 +92,26 @@ def test_expected_frames_carry_the_calls_with_the_same_numbers(pair, monkeypatch
     assert c._pending is None and c._next_id == w._expect.fields[0] + 1
 
 
+def _attacked(ch: wire.Channel, lane, attack: str, rid: int = 0) -> bytearray:  # type: ignore[no-untyped-def]
+    """``lane``'s record as ``attack`` alters it: another id (``rid`` + 1), another
+    generation, an id past 2^63, a counter ahead (reorder) before sealing; a flipped bit of
+    the id or the payload after (tamper). Any other attack: the record as sealed."""
+    if attack == "another id":
+        wire._U64_AT.pack_into(lane.buf, wire.PREFIX.size + 8, rid + 1)
+    elif attack == "another generation":
+        lane.buf[20:24] = (2).to_bytes(4, "little")
+    elif attack == "id past 2^63":
+        wire._U64_AT.pack_into(lane.buf, wire.PREFIX.size + 8, 1 << 63)
+    elif attack == "reorder":
+        ch.sent += 1
+    data = _sealed(ch, lane)
+    if attack == "tamper id":
+        data[wire.PREFIX.size + 8] ^= 1
+    elif attack == "tamper payload":
+        data[-wire.TRAILER_BYTES - 1] ^= 1
+    return data
+
+
 def _sealed(ch: wire.Channel, lane) -> bytearray:  # type: ignore[no-untyped-def]
     """The record ``Channel.send_sealed`` makes of ``lane`` (its counter taken), not sent."""
     real = ch.sock
@@ -141,20 +161,8 @@ def test_a_reply_off_the_expectation_fails_as_before(pair, attack: str, expectin
     }[attack]
 
     def answer(lane):  # type: ignore[no-untyped-def]
-        if attack == "another id":
-            wire._U64_AT.pack_into(lane.buf, wire.PREFIX.size + 8, rid + 1)
-        elif attack == "another generation":
-            lane.buf[20:24] = (2).to_bytes(4, "little")
-        elif attack == "reorder":
-            ch.sent += 1
-        data = _sealed(ch, lane)
-        if attack == "tamper id":
-            data[wire.PREFIX.size + 8] ^= 1
-        elif attack == "tamper payload":
-            data[-wire.TRAILER_BYTES - 1] ^= 1
-        elif attack == "replay":
-            data = last[0]
-        ch.sock.sendall(data)
+        data = _attacked(ch, lane, attack, rid)
+        ch.sock.sendall(last[0] if attack == "replay" else data)
 
     ch.send_sealed = answer  # type: ignore[method-assign]
     if not expecting:
@@ -187,19 +195,8 @@ def test_a_request_off_the_expectation_fails_as_before(pair, attack: str, expect
         "replay": "frame sequence check failed (replay)",
         "reorder": "frame sequence check failed (reorder)",
     }[attack]
-    if attack == "another generation":
-        lane.buf[20:24] = (2).to_bytes(4, "little")
-    elif attack == "id past 2^63":
-        wire._U64_AT.pack_into(lane.buf, wire.PREFIX.size + 8, 1 << 63)
-    elif attack == "replay":
+    if attack == "replay":
         ch.sent -= 1
-    elif attack == "reorder":
-        ch.sent += 1
-    data = _sealed(ch, lane)
-    if attack == "tamper id":
-        data[wire.PREFIX.size + 8] ^= 1
-    elif attack == "tamper payload":
-        data[-wire.TRAILER_BYTES - 1] ^= 1
-    c._ctl.sendall(data)
+    c._ctl.sendall(_attacked(ch, lane, attack))
     with pytest.raises(wire.ProtocolError, match=re.escape(message)):
         w.turn()

@@ -314,7 +314,9 @@ def _records(n: int, frames: int = 1):  # type: ignore[no-untyped-def]
     return out, rx, a, b
 
 
-def _read_after(records: list[bytes], rx, a, b, frames: int) -> None:  # type: ignore[no-untyped-def]
+def _read_after(records: list[bytes], rx, a, b, frames: int, **kw) -> None:  # type: ignore[no-untyped-def]
+    """Send ``records`` from ``a`` (on a thread, then close it) while ``rx`` reads ``frames``
+    + 1 frames (``kw``: ``recv``'s codec and expectation, else a fresh codec)."""
     def write() -> None:
         try:
             a.sock.sendall(b"".join(records))
@@ -326,7 +328,8 @@ def _read_after(records: list[bytes], rx, a, b, frames: int) -> None:  # type: i
     writer.start()
     try:
         for _ in range(frames + 1):
-            rx.recv(codec=codec())
+            got = rx.recv(**(kw or {"codec": codec()}))
+            assert "expect" not in kw or got is kw["expect"]
     finally:
         b.sock.close()
         writer.join(10)
@@ -631,19 +634,5 @@ def test_attacks_on_expected_records_fail_closed_by_name(attack: str, check: str
     else:
         records = records[1:] + records[:1]
 
-    def write() -> None:
-        try:
-            a.sock.sendall(b"".join(records))
-            a.sock.close()
-        except OSError:
-            pass
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    try:
-        with pytest.raises(wire.ProtocolError, match=re.escape(check)):
-            for _ in range(3):
-                assert rx.recv(codec=c, expect=exp) is exp
-    finally:
-        b.sock.close()
-        writer.join(10)
+    with pytest.raises(wire.ProtocolError, match=re.escape(check)):
+        _read_after(records, rx, a, b, 2, codec=c, expect=exp)
