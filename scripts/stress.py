@@ -83,7 +83,8 @@ def _hostile(rng: random.Random, x: np.ndarray):
     """A well-formed frame the worker must refuse with an ``error`` reply: (kind, header, arrays).
 
     (A frame the wire itself rejects is refused by the client's own encoder before it leaves,
-    so those reach the worker only as ``--mutated`` bytes.)
+    so those reach the worker only as ``--mutated`` bytes: with binary call frames a tensor
+    name the loaded stage lacks is one, counted as refused by the client, the client kept.)
     """
     kind = rng.choice(["misnamed", "extra", "dtype", "shape", "missing_graph"])
     if kind == "misnamed":
@@ -190,7 +191,11 @@ def _frames(n: int, mutated: int, graph: Path, seed: int, transport: str = "loca
             else:
                 kind, header, arrays = _hostile(rng, x)
                 rid = client._take_id()
-                client._send(dict(header, id=rid), arrays)
+                try:
+                    client._send(dict(header, id=rid), arrays)
+                except errors.LocalProtocolError:  # the client's encoder refused it: not sent
+                    counts[f"hostile {kind}: refused by the client, never sent"] += 1
+                    continue
                 frame = client._recv("call", 5.0)
                 counts[f"hostile {kind}: {frame.op}"] += 1
                 if kind == "missing_graph":  # the failed load must not unload the good one
