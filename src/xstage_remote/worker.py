@@ -338,9 +338,13 @@ class Worker:
                     self._expect = self.codec.expect(wire.FAST_RUN, self.generation, tensors,
                                                      len(frame.payload))
             return feeds
-        payload = frame.payload
+        return self._planned(frame.payload)
+
+    def _planned(self, payload):
+        """The inputs of a binary run's ``payload`` read with ``_fed``'s plan: arrays viewing
+        it, as ``Frame.arrays`` makes them."""
         feeds = {}
-        for name, shape, dtype, offset in plan[1]:  # arrays viewing the payload, as arrays()
+        for name, shape, dtype, offset in self._plan[1]:
             feeds[name] = np.ndarray(shape, dtype, payload, offset)
         return feeds
 
@@ -542,11 +546,7 @@ class Worker:
                 if self.spin is not None:
                     self.spin.expected = None  # one record: spin for the next one
                 try:
-                    payload = expect.payload
-                    feeds = {}
-                    for name, shape, dtype, offset in self._plan[1]:  # _fed's plan
-                        feeds[name] = np.ndarray(shape, dtype, payload, offset)
-                    self._run_binary(expect.fields[0], feeds)
+                    self._run_binary(expect.fields[0], self._planned(expect.payload))
                 except Exception as exc:
                     self.send_error(expect.fields[0], exc)
                 return None

@@ -82,7 +82,6 @@ def parse_timeouts(items: Iterable[str], base: Deadlines | None = None) -> Deadl
 REARM_SLACK_S = 1e-3
 _TIMEVAL = struct.Struct("@ll")
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
-_monotonic = time.monotonic
 
 
 class DeadlineSocket:
@@ -159,13 +158,7 @@ class DeadlineSocket:
 
     def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
         """``socket.recv_into`` within the call's deadline."""
-        deadline = self.deadline
-        if deadline is not None:  # _bound(1), written out (every call's reply passes here)
-            left = deadline - _monotonic()
-            if left <= 0:
-                raise TimeoutError(f"the deadline of {self._seconds}s passed")
-            if self._armed[1] > left + REARM_SLACK_S:
-                self._arm(1, left)
+        self._bound(1)
         try:
             k = self.sock.recv_into(buffer, nbytes)
         except BlockingIOError:
@@ -191,13 +184,7 @@ class DeadlineSocket:
 
     def send(self, data: Any) -> int:
         """``socket.send`` within the call's deadline."""
-        deadline = self.deadline
-        if deadline is not None:  # _bound(0), written out (every call's request passes here)
-            left = deadline - _monotonic()
-            if left <= 0:
-                raise TimeoutError(f"the deadline of {self._seconds}s passed")
-            if self._armed[0] > left + REARM_SLACK_S:
-                self._arm(0, left)
+        self._bound(0)
         try:
             return self.sock.send(data)
         except BlockingIOError:

@@ -1094,13 +1094,7 @@ class WorkerClient:
                 _, worker_ns, rss, peak = reply.fields
                 self.last_timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak}
                 self._spin_expected = worker_ns * 1e-9
-                payload = reply.payload
-                result = Outputs()
-                ndarray = np.ndarray
-                for name, shape, dtype, offset in self._out_plan[1]:
-                    value = ndarray(shape, dtype, payload, offset)
-                    result[name] = value if value.flags.aligned else _fill(None, value, name)
-                return result
+                return self._planned(reply.payload)
         self._pending = None
         header = frame.header
         if header["id"] != rid or header["op"] != "result" or not frame.fast \
@@ -1133,9 +1127,15 @@ class WorkerClient:
                     self._reply = self._fast.expect(wire.FAST_RESULT, self.generation,
                                                     tensors, len(frame.payload))
             return result
-        payload = frame.payload
+        return self._planned(frame.payload)
+
+    def _planned(self, payload: Any) -> Outputs:
+        """A binary reply's ``payload`` read with ``_collect_lean``'s plan.
+
+        Arrays viewing it, as ``Frame.arrays`` makes them (an unaligned one copied).
+        """
         result = Outputs()
-        for name, shape, dtype, offset in plan[1]:  # arrays viewing the payload, as arrays()
+        for name, shape, dtype, offset in self._out_plan[1]:
             value = np.ndarray(shape, dtype, payload, offset)
             result[name] = value if value.flags.aligned else _fill(None, value, name)
         return result
