@@ -1085,7 +1085,7 @@ class Doorbell:
         self._load = None
         self._sampled = -LOAD_SAMPLE_SECONDS
         self._next = None  # the decision ring() made for the wait that follows it
-        self._unlearned = None  # an answered spin's outcome, told the policy later (_learn_later)
+        self._unlearned = None  # an answered spin's outcome, told the policy later (_catch_up)
         self._wait_fd = self._ring_fd = None  # eventfds: this side's wake-up, the peer's
         self._polls = {}  # watched fds -> a registered select.poll (eventfd mode)
 
@@ -1330,8 +1330,8 @@ class Doorbell:
             return ready()
         if self._spin(ready, now, budget, tell)[0] != "answered":
             return False
-        if tell:  # the scheduler may have moved this side while it spun
-            self.region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
+        if tell:
+            self._tell_cpu()
         return True
 
     def _catch_up(self):
@@ -1347,9 +1347,14 @@ class Doorbell:
         late, self._unlearned = self._unlearned, None
         if late is not None:
             tell, args = late
-            if tell and not self.region._closed:  # the scheduler may have moved it while it spun
-                self.region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
+            if tell and not self.region._closed:
+                self._tell_cpu()
             self._learn(*args)
+
+    def _tell_cpu(self):
+        """Publish the CPU this side runs on now (the scheduler may have moved it while it
+        spun); the peer's next spin reads it (``_shares_cpu``, the worker's yields)."""
+        self.region.set_flag(self.own + CPU_AFTER_FLAG, _getcpu() + 1)
 
     def _learn(self, decision, expected, spun, longest, outcome, latency):
         """What a wait saw, told to the policy and the trace; ``outcome`` None: the wait ended
