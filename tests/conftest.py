@@ -248,7 +248,7 @@ def fake_python(tmp_path: Path):
 
 
 def _dependency_stamp() -> str:
-    """A hash of what pip installs into the export venv (``.[export]``), and nothing else: a change
+    """A hash of what pip installs into the export venv (``.[export,cpu]``), and nothing else: a change
     to a tool section or to another extra (test, ray) must not rebuild a venv of several hundred MB."""
     import hashlib
     import json
@@ -259,7 +259,8 @@ def _dependency_stamp() -> str:
     project = data.get("project", {})
     wanted = {"build-system": data.get("build-system"), "requires-python": project.get("requires-python"),
               "dependencies": project.get("dependencies"),
-              "export": project.get("optional-dependencies", {}).get("export")}
+              "export": project.get("optional-dependencies", {}).get("export"),
+              "cpu": project.get("optional-dependencies", {}).get("cpu")}
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -273,9 +274,11 @@ def export_python() -> Path:
     """
 
     pin = "torch==2.13.0"
-    root = cache_root() / "export"
-    python = root / "venv" / "bin" / "python"
     stamp = _dependency_stamp()
+    # One folder per stamp: checkouts with different dependencies (branches sharing one
+    # XSTAGE_TEST_CACHE) never rebuild each other's venv under a test that is using it.
+    root = cache_root() / f"export-{stamp}"
+    python = root / "venv" / "bin" / "python"
     marker = root / f"built-{stamp}"
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
@@ -284,12 +287,12 @@ def export_python() -> Path:
             return python
         if sys.version_info[:2] != (3, 11) or not _torch_wheel_is_local(pin):
             pytest.skip(f"{pin} is not on local disk for this Python; installing it would download GBs")
-        pkgindex.require("building the export test env (pip install -e .[export])")
+        pkgindex.require("building the export test env (pip install -e .[export,cpu])")
         shutil.rmtree(root / "venv", ignore_errors=True)
         for old in root.glob("built-*"):
             old.unlink()
         subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=300)
-        for args in ([pin], ["-e", f"{REPO}[export]"]):
+        for args in ([pin], ["-e", f"{REPO}[export,cpu]"]):
             done = subprocess.run([str(python), "-m", "pip", "install", "-q", *args],
                                   capture_output=True, text=True, timeout=1800)
             if done.returncode != 0:

@@ -92,16 +92,18 @@ VM = _report(["cpu"], {"ort-cpu": ("cpu",), "ort-openvino": ("cpu",)})
 # -- default: the preference order, and the route order within a device -------------------------
 
 
-def test_default_order_is_npu_then_igpu_then_dgpu_then_cpu():
+def test_default_is_an_offload_npu_then_igpu_then_dgpu_then_cpu_the_reference_arm_last():
+    """No selector is an offload: the same plan as ``offload=True``."""
     plan = make_plan(LAPTOP, "onnx:fp32")
-    assert (plan.mode, plan.fall_through) == ("default", True)
+    assert (plan.mode, plan.fall_through) == ("offload", True)
     assert _pairs(plan) == [
         ("npu:intel", "ort-openvino"),
         ("gpu_integrated:intel", "ort-openvino"),
         ("gpu_discrete:nvidia:0", "ort-cuda"),
-        ("cpu", "ort-cpu"),
         ("cpu", "ort-openvino"),
+        ("cpu", "ort-cpu"),
     ]
+    assert plan == make_plan(LAPTOP, "onnx:fp32", offload=True)
     assert plan.considered == ("npu:intel", "gpu_integrated:intel", "gpu_discrete:nvidia:0", "cpu")
 
 
@@ -144,14 +146,18 @@ def test_default_keeps_every_missing_route_of_a_considered_device_as_a_refusal()
     assert dml.evidence["reason_code"] == "wrong_os"
 
 
-def test_routes_within_a_device_keep_the_fixed_order():
-    """ort-cpu before ort-openvino on the cpu, whatever order the row lists them in."""
+def test_routes_within_a_device_keep_the_fixed_order_the_reference_arm_last():
+    """ort-openvino before ort-cpu (the reference arm) on the cpu, whatever order the row lists
+    them in, and whether the cpu was asked for or not."""
     plan = make_plan(VM, "onnx:fp32")
-    assert _pairs(plan) == [("cpu", "ort-cpu"), ("cpu", "ort-openvino")]
+    assert _pairs(plan) == [("cpu", "ort-openvino"), ("cpu", "ort-cpu")]
     row = VM.devices[0]
     shuffled = DeviceReport(devices=(type(row)(row.device, tuple(reversed(row.routes))),),
                             routes=VM.routes, host=LINUX)
-    assert _pairs(make_plan(shuffled, "onnx:fp32")) == [("cpu", "ort-cpu"), ("cpu", "ort-openvino")]
+    for report in (VM, shuffled):
+        for selector in ({}, {"device": "cpu"}, {"prefer": ["cpu"]}):
+            assert _pairs(make_plan(report, "onnx:fp32", **selector)) == [
+                ("cpu", "ort-openvino"), ("cpu", "ort-cpu")], selector
     assert plan.refusals == ()
 
 
@@ -160,7 +166,7 @@ def test_a_resolved_route_that_does_not_report_the_device_is_not_a_candidate_for
     report = _report(["cpu", "gpu_integrated:intel"], {"ort-cpu": ("cpu",), "ort-openvino": ("cpu",)},
                      {"ort-dml": ReasonCode.WRONG_OS})
     plan = make_plan(report, "onnx:fp32")
-    assert _pairs(plan) == [("cpu", "ort-cpu"), ("cpu", "ort-openvino")]
+    assert _pairs(plan) == [("cpu", "ort-openvino"), ("cpu", "ort-cpu")]
     assert ((UNREACHABLE, "route_missing", "gpu_integrated:intel", "ort-openvino")
             in _refusals(plan))
 
@@ -169,8 +175,8 @@ def test_a_resolved_route_that_does_not_report_the_device_is_not_a_candidate_for
 
 
 def test_device_is_required_and_prefixes_match():
-    assert _pairs(make_plan(LAPTOP, "onnx:fp32", device="cpu")) == [("cpu", "ort-cpu"),
-                                                                    ("cpu", "ort-openvino")]
+    assert _pairs(make_plan(LAPTOP, "onnx:fp32", device="cpu")) == [("cpu", "ort-openvino"),
+                                                                    ("cpu", "ort-cpu")]
     plan = make_plan(LAPTOP, "onnx:fp32", device="gpu_discrete:nvidia")
     assert _pairs(plan) == [("gpu_discrete:nvidia:0", "ort-cuda")]
     assert (plan.mode, plan.considered) == ("device", ("gpu_discrete:nvidia",))
@@ -218,22 +224,22 @@ def test_prefer_tries_devices_in_the_given_order_and_falls_through():
     assert (plan.mode, plan.fall_through) == ("prefer", True)
     assert _pairs(plan) == [
         ("gpu_discrete:nvidia:0", "ort-cuda"),
-        ("cpu", "ort-cpu"),
         ("cpu", "ort-openvino"),
+        ("cpu", "ort-cpu"),  # the device's reference arm last within it, not last of all
         ("npu:intel", "ort-openvino"),
     ]
 
 
 def test_prefer_skips_a_device_the_machine_lacks_with_a_refusal():
     plan = make_plan(VM, "onnx:fp32", prefer=["npu:amd", "gpu_integrated", "cpu"])
-    assert _pairs(plan) == [("cpu", "ort-cpu"), ("cpu", "ort-openvino")]
+    assert _pairs(plan) == [("cpu", "ort-openvino"), ("cpu", "ort-cpu")]
     assert _refusals(plan) == [(UNREACHABLE, "no_route", "npu:amd", None),
                                (UNREACHABLE, "no_route", "gpu_integrated", None)]
 
 
 def test_prefer_does_not_repeat_a_candidate():
     plan = make_plan(VM, "onnx:fp32", prefer=["cpu", "cpu"])
-    assert _pairs(plan) == [("cpu", "ort-cpu"), ("cpu", "ort-openvino")]
+    assert _pairs(plan) == [("cpu", "ort-openvino"), ("cpu", "ort-cpu")]
 
 
 def test_device_and_prefer_together_are_a_usage_error():
@@ -313,9 +319,9 @@ def test_a16w8_on_a_machine_whose_only_routes_for_it_are_on_the_cpu():
     report = _report(["cpu", "npu:amd"], {"ort-cpu": ("cpu",), "ort-openvino": ("cpu",)},
                      {"ort-vitisai": ReasonCode.WRONG_OS})
     plan = make_plan(report, "onnx:a16w8")
-    assert _pairs(plan) == [("cpu", "ort-cpu"), ("cpu", "ort-openvino")]
+    assert _pairs(plan) == [("cpu", "ort-openvino"), ("cpu", "ort-cpu")]
     assert _refusals(plan) == [(UNREACHABLE, "route_missing", "npu:amd", "ort-vitisai")]
-    assert _pairs(make_plan(VM, "onnx:a16w8")) == [("cpu", "ort-cpu"), ("cpu", "ort-openvino")]
+    assert _pairs(make_plan(VM, "onnx:a16w8")) == [("cpu", "ort-openvino"), ("cpu", "ort-cpu")]
 
 
 def test_fp32_on_an_a16w8_only_npu_is_no_exported_graph():

@@ -4,7 +4,8 @@ The public surface is small on purpose: ``open_stage()`` → ``Stage`` (placed, 
 ``devices()`` and ``plan()`` for the device table and the planner, ``Ledger`` for the memory
 pools stages are budgeted against, ``Refused`` with its
 ``Refusal`` values, ``WorkerClient`` and ``Deadlines`` for one worker, ``resolve``/``resolve_all``
-for routes, and the error tree in ``xstage.errors``.
+for routes, and the error tree of ``xstage.errors`` (every class importable from here, each an
+``XstageError``). The package is typed (``py.typed``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,31 @@ from __future__ import annotations
 from xstage._version import __version__
 from xstage.client import Deadlines, WorkerClient, WorkerState
 from xstage.device_table import DeviceReport, devices
-from xstage.errors import Refused, XstageError
+from xstage.errors import (
+    ArtifactError,
+    CallTimeout,
+    EnvError,
+    HelloTimeout,
+    InputError,
+    LoadTimeout,
+    LocalProtocolError,
+    ProtocolError,
+    RecordError,
+    Refused,
+    RemoteProtocolError,
+    RouteMissing,
+    RuntimeMissing,
+    ShutdownTimeout,
+    SpawnTimeout,
+    StageClosed,
+    UsageError,
+    WarmupTimeout,
+    WorkerDied,
+    WorkerError,
+    WorkerRaised,
+    WorkerTimeout,
+    XstageError,
+)
 from xstage.planner import Plan, plan
 from xstage.refusal import Refusal, RefusalCode
 from xstage.routes import ReasonCode, RouteSpec, RouteStatus, resolve, resolve_all
@@ -20,19 +45,40 @@ from xstage.stage import Stage, open_stage
 from xstage.stage.ledger import Ledger
 
 __all__ = [
+    "ArtifactError",
+    "CallTimeout",
     "Deadlines",
     "DeviceReport",
+    "EnvError",
+    "HelloTimeout",
+    "InputError",
     "Ledger",
+    "LoadTimeout",
+    "LocalProtocolError",
     "Plan",
+    "ProtocolError",
     "ReasonCode",
+    "RecordError",
     "Refusal",
     "RefusalCode",
     "Refused",
+    "RemoteProtocolError",
+    "RouteMissing",
     "RouteSpec",
     "RouteStatus",
+    "RuntimeMissing",
+    "ShutdownTimeout",
+    "SpawnTimeout",
     "Stage",
+    "StageClosed",
+    "UsageError",
+    "WarmupTimeout",
     "WorkerClient",
+    "WorkerDied",
+    "WorkerError",
+    "WorkerRaised",
     "WorkerState",
+    "WorkerTimeout",
     "XstageError",
     "__version__",
     "devices",

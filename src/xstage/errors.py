@@ -11,7 +11,9 @@ loud. The CLI maps each class to one line and a hint (``xstage.cli._errors``).
     ├── InputError                 inputs do not match the stage's declared signature
     ├── RecordError                a record is unreadable or fails its schema
     ├── EnvError                   building or removing a route environment failed
+    ├── StageClosed                a call after close() or after the worker died (a RuntimeError too)
     ├── RouteMissing               a route was required and did not resolve
+    ├── RuntimeMissing             this interpreter has no onnxruntime, or one too old
     ├── Refused                    every candidate was refused (``.refusals`` says why)
     ├── ProtocolError              a frame broke the wire spec (docs/wire.md)
     │   ├── LocalProtocolError     we were about to send a bad frame
@@ -27,8 +29,9 @@ loud. The CLI maps each class to one line and a hint (``xstage.cli._errors``).
             ├── CallTimeout
             └── ShutdownTimeout
 
-Misuse of an object's lifecycle is a ``RuntimeError`` subclass, apart from operational
-failures: ``StageClosed`` (a call after ``close()`` or after the worker died).
+Misuse of an object's lifecycle is also a ``RuntimeError``, apart from operational failures:
+``StageClosed`` (a call after ``close()`` or after the worker died) is an ``XstageError`` and a
+``RuntimeError``, so ``except XstageError`` catches every error xstage raises on purpose.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ __all__ = [
     "Refused",
     "RemoteProtocolError",
     "RouteMissing",
+    "RuntimeMissing",
     "ShutdownTimeout",
     "SpawnTimeout",
     "StageClosed",
@@ -103,6 +107,10 @@ class RouteMissing(XstageError):
     def __init__(self, message: str, *, reason_code: str, remedy: str | None = None) -> None:
         super().__init__(message, remedy=remedy)
         self.reason_code = reason_code
+
+
+class RuntimeMissing(XstageError):
+    """Raised when this interpreter has no onnxruntime distribution, or one older than supported."""
 
 
 class Refused(XstageError):
@@ -237,5 +245,5 @@ class ShutdownTimeout(WorkerTimeout):
     phase = "shutdown"
 
 
-class StageClosed(RuntimeError):
+class StageClosed(XstageError, RuntimeError):
     """Raised on a call to a worker or stage that was closed or whose worker died."""

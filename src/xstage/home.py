@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -25,8 +26,8 @@ from pathlib import Path
 import platformdirs
 
 __all__ = [
-    "LOG_KEEP_DEFAULT", "atomic_write", "cache_dir", "envs_dir", "home", "locked", "locks_dir",
-    "log_keep", "logs_dir", "prune_logs", "records_dir",
+    "LOG_KEEP_DEFAULT", "atomic_write", "cache_dir", "check_output", "envs_dir", "home", "locked",
+    "locks_dir", "log_keep", "logs_dir", "prune_logs", "records_dir", "write_output",
 ]
 
 
@@ -69,18 +70,21 @@ def logs_dir() -> Path:
     return _sub("logs")
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> Path:
+def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644,
+                 make_parents: bool = True) -> Path:
     """Write ``data`` to ``path`` through a unique temporary file and one atomic rename.
 
-    Side effects: creates the parent folder; the temporary file (``.<name>.*.tmp`` beside the
-    target) is removed on any failure. Two processes writing the same path at once each
-    rename a complete file; the last rename wins.
+    Side effects: creates the parent folder (unless ``make_parents`` is False: an output the
+    user named, ``write_output``); the temporary file (``.<name>.*.tmp`` beside the target) is
+    removed on any failure. Two processes writing the same path at once each rename a complete
+    file; the last rename wins.
 
     Raises:
         OSError: the folder cannot be made or written.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if make_parents:
+        target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -92,6 +96,110 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644
             os.unlink(tmp)
         raise
     return target
+
+
+#: Paths that name one of this process's open files (``/dev/stdout`` links to the first): the
+#: kernel resolves them, and they are always written in place, never replaced.
+_FD_PREFIXES = ("/dev/fd/", "/proc/self/fd/", "/dev/stdout", "/dev/stderr")
+
+
+def _followed(target: Path, flag: str) -> Path:
+    """``target`` with its symlinks followed, each one owned by this user or root.
+
+    A link owned by someone else is refused, whatever folder it sits in: in a sticky
+    world-writable folder (``/tmp``) it is the attack ``fs.protected_symlinks`` stops, and
+    elsewhere writing through it still writes where another user points. Following stops at a
+    link into ``/proc/self/fd`` or ``/dev/fd`` (an open file of this process, not a path).
+
+    Raises:
+        UsageError: a link owned by another user, or a loop of links.
+    """
+    from xstage.errors import UsageError
+
+    for _ in range(40):
+        if str(target).startswith(_FD_PREFIXES):
+            return target
+        try:
+            info = os.lstat(target)
+        except (FileNotFoundError, NotADirectoryError):  # nothing there: check_output says why
+            return target
+        if not stat.S_ISLNK(info.st_mode):
+            return target
+        uid = os.getuid() if hasattr(os, "getuid") else None  # no owners to compare on Windows
+        if uid is not None and info.st_uid not in (uid, 0):
+            raise UsageError(
+                f"{flag} {target} is a symbolic link owned by another user (uid {info.st_uid}): "
+                "xstage does not write through it", remedy="choose a path you own")
+        link = Path(os.readlink(target))
+        target = link if link.is_absolute() else target.parent / link
+    raise UsageError(f"{flag} {target}: too many levels of symbolic links", remedy="choose another path")
+
+
+def _in_place(target: Path) -> bool:
+    """Whether ``target`` is written where it is: an open file of this process, a character
+    device or a FIFO (``/dev/null``, a pipe), never replaced by a new file."""
+    if str(target).startswith(_FD_PREFIXES):
+        return True
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def check_output(path: str | os.PathLike[str], *, flag: str = "--json") -> Path:
+    """Where an output the user named will be written, checked before any work is done.
+
+    Rules (each a usage error when broken): a symbolic link is followed only when this user or
+    root owns it; an open file of this process (``/dev/stdout``), a character device or a FIFO
+    is written in place; a folder is not a file; the file's folder must exist (it is never
+    created) and be writable.
+
+    Raises:
+        UsageError: one of the rules above, naming the flag and the path.
+    """
+    from xstage.errors import UsageError
+
+    target = _followed(Path(path), flag)
+    if _in_place(target):
+        return target
+    if target.is_dir():
+        example = "record.json" if flag == "--json" else "out" + (Path(path).suffix or ".file")
+        raise UsageError(f"{flag} {path} is a folder, not a file",
+                         remedy=f"name a file in it, e.g. {flag} {Path(path) / example}")
+    folder = target.parent
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {folder} does not exist",
+                         remedy=f"create it first (mkdir -p {folder}) or choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: the folder {folder} is not writable",
+                         remedy="choose a path in a folder you can write")
+    return target
+
+
+def write_output(path: str | os.PathLike[str], data: bytes, *, flag: str = "--json") -> Path:
+    """Write an output the user named (``--json PATH``, ``--html``, …); returns where it went.
+
+    ``check_output``'s rules, then: an open file of this process, a character device or a FIFO
+    is written in place (never replaced by a file); anything else is written atomically
+    (``atomic_write``) to the link's target, keeping an existing file's permissions. The folder
+    is never created.
+
+    Raises:
+        UsageError: ``check_output``'s rules.
+        OSError: the write itself failed.
+    """
+    target = check_output(path, flag=flag)
+    if _in_place(target):
+        # Appending: a redirected stream (``--json /dev/stderr 2>log``) keeps what it holds.
+        with open(target, "ab") as handle:
+            handle.write(data)
+        return Path(path)
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        mode = 0o644
+    return atomic_write(target, data, mode=mode, make_parents=False)
 
 
 @contextlib.contextmanager

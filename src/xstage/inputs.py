@@ -53,8 +53,12 @@ def parse_dims(items: Sequence[str]) -> dict[str, int]:
     return out
 
 
-def load_npz(path: str | Path, declared: Sequence[IOSpec]) -> dict[str, np.ndarray]:
+def load_npz(path: str | Path, declared: Sequence[IOSpec], *,
+             flag: str = "--inputs") -> dict[str, np.ndarray]:
     """Inputs from an ``.npz``; names must be exactly the stage's (checked later for dtypes).
+
+    ``flag`` is the command's flag that named the file (``--inputs``; quantize's
+    ``--calibration``), so the message blames a flag the command has.
 
     Raises:
         UsageError: the file is missing or not a pickle-free npz, or names do not match.
@@ -65,13 +69,13 @@ def load_npz(path: str | Path, declared: Sequence[IOSpec]) -> dict[str, np.ndarr
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
         raise errors.UsageError(
-            f"--inputs {path}: not a readable .npz without pickled objects ({exc})",
+            f"{flag} {path}: not a readable .npz without pickled objects ({exc})",
             remedy="save inputs with np.savez(path, name=array, ...) and plain numeric arrays",
         ) from exc
     names = [d.name for d in declared]
     if set(arrays) != set(names):
         raise errors.InputError(
-            f"--inputs {path} holds {sorted(arrays)}, the stage takes {sorted(names)}",
+            f"{flag} {path} holds {sorted(arrays)}, the stage takes {sorted(names)}",
             remedy="name each array after the graph input it feeds",
         )
     return {n: arrays[n] for n in names}
@@ -83,8 +87,12 @@ def synthesize(
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     dims: Mapping[str, int] | None = None,
     seed: int = SEED,
+    data_flag: str = "--inputs FILE.npz",
 ) -> dict[str, np.ndarray]:
     """Deterministic inputs for the declared signature.
+
+    ``data_flag`` is how the command takes real data instead (``--inputs FILE.npz``; quantize's
+    ``--calibration DIR``): the remedies name it.
 
     Raises:
         UsageError: a dimension is still unknown, a ``--shape`` names no input or contradicts
@@ -120,10 +128,10 @@ def synthesize(
                     raise errors.UsageError(
                         f"input {spec.name!r} has an unknown dimension {d!r} "
                         f"(declared {tuple(spec.shape)})",
-                        remedy=f"fix it with {hint}, or pass --inputs FILE.npz")
+                        remedy=f"fix it with {hint}, or pass {data_flag}")
             shape = tuple(resolved)
-        _check_size(spec, shape)
-        out[spec.name] = _random(rng, spec, shape)
+        _check_size(spec, shape, data_flag)
+        out[spec.name] = _random(rng, spec, shape, data_flag)
     return out
 
 
@@ -134,7 +142,7 @@ def _memory_bytes() -> int | None:
         return None
 
 
-def _check_size(spec: IOSpec, shape: tuple[int, ...]) -> None:
+def _check_size(spec: IOSpec, shape: tuple[int, ...], data_flag: str) -> None:
     """Refuse, before allocating, an input larger than half this machine's memory.
 
     Synthesizing needs the array and a float64 draw of the same count, so such an input
@@ -150,10 +158,10 @@ def _check_size(spec: IOSpec, shape: tuple[int, ...]) -> None:
         raise errors.UsageError(
             f"input {spec.name!r} of shape {tuple(shape)} would take {need:,} bytes to "
             f"synthesize, more than half this machine's memory ({limit * 2:,} bytes)",
-            remedy="give smaller sizes with --shape/--dim, or pass --inputs FILE.npz")
+            remedy=f"give smaller sizes with --shape/--dim, or pass {data_flag}")
 
 
-def _random(rng: np.random.Generator, spec: IOSpec, shape: tuple[int, ...]) -> np.ndarray:
+def _random(rng: np.random.Generator, spec: IOSpec, shape: tuple[int, ...], data_flag: str) -> np.ndarray:
     if spec.dtype in ("float32", "float64", "float16"):
         return rng.standard_normal(shape).astype(spec.dtype)
     if spec.dtype == "bfloat16":
@@ -166,7 +174,7 @@ def _random(rng: np.random.Generator, spec: IOSpec, shape: tuple[int, ...]) -> n
         return rng.integers(0, 8, size=shape).astype(spec.dtype)
     raise errors.UsageError(
         f"input {spec.name!r} has dtype {spec.dtype}, which cannot be synthesized",
-        remedy="pass --inputs FILE.npz")
+        remedy=f"pass {data_flag}")
 
 
 def resolve_feeds(declared: Sequence[IOSpec],
@@ -179,4 +187,9 @@ def resolve_feeds(declared: Sequence[IOSpec],
         return synthesize(declared, shapes=shapes, dims=dims)
     if isinstance(inputs, str | os.PathLike):
         return load_npz(inputs, declared)
+    if not isinstance(inputs, Mapping):
+        raise errors.InputError(
+            f"inputs must be a mapping of input name to array, an .npz path or None, not "
+            f"{type(inputs).__name__}", remedy="inputs={name: array, ...} naming "
+            + ", ".join(d.name for d in declared))
     return {k: np.asarray(v) for k, v in inputs.items()}

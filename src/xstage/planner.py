@@ -5,9 +5,12 @@ the artifact's format becomes a candidate; one that cannot be used stays in the 
 refusal with code, cause, message and remedy, so the record shows every road not taken.
 
 ``--device`` requires that device and never substitutes; ``--prefer`` tries devices in order
-and falls through; ``--route`` pins a route. With none of them, devices are tried in the
-default preference (npu, integrated GPU, discrete GPU, cpu) and routes within a device in the
-fixed route order.
+and falls through; ``--route`` pins a route. With none of them the plan is an offload: devices
+in the default preference (npu, integrated GPU, discrete GPU, cpu), every route but the
+reference arm first in that order, and the reference arm last (``--offload`` asks for the same
+explicitly). Within any device the reference arm is that device's last route: the reference
+arm runs the numeric gate's reference, so a stage placed there proves no offload (the record
+says so: ``plan.on_reference_arm``).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class Plan:
 
     candidates: tuple[Candidate, ...]
     refusals: tuple[Refusal, ...]
-    mode: str  # "device", "prefer", "route" or "default"
+    mode: str  # "device", "prefer", "route" or "offload" ("default" in records before the offload default)
     fall_through: bool
     considered: tuple[str, ...] = field(default_factory=tuple)
 
@@ -71,7 +74,8 @@ def _routes_for(row: DeviceRow, fmt: str, only: str | None) -> tuple[list[Candid
     cands: list[Candidate] = []
     refusals: list[Refusal] = []
     order = {name: i for i, name in enumerate(ROUTE_NAMES)}  # a plugin table's route goes last
-    ordered = sorted(row.routes, key=lambda r: order.get(r.name, len(order)))
+    # The device's reference arm after its other routes (a plugin route included).
+    ordered = sorted(row.routes, key=lambda r: (r.spec.reference_arm, order.get(r.name, len(order))))
     for status in ordered:
         if only and status.name != only:
             continue
@@ -138,6 +142,22 @@ def _plan_device(report: DeviceReport, wanted: str, fmt: str, only: str | None
     return cands, refusals
 
 
+def _check_device_class(wanted: str) -> None:
+    """Check that a device id's class is one xstage knows (a closed set).
+
+    A known class this machine lacks is a refusal later, not a usage error.
+
+    Raises:
+        UsageError: an unknown class, naming the known ones.
+    """
+    kind = wanted.split(":", 1)[0]
+    if kind not in DEVICE_PREFERENCE:
+        raise errors.UsageError(
+            f"unknown device class {kind!r} (in {wanted!r})",
+            remedy=f"device classes: {', '.join(DEVICE_PREFERENCE)}; xstage devices lists this "
+            "machine's devices")
+
+
 def make_plan(
     report: DeviceReport,
     fmt: str,
@@ -150,14 +170,17 @@ def make_plan(
     """Candidates and refusals for an artifact of format ``fmt``.
 
     Modes: a pinned ``route``; one ``device`` (never substituted); ``prefer`` (devices in
-    order, falling through); ``offload`` (the default plan with every reference-arm route moved
-    last, so the stage goes anywhere but the reference first and falls through to it); and
-    the default (every device by ``DEVICE_PREFERENCE``, falling through).
+    order, falling through); and, with none of them (or ``offload``), the offload: every device
+    by ``DEVICE_PREFERENCE`` with every reference-arm route moved last, so the stage goes
+    anywhere but the reference first and falls through to it. In every mode a device's
+    reference arm is its last route.
 
     Raises:
         UsageError: conflicting selectors, an unknown route, or a pinned route that cannot
             drive the asked device.
     """
+    for wanted in ([device] if device else []) + list(prefer or ()):
+        _check_device_class(wanted)
     if offload and (device or prefer or route):
         raise errors.UsageError(
             "--offload chooses the routes itself: it cannot be combined with --device, "
@@ -185,11 +208,9 @@ def make_plan(
         c, r = _plan_device(report, row.device.id, fmt, None)
         all_c += c
         all_r += r
-    if offload:
-        first = [c for c in all_c if not c.route.spec.reference_arm]
-        all_c = first + [c for c in all_c if c.route.spec.reference_arm]
-    return Plan(tuple(all_c), tuple(all_r), "offload" if offload else "default", True,
-                tuple(r.device.id for r in order))
+    first = [c for c in all_c if not c.route.spec.reference_arm]
+    all_c = first + [c for c in all_c if c.route.spec.reference_arm]
+    return Plan(tuple(all_c), tuple(all_r), "offload", True, tuple(r.device.id for r in order))
 
 
 def _plan_route(report: DeviceReport, fmt: str, route: str, device: str | None) -> Plan:
@@ -259,15 +280,34 @@ def plan(
     device: str | None = None,
     prefer: Sequence[str] | None = None,
     route: str | None = None,
+    offload: bool = False,
     fmt: str | None = None,
     report: DeviceReport | None = None,
 ) -> Plan:
     """The plan for an artifact on this machine: what ``open_stage`` would try, in order.
 
     Starts nothing but the route probes ``xstage.devices()`` runs (cached).
+
+    Args:
+        artifact: the stage's graph (a path), as ``open_stage`` takes it.
+        device: require this device (never substituted).
+        prefer: devices in order, falling through.
+        route: pin one route.
+        offload: every route but the reference arm first, the reference arm last (what no
+            selector at all also plans).
+        fmt: the artifact's declared format (inferred when None).
+        report: the device table to plan against (default: ``xstage.devices()``).
+
+    Returns:
+        The ``Plan``: candidates in order and the refusals decided before trying.
+
+    Raises:
+        UsageError: conflicting selectors, an unknown device class or route.
+        ArtifactError: the artifact cannot be read.
     """
     from xstage.artifact import inspect_artifact
     from xstage.device_table import devices
 
     art = inspect_artifact(artifact, fmt=fmt)
-    return make_plan(report or devices(), art.format, device=device, prefer=prefer, route=route)
+    return make_plan(report or devices(), art.format, device=device, prefer=prefer, route=route,
+                     offload=offload)

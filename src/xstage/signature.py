@@ -7,7 +7,7 @@ dimensions exactly, symbolic ones any size.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,14 @@ def wire_order(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+def not_a_mapping(inputs: object, names: Iterable[str] = ()) -> errors.InputError:
+    """The ``InputError`` for inputs that are not a mapping of input name to array."""
+    named = ", ".join(sorted(names))
+    return errors.InputError(
+        f"inputs must be a mapping of input name to array, not {type(inputs).__name__}",
+        remedy="call the stage with {name: array, ...}" + (f" naming {named}" if named else ""))
+
+
 def check_inputs(inputs: Mapping[str, np.ndarray], declared: Sequence[Any]) -> dict[str, np.ndarray]:
     """Raise ``InputError`` naming what was expected when ``inputs`` do not fit ``declared``.
 
@@ -48,6 +56,8 @@ def check_inputs(inputs: Mapping[str, np.ndarray], declared: Sequence[Any]) -> d
     (ints for fixed dimensions, strings for symbolic ones).
     """
     by_name = {_field(d, "name"): d for d in declared}
+    if not isinstance(inputs, Mapping):  # st([x]), st(None): say what a call takes
+        raise not_a_mapping(inputs, by_name)
     if set(inputs) != set(by_name):
         missing = sorted(set(by_name) - set(inputs))
         extra = sorted(set(inputs) - set(by_name))

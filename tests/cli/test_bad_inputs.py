@@ -78,11 +78,29 @@ def test_a_file_in_a_missing_folder_is_a_usage_error(xstage_home, tmp_path, flag
     assert ran.records == []
 
 
-def test_save_outputs_that_cannot_be_written_keeps_the_record(xstage_home, tmp_path):
-    """The run succeeded: its record is written before the outputs, and the error names both."""
+def test_a_link_into_a_missing_folder_is_a_usage_error_before_the_run(xstage_home, tmp_path):
+    """The link is followed when the path is checked, before anything runs."""
     target = tmp_path / "out.npz"
-    target.symlink_to(tmp_path / "gone" / "out.npz")  # a folder that exists, a file that cannot
+    target.symlink_to(tmp_path / "gone" / "out.npz")
     ran = _external(xstage_home, "--save-outputs", str(target))
+    assert ran.code == 64 and "does not exist" in _one_error_line(ran)
+    assert ran.records == []
+
+
+def test_save_outputs_that_cannot_be_written_keeps_the_record(xstage_home, tmp_path):
+    """The run succeeded: its record is written before the outputs, and the error names both
+    (the write fails after the check: a full disk, a permission that changed)."""
+    target = tmp_path / "out.npz"
+    code = ("import sys, xstage.cli.external as ext\n"
+            "def fake(path, data, *, flag):\n"
+            "    raise PermissionError(13, 'Permission denied')\n"
+            "ext.write_output = fake\n"
+            "from xstage.cli.main import main\n"
+            "sys.exit(main(['external', '--runs', '1', '--warmup', '0', '--save-outputs', "
+            f"{str(target)!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "XSTAGE_DEBUG"})
+    ran = Ran(proc.returncode, proc.stderr, sorted((xstage_home / "records").glob("*.json")))
     line = _one_error_line(ran)
     assert ran.code == 1 and f"could not write --save-outputs {target}" in line
     assert len(ran.records) == 1 and read_record(ran.records[0])["outcome"]["status"] == "placed"
@@ -94,13 +112,13 @@ def test_json_that_cannot_be_written_keeps_the_home_record(xstage_home, tmp_path
     permission that changed): the home record stays and the error names it (exit 1)."""
     target = tmp_path / "ro" / "record.json"
     target.parent.mkdir()
-    code = ("import sys, xstage.cli.external as ext\n"
-            "real = ext.write_record\n"
-            "def fake(doc, path):\n"
+    code = ("import sys, xstage.cli._output as output\n"
+            "real = output.write_output\n"
+            "def fake(path, data, *, flag):\n"
             f"    if str(path) == {str(target)!r}:\n"
             "        raise PermissionError(13, 'Permission denied')\n"
-            "    return real(doc, path)\n"
-            "ext.write_record = fake\n"
+            "    return real(path, data, flag=flag)\n"
+            "output.write_output = fake\n"
             "from xstage.cli.main import main\n"
             f"sys.exit(main(['external', '--runs', '1', '--warmup', '0', '--json', {str(target)!r}]))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

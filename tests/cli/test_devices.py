@@ -175,7 +175,7 @@ def test_a_fresh_process_reads_the_warm_probe_cache(xstage_home):
     assert (cpu[0]["probe_cached"], cpu[1]["probe_cached"]) == (False, True)
 
 
-@pytest.mark.parametrize("flag", ["--bogus", "--json=3"])
+@pytest.mark.parametrize("flag", ["--bogus", "--refresh=3"])
 def test_bad_flags_are_usage_errors(flag, capsys):
     with pytest.raises(SystemExit) as err:
         main(["devices", flag])

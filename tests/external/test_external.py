@@ -17,12 +17,16 @@ def _refusal(record):
     return last
 
 
-def test_builtin_stage_on_ort_cpu_is_placed_gated_and_timed(external):
-    """The README's main job: exit 0, a placed proof, a passed gate, timings, a valid record."""
-    r = external()
+def test_builtin_stage_on_the_reference_arm_is_placed_gated_timed_and_says_so(external):
+    """``--route ort-cpu`` asks for the reference arm: exit 0, a placed proof, a passed gate,
+    timings, a valid record, labelled the reference arm (never an offload)."""
+    r = external("--route", "ort-cpu")
     assert r.code == 0, r.stderr
     rec = r.record
     assert rec["outcome"]["status"] == "placed" and rec["plan"]["chosen"]["route"] == "ort-cpu"
+    assert rec["plan"]["on_reference_arm"] is True and rec["plan"]["mode"] == "route"
+    assert "the reference arm, not an offload" in _summary_row(r.stdout, "placed on"), r.stdout
+    assert "nothing was offloaded" in _summary_row(r.stdout, "reference arm")
     assert rec["proof"]["verdict"] == "placed" and rec["proof"]["fraction"] == 1.0
     assert rec["parity"]["verdict"] == "passed"
     assert rec["timings"]["runs"] == 3 and rec["timings"]["compute"]["p50_ms"] > 0
@@ -55,12 +59,14 @@ def _summary_row(stdout: str, key: str) -> str:
     return rows.get(key, "")
 
 
-def test_offload_puts_the_builtin_tower_on_an_offload_route(external, openvino_python):
-    """The README's main job: every route but the reference arm first, and it says which ran."""
-    r = external("--builtin", "vision-tower-tiny", "--offload",
+def test_no_selector_offloads_the_builtin_tower_and_says_which_route_ran(external, openvino_python):
+    """The README's main job, no flag: every route but the reference arm first, and it says
+    which ran and why."""
+    r = external("--builtin", "vision-tower-tiny",
                  env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
     assert r.code == 0, r.stderr
     plan = r.record["plan"]
+    assert plan["on_reference_arm"] is False
     assert plan["mode"] == "offload" and plan["reference_arms"] == ["ort-cpu"]
     assert plan["chosen"] == {"device": "cpu", "route": "ort-openvino"}
     assert [c["route"] for c in plan["candidates"]][-1] == "ort-cpu"
@@ -70,10 +76,14 @@ def test_offload_puts_the_builtin_tower_on_an_offload_route(external, openvino_p
 
 
 def test_offload_falls_through_to_the_reference_arm_and_says_why(external, tmp_path):
+    """``--offload`` (what no selector does) with no offload route: exit 0 on the reference arm,
+    labelled so in the summary and the record."""
     r = external("--builtin", "vision-tower-tiny", "--offload",
                  env={"XSTAGE_PYTHON_ORT_OPENVINO": str(tmp_path / "no-python")})
     assert r.code == 0, r.stderr
     assert r.record["plan"]["chosen"]["route"] == "ort-cpu"
+    assert r.record["plan"]["on_reference_arm"] is True
+    assert "the reference arm, not an offload" in _summary_row(r.stdout, "placed on")
     why = _summary_row(r.stdout, "offload")
     assert "no offload route was admitted (ort-openvino on cpu: route_missing)" in why, r.stdout
     assert "reference arm ort-cpu" in why

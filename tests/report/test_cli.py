@@ -81,8 +81,9 @@ def test_an_unwritable_output_is_one_error_line(tmp_path: Path):
         env=dict(os.environ, COLUMNS="200"),
         timeout=120,
     )
-    assert proc.returncode == EXIT_ERROR
-    assert f"cannot write HTML report to {blocker / 'r.html'}" in proc.stderr
+    # Checked before any work: a path under a file is a folder that does not exist (64).
+    assert proc.returncode == EXIT_USAGE
+    assert f"--html {blocker / 'r.html'}: the folder {blocker} does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -94,6 +94,46 @@ def test_refused_carries_structured_refusals_and_a_valid_record(mlp, tmp_path, m
 
 
 def test_plan_lists_what_open_stage_would_try(mlp):
+    """Here (no route env) the offload has only the reference arm: it is the last candidate."""
     p = xstage.plan(mlp)
-    assert p.candidates and p.candidates[0].route.name == "ort-cpu"
-    assert p.candidates[0].device == "cpu"
+    assert p.mode == "offload" and p.candidates[-1].route.name == "ort-cpu"
+    assert p.candidates[-1].device == "cpu"
+
+
+@pytest.mark.parametrize("selector", [{"offload": True}, {"device": "cpu"}, {"prefer": ["cpu"]},
+                                      {"route": "ort-cpu"}])
+def test_plan_takes_every_selector_open_stage_takes(mlp, selector):
+    p = xstage.plan(mlp, **selector)
+    assert p.candidates[-1].route.name == "ort-cpu"
+
+
+def test_open_stage_with_no_selector_offloads_and_labels_the_reference_arm(mlp):
+    """No route but the reference arm resolves here: placed there, and the record says so."""
+    with xstage.open_stage(mlp, record_on_close=False) as stage:
+        assert stage.route == "ort-cpu"
+        rec = stage.record()
+    assert rec["request"]["offload"] is True and rec["plan"]["mode"] == "offload"
+    assert rec["plan"]["on_reference_arm"] is True
+    validate_record(rec)
+
+
+def test_inputs_that_are_not_a_mapping_are_an_input_error(mlp):
+    """``st([x])``, ``st(None)``: an ``InputError`` naming what a call takes (an AttributeError
+    before); ``open_stage(inputs=[...])`` likewise."""
+    with pytest.raises(xstage.InputError, match="mapping of input name to array"):
+        xstage.open_stage(mlp, route="ort-cpu", inputs=[np.zeros((8, 256), np.float32)])
+    with xstage.open_stage(mlp, route="ort-cpu", record_on_close=False) as stage:
+        for bad in ([np.zeros((8, 256), np.float32)], None):
+            with pytest.raises(xstage.InputError, match="not (list|NoneType)"):
+                stage(bad)
+        with pytest.raises(xstage.InputError):
+            stage.submit([1])
+        stage(stage.inputs)  # the stage still serves
+
+
+def test_a_closed_stage_is_an_xstage_error(mlp):
+    stage = xstage.open_stage(mlp, route="ort-cpu", record_on_close=False)
+    stage.close()
+    with pytest.raises(xstage.XstageError) as caught:
+        stage(stage.inputs)
+    assert isinstance(caught.value, xstage.StageClosed) and isinstance(caught.value, RuntimeError)

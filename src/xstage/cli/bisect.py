@@ -14,19 +14,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from xstage import errors
 from xstage.bisect import bisect
 from xstage.bisect.record import write_bisect_record
 from xstage.bisect.search import Outcome
-from xstage.cli._flags import add_input_flags
+from xstage.cli._flags import add_input_flags, add_json_flag, check_out_folder
 from xstage.cli._output import Output
-from xstage.cli.external import _check_out_path, _ep_options, parse_tolerance
+from xstage.cli.external import _ep_options, parse_tolerance
 from xstage.client.deadlines import parse_timeouts
 from xstage.exit_codes import EXIT_REFUSED
 from xstage.inputs import parse_dims, parse_shapes
-from xstage.record import records_path
+from xstage.record import dumps_record, records_path
 from xstage.routes import ROUTE_NAMES
 
 __all__ = ["register"]
@@ -64,12 +62,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, metavar="N", help="intra-op threads (both arms)")
     p.add_argument("--timeout", action="append", default=[], metavar="PHASE=SECONDS",
                    help="a worker deadline for every probe (repeatable), as for external")
-    p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the record here")
+    add_json_flag(p, "the bisect record", files=("graph", "inputs", "out", "keep_probes"))
     p.set_defaults(func=run)
 
 
 def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> Path:
-    """The record under ``XSTAGE_HOME/records`` first, then ``--json``'s copy.
+    """The record under ``XSTAGE_HOME/records`` first, then ``--json``'s copy (or stdout).
 
     Raises:
         XstageError: ``--json`` could not be written (the home record already was).
@@ -77,13 +75,13 @@ def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> Path:
     path = write_bisect_record(doc, records_path(f"{Path(args.graph).stem}-bisect"))
     if out.verbosity >= 0:
         out.err.print(f"record written to {path}", markup=False, highlight=False)
-    if args.json_path:
-        try:
-            write_bisect_record(doc, args.json_path)
-        except OSError as exc:
-            raise errors.XstageError(
-                f"could not write --json {args.json_path}: {exc.strerror or exc}",
-                remedy=f"the record is at {path}; choose a writable --json path") from None
+    try:
+        out.emit(doc, text=dumps_record(doc))
+    except errors.UsageError:
+        raise
+    except errors.XstageError as exc:
+        raise errors.XstageError(exc.message, remedy=f"the record is at {path}; choose a writable "
+                                 "--json path") from None
     return path
 
 
@@ -127,14 +125,12 @@ def show(doc: dict[str, Any], out: Output) -> None:
 
 def run(args: argparse.Namespace, out: Output) -> int:
     argv = ["xstage", *sys.argv[1:]]
-    _check_out_path("--json", args.json_path, "record.json")
-    with Progress(TextColumn("[dim]probing[/dim]"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.description}"), TimeElapsedColumn(), console=out.err,
-                  transient=True, disable=out.verbosity < 0) as bar:
-        task = bar.add_task("", total=args.max_probes)
+    check_out_folder("--out", args.out)
+    check_out_folder("--keep-probes", args.keep_probes)
+    with out.progress("probing", total=args.max_probes, unit="probes") as bar:
 
         def on_probe(start: int, stop: int, outcome: Outcome) -> None:
-            bar.update(task, advance=1, description=f"[{start}, {stop}) {outcome.verdict}")
+            bar.update(advance=1, description=f"[{start}, {stop}) {outcome.verdict}")
             out.log(f"probe [{start}, {stop}): {outcome.verdict}")
 
         try:
@@ -146,7 +142,6 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 tolerance=parse_tolerance(args.tolerance), deadlines=parse_timeouts(args.timeout),
                 out=args.out, keep_probes=args.keep_probes, on_probe=on_probe, argv=argv)
         except errors.Refused as exc:
-            bar.stop()
             if exc.record is not None:
                 _write({**exc.record, "argv": argv}, args, out)
             out.error(exc.message)

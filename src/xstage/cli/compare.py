@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 
+from xstage.cli._flags import add_json_flag
 from xstage.cli._output import Output
 from xstage.cli.report import write_output
 from xstage.exit_codes import EXIT_OK
+from xstage.home import check_output
 from xstage.record import read_record
 
 __all__ = ["register"]
@@ -29,29 +31,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", metavar="A.json", help="the baseline record")
     p.add_argument("b", metavar="B.json", help="the record to compare with it")
     p.add_argument("--html", metavar="OUT.html", help="write the comparison as one self-contained HTML page")
-    p.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
-    p.set_defaults(func=run)
+    add_json_flag(p, "the comparison", files=("a", "b", "html"))
+    p.set_defaults(func=run, needs_runtime=False)  # reads records only
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     from xstage.report import build_view, compare_views
 
+    if args.html:
+        check_output(args.html, flag="--html")
     cmp = compare_views(build_view(read_record(args.a)), build_view(read_record(args.b)))
     if not cmp.same_artifact:
         out.warning("the two records are of different artifacts (sha256 differs): compared anyway")
-    if args.json:
-        out.json(
-            {
-                "same_artifact": cmp.same_artifact,
-                "changes": list(cmp.changes),
-                "rows": [
-                    {"section": r.section, "label": r.label, "a": r.a, "b": r.b, "changed": r.changed}
-                    for r in cmp.rows
-                ],
-                "moved": [{"node": n, "a": pa, "b": pb} for n, pa, pb in cmp.moved],
-            }
-        )
-    else:
+    out.emit({
+        "same_artifact": cmp.same_artifact,
+        "changes": list(cmp.changes),
+        "rows": [{"section": r.section, "label": r.label, "a": r.a, "b": r.b, "changed": r.changed}
+                 for r in cmp.rows],
+        "moved": [{"node": n, "a": pa, "b": pb} for n, pa, pb in cmp.moved],
+    })
+    if not out.json_mode:
         out.table(
             f"A: {args.a}  ·  B: {args.b}",
             ["", "A", "B"],

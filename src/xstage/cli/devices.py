@@ -1,4 +1,4 @@
-"""``xstage devices [--json] [--refresh]``: the device table, then every route.
+"""``xstage devices [--json[=PATH]] [--refresh]``: the device table, then every route.
 
 Thin: ``xstage.devices()`` does the work; this module only renders it.
 """
@@ -11,6 +11,7 @@ from typing import Any
 from rich.markup import escape
 
 from xstage import ledger
+from xstage.cli._flags import add_json_flag
 from xstage.cli._output import Output
 from xstage.device_table import DeviceReport, devices
 from xstage.exit_codes import EXIT_OK
@@ -113,9 +114,9 @@ def _run_cluster(args: argparse.Namespace, out: Output) -> int:
     from xstage.cluster.devices import cluster_devices
 
     found = cluster_devices(refresh=args.refresh)
+    out.emit({"cluster": args.cluster, "nodes": [
+        {"node": node, "report": report.to_dict()} for node, report in found]})
     if out.json_mode:
-        out.json({"cluster": args.cluster, "nodes": [
-            {"node": node, "report": report.to_dict()} for node, report in found]})
         return EXIT_OK
     for node, report in found:
         out.result(f"[bold]node {escape(str(node['hostname']))}[/bold] ({node['node_id']}, "
@@ -131,9 +132,8 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     if args.cluster:
         return _run_cluster(args, out)
     report = devices(refresh=args.refresh)
-    if out.json_mode:
-        out.json(report.to_dict())
-    else:
+    out.emit(report.to_dict())
+    if not out.json_mode:
         render(report, out)
     return EXIT_OK
 
@@ -148,7 +148,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+    add_json_flag(parser, "the device table and every route")
     parser.add_argument(
         "--refresh", action="store_true", help="probe every interpreter again (ignore the cache)"
     )

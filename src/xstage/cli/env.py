@@ -6,6 +6,7 @@ import argparse
 
 from rich.markup import escape
 
+from xstage.cli._flags import add_json_flag
 from xstage.cli._output import Output
 from xstage.errors import UsageError
 from xstage.exit_codes import EXIT_OK, EXIT_USAGE
@@ -39,8 +40,11 @@ def _create(args: argparse.Namespace, out: Output) -> int:
     spec = find_spec(route)
     if len(spec.variants) > 1:
         out.result(f"{route}: variant {plan.variant} ({escape(plan.variant_reason)})")
+    doc = {"route": route, "action": plan.action, "variant": plan.variant, "target": str(plan.target),
+           "message": plan.message or None, "powershell": list(plan.powershell or ())}
     if plan.action == "reuse":
         out.result(escape(plan.message))
+        out.emit(doc)
         return EXIT_OK
     if plan.action == "powershell":
         out.result(f"{route} lives on the Windows side; run these in PowerShell on Windows:")
@@ -50,27 +54,35 @@ def _create(args: argparse.Namespace, out: Output) -> int:
             out.out.print(line, markup=False, highlight=False, soft_wrap=True)
         out.result("")
         out.result(escape(plan.message))
+        out.emit(doc)
         return EXIT_OK
     if args.exist_ok and not args.force and plan.target.exists():
         existing = next((e for e in envs.list_envs() if e.route == route), None)
         if existing is not None and existing.python.exists():
             out.result(f"{route} exists: {escape(str(existing.python))} (kept; --force rebuilds it)")
+            out.emit({**doc, "action": "kept", "env": existing.to_dict()})
             return EXIT_OK
     out.result(
         f"building {route} with Python {plan.python_version} into {escape(str(plan.target))} "
         f"({escape(' '.join(plan.packages))}); pip's output is shown only if it fails"
     )
-    info = envs.create(plan, force=args.force, progress=lambda msg: out.log(msg))
+    with out.progress(f"building {route}") as bar:
+        def step(msg: str) -> None:
+            bar.update(description=msg)
+            out.log(msg)
+
+        info = envs.create(plan, force=args.force, progress=step)
     installed = ", ".join(f"{k} {v}" for k, v in info.manifest.get("installed", {}).items())
     out.result(f"created {route}: {escape(str(info.python))} ({escape(installed)})")
     out.result(f"check it: xstage devices  (the {route} row names this interpreter)")
+    out.emit({**doc, "env": info.to_dict()})
     return EXIT_OK
 
 
 def _list(args: argparse.Namespace, out: Output) -> int:
     found = envs.list_envs()
+    out.emit({"envs_dir": str(envs.env_dir("x").parent), "envs": [e.to_dict() for e in found]})
     if out.json_mode:
-        out.json({"envs_dir": str(envs.env_dir("x").parent), "envs": [e.to_dict() for e in found]})
         return EXIT_OK
     if not found:
         out.result(f"no route environments under {escape(str(envs.env_dir('x').parent))}")
@@ -99,6 +111,7 @@ def _list(args: argparse.Namespace, out: Output) -> int:
 def _remove(args: argparse.Namespace, out: Output) -> int:
     path = envs.remove(args.route)
     out.result(f"removed {escape(args.route)} ({escape(str(path))})")
+    out.emit({"route": args.route, "removed": str(path)})
     return EXIT_OK
 
 
@@ -118,7 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Route environments: one venv per route under XSTAGE_HOME/envs, found by "
         "`xstage devices` without further configuration.",
     )
-    parser.set_defaults(func=_help(parser))
+    parser.set_defaults(func=_help(parser), needs_runtime=False)  # route envs bring their own
     verbs = parser.add_subparsers(dest="env_command", metavar="VERB")
 
     create = verbs.add_parser(
@@ -145,14 +158,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--variant", help="package set, for routes with several (ort-openvino: plugin, builtin)"
     )
     create.add_argument("--force", action="store_true", help="replace an existing environment")
+    add_json_flag(create, "what was built (or kept, or printed for Windows)")
     create.add_argument("--exist-ok", action="store_true",
                         help="succeed without rebuilding when the environment already exists")
-    create.set_defaults(func=_create)
+    create.set_defaults(func=_create, needs_runtime=False)
 
     listing = verbs.add_parser("list", help="list route environments", description="List route environments.")
-    listing.add_argument("--json", action="store_true", help="print one JSON document to stdout")
-    listing.set_defaults(func=_list)
+    add_json_flag(listing, "the route environments")
+    listing.set_defaults(func=_list, needs_runtime=False)
 
     remove = verbs.add_parser("remove", help="delete a route environment", description="Delete ROUTE's venv.")
     remove.add_argument("route", metavar="ROUTE")
-    remove.set_defaults(func=_remove)
+    add_json_flag(remove, "what was removed")
+    remove.set_defaults(func=_remove, needs_runtime=False)

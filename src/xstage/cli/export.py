@@ -9,13 +9,13 @@ writes its fp32 source beside it (``<out>-fp32.onnx``), so ``xstage external`` g
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 
 from xstage import errors
+from xstage.cli._flags import add_json_flag, resolve_out
 from xstage.cli._output import Output
 from xstage.exit_codes import EXIT_OK
 
@@ -59,8 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--opset", type=int, default=21)
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--out", required=True, metavar="PATH",
-                       help="artifact path (the extension follows --format)")
-        q.add_argument("--json", dest="json_path", metavar="REPORT.json")
+                       help="the artifact: a file whose suffix names --format (.onnx, .pt2), or a "
+                       "folder (the file is named after the component in it)")
+        add_json_flag(q, "the export report", files=("out", "config", "checkpoint"))
         q.add_argument("--for-torch", choices=["2.4"], default=None, metavar="2.4",
                        help="pt:* only: write the .pt2 in the layout and schema torch 2.4 reads "
                        "(torch-directml pins torch 2.4.1; see docs/torch.md)")
@@ -77,13 +78,6 @@ def _export(args: argparse.Namespace, fmt: str, out: Path, fp32_source: str | No
                                    fp32_source=fp32_source, for_torch=args.for_torch)
     from xstage.export.code2wav import DEFAULT_FRAMES, DEFAULT_LEFT_CONTEXT, export_code2wav
 
-    if args.chunk is None and args.left_context is not None:
-        raise errors.UsageError("--left-context applies to a streaming window",
-                                remedy="add --chunk N, or drop --left-context")
-    if args.chunk is not None and args.frames is not None:
-        raise errors.UsageError("--frames and --chunk are two kinds of export: a whole utterance "
-                                "of T frames, or a window of N new frames",
-                                remedy="pass one of them")
     left = DEFAULT_LEFT_CONTEXT if args.left_context is None else args.left_context
     frames = DEFAULT_FRAMES if args.frames is None else args.frames
     return export_code2wav(out, config=args.config, frames=frames, fmt=fmt, opset=args.opset,
@@ -91,20 +85,48 @@ def _export(args: argparse.Namespace, fmt: str, out: Path, fp32_source: str | No
                            for_torch=args.for_torch, chunk=args.chunk, left_context=left)
 
 
+def _target(args: argparse.Namespace) -> Path:
+    """``--out`` as a file of ``--format``'s suffix (``resolve_out``), checked before any work.
+
+    Raises:
+        UsageError: a suffix that is not the format's, or a missing folder.
+    """
+    suffix = ".pt2" if args.fmt.startswith("pt:") else ".onnx"
+    other = ".onnx" if suffix == ".pt2" else ".pt2"
+    if Path(args.out).suffix.lower() == other:
+        raise errors.UsageError(f"--out {args.out} ends in {other}, but --format {args.fmt} writes "
+                                f"a {suffix}", remedy=f"end --out in {suffix}, or change --format")
+    return resolve_out("--out", args.out, suffixes=(suffix,), name=args.component.replace("-", "_") + suffix)
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
-    target = Path(args.out)
     if args.for_torch and not args.fmt.startswith("pt:"):
         raise errors.UsageError(f"--for-torch applies to a .pt2 (--format pt:fp32 or pt:fp16), "
                                 f"not {args.fmt}", remedy="drop --for-torch, or export a pt: format")
+    target = _target(args)
+    if args.component == "vision-tower":
+        from xstage.export.vision_tower import check_image_size  # no torch: answers at once
+
+        check_image_size(args.image_size, config=args.config, checkpoint=args.checkpoint)
+    elif args.chunk is None and args.left_context is not None:
+        raise errors.UsageError("--left-context applies to a streaming window",
+                                remedy="add --chunk N, or drop --left-context")
+    elif args.chunk is not None and args.frames is not None:
+        raise errors.UsageError("--frames and --chunk are two kinds of export: a whole utterance "
+                                "of T frames, or a window of N new frames",
+                                remedy="pass one of them")
+    target.parent.mkdir(exist_ok=True)  # a new folder named by --out, whose parent exists
     reports = []
     fp32_source = None
-    if args.fmt == "onnx:fp16":
-        source = target.with_name(target.with_suffix("").name + "-fp32")
-        reports.append(_export(args, "onnx:fp32", source, None))
-        fp32_source = Path(reports[-1]["path"]).name
-    reports.append(_export(args, args.fmt, target, fp32_source))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(reports, indent=2) + "\n")
+    with out.progress(f"exporting {args.component}") as bar:
+        if args.fmt == "onnx:fp16":
+            bar.update(description="its fp32 source first")
+            source = target.with_name(target.with_suffix("").name + "-fp32")
+            reports.append(_export(args, "onnx:fp32", source, None))
+            fp32_source = Path(reports[-1]["path"]).name
+            bar.update(description=args.fmt)
+        reports.append(_export(args, args.fmt, target, fp32_source))
+    out.emit(reports)
     for r in reports:
         wrapper = r["wrapper"]
         if not wrapper["bitwise_equal"]:  # pragma: no cover - bitwise_check raises first

@@ -9,30 +9,38 @@ that died); 64 usage error. Every run but a usage error writes a record under
 from __future__ import annotations
 
 import argparse
-import os
+import io
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from xstage import errors
-from xstage.cli._flags import add_input_flags
+from xstage.cli._flags import add_input_flags, add_json_flag, bounded_int
 from xstage.cli._output import Output
 from xstage.cli._summary import show_summary
 from xstage.client.deadlines import parse_timeouts
 from xstage.cluster import parse_resources
 from xstage.exit_codes import EXIT_OK, EXIT_REFUSED
+from xstage.home import check_output, write_output
 from xstage.inputs import parse_dims, parse_shapes
 from xstage.ledger import parse_pool_arg
-from xstage.record import records_path, write_record
+from xstage.record import dumps_record, records_path, write_record
 from xstage.routes import ROUTE_NAMES
 from xstage.stage import open_stage
 from xstage.stage.ledger import Ledger
 from xstage.stage.request import check_criteria
 
-__all__ = ["register"]
+__all__ = ["MAX_RUNS", "MAX_WARMUP", "register"]
+
+#: ``--runs``' bound: every timed run's compute, round trip and transport are kept for the
+#: percentiles and the record; a longer soak is a benchmark's job (benchmarks/).
+MAX_RUNS = 100_000
+RUNS_WHY = "each timed run is kept for the percentiles and the record; soak longer with benchmarks/"
+#: ``--warmup``'s bound: warm-up runs are untimed; past a thousand they only delay the timing.
+MAX_WARMUP = 1_000
+WARMUP_WHY = "warm-up runs are untimed; more than a thousand only delays the timed runs"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,8 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--device", metavar="ID", help="require this device; never substitute")
     where.add_argument("--prefer", metavar="ID,ID,...", help="try devices in order, fall through")
     where.add_argument("--offload", action="store_true",
-                       help="try every resolved route except the reference arm (ort-cpu, "
-                       "torch-cpu) first, in plan order, falling through; the reference arm last")
+                       help="what no --device, --prefer or --route does: every resolved route "
+                       "except the reference arm (ort-cpu, torch-cpu) first, in plan order, "
+                       "falling through; the reference arm last")
     p.add_argument("--route", metavar="NAME",
                    help=f"pin a route: {', '.join(ROUTE_NAMES)}, or ort-plugin:NAME for a "
                    "[plugins.NAME] table")
@@ -73,9 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--graph-opt-level", metavar="L",
                    choices=["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED",
                             "ORT_ENABLE_ALL"], help="onnxruntime graph optimization level")
-    p.add_argument("--runs", type=int, default=20, metavar="N", help="timed runs (default 20)")
-    p.add_argument("--warmup", type=int, default=3, metavar="K",
-                   help="unprofiled runs after the profiled one (default 3)")
+    p.add_argument("--runs", type=bounded_int(1, MAX_RUNS, RUNS_WHY), default=20, metavar="N",
+                   help=f"timed runs, 1 to {MAX_RUNS} (default 20)")
+    p.add_argument("--warmup", type=bounded_int(0, MAX_WARMUP, WARMUP_WHY), default=3, metavar="K",
+                   help=f"unprofiled runs after the profiled one, 0 to {MAX_WARMUP} (default 3)")
     p.add_argument("--compare-cpu", action="store_true", help="time the reference arm too")
     p.add_argument("--save-outputs", metavar="OUT.npz", help="save one run's outputs")
     p.add_argument("--pool", action="append", default=[], metavar="NAME=SIZE",
@@ -88,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a Ray resource the node must have (repeatable), e.g. npu=1")
     p.add_argument("--placement-timeout", type=float, default=60.0, metavar="S",
                    help="seconds to wait for a node with the resources to be free (default 60)")
-    p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the record here")
+    add_json_flag(p, "the record", files=("graph", "inputs", "reference", "save_outputs"))
     p.add_argument("--timeout", action="append", default=[], metavar="PHASE=SECONDS",
                    help="a worker deadline (repeatable): spawn, hello, load, warmup, call, "
                         "shutdown; a worker past one is killed")
@@ -141,29 +151,8 @@ def parse_tolerance(text: str | None) -> float | dict[str, float] | None:
     return check_criteria(criteria)
 
 
-def _check_out_path(flag: str, value: str | None, example: str) -> None:
-    """A file flag's path, checked before anything runs: not a folder, in a writable folder.
-
-    Raises:
-        UsageError: the path is a folder, or its folder is missing or not writable.
-    """
-    if not value:
-        return
-    path = Path(value)
-    if path.is_dir():
-        raise errors.UsageError(f"{flag} {value} is a folder, not a file",
-                                remedy=f"name a file in it, e.g. {flag} {path / example}")
-    folder = path.parent
-    if not folder.is_dir():
-        raise errors.UsageError(f"{flag} {value}: the folder {folder} does not exist",
-                                remedy=f"create it first (mkdir -p {folder}) or choose another path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise errors.UsageError(f"{flag} {value}: the folder {folder} is not writable",
-                                remedy="choose a path in a folder you can write")
-
-
 def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> Path:
-    """The record under ``XSTAGE_HOME/records`` first, then ``--json``'s copy.
+    """The record under ``XSTAGE_HOME/records`` first, then ``--json``'s copy (or stdout).
 
     Raises:
         XstageError: ``--json`` could not be written (the home record already was).
@@ -173,13 +162,13 @@ def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> Path:
     out.log(f"record: {path}")
     if out.verbosity >= 0:
         out.err.print(f"record written to {path}", markup=False, highlight=False)
-    if args.json_path:
-        try:
-            write_record(doc, args.json_path)
-        except OSError as exc:
-            raise errors.XstageError(
-                f"could not write --json {args.json_path}: {exc.strerror or exc}",
-                remedy=f"the record is at {path}; choose a writable --json path") from None
+    try:
+        out.emit(doc, text=dumps_record(doc))
+    except errors.UsageError:
+        raise
+    except errors.XstageError as exc:
+        raise errors.XstageError(exc.message, remedy=f"the record is at {path}; choose a writable "
+                                 "--json path") from None
     return path
 
 
@@ -190,8 +179,10 @@ def _save_outputs(stage: Any, target: str, record: Path) -> None:
         XstageError: the file could not be written (the record already was).
     """
     outputs = stage(stage.inputs)
+    buffer = io.BytesIO()  # np.savez(path) would add .npz to a path without it: a sibling
+    np.savez(buffer, **outputs)
     try:
-        np.savez(target, **outputs)
+        write_output(target, buffer.getvalue(), flag="--save-outputs")
     except OSError as exc:
         raise errors.XstageError(
             f"could not write --save-outputs {target}: {exc.strerror or exc}",
@@ -200,10 +191,8 @@ def _save_outputs(stage: Any, target: str, record: Path) -> None:
 
 def run(args: argparse.Namespace, out: Output) -> int:
     argv = ["xstage", *sys.argv[1:]]
-    if args.runs < 1 or args.warmup < 0:
-        raise errors.UsageError("--runs must be >= 1 and --warmup >= 0")
-    _check_out_path("--json", args.json_path, "record.json")
-    _check_out_path("--save-outputs", args.save_outputs, "outputs.npz")
+    if args.save_outputs:
+        check_output(args.save_outputs, flag="--save-outputs")
     # Imported here: builtin_graphs imports onnx (~0.7 s), which `xstage --help` need not pay.
     from xstage.builtin_graphs import builtin_artifact, builtin_stage
 
@@ -213,39 +202,16 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.resource and not args.cluster:
         raise errors.UsageError("--resource needs --cluster", remedy="add --cluster ray")
     try:
-        stage = open_stage(
-            graph, device=args.device, prefer=prefer, route=args.route, offload=args.offload,
-            min_placement=args.min_placement, inputs=args.inputs,
-            reference=args.reference or "auto", tolerance=parse_tolerance(args.tolerance),
-            ep_options=_ep_options(args.ep_option), threads=args.threads,
-            graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
-            shapes=parse_shapes(args.shape), dims=parse_dims(args.dim), on_event=out.log,
-            ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None,
-            deadlines=parse_timeouts(args.timeout), record_on_close=False,  # it writes its own
-            cluster=args.cluster, resources=parse_resources(args.resource),
-            placement_timeout=args.placement_timeout)
+        with out.progress("proving and gating"):
+            stage = _open(args, graph, prefer, out)
     except errors.UsageError:
         raise
     except errors.XstageError as exc:  # refused or failed: the API's record, with the timing plan
-        if exc.record is not None:
-            doc = {**exc.record, "argv": argv,
-                   "request": {**exc.record["request"], "runs": args.runs, "warmup": args.warmup}}
-            _write(doc, args, out)
-            if isinstance(exc, errors.Refused):
-                show_summary(doc, out, title="xstage external")
-        if not isinstance(exc, errors.Refused):
-            raise
-        out.error(exc.message)
-        if exc.remedy:
-            out.hint(exc.remedy)
-        return EXIT_REFUSED
+        return _refused_or_raise(exc, args, argv, out)
     with stage:
-        with Progress(TextColumn("[dim]timing[/dim]"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=out.err, transient=True,
-                      disable=out.verbosity < 0) as bar:
-            task = bar.add_task("runs", total=args.runs)
+        with out.progress("timing", total=args.runs, unit="runs") as bar:
             stage.measure(runs=args.runs, warmup=args.warmup, compare_cpu=args.compare_cpu,
-                          progress=lambda n: bar.update(task, completed=n))
+                          progress=lambda n: bar.update(completed=n))
         if out.verbosity > 0:  # the doorbell's spin-or-block decisions over the timed runs
             for side, summary in stage.waits().items():
                 if summary.get("line"):
@@ -256,3 +222,38 @@ def run(args: argparse.Namespace, out: Output) -> int:
         if args.save_outputs:
             _save_outputs(stage, args.save_outputs, path)
     return EXIT_OK
+
+
+def _open(args: argparse.Namespace, graph: Path, prefer: list[str] | None, out: Output) -> Any:
+    """``open_stage`` with the command's flags."""
+    return open_stage(
+        graph, device=args.device, prefer=prefer, route=args.route, offload=args.offload,
+        min_placement=args.min_placement, inputs=args.inputs,
+        reference=args.reference or "auto", tolerance=parse_tolerance(args.tolerance),
+        ep_options=_ep_options(args.ep_option), threads=args.threads,
+        graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
+        shapes=parse_shapes(args.shape), dims=parse_dims(args.dim), on_event=out.log,
+        ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None,
+        deadlines=parse_timeouts(args.timeout), record_on_close=False,  # it writes its own
+        cluster=args.cluster, resources=parse_resources(args.resource),
+        placement_timeout=args.placement_timeout)
+
+
+def _refused_or_raise(exc: errors.XstageError, args: argparse.Namespace, argv: list[str], out: Output) -> int:
+    """A refusal: its record written and summarized, exit 2. Any other error: its record, re-raised.
+
+    Raises:
+        XstageError: ``exc`` itself, when it is not a refusal.
+    """
+    if exc.record is not None:
+        doc = {**exc.record, "argv": argv,
+               "request": {**exc.record["request"], "runs": args.runs, "warmup": args.warmup}}
+        _write(doc, args, out)
+        if isinstance(exc, errors.Refused):
+            show_summary(doc, out, title="xstage external")
+    if not isinstance(exc, errors.Refused):
+        raise exc
+    out.error(exc.message)
+    if exc.remedy:
+        out.hint(exc.remedy)
+    return EXIT_REFUSED

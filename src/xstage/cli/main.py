@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from xstage import errors
 from xstage._version import __version__
 from xstage.cli import _errors
+from xstage.cli._flags import check_json_target
 from xstage.cli._output import Output
 from xstage.exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+from xstage.home import check_output
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
 
@@ -28,6 +30,11 @@ _EPILOG = f"""environment:
 exit codes: {EXIT_OK} ok, {EXIT_ERROR} error, {EXIT_REFUSED} refused (a record is still written), \
 {EXIT_USAGE} usage error
 """
+
+
+#: Errors that are not the user's doing (a worker that died, raised or hung, a bad frame): only
+#: these mention XSTAGE_DEBUG=1; the others name their cause and fix in full.
+_UNEXPECTED = (errors.WorkerError, errors.ProtocolError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,11 +86,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    out = Output(
-        json_mode=bool(getattr(args, "json", False) is True),
-        verbosity=-1 if args.quiet else args.verbose,
-    )
+    out = Output(json_target=getattr(args, "json", None), verbosity=-1 if args.quiet else args.verbose)
     try:
+        # Cheap checks first: the --json path (never one of the command's own files, its folder
+        # there), then the runtime, then the command.
+        check_json_target(args)
+        if out.json_target not in (None, "-"):
+            check_output(out.json_target, flag="--json")
+        if getattr(args, "needs_runtime", True):
+            from xstage.cli._runtime import check_onnxruntime
+
+            check_onnxruntime()
         return int(args.func(args, out))
     except KeyboardInterrupt:
         out.error("interrupted")
@@ -102,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.error(line)
         if hint:
             out.hint(hint)
-        out.hint("set XSTAGE_DEBUG=1 to see the traceback")
+        if isinstance(exc, _UNEXPECTED):  # not the user's doing: the traceback helps a bug report
+            out.hint("set XSTAGE_DEBUG=1 to see the traceback")
         return EXIT_ERROR
 
 

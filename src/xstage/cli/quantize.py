@@ -10,12 +10,11 @@ source) and the error against fp32 on onnxruntime's CPU EP.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.markup import escape
 
-from xstage.cli._flags import add_input_flags
+from xstage.cli._flags import add_input_flags, add_json_flag, resolve_out
 from xstage.cli._output import Output
 from xstage.exit_codes import EXIT_OK
 from xstage.inputs import parse_dims, parse_shapes
@@ -27,25 +26,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("quantize", help="A16W8 static quantization (onnxruntime's, QDQ)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", metavar="IN.onnx")
-    p.add_argument("dst", metavar="OUT.onnx")
+    p.add_argument("dst", metavar="OUT.onnx",
+                   help="the quantized graph: a .onnx file beside IN.onnx, or that folder")
     p.add_argument("--scheme", choices=["a16w8"], required=True)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--calibration", metavar="DIR", help="one .npz per sample")
     src.add_argument("--calibration-synthetic", type=int, metavar="N",
                      help="N synthesized samples (a stand-in, not real data)")
     add_input_flags(p, npz_help=None)  # samples come from --calibration instead
-    p.add_argument("--json", dest="json_path", metavar="REPORT.json", help="write the report here")
+    add_json_flag(p, "the report", files=("src", "dst", "calibration"))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     from xstage.export.quantize import quantize_a16w8
 
-    report = quantize_a16w8(args.src, args.dst, calibration=args.calibration,
-                            synthetic=args.calibration_synthetic, shapes=parse_shapes(args.shape),
-                            dims=parse_dims(args.dim))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(report, indent=2) + "\n")
+    dst = resolve_out("OUT.onnx", args.dst, suffixes=(".onnx",), name=f"{Path(args.src).stem}-a16w8.onnx")
+    with out.progress("quantizing (calibration, then the error against fp32)"):
+        report = quantize_a16w8(args.src, dst, calibration=args.calibration,
+                                synthetic=args.calibration_synthetic, shapes=parse_shapes(args.shape),
+                                dims=parse_dims(args.dim))
+    out.emit(report)
     calib = report["calibration"]
     if report["converted_from_opset"]:
         out.result(f"converted opset {report['converted_from_opset']} → 21 first")

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from xstage import errors
+from xstage.cli._flags import add_json_flag
 from xstage.cli._output import Output
 from xstage.cli._summary import show_summary
 from xstage.exit_codes import EXIT_OK
-from xstage.home import atomic_write
+from xstage.home import check_output
+from xstage.home import write_output as write_file
 from xstage.record import read_record
 
 __all__ = ["register", "write_output"]
@@ -34,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("record", metavar="RECORD.json", help="a record written by xstage external")
-    p.add_argument("--json", action="store_true", help="print the validated record as one JSON document")
+    add_json_flag(p, "the validated record", files=("record", "html", "node_data", "trace"))
     p.add_argument("--html", metavar="OUT.html", help="write one self-contained HTML report")
     p.add_argument(
         "--node-data",
@@ -42,17 +44,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="write Model Explorer node data: providers (OUT.json), kernel time (OUT.kernel-time.json)",
     )
     p.add_argument("--trace", metavar="OUT.json", help="write a Perfetto / chrome://tracing trace")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, needs_runtime=False)  # reads records only
 
 
-def write_output(path: str, text: str, what: str, out: Output) -> Path:
-    """Write one output file atomically and say where.
+def write_output(path: str, text: str, what: str, out: Output, *, flag: str = "--html") -> Path:
+    """Write one output file (``xstage.home.write_output``'s rules) and say where.
 
     Raises:
+        UsageError: the path breaks those rules (a missing folder, another user's link).
         XstageError: the file cannot be written (the message names it and why).
     """
     try:
-        written = atomic_write(path, text.encode("utf-8"))
+        written = write_file(path, text.encode("utf-8"), flag=flag)
     except OSError as exc:
         raise errors.XstageError(
             f"cannot write {what} to {path}: {exc.strerror or exc}",
@@ -68,10 +71,12 @@ def _dump(doc: Any) -> str:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    for flag, value in (("--html", args.html), ("--node-data", args.node_data), ("--trace", args.trace)):
+        if value:  # before any work: a missing folder is a usage error, never created
+            check_output(value, flag=flag)
     doc = read_record(args.record)
-    if args.json:
-        out.json(doc)
-    else:
+    out.emit(doc)
+    if not out.json_mode:
         show_summary(doc, out, title=f"Record {args.record}")
     if not (args.html or args.node_data or args.trace):
         return EXIT_OK
@@ -93,16 +98,18 @@ def run(args: argparse.Namespace, out: Output) -> int:
         graph = (doc.get("artifact") or {}).get("path")
         providers, times = node_data(view, adapter_node_ids(graph) if graph else None)
         base = Path(args.node_data)
-        write_output(str(base), _dump(providers), "Model Explorer node data (providers)", out)
+        write_output(str(base), _dump(providers), "Model Explorer node data (providers)", out,
+                     flag="--node-data")
         write_output(
             str(base.with_name(base.stem + ".kernel-time" + (base.suffix or ".json"))),
             _dump(times),
             "Model Explorer node data (kernel time)",
-            out,
+            out, flag="--node-data",
         )
     if args.trace:
         from xstage.report.trace import trace_events
 
         pid = ((doc.get("worker") or {}).get("hello") or {}).get("worker", {}).get("pid")
-        write_output(args.trace, _dump(trace_events(view, worker_pid=pid)), "Perfetto trace", out)
+        write_output(args.trace, _dump(trace_events(view, worker_pid=pid)), "Perfetto trace", out,
+                     flag="--trace")
     return EXIT_OK

@@ -1,4 +1,4 @@
-"""``xstage sanitize IN.onnx OUT.onnx [--json REPORT.json]``: rewrite only where provably safe.
+"""``xstage sanitize IN.onnx OUT.onnx [--json[=PATH]]``: rewrite only where provably safe.
 
 Every site each rewrite looked at is listed, applied or skipped with the reason; the output
 passes onnx.checker and computes bitwise what the input computes on onnxruntime's CPU EP
@@ -10,12 +10,11 @@ that would differ (nothing is written then); 64 a usage error.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.markup import escape
 
-from xstage.cli._flags import add_input_flags
+from xstage.cli._flags import add_input_flags, add_json_flag, resolve_out
 from xstage.cli._output import Output
 from xstage.exit_codes import EXIT_OK
 from xstage.inputs import parse_dims, parse_shapes
@@ -27,8 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sanitize", help="make a graph acceptable to device runtimes, safely",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", metavar="IN.onnx")
-    p.add_argument("dst", metavar="OUT.onnx")
-    p.add_argument("--json", dest="json_path", metavar="REPORT.json", help="write the report here")
+    p.add_argument("dst", metavar="OUT.onnx",
+                   help="the sanitized graph: a .onnx file, or a folder (IN.onnx's name in it)")
+    add_json_flag(p, "the report", files=("src", "dst", "inputs"))
     add_input_flags(p, npz_help="inputs for the equality check; default: synthesized")
     p.set_defaults(func=run)
 
@@ -36,14 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     from xstage.export import sanitize_onnx  # onnx and onnx-ir: imported when sanitizing
 
-    report = sanitize_onnx(args.src, args.dst, inputs=args.inputs, shapes=parse_shapes(args.shape),
+    dst = resolve_out("OUT.onnx", args.dst, suffixes=(".onnx",), name=Path(args.src).name)
+    report = sanitize_onnx(args.src, dst, inputs=args.inputs, shapes=parse_shapes(args.shape),
                            dims=parse_dims(args.dim))
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(report, indent=2) + "\n")
+    out.emit(report)
     rows = [[escape(s["rewrite"]), escape(s["node"]), s["verdict"], escape(s["reason"])]
             for s in report["sites"]]
     if rows:
-        out.table(f"xstage sanitize {escape(args.src)} → {escape(args.dst)}",
+        out.table(f"xstage sanitize {escape(args.src)} → {escape(str(dst))}",
                   ["rewrite", "node", "verdict", "why"], rows)
     else:
         out.result("no site needed a rewrite")

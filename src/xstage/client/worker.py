@@ -36,7 +36,7 @@ from xstage.client.deadlines import Deadlines, DeadlineSocket
 from xstage.client.pipeline import USE_DEADLINE, Outputs, Pipeline, StageFuture
 from xstage.client.staging import local_hash, worker_argv
 from xstage.home import LOG_KEEP_DEFAULT, logs_dir, prune_logs
-from xstage.signature import check_inputs, wire_order
+from xstage.signature import check_inputs, not_a_mapping, wire_order
 from xstage_remote import PROTOCOL_VERSION, shm, sockspin, wire
 
 __all__ = ["WorkerClient", "WorkerState"]
@@ -968,6 +968,8 @@ class WorkerClient:
         call); an ``out`` array is still filled. ``phase`` picks the deadline: ``call``, or
         ``warmup`` for the first, profiled run.
         """
+        if type(inputs) is not dict and not isinstance(inputs, Mapping):
+            raise not_a_mapping(inputs, (s["name"] for s in (self.loaded or {}).get("inputs", ())))
         with self._lock:
             lane = self._lane
             if lane is not None and out is None and phase == "call" and self._pending is None \
@@ -1180,6 +1182,8 @@ class WorkerClient:
         self._require_ready()
         if self.loaded is None:
             raise errors.UsageError("submit() before load()")
+        if not isinstance(inputs, Mapping):
+            raise not_a_mapping(inputs, (s["name"] for s in self.loaded.get("inputs", ())))
         return self._pipe.submit(self._check_inputs(inputs), seconds)
 
     def reset_state(self) -> None:

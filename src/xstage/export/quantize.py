@@ -54,14 +54,15 @@ def calibration_set(declared: Any, *, directory: str | os.PathLike[str] | None =
             raise errors.UsageError(f"--calibration {folder} holds no .npz files",
                                     remedy="one .npz per sample, keyed by the graph's input names")
         for f in files:
-            samples.append(load_npz(f, declared))
+            samples.append(load_npz(f, declared, flag="--calibration"))
             digest.update(f.name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
         source = {"kind": "directory", "path": str(folder.resolve()), "files": len(files)}
     else:
         if synthetic < 1:  # type: ignore[operator]
             raise errors.UsageError("--calibration-synthetic needs N >= 1")
         for i in range(int(synthetic)):  # type: ignore[arg-type]
-            sample = synthesize(declared, shapes=shapes, dims=dims, seed=SEED + i)
+            sample = synthesize(declared, shapes=shapes, dims=dims, seed=SEED + i,
+                                data_flag="--calibration DIR")
             samples.append(sample)
             for name in sorted(sample):
                 digest.update(name.encode() + b"\0" + np.ascontiguousarray(sample[name]).tobytes())

@@ -34,7 +34,8 @@ def require_torch() -> tuple[Any, Any]:
     except ImportError as exc:
         raise errors.UsageError(
             f"xstage export needs torch and transformers ({exc.name} is not importable here)",
-            remedy="python3 -m pip install -e '.[export]' (torch==2.13.0 is on local disk here)") from exc
+            remedy="pip install 'xstage[export]' (torch >= 2.5 and transformers >= "
+            f"{MIN_TRANSFORMERS})") from exc
     from packaging.version import Version
 
     if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):

@@ -28,7 +28,7 @@ from typing import Any
 
 from xstage import errors
 
-__all__ = ["FAMILIES", "TINY", "build_model", "export_vision_tower"]
+__all__ = ["FAMILIES", "TINY", "build_model", "check_image_size", "export_vision_tower"]
 
 FAMILIES = ("qwen3_5", "qwen3_vl")
 #: ``--config tiny``: every dimension small, every mechanism present (a 6x6 position table
@@ -129,6 +129,51 @@ def _make_tower_class() -> Any:
             return tuple(t.float() for t in (m.merger(h), *deep))
 
     return FixedGridTower
+
+
+#: transformers' defaults for both families' vision configs (``patch_size``, ``spatial_merge_size``).
+_DEFAULT_PATCH, _DEFAULT_MERGE = 16, 2
+
+
+def _grid_fields(config: str | None, checkpoint: str | None) -> dict[str, Any] | None:
+    """The vision-config fields as files hold them (no torch), or None where unreadable."""
+    try:
+        if checkpoint is not None:
+            data = json.loads((Path(checkpoint) / "config.json").read_text())
+            vision = data.get("vision_config") if isinstance(data, dict) else None
+            return vision if isinstance(vision, dict) else None
+        if config == "tiny":
+            return dict(TINY)
+        if config is not None:
+            data = json.loads(Path(config).read_text())
+            return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None  # build_model says what is wrong with the file, in its own words
+    return None
+
+
+def check_image_size(image_size: tuple[int, int], *, config: str | None = None,
+                     checkpoint: str | None = None) -> None:
+    """``--image-size`` against the grid (patch size x merge size), before torch is imported.
+
+    The tower checks it again with the model's own config (``FixedGridTower``); this check only
+    answers a bad size at once, from the config's file.
+
+    Raises:
+        UsageError: a side that is not a positive multiple of patch size x merge size.
+    """
+    height, width = image_size
+    fields = _grid_fields(config, checkpoint)
+    if fields is None:
+        return  # an unreadable config: the tower's own check (and build_model's message) decide
+    p = fields.get("patch_size", _DEFAULT_PATCH)
+    m = fields.get("spatial_merge_size", _DEFAULT_MERGE)
+    if not (isinstance(p, int) and isinstance(m, int) and p > 0 and m > 0):
+        return
+    if height <= 0 or width <= 0 or height % (p * m) or width % (p * m):
+        raise errors.UsageError(
+            f"--image-size {height}x{width} is not a multiple of {p * m} (patch size x merge size)",
+            remedy=f"use a multiple of {p * m}, e.g. --image-size {max(1, round(height / (p * m))) * p * m}")
 
 
 def _read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:

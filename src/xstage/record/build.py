@@ -53,8 +53,9 @@ def build_record(
     ``serving`` is an API stage's depth, restart policy and generations (absent otherwise).
     """
     candidates = _candidates(plan, tried)
-    chosen = next(({"device": c.device, "route": c.route.name} for c, o, _ in tried
-                   if o == "chosen"), None)
+    chosen_cand = next((c for c, o, _ in tried if o == "chosen"), None)
+    chosen = ({"device": chosen_cand.device, "route": chosen_cand.route.name}
+              if chosen_cand is not None else None)
     err = None
     if error is not None:
         err = {"type": type(error).__name__, "message": getattr(error, "message", str(error)),
@@ -72,7 +73,10 @@ def build_record(
         "artifact": artifact.to_dict() if artifact else None,
         "request": dict(request),
         "plan": None if plan is None and not tried else {
-            "chosen": chosen, "candidates": candidates, **_plan_mode(plan)},
+            "chosen": chosen, "candidates": candidates, **_plan_mode(plan),
+            # A stage on the reference arm ran where the gate's reference runs: no offload.
+            **({"on_reference_arm": chosen_cand.route.spec.reference_arm}
+               if chosen_cand is not None else {})},
         "worker": dict(worker) if worker else None,
         "proof": dict(proof) if proof else None,
         "parity": dict(parity_doc) if parity_doc else None,

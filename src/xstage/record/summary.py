@@ -87,13 +87,17 @@ def _placement(doc: Mapping[str, Any]) -> Rows:
         v, runtime = _versions(worker), worker.get("runtime") or {}
         engine = (f"torch {runtime['torch']} on {runtime.get('device')}" if runtime.get("torch")
                   else f"onnxruntime {v.get('onnxruntime')}")
-        rows.append(("placed on", f"{chosen['device']} via {chosen['route']} "
+        arm = " — the reference arm, not an offload" if plan.get("on_reference_arm") else ""
+        rows.append(("placed on", f"{chosen['device']} via {chosen['route']}{arm} "
                                   f"(python {v.get('python')}, {engine})"))
     else:
         rows.append(("plan", f"chosen {chosen['device']} via {chosen['route']}" if chosen
                      else "nothing chosen"))
     if plan.get("mode") == "offload":
         rows.append(("offload", _offload_why(plan)))
+    elif chosen and plan.get("on_reference_arm"):
+        rows.append(("reference arm", f"{chosen['route']} runs the numeric gate's reference: the "
+                     "stage ran where its reference runs, so nothing was offloaded"))
     for cand in plan["candidates"]:
         text = f"{cand['device']} via {cand['route']}: {cand['status']}"
         if cand.get("refusal"):
@@ -103,7 +107,7 @@ def _placement(doc: Mapping[str, Any]) -> Rows:
 
 
 def _offload_why(plan: Mapping[str, Any]) -> str:
-    """Which route ran under ``--offload``, and why that one."""
+    """Which route ran under the offload (the default plan), and why that one."""
     arms = set(plan.get("reference_arms") or ())
     offload = [c for c in plan["candidates"] if c["route"] not in arms]
     refused = ", ".join(f"{c['route']} on {c['device']}: {c['refusal']['cause']}"

@@ -19,7 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-import tomllib
+
+try:  # Python 3.11+; tomli is the same parser, installed on 3.10 (pyproject.toml)
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 __all__ = [
     "PROJECT_CONFIG_NAME",

@@ -62,6 +62,11 @@ class Ledger:
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
 
+    @property
+    def named_pools(self) -> tuple[str, ...]:
+        """The pools ``capacity`` named (open_stage checks them against the device table's)."""
+        return tuple(self._overrides)
+
     @classmethod
     def default(cls) -> Ledger:
         """The process-wide ledger ``open_stage`` uses when given none."""

@@ -69,7 +69,58 @@ def open_stage(
     max_restarts: int = 3, restart_window: float = 60.0, record_on_close: bool = True,
     cluster: str | None = None, resources: Mapping[str, float] | None = None, placement_timeout: float = 60.0,
 ) -> Stage:
-    """Open ``artifact`` where the plan and the evidence allow (the arguments: module docstring).
+    """Open ``artifact`` where the plan and the evidence allow, and return the admitted stage.
+
+    Each candidate of the plan goes through the gates in order (budget, start, profiled
+    warm-up, proof, numeric gate, measured peak); the first one admitted becomes the stage.
+    With no ``device``, ``prefer`` or ``route`` the plan is an offload: every resolved route
+    but the reference arm first, the reference arm last (docs/external.md, "The plan").
+
+    Args:
+        artifact: the stage's graph: an ``.onnx`` (its external-data files beside it) or a
+            ``.pt2`` torch program.
+        device: require this device id or class (``cpu``, ``npu``, ``gpu_discrete:nvidia``);
+            never substituted. An unknown class is a ``UsageError``.
+        prefer: device ids or classes to try in order, falling through on refusal.
+        route: pin one route (``ort-openvino``, ``ort-cpu`` for the reference arm itself, …).
+        offload: the offload explicitly (what no selector does); with a selector, a
+            ``UsageError``.
+        min_placement: the fraction of the nodes and of the kernel time the target must both
+            take for ``placed`` (0 to 1).
+        tolerance: the numeric gate: a number (relative L2), or ``xstage.parity.CRITERIA``
+            names to values, each replacing that criterion's default.
+        reference: the graph the gate compares against: ``"auto"`` (the fp32 source the
+            manifest names, else the artifact itself) or a path.
+        inputs: the warm-up's and the gate's inputs: a mapping of input name to array, an
+            ``.npz`` path, or None (synthesized from the signature, seeded).
+        shapes: the shape of a synthesized input, by input name.
+        dims: the size of a symbolic dimension, by its name.
+        fmt: the artifact's declared format (``onnx:fp32``, ``onnx:fp16``, ``onnx:a16w8``,
+            ``pt:fp32``, ``pt:fp16``); inferred when None, checked against the graph when given.
+        component: the stage's name in the record (inferred from the manifest or file name).
+        ep_options: execution provider options, over the route's hook's own.
+        threads: intra-op threads for both arms (None: the runtime's default).
+        graph_opt_level: onnxruntime's graph optimization level (``ORT_ENABLE_ALL``, …).
+        deadlines: per-phase worker deadlines (spawn, hello, load, warm-up, call, shutdown).
+        report: the device table to plan against (default: ``xstage.devices()``, cached).
+        ledger: the memory ledger the stage is budgeted in (default: the process-wide one);
+            a pool it names must be one of this machine's.
+        on_event: called with one line per step (what ``--verbose`` prints).
+        depth: requests in flight at once (``Stage.submit``, ``Stage.map``), 1 to 64.
+        restart: ``"never"`` or ``"on_death"`` (a dead worker is replaced by the next
+            generation, proven and gated again).
+        max_restarts: with ``"on_death"``, the most restarts within ``restart_window``.
+        restart_window: the window of ``max_restarts``, in seconds.
+        record_on_close: ``Stage.close()`` writes the stage's record under
+            ``XSTAGE_HOME/records``.
+        cluster: ``"ray"``: open the stage on a Ray node that has ``resources``
+            (docs/cluster.md); None: here.
+        resources: the Ray resources the node must have, with ``cluster``.
+        placement_timeout: seconds to wait for a node with the resources to be free.
+
+    Returns:
+        The admitted ``Stage`` (a ``ClusterStage`` with ``cluster``): call it with a mapping of
+        input name to array.
 
     Raises:
         Refused: every candidate was refused (``.refusals``, ``.record``).
@@ -81,6 +132,8 @@ def open_stage(
     if cluster is not None:  # the node's own open_stage decides there (docs/cluster.md)
         return open_on_cluster(open_stage, artifact, cluster, resources, placement_timeout, locals())
     started = utc_now()
+    # No selector is an offload (the reference arm last): the request says what was planned.
+    offload = offload or (device is None and not prefer and route is None)
     request = build_request(
         device=device, prefer=prefer, route=route, offload=offload, min_placement=min_placement,
         tolerance=tolerance, ep_options=ep_options, threads=threads,
@@ -93,6 +146,7 @@ def open_stage(
         nodes = graph_nodes(art)
         feeds, pairs, init = _feeds_and_state(art, request, inputs, shapes, dims)
         report = report or device_report()
+        _check_pools(ledger, report)
         session = _session_options(threads, graph_opt_level)
         ref = make_reference(art, reference, session, report)
         ref.precheck({**feeds, **init})  # ONNX: bad inputs fail before any worker starts
@@ -114,6 +168,22 @@ def open_stage(
         exc.record = build_record(argv=(), started=started, request=request, status="error",
                                   error=exc, artifact=art)
         raise
+
+
+def _check_pools(ledger: Ledger | None, report: DeviceReport) -> None:
+    """A pool the ledger was given a capacity for must be one of this machine's pools.
+
+    Raises:
+        UsageError: an unknown pool (``--pool nopool=1GiB``), naming the known ones.
+    """
+    if ledger is None:
+        return
+    known = [p["name"] for p in report.pools()]
+    unknown = [name for name in ledger.named_pools if name not in known]
+    if unknown:
+        raise errors.UsageError(f"unknown memory pool {unknown[0]!r}",
+                                remedy=f"pools here: {', '.join(known) or 'none'} (xstage devices "
+                                "lists them)")
 
 
 def _feeds_and_state(art: Artifact, request: dict[str, Any], inputs: Any,
