@@ -127,12 +127,18 @@ class NameCheck:
             kernel).
         failures: the names that failed, with why (at most 10 kept).
         failed: how many names failed.
+        partitions: the originals that stand for a partition an EP compiled (one kernel for
+            nodes it does not name: ``<EP>-subgraph_<k>``, a plugin EP's ``<EP>_<hash>_<k>``).
+
+    .. versionchanged:: 0.3
+       ``partitions``.
     """
 
     passed: bool
     originals: Mapping[str, str]
     failures: tuple[str, ...]
     failed: int
+    partitions: frozenset[str] = frozenset()
 
 
 def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
@@ -193,6 +199,18 @@ def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
     return SessionNames(nodes, frozenset(unnamed), renamed, tuple(dict.fromkeys(problems)), values)
 
 
+def _is_metadef(name: str, op: str, provider: str | None) -> bool:
+    """``<EP>_<EP>_<hash>_<k>_<n>`` with op ``<EP>_<hash>_<k>`` on provider ``<EP>``."""
+    return bool(provider and op.startswith(provider + "_") and _METADEF.match(op)
+                and name.startswith(f"{provider}_{op}_") and name[len(provider) + len(op) + 2:].isdigit())
+
+
+def _is_partition(name: str, op: str, provider: str | None) -> bool:
+    """Whether a kernel that passed the check is a compiled partition's (one kernel for many nodes)."""
+    subgraph = _SUBGRAPH.match(name)
+    return bool(subgraph and subgraph.group("op") == op) or _is_metadef(name, op, provider)
+
+
 def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
              depth: int = 0) -> tuple[str | None, str]:
     """The original node one event or plan name stands for, or None with why it failed."""
@@ -219,9 +237,7 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
         if op != subgraph.group("op") or (provider is not None and provider != subgraph.group("ep_type")):
             return None, f"{name!r} is an EP subgraph kernel but its op is {op!r} on {provider!r}"
         return subgraph.group("op"), ""
-    if (not fused and not token and depth == 0 and provider and op.startswith(provider + "_")
-            and _METADEF.match(op) and stem.startswith(f"{provider}_{op}_")
-            and stem[len(provider) + len(op) + 2:].isdigit()):
+    if not fused and not token and depth == 0 and _is_metadef(stem, op, provider):
         return op, ""  # a plugin EP's compiled partition: its kernel, on that EP
     fusion = _FUSION.match(stem)
     if fusion:
@@ -270,6 +286,7 @@ def check_names(entries: Iterable[tuple[str, str, str | None]], names: SessionNa
         Whether every name passed, the original each passing name stands for, and the failures.
     """
     originals: dict[str, str] = {}
+    partitions: set[str] = set()
     failures: list[str] = []
     failed = 0
     seen: set[tuple[str, str, str | None]] = set()
@@ -287,7 +304,9 @@ def check_names(entries: Iterable[tuple[str, str, str | None]], names: SessionNa
                 failures.append(why)
         else:
             originals[name] = original
-    return NameCheck(failed == 0, originals, tuple(failures), failed)
+            if provider is not None and _is_partition(name, op or "", provider):
+                partitions.add(original)
+    return NameCheck(failed == 0, originals, tuple(failures), failed, frozenset(partitions))
 
 
 def is_control_flow(op_type: str) -> bool:
