@@ -184,6 +184,19 @@ def test_no_qdq_form_is_believed_where_a_value_could_forge_events():
     assert not check_names([("x_q", "QuantizeLinear", CPU)], session_names(None, report)).passed
 
 
+def test_a_value_outside_the_safe_set_that_cannot_forge_keeps_the_value_forms():
+    # Paddle names values Clip@15 (the third-party ppocr-cls): no quote, backslash or control character,
+    # so no event can be closed by it; the forms of the graph's safe values still hold.
+    report = _report(QDQ)
+    report["read"] = [*report["read"], "Clip@15"]
+    names = session_names(None, report)
+    assert check_names([("x_q", "QuantizeLinear", CPU)], names).passed
+    assert not check_names([("Clip@15_q", "QuantizeLinear", CPU)], names).passed  # itself: not a safe name
+    for forging in ('a"b', "a\\b", "a\nb", "a\x7fb"):
+        report["read"] = [*_report(QDQ)["read"], forging]
+        assert not check_names([("x_q", "QuantizeLinear", CPU)], session_names(None, report)).passed, forging
+
+
 def test_the_qdq_capture_is_placed_on_the_cpu_with_the_workers_report():
     meta = _meta(QDQ)
     kwargs = {"target_ep": CPU, "profile_text": (PROFILES / f"{QDQ}.profile.json").read_text(),

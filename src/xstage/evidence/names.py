@@ -80,6 +80,8 @@ __all__ = ["INSERTED", "SAFE_NAME", "NameCheck", "SessionNames", "check_names", 
 SAFE_NAME = re.compile(r"[A-Za-z0-9_.:/\-]{1,512}")
 
 _TOKEN = re.compile(r"^(?P<base>.*)_token_\d+$")
+#: What can end or escape a name in a profile onnxruntime writes unescaped (<= 1.30).
+_FORGES = re.compile(r'["\\\x00-\x1f\x7f]')
 _UNNAMED = re.compile(r"^(?P<op>[A-Za-z][A-Za-z0-9]*)_(?P<i>\d+)$")
 _FUSION = re.compile(r"^(?P<base>.*)/(?P<fusion>[A-Za-z][A-Za-z0-9]*)/?$")
 _INLINED = re.compile(r"^(?P<node>.+?)_(?:then|else)_branch__Inline_\d+__(?P<inner>.+)$")
@@ -119,11 +121,13 @@ class SessionNames:
             derive from.
         renamed: whether the worker ran a renamed copy.
         problems: why names were left out (not unique, characters outside :data:`SAFE_NAME`).
-        values_checked: the worker reported every value nodes read and write, and each passed
-            the check. Only then are forms derived from a value believed: values are the
+        values_checked: the worker reported every value nodes read and write, and none holds
+            a character that can end or escape a JSON string (``"``, ``\\``, a control
+            character). Only then are forms derived from a value believed: values are the
             author's text and are never renamed, so one holding a quote could close its kernel's
             event in a profile that writes names unescaped and leave a fragment that names a
-            safe value (or passes as an inserted cast) — with the event before it forged.
+            safe value (or passes as an inserted cast) — with the event before it forged. (A
+            value such as Paddle's ``Clip@15`` is outside :data:`SAFE_NAME` but forges nothing.)
 
     .. versionchanged:: 0.3
        ``read`` and ``values_checked``.
@@ -191,7 +195,7 @@ def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
         listed = reported.get("read")
         if isinstance(listed, list):
             read = frozenset(v for v in listed if isinstance(v, str) and SAFE_NAME.fullmatch(v))
-            values_checked = len(read) == len(listed)
+            values_checked = all(isinstance(v, str) and not _FORGES.search(v) for v in listed)
         for node in reported["nodes"]:
             if not isinstance(node, Mapping) or not all(
                 isinstance(node.get(k), str) for k in ("name", "op_type")
@@ -201,9 +205,9 @@ def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
             original = node.get("original")
             producer = original if isinstance(original, str) and original else f"<{node['op_type']}>"
             if isinstance(outputs, list):
-                safe = [v for v in outputs if isinstance(v, str) and (SAFE_NAME.fullmatch(v) or not v)]
-                values.update((v, producer) for v in safe if v)
-                values_checked = values_checked and len(safe) == len(outputs)
+                values.update((v, producer) for v in outputs if isinstance(v, str) and SAFE_NAME.fullmatch(v))
+                values_checked = values_checked and all(isinstance(v, str) and not _FORGES.search(v)
+                                                        for v in outputs)
             else:
                 values_checked = False
             rows.append((node["name"], node["op_type"],
