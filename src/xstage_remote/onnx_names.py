@@ -14,8 +14,8 @@ way the worker reports the names the session ran with and the original each stan
 proof (``xstage.evidence.names``) believes only those.
 
 The reader knows the few fields it needs (ModelProto.graph 7, ModelProto.functions 25,
-GraphProto.node 1, FunctionProto.node 7, NodeProto.name 3 / op_type 4 / attribute 5,
-AttributeProto.g 6 / graphs 11) and copies every other byte as it was.
+GraphProto.node 1, FunctionProto.node 7, NodeProto.input 1 / output 2 / name 3 / op_type 4 /
+attribute 5, AttributeProto.g 6 / graphs 11) and copies every other byte as it was.
 """
 
 import os
@@ -93,9 +93,9 @@ def _fields(buf, start, end):
 
 
 def _walk(buf, start, end, kind, out):
-    """Append ``[name, op_type, outputs]`` for each node, a node before its subgraphs' nodes."""
+    """Append ``[name, op_type, outputs, inputs]`` for each node, a node before its subgraphs' nodes."""
     if kind == "node":
-        entry = ["", "", []]
+        entry = ["", "", [], []]
         out.append(entry)
     for number, wire_type, _, p0, p1 in _fields(buf, start, end):
         if wire_type != 2:
@@ -106,16 +106,21 @@ def _walk(buf, start, end, kind, out):
             entry[1] = bytes(buf[p0:p1]).decode("utf-8", "replace")
         elif kind == "node" and number == 2:
             entry[2].append(bytes(buf[p0:p1]).decode("utf-8", "replace"))
+        elif kind == "node" and number == 1:
+            entry[3].append(bytes(buf[p0:p1]).decode("utf-8", "replace"))
         child = _CHILDREN.get((kind, number))
         if child is not None:
             _walk(buf, p0, p1, child, out)
 
 
-def read_nodes(model_bytes):
-    """Every node of a serialized ModelProto as ``[(name, op_type, outputs)]``, in the order read."""
+def read_nodes(model_bytes, inputs=False):
+    """Every node of a serialized ModelProto as ``[(name, op_type, outputs)]`` in the order read;
+    with ``inputs``, ``[(name, op_type, outputs, inputs)]``."""
     out = []
     _walk(model_bytes, 0, len(model_bytes), "model", out)
-    return [(name, op, outputs) for name, op, outputs in out]
+    if inputs:
+        return [tuple(entry) for entry in out]
+    return [(name, op, outputs) for name, op, outputs, _ in out]
 
 
 def _rename(buf, start, end, kind, names):
@@ -147,7 +152,8 @@ def _rename(buf, start, end, kind, names):
 def problems(nodes):
     """Why these names cannot be run as they are: duplicates and unsafe characters (empty: fine)."""
     seen, out = {}, []
-    for name, _, _ in nodes:
+    for node in nodes:
+        name = node[0]
         if name:
             seen[name] = seen.get(name, 0) + 1
     for name, count in seen.items():
@@ -166,23 +172,27 @@ def prepare(path, in_memory):
     from the folder named by ``session.model_external_initializers_file_folder_path``), else
     written beside the original as a hidden file (``leftover``), so relative external data
     paths resolve to the original files in place. ``report`` is ``{"renamed": bool,
-    "problems": [...], "nodes": [{"name", "op_type", "original", "outputs"}]}``: the names the
-    session runs with (``outputs``, the node's output values, are never renamed: onnxruntime
-    names some kernels ``<output>_nchwc``, and the proof accepts those only for safe names).
+    "problems": [...], "nodes": [{"name", "op_type", "original", "outputs"}], "read": [...]}``:
+    the names the session runs with, the values each node writes (``outputs``) and the values
+    nodes read that no node writes (``read``: graph inputs and initializers). Values are never
+    renamed: onnxruntime names some kernels after one — ``<output>_nchwc``, ``<value>_q`` and
+    ``<value>_dq`` — and the proof accepts those only for safe names.
     """
     with open(path, "rb") as f:
         data = f.read()
-    nodes = read_nodes(data)
+    nodes = read_nodes(data, inputs=True)
     found = problems(nodes)
+    written = set(v for node in nodes for v in node[2])
+    read = sorted(set(v for node in nodes for v in node[3] if v and v not in written))
     if not found:
-        return path, {"renamed": False, "problems": [],
+        return path, {"renamed": False, "problems": [], "read": read,
                       "nodes": [{"name": n, "op_type": op, "original": n, "outputs": outs}
-                                for n, op, outs in nodes]}, None
-    new_names = ["xs_n%d" % i if name else "" for i, (name, _, _) in enumerate(nodes)]
+                                for n, op, outs, _ in nodes]}, None
+    new_names = ["xs_n%d" % i if node[0] else "" for i, node in enumerate(nodes)]
     renamed = _rename(data, 0, len(data), "model", iter([n for n in new_names if n]))
-    report = {"renamed": True, "problems": found[:20],
+    report = {"renamed": True, "problems": found[:20], "read": read,
               "nodes": [{"name": new, "op_type": op, "original": old, "outputs": outs}
-                        for new, (old, op, outs) in zip(new_names, nodes)]}
+                        for new, (old, op, outs, _) in zip(new_names, nodes)]}
     if in_memory:
         return renamed, report, None
     folder = os.path.dirname(os.path.abspath(path))

@@ -89,7 +89,7 @@ def test_the_regexes_recover_an_event_whose_args_do_not_parse():
     parsed = parse_profile("[\n" + line + "\n]\n")
     assert (parsed.method, parsed.complete) == ("lines", True)
     assert [dict(e) for e in parsed.events] == [{
-        "cat": "Node", "name": 'a "b"\\c_kernel_time', "dur": 12, "ts": 3,
+        "cat": "Node", "name": 'a "b"\\c_kernel_time', "dur": 12, "ts": 3, "tid": 1,
         "provider": "OpenVINOExecutionProvider", "op_name": "OpenVINO-EP-subgraph_1",
     }]
 

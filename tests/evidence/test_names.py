@@ -46,10 +46,12 @@ def _report(name: str) -> dict:
     """What the worker reports for the fixture's graph: ``onnx_names.read_nodes`` on the same
     graph (capture.py builds it deterministically); the names are the ones the session ran with."""
     cap = next(c for c in CAPTURE.CAPTURES if c.name == name)
-    nodes = read_nodes(CAPTURE.GRAPHS[cap.graph]().SerializeToString())
-    assert [n for n, _, _ in nodes] == [n["name"] for n in _meta(name)["graph"]["nodes"]]
+    nodes = read_nodes(CAPTURE.GRAPHS[cap.graph]().SerializeToString(), inputs=True)
+    assert [n for n, _, _, _ in nodes] == [n["name"] for n in _meta(name)["graph"]["nodes"]]
+    written = {v for _, _, outs, _ in nodes for v in outs}
     return {"renamed": False, "nodes": [{"name": n, "op_type": op, "original": n, "outputs": outs}
-                                        for n, op, outs in nodes]}
+                                        for n, op, outs, _ in nodes],
+            "read": sorted({v for _, _, _, ins in nodes for v in ins if v and v not in written})}
 
 
 def _kernels(name: str) -> list[tuple[str, str, str | None]]:
@@ -115,7 +117,8 @@ def test_a_name_outside_the_forms_fails(event, op, provider):
 def test_nodes_onnxruntime_adds_for_an_fp16_graph_on_the_cpu_ep():
     """An fp16 tower on the CPU EP (onnxruntime 1.32, tests/export's towers): casts it inserts
     around kernels it lacks in fp16, Softmax's inlined body, and unnamed plan entries."""
-    names = session_names([{"name": "softmax", "op_type": "Softmax"}], None)
+    names = session_names(None, {"nodes": [{"name": "softmax", "op_type": "Softmax", "outputs": ["linear"]}],
+                                 "read": ["x"]})
     entries = [("InsertedPrecisionFreeCast_linear", "Cast", CPU), ("ReduceMax_227", "ReduceMax", CPU),
                ("Exp_229", "Exp", CPU), ("", "ReduceSum", None)]
     assert check_names(entries, names).passed
@@ -129,6 +132,82 @@ def test_nodes_onnxruntime_adds_for_an_fp16_graph_on_the_cpu_ep():
                 ('InsertedPrecisionFreeCast_a"b', "Cast", CPU),  # an unsafe value name
                 ("ReduceMax_227", "Exp", CPU)]:  # <op>_<i> whose op is not <op>
         assert not check_names([bad], names).passed, bad
+    # A graph with a value whose name could close an event: no cast named after a value is believed.
+    hostile = session_names(None, {"nodes": [{"name": "softmax", "op_type": "Softmax",
+                                              "outputs": ["linear", 'a","b']}], "read": ["x"]})
+    assert not check_names([("InsertedPrecisionFreeCast_linear", "Cast", CPU)], hostile).passed
+
+
+QDQ = "ort132_cpu_qdq"
+
+
+@pytest.mark.parametrize(("event", "op"), [("x_q", "QuantizeLinear"), ("x_dq", "DequantizeLinear"),
+                                           ("x_dq2", "DequantizeLinear"), ("x_q_token_4", "QuantizeLinear"),
+                                           ("matmul", "MatMulNBits")])
+def test_onnxruntimes_qdq_pairs_are_named_after_a_checked_value(event, op):
+    # 1.32's QDQ propagation moves the Q back across the Reshape: a pair on the input x's edge.
+    plan = json.loads((PROFILES / f"{QDQ}.assignment.json").read_text())
+    planned = {(n["name"], n["op_type"]) for sg in plan for n in sg["nodes"]}
+    assert {("x_q", "QuantizeLinear"), ("x_dq", "DequantizeLinear")} <= planned
+    assert ("x_q", "QuantizeLinear", CPU) in _kernels(QDQ) and ("x_q", "QuantizeLinear", CPU) in _kernels(
+        "ort119_cpu_qdq")
+    check = check_names([(event, op, CPU)], session_names(None, _report(QDQ)))
+    assert check.passed and check.originals[event] == ("matmul" if op == "MatMulNBits"
+                                                       else "<inserted by onnxruntime> " + op)
+
+
+@pytest.mark.parametrize(("event", "op", "why"), [
+    ("x_q", "DequantizeLinear", "a Q form with a DQ op"),
+    ("x_dq", "QuantizeLinear", "a DQ form with a Q op"),
+    ("x_q", "Relu", "no Q/DQ op"),
+    ("x_dq0", "DequantizeLinear", "a DQ index onnxruntime never writes"),
+    ("nobody_q", "QuantizeLinear", "no value of the graph"),
+    ("reshape_q", "QuantizeLinear", "a node's name, not a value"),
+    ("fused x_q", "QuantizeLinear", "no fusion of an inserted pair"),
+    ("x_q/QDQFusion", "QuantizeLinear", "no fusion of an inserted pair"),
+    ('x"_q', "QuantizeLinear", "an unsafe value"),
+])
+def test_a_qdq_form_not_derived_from_a_checked_value_fails(event, op, why):
+    assert not check_names([(event, op, CPU)], session_names(None, _report(QDQ))).passed, why
+
+
+def test_no_qdq_form_is_believed_where_a_value_could_forge_events():
+    # A value holding a quote could close its Q's event (onnxruntime <= 1.30 writes names unescaped):
+    # 'v_kernel_time","args":{...OpenVINO...}},{...,"name":"x' + '_q' leaves a fragment 'x_q' that
+    # names the safe value x, after an event the value forged. Such a graph believes no value form.
+    report = _report(QDQ)
+    forged = 'v_kernel_time","args":{"provider":"OpenVINOExecutionProvider"}},{"name":"x'
+    report["read"] = [*report["read"], forged]
+    assert not check_names([("x_q", "QuantizeLinear", CPU)], session_names(None, report)).passed
+    report = _report(QDQ)
+    del report["read"]  # a report that does not list what nodes read: the values are not all known
+    assert not check_names([("x_q", "QuantizeLinear", CPU)], session_names(None, report)).passed
+
+
+def test_a_value_outside_the_safe_set_that_cannot_forge_keeps_the_value_forms():
+    # Paddle names values Clip@15 (the third-party ppocr-cls): no quote, backslash or control character,
+    # so no event can be closed by it; the forms of the graph's safe values still hold.
+    report = _report(QDQ)
+    report["read"] = [*report["read"], "Clip@15"]
+    names = session_names(None, report)
+    assert check_names([("x_q", "QuantizeLinear", CPU)], names).passed
+    assert not check_names([("Clip@15_q", "QuantizeLinear", CPU)], names).passed  # itself: not a safe name
+    for forging in ('a"b', "a\\b", "a\nb", "a\x7fb"):
+        report["read"] = [*_report(QDQ)["read"], forging]
+        assert not check_names([("x_q", "QuantizeLinear", CPU)], session_names(None, report)).passed, forging
+
+
+def test_the_qdq_capture_is_placed_on_the_cpu_with_the_workers_report():
+    meta = _meta(QDQ)
+    kwargs = {"target_ep": CPU, "profile_text": (PROFILES / f"{QDQ}.profile.json").read_text(),
+              "assignment": json.loads((PROFILES / f"{QDQ}.assignment.json").read_text()),
+              "session_providers": meta["session_providers"], "graph_nodes": meta["graph"]["nodes"],
+              "node_names": _report(QDQ), "min_placement": 1.0}
+    p = prove(**kwargs)
+    assert (p.verdict, p.names_checked, p.node_fraction) == ("placed", True, 1.0)
+    assert p.original_nodes_total == 7  # the inserted pair is no original node
+    p = prove(**{**kwargs, "node_names": None})  # the graph's names alone: x_q is no form of them
+    assert (p.verdict, p.cause, p.names_checked) == ("unmeasured", "unmeasured", False)
 
 
 def _inject(name: str) -> tuple[str, list[dict[str, str]]]:

@@ -45,8 +45,14 @@ an empty plan name: a node onnxruntime added          the same run's plan
 ``gemm_input_reshape``/``gemm_output_reshape``, op     code2wav-tiny, fp32 and fp16, on the CPU
 ``Reshape``: the reshapes around a MatMul onnxruntime  EP (1.32)
 turned into a Gemm
-``<name>`` of a ``Gemm`` node with op ``MatMulNBits``  the A16W8 MLP on the CPU EP (1.32)
-(onnxruntime's rewrite keeps the node's name)
+``<name>`` of a ``Gemm`` or ``MatMul`` node with op    the A16W8 MLP and ``ort132_cpu_qdq``
+``MatMulNBits`` (onnxruntime's rewrite keeps the      on the CPU EP (1.32)
+node's name)
+``<value>_q`` (op ``QuantizeLinear``) and             ``patches_q``, ``patches_dq``: the A16W8
+``<value>_dq``/``<value>_dq<k>`` (op                  vision tower on the CPU EP (1.32,
+``DequantizeLinear``): a Q/DQ pair onnxruntime's      ``ort132_cpu_qdq``); ``<value>`` must be
+QDQ propagation inserts on the edge of ``<value>``    a safe value the graph's nodes read or
+                                                     write, as the worker reported it
 ==================================================  ==========================================
 
 Any other name — or a name whose ``op_name`` disagrees (a plain ``<name>`` whose op is not the
@@ -74,6 +80,8 @@ __all__ = ["INSERTED", "SAFE_NAME", "NameCheck", "SessionNames", "check_names", 
 SAFE_NAME = re.compile(r"[A-Za-z0-9_.:/\-]{1,512}")
 
 _TOKEN = re.compile(r"^(?P<base>.*)_token_\d+$")
+#: What can end or escape a name in a profile onnxruntime writes unescaped (<= 1.30).
+_FORGES = re.compile(r'["\\\x00-\x1f\x7f]')
 _UNNAMED = re.compile(r"^(?P<op>[A-Za-z][A-Za-z0-9]*)_(?P<i>\d+)$")
 _FUSION = re.compile(r"^(?P<base>.*)/(?P<fusion>[A-Za-z][A-Za-z0-9]*)/?$")
 _INLINED = re.compile(r"^(?P<node>.+?)_(?:then|else)_branch__Inline_\d+__(?P<inner>.+)$")
@@ -82,10 +90,13 @@ _NCHWC = "_nchwc"  # onnxruntime's NCHWc transformer: <output value>_nchwc
 _INSERTED_CAST = "InsertedPrecisionFreeCast_"  # onnxruntime's InsertCastTransformer: <value>
 _KEPT_NAME_PREFIXES = ("Fused", "Nhwc")  # a rewrite that keeps the node's name: Conv -> FusedConv
 #: Rewrites to another op that keep the node's name, each as seen in a run (module docstring).
-_KEPT_NAME_REWRITES = {"Gemm": ("MatMulNBits",)}
+_KEPT_NAME_REWRITES = {"Gemm": ("MatMulNBits",), "MatMul": ("MatMulNBits",)}
 #: Nodes onnxruntime adds with fixed names (and their op): the reshapes of its MatMul -> Gemm.
 _FIXED_INSERTED = {"gemm_input_reshape": "Reshape", "gemm_output_reshape": "Reshape"}
 _NEW_RESHAPE = "_new_reshape"  # onnxruntime's reshape rewrite: <node>_new_reshape
+#: onnxruntime's QDQ propagation: a Q/DQ pair on the edge of ``<value>`` (the k-th DQ of one Q: ``_dq<k>``).
+_INSERTED_QDQ = re.compile(r"^(?P<value>.+?)_(?:(?P<q>q)|dq(?:[1-9][0-9]*)?)$")
+_QDQ_OPS = {True: "QuantizeLinear", False: "DequantizeLinear"}
 _SUBGRAPH = re.compile(r"^(?P<ep_type>[A-Za-z][A-Za-z0-9]*ExecutionProvider)_"
                        r"(?P<op>[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*-subgraph_\d+)_\d+$")
 #: onnxruntime's name for a partition a plugin EP compiles: ``<EP>_<model hash>_<k>``.
@@ -105,8 +116,21 @@ class SessionNames:
         unnamed_ops: op types of the unnamed nodes (onnxruntime calls them ``<op>_<i>``).
         values: node output names that passed the check, each with the original node that
             produces it (``<value>_nchwc`` derives from them).
+        read: names of the values nodes read that no node writes (graph inputs, initializers)
+            and that passed the check; with :attr:`values`, what ``<value>_q``/``<value>_dq``
+            derive from.
         renamed: whether the worker ran a renamed copy.
         problems: why names were left out (not unique, characters outside :data:`SAFE_NAME`).
+        values_checked: the worker reported every value nodes read and write, and none holds
+            a character that can end or escape a JSON string (``"``, ``\\``, a control
+            character). Only then are forms derived from a value believed: values are the
+            author's text and are never renamed, so one holding a quote could close its kernel's
+            event in a profile that writes names unescaped and leave a fragment that names a
+            safe value (or passes as an inserted cast) — with the event before it forged. (A
+            value such as Paddle's ``Clip@15`` is outside :data:`SAFE_NAME` but forges nothing.)
+
+    .. versionchanged:: 0.3
+       ``read`` and ``values_checked``.
     """
 
     nodes: Mapping[str, tuple[str, str]]
@@ -114,6 +138,8 @@ class SessionNames:
     renamed: bool
     problems: tuple[str, ...]
     values: Mapping[str, str] = field(default_factory=dict)
+    read: frozenset[str] = frozenset()
+    values_checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,12 +153,18 @@ class NameCheck:
             kernel).
         failures: the names that failed, with why (at most 10 kept).
         failed: how many names failed.
+        partitions: the originals that stand for a partition an EP compiled (one kernel for
+            nodes it does not name: ``<EP>-subgraph_<k>``, a plugin EP's ``<EP>_<hash>_<k>``).
+
+    .. versionchanged:: 0.3
+       ``partitions``.
     """
 
     passed: bool
     originals: Mapping[str, str]
     failures: tuple[str, ...]
     failed: int
+    partitions: frozenset[str] = frozenset()
 
 
 def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
@@ -142,8 +174,8 @@ def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
     Args:
         graph_nodes: the ONNX graph's nodes (subgraphs included), ``[{"name", "op_type"}]``.
         reported: the worker's ``node_names`` report, ``{"renamed": bool, "nodes": [{"name",
-            "op_type", "original"}]}``, or None (an older worker: the graph's own names are what
-            the session ran with).
+            "op_type", "original", "outputs"}], "read": [value, ...]}``, or None (an older
+            worker: the graph's own names are what the session ran with).
 
     Returns:
         The checked names, or None when neither is given.
@@ -154,10 +186,16 @@ def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
     renamed = False
     rows: list[tuple[str, str, str]] = []
     values: dict[str, str] = {}
+    read: frozenset[str] = frozenset()
+    values_checked = False
     if reported is not None:
         if not isinstance(reported, Mapping) or not isinstance(reported.get("nodes"), list):
             raise TypeError("node_names must be a mapping with a list 'nodes'")
         renamed = bool(reported.get("renamed"))
+        listed = reported.get("read")
+        if isinstance(listed, list):
+            read = frozenset(v for v in listed if isinstance(v, str) and SAFE_NAME.fullmatch(v))
+            values_checked = all(isinstance(v, str) and not _FORGES.search(v) for v in listed)
         for node in reported["nodes"]:
             if not isinstance(node, Mapping) or not all(
                 isinstance(node.get(k), str) for k in ("name", "op_type")
@@ -168,6 +206,10 @@ def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
             producer = original if isinstance(original, str) and original else f"<{node['op_type']}>"
             if isinstance(outputs, list):
                 values.update((v, producer) for v in outputs if isinstance(v, str) and SAFE_NAME.fullmatch(v))
+                values_checked = values_checked and all(isinstance(v, str) and not _FORGES.search(v)
+                                                        for v in outputs)
+            else:
+                values_checked = False
             rows.append((node["name"], node["op_type"],
                          original if isinstance(original, str) else node["name"]))
     elif graph_nodes is not None:
@@ -190,7 +232,25 @@ def session_names(graph_nodes: Sequence[Mapping[str, Any]] | None,
             problems.append(f"{name!r} holds characters outside [A-Za-z0-9_.:/-]")
         else:
             nodes[name] = (op_type, original)
-    return SessionNames(nodes, frozenset(unnamed), renamed, tuple(dict.fromkeys(problems)), values)
+    return SessionNames(nodes, frozenset(unnamed), renamed, tuple(dict.fromkeys(problems)), values, read,
+                        values_checked)
+
+
+def _is_value(value: str, names: SessionNames) -> bool:
+    """Whether ``value`` is a value the graph's nodes read or write, and every value passed the check."""
+    return names.values_checked and (value in names.values or value in names.read)
+
+
+def _is_metadef(name: str, op: str, provider: str | None) -> bool:
+    """``<EP>_<EP>_<hash>_<k>_<n>`` with op ``<EP>_<hash>_<k>`` on provider ``<EP>``."""
+    return bool(provider and op.startswith(provider + "_") and _METADEF.match(op)
+                and name.startswith(f"{provider}_{op}_") and name[len(provider) + len(op) + 2:].isdigit())
+
+
+def _is_partition(name: str, op: str, provider: str | None) -> bool:
+    """Whether a kernel that passed the check is a compiled partition's (one kernel for many nodes)."""
+    subgraph = _SUBGRAPH.match(name)
+    return bool(subgraph and subgraph.group("op") == op) or _is_metadef(name, op, provider)
 
 
 def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
@@ -219,9 +279,7 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
         if op != subgraph.group("op") or (provider is not None and provider != subgraph.group("ep_type")):
             return None, f"{name!r} is an EP subgraph kernel but its op is {op!r} on {provider!r}"
         return subgraph.group("op"), ""
-    if (not fused and not token and depth == 0 and provider and op.startswith(provider + "_")
-            and _METADEF.match(op) and stem.startswith(f"{provider}_{op}_")
-            and stem[len(provider) + len(op) + 2:].isdigit()):
+    if not fused and not token and depth == 0 and _is_metadef(stem, op, provider):
         return op, ""  # a plugin EP's compiled partition: its kernel, on that EP
     fusion = _FUSION.match(stem)
     if fusion:
@@ -241,13 +299,18 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
     folded = _FOLDED_IF.match(stem)
     if not fused and folded and folded.group("op") == op and "If" in {t for t, _ in names.nodes.values()}:
         return f"<{op} of an If on a constant>", ""
-    if not fused and plain.endswith(_NCHWC) and plain[: -len(_NCHWC)] in names.values:
+    if not fused and plain.endswith(_NCHWC) and _is_value(plain[: -len(_NCHWC)], names):
         return names.values[plain[: -len(_NCHWC)]], ""  # the node that produces that value
     if not fused and plain.endswith(_NEW_RESHAPE) and plain[: -len(_NEW_RESHAPE)] in names.nodes:
         return names.nodes[plain[: -len(_NEW_RESHAPE)]][1], ""
     if (not fused and depth == 0 and op == "Cast" and plain.startswith(_INSERTED_CAST)
+            and names.values_checked
             and SAFE_NAME.fullmatch(plain[len(_INSERTED_CAST):])):
         return INSERTED + op, ""  # a cast onnxruntime put around a kernel it lacks in that type
+    qdq = _INSERTED_QDQ.match(stem)
+    if not fused and depth == 0 and qdq and op == _QDQ_OPS[qdq.group("q") is not None] and _is_value(
+            qdq.group("value"), names):
+        return INSERTED + op, ""  # a Q/DQ pair onnxruntime put on that value's edge
     unnamed = _UNNAMED.match(plain)
     if not fused and unnamed and unnamed.group("op") in names.unnamed_ops:
         if op and op != unnamed.group("op") and depth == 0:
@@ -270,6 +333,7 @@ def check_names(entries: Iterable[tuple[str, str, str | None]], names: SessionNa
         Whether every name passed, the original each passing name stands for, and the failures.
     """
     originals: dict[str, str] = {}
+    partitions: set[str] = set()
     failures: list[str] = []
     failed = 0
     seen: set[tuple[str, str, str | None]] = set()
@@ -287,7 +351,9 @@ def check_names(entries: Iterable[tuple[str, str, str | None]], names: SessionNa
                 failures.append(why)
         else:
             originals[name] = original
-    return NameCheck(failed == 0, originals, tuple(failures), failed)
+            if provider is not None and _is_partition(name, op or "", provider):
+                partitions.add(original)
+    return NameCheck(failed == 0, originals, tuple(failures), failed, frozenset(partitions))
 
 
 def is_control_flow(op_type: str) -> bool:

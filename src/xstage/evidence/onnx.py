@@ -25,17 +25,27 @@ cites its number (``_check_arguments`` is rule 0, it judges no evidence):
       name must be one of the node names the session ran with, or an onnxruntime-derived form
       of one, and agree with its ``op_name``. One failure makes the execution layer unusable.
    d. Kernels: events of category ``Node`` named ``*_kernel_time``, grouped by ``args.provider``;
-      ``Memcpy*`` kernels are copies, counted as not on the target; ``If``/``Loop``/``Scan``
-      kernels are left out (their children have events of their own and their time includes
-      them). Time fraction = kernel time on the target / all kernel time (copies included in
-      the whole), summed over the timed runs; kernel counts are of one run (the last timed).
+      ``Memcpy*`` kernels are copies, counted as not on the target. Time fraction = kernel time
+      on the target / all kernel time (copies included in the whole), summed over the timed
+      runs; kernel counts are of one run (the last timed).
+   e. Control flow: an ``If``/``Loop``/``Scan`` kernel's event holds its children's (its body's
+      kernels, which have events of their own, each counted for its provider). Its *own* time —
+      its event less its direct children's (the kernels that started inside its span, on its
+      thread, and inside no control-flow kernel nested in it) — counts for the provider that ran
+      it: a Scan on the CPU whose steps do work with no kernel of their own is CPU time
+      (measured: a Scan of 150 empty steps, ``ov124_scan``). An event with no timestamp cannot
+      be split: its whole time counts off the target.
 2. **Plan** (layer 2; ``_read_plan``; onnxruntime >= 1.24, session config
    ``session.record_ep_graph_assignment_info``).
    a. Which EP each node was assigned to, members of fused partitions included, as
       partitioned (``MatMul`` + ``Add`` may already be one ``Gemm``); ``Memcpy*`` nodes are copies.
    b. Its names pass the same check as 1c, or the plan is not used.
-   c. Node fraction = 1 − (original nodes the plan put on other providers) / all original
-      nodes of the graph, ``If``/``Loop``/``Scan`` and copies excluded (``node_basis: plan``).
+   c. Node fraction = 1 − (original nodes the plan put on other providers) / the original
+      nodes the plan lists (``node_basis: plan``): what onnxruntime runs after its optimizations,
+      each member of a fused or compiled partition once, a control-flow node where it runs;
+      copies and nodes onnxruntime inserted are no original nodes, and a node it removed (an
+      ``Identity``, a constant-folded shape computation) counts nowhere — never the graph's own
+      node count, which padding with removable nodes would steer (``ov124_padded30``).
 3. **Device attestation** (layer 3): not judged here. Which device the EP bound is checked
    before this proof, in its own pure module; DESIGN §4's conflict case (c), ``device_mismatch``,
    is decided there.
@@ -48,18 +58,25 @@ cites its number (``_check_arguments`` is rule 0, it judges no evidence):
       nodes while the execution shows the target (plugin EPs leave their own nodes out of it:
       measured with WebGPU on onnxruntime 1.30). The execution decides, only if every event
       passed the name check (1c): basis ``execution (plan incomplete)``, node fraction =
-      1 − (original nodes the name-checked kernel events put on other providers) / all original
-      nodes (``node_basis: execution``). Otherwise nothing usable was measured.
+      1 − (original nodes the name-checked kernel events put on other providers) / the original
+      nodes they ran, each once (``node_basis: execution``; a node onnxruntime removed has no
+      kernel). Otherwise nothing usable was measured.
    b. Both layers name the target and disagree (one fraction reaches ``min_placement``, the
       other does not, or one is zero): the lower fraction decides; the record lists the conflict.
    c. The attested device is not the planned one: ``device_mismatch`` (rule 3, not here).
    d. ``evidence_conflict``: the plan names the target but the execution layer is unusable (an
       event failed the name check, the profile is not whole) or gives no time fraction.
    e. ``unmeasured``: neither layer gave evidence.
+   f. A compiled partition (one kernel for nodes it does not name: ``<EP>-subgraph_<k>``, a
+      plugin EP's ``<EP>_<hash>_<k>``) ran on the target and the execution decides (5a): its
+      members are not known. The node fraction lies between ``on / (on + off)`` (each partition
+      holds one node) and the same with every graph node no kernel names counted on the target;
+      a threshold outside the bounds decides (the bound that decides is the fraction), one
+      between them is ``unmeasured`` (cause ``unmeasured``).
 6. **Verdict** (``_judge``). The verdict set is closed: ``placed``, ``declined``, ``unmeasured``.
    a. Swapped (rule 4): ``cause="provider_swapped"``, never ``placed``; ``declined`` only if the
       evidence was measured and shows zero on the target, otherwise ``unmeasured``.
-   b. No evidence (5d, 5e): ``unmeasured``, cause ``evidence_conflict`` or ``unmeasured``.
+   b. No evidence (5d, 5e, 5f): ``unmeasured``, cause ``evidence_conflict`` or ``unmeasured``.
       **Unmeasured never passes and is never reported as declined.**
    c. ``placed`` (``cause=None``) iff the node fraction and the time fraction are both ``> 0``
       and both reach ``min_placement``; :attr:`PlacementProof.fraction` is the lower of the two
@@ -83,6 +100,9 @@ is placed when the evidence shows the nodes on the CPU.
 .. versionchanged:: 0.2
    Rules renumbered after DESIGN §4's layers and conflict table; names checked; runs 2–4
    timed; node and time fractions both gate.
+.. versionchanged:: 0.3
+   Control flow's own time counts (1e); the node fraction's whole is the nodes that ran (2c,
+   5a), compiled partitions without a plan give bounds (5f).
 """
 
 from __future__ import annotations
@@ -120,15 +140,17 @@ _INCOMPLETE: Basis = "execution (plan incomplete)"
 @dataclass(frozen=True)
 class _Execution:
     kernels: dict[str, int]  # compute kernels by provider, in one run (the last timed)
-    time_us: dict[str, int]
+    time_us: dict[str, int]  # compute kernels' time and control flow's own time, by provider
     copies: int
     copy_time_us: int
     control_flow: int
-    control_flow_time_us: int
+    control_flow_time_us: int  # their events' whole time
+    control_flow_own_us: int  # their own time (rule 1e), counted in time_us
     nodes: list[tuple[str, str, str]]  # (provider, op, original node) of compute and control-flow kernels
     runs: int
     timed_runs: tuple[int, ...]
     names: NameCheck | None  # rule 1c; None when no names were given to check against
+    own_unknown: int = 0  # control-flow events without a timestamp: their time counted off the target
 
 
 def _kernel_node_name(event_name: str) -> str:
@@ -170,8 +192,30 @@ def _split_runs(events: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, A
     return by_order
 
 
-def _execution(events: Sequence[Mapping[str, Any]], names: SessionNames | None) -> _Execution:
-    """Rule 1b–1d: split into runs, check every kernel's name, count the timed runs."""
+def _own_times(run: Sequence[Mapping[str, Any]]) -> dict[int, int | None]:
+    """Rule 1e: each control-flow kernel's own time (by ``id`` of its event): its duration less
+    its direct children's — the kernels that started inside its span, on its thread, and inside
+    no control-flow kernel nested in it; None where it has no timestamp."""
+    flows = [e for e in run if (e["op_name"] or "") in CONTROL_FLOW_OPS]
+    if not flows:
+        return {}
+    children: dict[int, int] = {id(e): 0 for e in flows}
+    timed = sorted((e for e in run if e["ts"] is not None), key=lambda e: (e["ts"], -e["dur"]))
+    open_spans: dict[Any, list[Mapping[str, Any]]] = {}  # per thread: the control flow around
+    for event in timed:
+        stack = open_spans.setdefault(event.get("tid"), [])
+        while stack and stack[-1]["ts"] + stack[-1]["dur"] < event["ts"]:
+            stack.pop()
+        if stack:  # the innermost control-flow kernel it started in
+            children[id(stack[-1])] += event["dur"]
+        if (event["op_name"] or "") in CONTROL_FLOW_OPS:
+            stack.append(event)
+    return {id(f): None if f["ts"] is None else max(0, f["dur"] - children[id(f)]) for f in flows}
+
+
+def _execution(events: Sequence[Mapping[str, Any]], names: SessionNames | None,
+               target: str) -> _Execution:
+    """Rule 1b–1e: split into runs, check every kernel's name, count the timed runs."""
     per_run = _split_runs(events)
     n_runs = sum(1 for e in events if e["cat"] == "Session" and e["name"] == "model_run")
     timed = tuple(i for i in _TIMED_RUNS if i <= len(per_run)) if len(per_run) > 1 else (1,) * bool(per_run)
@@ -181,10 +225,11 @@ def _execution(events: Sequence[Mapping[str, Any]], names: SessionNames | None) 
                              for run in per_run for e in run), names)
     kernels: dict[str, int] = {}
     time_us: dict[str, int] = {}
-    copies = copy_time = control = control_time = 0
+    copies = copy_time = control = control_time = control_own = own_unknown = 0
     nodes: list[tuple[str, str, str]] = []
     for index in timed:
         counted = index == timed[-1]  # counts are of one run (the last timed); times add up
+        own = _own_times(per_run[index - 1])
         for event in per_run[index - 1]:
             op = event["op_name"] or ""
             name = _kernel_node_name(event["name"])
@@ -195,14 +240,22 @@ def _execution(events: Sequence[Mapping[str, Any]], names: SessionNames | None) 
                 continue
             original = check.originals.get(name, name) if check is not None else name
             nodes.append((provider, op or "<unknown op>", original))
-            if op in CONTROL_FLOW_OPS:
+            dur = event["dur"]
+            if op in CONTROL_FLOW_OPS:  # rule 1e: its own time, for the provider that ran it
                 control += counted
-                control_time += event["dur"]
+                control_time += dur
+                mine = own[id(event)]
+                if mine is None:  # no timestamp: its children cannot be told apart; never the target's
+                    own_unknown += 1
+                    mine = 0 if provider == target else dur
+                control_own += mine
+                time_us[provider] = time_us.get(provider, 0) + mine
                 continue
             if counted:
                 kernels[provider] = kernels.get(provider, 0) + 1
-            time_us[provider] = time_us.get(provider, 0) + event["dur"]
-    return _Execution(kernels, time_us, copies, copy_time, control, control_time, nodes, n_runs, timed, check)
+            time_us[provider] = time_us.get(provider, 0) + dur
+    return _Execution(kernels, time_us, copies, copy_time, control, control_time, control_own, nodes, n_runs,
+                      timed, check, own_unknown)
 
 
 @dataclass(frozen=True)
@@ -302,7 +355,7 @@ class _Arguments:
     available: tuple[str, ...] | None
     fallback_banner: str | None
     graph_count: int | None
-    original_total: int | None  # original nodes, control flow excluded (the node fraction's whole)
+    graph_total: int | None  # the graph's nodes, copies excluded: a bound on the node fraction's whole
     names: SessionNames | None
     plan: _Plan | None
     min_placement: float
@@ -327,22 +380,22 @@ def _check_arguments(target_ep: str, requested_ep: str | None, min_placement: fl
     available = _strings(available_providers, "available_providers")
     if fallback_banner is not None and not isinstance(fallback_banner, str):
         raise TypeError("fallback_banner must be a string or None")
-    graph_count = original_total = None
+    graph_count = graph_total = None
     if graph_nodes is not None:
         if isinstance(graph_nodes, (str, bytes)) or not isinstance(graph_nodes, Sequence) or not all(
             isinstance(n, Mapping) for n in graph_nodes
         ):
             raise TypeError("graph_nodes must be a list of mappings or None")
         graph_count = len(graph_nodes)
-        original_total = sum(1 for n in graph_nodes if n.get("op_type") not in CONTROL_FLOW_OPS
-                             and not str(n.get("op_type") or "").startswith("Memcpy"))
+        graph_total = sum(1 for n in graph_nodes if not str(n.get("op_type") or "").startswith("Memcpy"))
     plan = _plan(assignment) if assignment is not None else None
     names = session_names(graph_nodes, node_names)
     return _Arguments(target_ep, requested, session, available, fallback_banner, graph_count,
-                      original_total, names, plan, float(min_placement))
+                      graph_total, names, plan, float(min_placement))
 
 
-def _read_execution(parsed: ParsedProfile, names: SessionNames | None, notes: list[str]) -> _Execution | None:
+def _read_execution(parsed: ParsedProfile, names: SessionNames | None, target: str,
+                    notes: list[str]) -> _Execution | None:
     """Rule 1 (execution): a whole profile with at least one compute kernel, split into runs
     (1b) and name-checked (1c). Returns None when there is no such profile; a profile whose
     names failed is returned, and rule 5 decides what it may still say (nothing)."""
@@ -353,8 +406,8 @@ def _read_execution(parsed: ParsedProfile, names: SessionNames | None, notes: li
     if names is not None and names.renamed:
         notes.append("names: the worker ran a renamed copy of the graph; nodes are named by their originals")
     if parsed.complete:
-        execution = _execution(parsed.events, names)
-        if execution.kernels:
+        execution = _execution(parsed.events, names, target)
+        if execution.kernels or execution.control_flow_own_us:
             return execution
         notes.append("profile: no compute kernel events (category Node, *_kernel_time): "
                      "no execution evidence")
@@ -375,9 +428,10 @@ class _Layers:
     plan_on: int | None
     plan_total: int | None
     plan_off_originals: tuple[str, ...]
-    conflict_cause: Cause | None  # evidence_conflict, or None
+    conflict_cause: Cause | None  # evidence_conflict (rule 5d) or unmeasured (rule 5f), or None
     conflicts: tuple[str, ...]
     off: dict[str, dict[str, tuple[str, ...]]]
+    whole: int | None = None  # the node fraction's whole: original nodes that ran (rules 2c, 5a)
 
 
 def _read_plan(args: _Arguments, ort_version: str | None,
@@ -405,12 +459,59 @@ def _read_plan(args: _Arguments, ort_version: str | None,
     return by_ep, total, by_ep.get(args.target, 0), check
 
 
-def _node_fraction(off: set[str], total: int | None, fallback_total: int) -> tuple[float, int]:
-    """Rules 2c and 5a: 1 − off-target original nodes / all original nodes (never below 0)."""
-    whole = total if total else fallback_total
-    if whole <= 0:
-        return 0.0, 0
-    return max(0.0, 1.0 - len(off) / whole), whole
+def _originals(rows: Sequence[tuple[str, str]], target: str) -> tuple[set[str], set[str]]:
+    """Rules 2c and 5a: the original nodes on the target and off it, from ``(provider, original)``
+    rows; a node onnxruntime inserted is no original node, and one it removed has no row."""
+    on = {orig for ep, orig in rows if ep == target and not orig.startswith(INSERTED)}
+    off = {orig for ep, orig in rows if ep != target and not orig.startswith(INSERTED)}
+    return on - off, off
+
+
+def _node_fraction(on: set[str], off: set[str]) -> tuple[float, int]:
+    """Rules 2c and 5a: 1 − off-target original nodes / all original nodes that ran."""
+    whole = len(on | off)
+    return (1.0 - len(off) / whole if whole else 0.0), whole
+
+
+def _partition_bounds(on: set[str], off: set[str], graph_total: int | None) -> tuple[float, float]:
+    """Rule 5f: the node fraction's bounds when compiled partitions ran on the target and no plan
+    lists their members: each holds at least one node, and at most the graph's nodes not seen."""
+    low = len(on) / (len(on) + len(off)) if on or off else 0.0
+    if graph_total is None or graph_total < len(on | off):
+        return low, 1.0
+    most = len(on) + (graph_total - len(on | off))
+    return low, most / (most + len(off)) if most + len(off) else 0.0
+
+
+def _execution_basis(args: _Arguments, execution: _Execution, time_fraction: float,
+                     kernel_fraction: float | None, plan_on: int | None, plan_total: int | None,
+                     notes: list[str]) -> _Layers:
+    """Rules 5a and 5f: the execution decides; its node fraction counts the name-checked kernels'
+    original nodes, each once (one onnxruntime removed has no kernel); where a compiled partition
+    ran on the target and no plan lists its members, only bounds are known."""
+    target = args.target
+    on_set, off_set = _originals([(ep, orig) for ep, _, orig in execution.nodes], target)
+    off = _group(execution.nodes, target)
+    partitions = on_set & set(execution.names.partitions if execution.names is not None else ())
+    if not partitions:
+        node_fraction, whole = _node_fraction(on_set, off_set)
+        notes.append(f"basis: execution (plan incomplete): node fraction 1 - {len(off_set)}/{whole} original "
+                     f"nodes off {target} = {_fmt(node_fraction)}, by the name-checked kernels (rule 5a)")
+        return _Layers(_INCOMPLETE, node_fraction, "execution", time_fraction, kernel_fraction, plan_on,
+                       plan_total, tuple(sorted(off_set)), None, (), off, whole)
+    low, high = _partition_bounds(on_set, off_set, args.graph_total)
+    what = (f"basis: execution (plan incomplete): {_n(len(partitions), 'compiled partition')} ran on "
+            f"{target} and no plan lists their nodes: the node fraction is between {_fmt(low)} and "
+            f"{_fmt(high)} ({len(off_set)} original nodes off {target}; rule 5f)")
+    if low >= args.min_placement or high < args.min_placement:
+        fraction = low if low >= args.min_placement else high
+        notes.append(f"{what}: {_fmt(fraction)} decides either way")
+        return _Layers(_INCOMPLETE, fraction, "execution", time_fraction, kernel_fraction, plan_on,
+                       plan_total, tuple(sorted(off_set)), None, (), off, None)
+    notes.append(f"{what}: min_placement {args.min_placement:g} lies between: the node fraction cannot be "
+                 "known")
+    return _Layers(None, None, None, time_fraction, kernel_fraction, plan_on, plan_total,
+                   tuple(sorted(off_set)), "unmeasured", (), off, None)
 
 
 def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version: str | None,
@@ -431,7 +532,13 @@ def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version:
                      + (f"; {_n(execution.copies, 'Memcpy kernel')} ({execution.copy_time_us} us) counted "
                         "as copies, not on the target" if execution.copies else "")
                      + (f"; {_n(execution.control_flow, 'control-flow kernel')} "
-                        f"({execution.control_flow_time_us} us) left out" if execution.control_flow else ""))
+                        f"({execution.control_flow_time_us} us, {execution.control_flow_own_us} us its own) "
+                        "counted by its own time (rule 1e)"
+                        if execution.control_flow else ""))
+        if execution.own_unknown:
+            notes.append(f"execution: {_n(execution.own_unknown, 'control-flow kernel')} without a "
+                         "timestamp: its children cannot be told apart, its whole time counted off the "
+                         "target (rule 1e)")
         if execution.timed_runs == (1,):
             notes.append("execution: one profiled run: its time includes the EP's start-up costs (rule 1b "
                          "times runs 2-4)")
@@ -443,7 +550,6 @@ def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version:
     plan_ok = bool(plan_total) and (plan_check is None or plan_check.passed)
     exec_shows_target = execution is not None and execution.kernels.get(target, 0) > 0
     plan_names_target = plan_ok and bool(plan_on)
-    fallback_total = 0
     conflicts: list[str] = []
     plan = args.plan
     if plan_ok and not plan_names_target and exec_shows_target:
@@ -455,11 +561,11 @@ def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version:
     if plan_ok and plan is not None:  # the plan is complete
         originals = plan_check.originals if plan_check is not None else {}
         rows = [(ep, op, originals.get(label, label) or label) for ep, op, label in plan.nodes]
-        off_set = {label for ep, op, label in rows
-                   if ep != target and op not in CONTROL_FLOW_OPS and not label.startswith(INSERTED)}
-        node_fraction, whole = _node_fraction(off_set, args.original_total, len(plan.nodes))
+        on_set, off_set = _originals([(ep, label) for ep, _, label in rows], target)
+        node_fraction, whole = _node_fraction(on_set, off_set)
         notes.append(f"node fraction (plan): 1 - {len(off_set)}/{whole} original nodes off {target} = "
-                     f"{_fmt(node_fraction)}")
+                     f"{_fmt(node_fraction)} (the nodes the plan lists: one onnxruntime removed counts "
+                     "nowhere)")
         if args.graph_count is not None and args.graph_count != plan_total:
             notes.append(f"plan: {_n(plan_total or 0, 'node')} as partitioned, {args.graph_count} in the "
                          "ONNX graph (onnxruntime fuses some before it partitions, e.g. MatMul+Add into "
@@ -467,33 +573,26 @@ def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version:
         off = _group(rows, target)
         if not plan_names_target:  # measured: nothing on the target, by the plan
             return _Layers("plan", 0.0, "plan", time_fraction if exec_names_ok else None, kernel_fraction,
-                           plan_on, plan_total, tuple(sorted(off_set)), None, (), off)
+                           plan_on, plan_total, tuple(sorted(off_set)), None, (), off, whole)
         if not exec_names_ok or time_fraction is None:  # rule 5d
             why = ("no whole profile with compute kernels was read" if execution is None
                    else "a kernel name failed the check" if not exec_names_ok
                    else "the execution gives no time fraction")
             notes.append(f"evidence_conflict: the plan names {target} but {why} (rule 5d)")
             return _Layers("plan", node_fraction, "plan", None, kernel_fraction, plan_on, plan_total,
-                           tuple(sorted(off_set)), "evidence_conflict", (f"plan names {target}; {why}",), off)
+                           tuple(sorted(off_set)), "evidence_conflict", (f"plan names {target}; {why}",), off,
+                           whole)
         lower, higher = sorted((node_fraction, time_fraction))
         if (lower < args.min_placement <= higher) or ((lower == 0) != (higher == 0)):
             conflicts.append(f"node fraction (plan) {_fmt(node_fraction)}, time fraction (execution) "
                              f"{_fmt(time_fraction)}: the lower decides (rule 5b)")
             notes.append(f"layers disagree: {conflicts[-1]}")
         return _Layers("plan", node_fraction, "plan", time_fraction, kernel_fraction, plan_on, plan_total,
-                       tuple(sorted(off_set)), None, tuple(conflicts), off)
+                       tuple(sorted(off_set)), None, tuple(conflicts), off, whole)
     # rule 5a: the plan is absent, unusable or incomplete: the execution decides, if its names passed
     if execution is not None and exec_names_ok and time_fraction is not None:
-        original = [(ep, orig) for ep, op, orig in execution.nodes
-                    if op not in CONTROL_FLOW_OPS and not orig.startswith(INSERTED)]  # original nodes only
-        off_set = {orig for ep, orig in original if ep != target}
-        fallback_total = len({orig for _, orig in original})
-        node_fraction, whole = _node_fraction(off_set, args.original_total, fallback_total)
-        notes.append(f"basis: execution (plan incomplete): node fraction 1 - {len(off_set)}/{whole} original "
-                     f"nodes off {target} = {_fmt(node_fraction)}, by the name-checked kernels (rule 5a)")
-        return _Layers(_INCOMPLETE, node_fraction, "execution", time_fraction, kernel_fraction,
-                       plan_on if plan_total else None, plan_total or None, tuple(sorted(off_set)), None, (),
-                       _group(execution.nodes, target))
+        return _execution_basis(args, execution, time_fraction, kernel_fraction,
+                                plan_on if plan_total else None, plan_total or None, notes)
     notes.append("basis: none: no usable plan and no usable execution (rule 5e)")
     off = _group(execution.nodes, target) if execution is not None and exec_names_ok else {}
     return _Layers(None, None, None, None, kernel_fraction, plan_on if plan_total else None,
@@ -596,8 +695,8 @@ def _judge(swapped: bool, layers: _Layers, target: str, min_placement: float,
                      + ("no evidence)" if layers.basis is None or fraction is None else
                         f"yet the {layers.basis} shows {_fmt(fraction)} on {target}: contradictory)"))
         return "unmeasured", "provider_swapped", fraction, decided_by
-    if layers.conflict_cause is not None:  # 6b, rule 5d
-        notes.append("verdict: unmeasured (evidence_conflict; never passes)")
+    if layers.conflict_cause is not None:  # 6b, rules 5d and 5f
+        notes.append(f"verdict: unmeasured ({layers.conflict_cause}; never passes)")
         return "unmeasured", layers.conflict_cause, None, None
     if layers.basis is None or fraction is None:  # 6b, rule 5e
         notes.append("verdict: unmeasured (no evidence; never passes)")
@@ -652,6 +751,7 @@ def _assemble(args: _Arguments, ort_version: str | None, parsed: ParsedProfile,
         kernel_time_by_provider_us=MappingProxyType(dict(execution.time_us) if execution else {}),
         control_flow_kernels=execution.control_flow if execution else None,
         control_flow_time_us=execution.control_flow_time_us if execution else None,
+        control_flow_own_time_us=execution.control_flow_own_us if execution else None,
         copies=execution.copies if execution else None,
         copy_time_us=execution.copy_time_us if execution else None,
         runs=execution.runs if execution else None,
@@ -661,7 +761,7 @@ def _assemble(args: _Arguments, ort_version: str | None, parsed: ParsedProfile,
         notes=tuple(notes),
         decided_by=decided_by,
         node_basis=layers.node_basis,
-        original_nodes_total=args.original_total,
+        original_nodes_total=layers.whole,
         original_nodes_off_target=len(layers.plan_off_originals) if layers.node_basis else None,
         timed_runs=execution.timed_runs if execution else None,
         conflicts=layers.conflicts + conflicts,
@@ -723,7 +823,7 @@ def prove(
                             available_providers, fallback_banner, graph_nodes, assignment, node_names)
     notes: list[str] = []
     parsed = parse_profile(profile_text)
-    execution = _read_execution(parsed, args.names, notes)  # rule 1
+    execution = _read_execution(parsed, args.names, args.target, notes)  # rule 1
     layers = _resolve_layers(args, execution, ort_version, notes)  # rules 2 and 5 (rule 3: not here)
     swapped, banner = _detect_swap(args, notes)  # rule 4
     judged = _judge(swapped, layers, args.target, args.min_placement, notes)  # rule 6

@@ -28,7 +28,8 @@ class ParsedProfile:
     Attributes:
         events: the events, fence events left out, each a read-only mapping
             ``{"cat": str, "name": str, "dur": int (µs), "ts": int (µs) | None,
-            "provider": str | None, "op_name": str | None}`` (the last two from ``args``).
+            "tid": int | None, "provider": str | None, "op_name": str | None}`` (the last two
+            from ``args``; ``tid`` is the thread that ran it, where the file says).
         method: ``"json"`` (the file loaded as JSON), ``"lines"`` (it did not; read line by
             line) or ``"none"`` (nothing to read).
         complete: whether the file is whole: it loaded as JSON, or, read line by line, it
@@ -57,6 +58,7 @@ _NAME_END = re.compile(r'"\s*,\s*"args"\s*:\s*(?=\{)')
 _CAT = re.compile(r'"cat"\s*:\s*"([^"\\]*)"')
 _DUR = re.compile(r'"dur"\s*:\s*(-?\d+)')
 _TS = re.compile(r'"ts"\s*:\s*(-?\d+)')
+_TID = re.compile(r'"tid"\s*:\s*(-?\d+)')
 _PROVIDER = re.compile(r'"provider"\s*:\s*"([^"\\]*)"')
 _OP_NAME = re.compile(r'"op_name"\s*:\s*"([^"\\]*)"')
 
@@ -88,11 +90,13 @@ def _normalize(raw: Any) -> dict[str, Any] | None:
     args = args if isinstance(args, Mapping) else {}
     dur = _as_dur(raw.get("dur", 0))
     ts = _as_dur(raw.get("ts"))
+    tid = raw.get("tid")
     return {
         "cat": cat,
         "name": name,
         "dur": max(dur, 0) if dur is not None else 0,
         "ts": ts,
+        "tid": tid if isinstance(tid, int) and not isinstance(tid, bool) else None,
         "provider": _as_text(args.get("provider")),
         "op_name": _as_text(args.get("op_name")),
     }
@@ -127,9 +131,10 @@ def _read_line(line: str) -> dict[str, Any] | None:
         found_provider, found_op = _PROVIDER.search(tail), _OP_NAME.search(tail)
         provider = found_provider.group(1) if found_provider else None
         op_name = found_op.group(1) if found_op else None
-    ts = _TS.search(head)
+    ts, tid = _TS.search(head), _TID.search(head)
     return {"cat": cat.group(1), "name": name, "dur": int(dur.group(1)) if dur else 0,
-            "ts": int(ts.group(1)) if ts else None, "provider": provider, "op_name": op_name}
+            "ts": int(ts.group(1)) if ts else None, "tid": int(tid.group(1)) if tid else None,
+            "provider": provider, "op_name": op_name}
 
 
 def _is_fence(event: Mapping[str, Any]) -> bool:

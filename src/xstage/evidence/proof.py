@@ -50,8 +50,10 @@ class PlacementProof:
         min_placement: the threshold: placed iff both fractions are ``> 0`` and reach it.
         swapped: the requested EP was replaced (``xstage.evidence.onnx``, rule 4).
         fallback_banner: the Python layer's "Falling back to [...]" banner was seen.
-        node_fraction: 1 − original nodes put on other providers / all original nodes
-            (control flow and copies excluded), by :attr:`node_basis`.
+        node_fraction: 1 − original nodes put on other providers / the original nodes that ran,
+            by :attr:`node_basis`: the nodes the plan lists (or the name-checked kernels' nodes),
+            each member of a fused or compiled partition once; copies and nodes onnxruntime
+            inserted excluded, a node it removed counted nowhere.
         nodes_on_target: plan: nodes assigned to the target.
         nodes_total: plan: nodes assigned to any EP (copies excluded).
         plan_copies: plan: ``Memcpy*`` nodes.
@@ -62,11 +64,14 @@ class PlacementProof:
         kernels_on_target: execution: compute kernel events on the target (a fused subgraph is one).
         kernels_total: execution: compute kernel events (copies and control flow excluded).
         kernel_time_on_target_us: execution: their time on the target.
-        kernel_time_total_us: execution: all compute kernel time.
+        kernel_time_total_us: execution: all compute kernel time (control flow's own time included).
         kernels_by_provider: execution: compute kernel events per provider.
-        kernel_time_by_provider_us: execution: compute kernel time per provider.
+        kernel_time_by_provider_us: execution: compute kernel time per provider, each
+            control-flow kernel's own time with the provider that ran it.
         control_flow_kernels: execution: ``If``/``Loop``/``Scan`` events, not counted above.
-        control_flow_time_us: execution: their time, excluded (it contains their children's).
+        control_flow_time_us: execution: their events' time (it contains their children's).
+        control_flow_own_time_us: execution: their own time (their events less their children's),
+            counted in the time fraction for the provider that ran each.
         copies: execution: ``Memcpy*`` kernel events.
         copy_time_us: execution: their time.
         runs: execution: ``model_run`` events in the profile (the profiled warm-up: 4).
@@ -78,7 +83,8 @@ class PlacementProof:
         decided_by: ``node fraction`` or ``time fraction``: the lower one, which decided.
         node_basis: ``plan``, or ``execution`` (the name-checked kernels, when the plan is
             incomplete): what :attr:`node_fraction` counts.
-        original_nodes_total: the graph's original nodes, control flow excluded.
+        original_nodes_total: the node fraction's whole: the original nodes that ran (see
+            :attr:`node_fraction`); None when only bounds of it are known.
         original_nodes_off_target: those the node basis put on other providers.
         timed_runs: the profiled runs the time fraction sums (2–4; 1 for a one-run profile).
         conflicts: where the layers disagreed (DESIGN §4's case (b); the lower fraction decided).
@@ -118,6 +124,7 @@ class PlacementProof:
     kernel_time_by_provider_us: Mapping[str, int] = field(default_factory=dict)
     control_flow_kernels: int | None = None
     control_flow_time_us: int | None = None
+    control_flow_own_time_us: int | None = None
     copies: int | None = None
     copy_time_us: int | None = None
     runs: int | None = None

@@ -34,6 +34,15 @@ REMEDIES: Mapping[tuple[RefusalCode, str], str] = {
         "the EP is not in that build or failed to initialise: see the worker log and xstage devices",
     (_DECLINED, "unmeasured"):
         "the profile could not be read; see the worker log (profiling must be allowed)",
+    (_DECLINED, "unmeasured:names"):
+        "onnxruntime named a kernel or plan node in a form the name check does not know (the "
+        "record's proof.name_failures lists them; docs/external.md, \"Untrusted text\"): report it "
+        "with the record; --graph-opt-level ORT_DISABLE_ALL runs the graph without onnxruntime's "
+        "rewrites, which make most of those names",
+    (_DECLINED, "unmeasured:bounds"):
+        "no plan lists the nodes of the partition the EP compiled, so the node fraction is only "
+        "known between the bounds in the record's proof notes: use onnxruntime >= 1.24 on this "
+        "route (its plan lists them), or a --min-placement outside the bounds",
     (_DECLINED, "evidence_conflict"):
         "onnxruntime's plan put nodes on the EP but its profile could not confirm it (a kernel "
         "name that is not the graph's, or no kernel time); see the record's proof notes and "
@@ -97,6 +106,7 @@ def declined_refusal(cand: Candidate, proof: PlacementProof, worker: Mapping[str
                      attested: Attestation | None = None) -> Refusal:
     """The proof did not show the stage on the device (declined, swapped or unmeasured)."""
     cause = proof.cause or "unmeasured"
+    remedy_key = cause
     where = _where(cand)
     if cause == "outputs_off_device":
         stray = next((n for n in proof.notes if n.startswith("outputs came back")), "")
@@ -106,9 +116,16 @@ def declined_refusal(cand: Candidate, proof: PlacementProof, worker: Mapping[str
     elif cause == "provider_swapped":
         message = (f"{where}: the session does not hold {proof.target_ep} "
                    f"(it holds {', '.join(proof.session_providers) or 'nothing'})")
+    elif cause == "unmeasured" and proof.names_checked is False:
+        failed = proof.name_failures[0] if proof.name_failures else "a name"
+        message = (f"{where}: no usable placement evidence: a name in onnxruntime's profile or plan "
+                   f"failed the name check ({failed}); unmeasured never passes")
+        remedy_key = "unmeasured:names"
     elif cause == "unmeasured":
-        why = f" ({proof.notes[-1]})" if proof.notes else ""
+        bounds = [n for n in proof.notes if n.endswith("the node fraction cannot be known")]
+        why = f" ({(bounds or proof.notes)[-1]})" if proof.notes else ""
         message = f"{where}: no usable placement evidence{why}; unmeasured never passes"
+        remedy_key = "unmeasured:bounds" if bounds else cause
     elif cause == "evidence_conflict":
         message = (f"{where}: the plan puts nodes on {proof.target_ep}, but the profile cannot "
                    "confirm it (evidence_conflict; never passes)")
@@ -118,7 +135,7 @@ def declined_refusal(cand: Candidate, proof: PlacementProof, worker: Mapping[str
         by = f"the {proof.decided_by}" if proof.decided_by else proof.basis
         message = (f"{where}: {proof.target_ep} took {frac:.1%} by {by} "
                    f"(needs {proof.min_placement:.1%}); left on the CPU: {left or 'nothing'}")
-    remedy = REMEDIES.get((_DECLINED, cause), REMEDIES[(_DECLINED, "declined")])
+    remedy = REMEDIES.get((_DECLINED, remedy_key), REMEDIES[(_DECLINED, "declined")])
     extra = {"device_attestation": attested.to_dict()} if attested else {}
     return Refusal(code=_DECLINED, cause=cause, device=cand.device, route=cand.route.name,
                    message=message, remedy=remedy,
