@@ -426,7 +426,8 @@ def _judged_formats(names: list[str], fmt: str, formats: Mapping[str, str] | Non
     return out
 
 
-def _judged_rules(judged: str | None, tol: Tolerance, tolerance: Tolerance | float | Mapping[str, float] | None,
+def _judged_rules(judged: str | None, tol: Tolerance,
+                  tolerance: Tolerance | float | Mapping[str, float] | None,
                   reference_kind: str, widen: bool) -> tuple[Tolerance, bool]:
     """(tolerance, rule 2's widening) for one output judged by ``judged``; ``tol``/``widen``
     are the artifact format's, returned unchanged where ``judged`` is None (that format)."""

@@ -211,8 +211,10 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
 
 
 def _gate(setup: Setup, warm: WarmUp) -> tuple[parity.Parity, Mapping[str, np.ndarray]]:
-    """Rule 4: the outputs against the reference arm's, each arm computing them twice; a
-    stateful stage's calls from the initial state, state outputs included (``xstage.stage.gate``)."""
+    """Rule 4: the outputs against the reference arm's, each arm computing them twice.
+
+    A stateful stage's calls from the initial state, state outputs included (``xstage.stage.gate``).
+    """
     return gate_mod.judge(setup, warm.calls or (warm.outputs,), warm.again)
 
 

@@ -159,8 +159,11 @@ class TorchReference:
 
     @contextmanager
     def runner(self) -> Iterator[Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]]:
-        """Calls in one torch-cpu worker, closed after the block: the gate computes its inputs
-        twice there, so a random generator runs on rather than starting again from its seed."""
+        """Calls in one torch-cpu worker, closed after the block.
+
+        The gate computes its inputs twice there, so a random generator runs on rather than
+        starting again from its seed in a fresh worker.
+        """
         client = self._worker()
         try:
             yield client.run

@@ -9,7 +9,7 @@ ledger needs: the bytes the worker holds. The gate's calls over the state are
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
