@@ -21,16 +21,21 @@ def _fp16_graph() -> onnx.ModelProto:
 
 
 def _qdq_graph(zero_point_type: int) -> onnx.ModelProto:
-    """x → Q → DQ → Relu with the activation zero point of the given type."""
+    """x → Q → DQ → MatMul (an int8 weight through DQ) → Relu, the activation zero point of the
+    given type."""
     scale = numpy_helper.from_array(np.array(0.01, np.float32), "scale")
     np_type = {TensorProto.UINT16: np.uint16, TensorProto.UINT8: np.uint8}[zero_point_type]
     zp = numpy_helper.from_array(np.array(0, np_type), "zp")
+    w = numpy_helper.from_array(np.ones((4, 4), np.int8), "w")
+    w_scale = numpy_helper.from_array(np.array(0.1, np.float32), "w_scale")
     graph = helper.make_graph(
         [helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"]),
          helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["dq"]),
-         helper.make_node("Relu", ["dq"], ["y"])], "qdq",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [scale, zp])
+         helper.make_node("DequantizeLinear", ["w", "w_scale"], ["wdq"]),
+         helper.make_node("MatMul", ["dq", "wdq"], ["m"]),
+         helper.make_node("Relu", ["m"], ["y"])], "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [scale, zp, w, w_scale])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
@@ -51,7 +56,7 @@ def test_fp16_and_a16w8_are_inferred(tmp_path):
 
 def test_a8w8_graph_is_refused_naming_the_scheme(tmp_path):
     path = builtin_graphs.write(_qdq_graph(TensorProto.UINT8), tmp_path / "q8.onnx")
-    with pytest.raises(errors.ArtifactError, match="not A16W8"):
+    with pytest.raises(errors.ArtifactError, match="no onnx:a8w8 format"):
         inspect_artifact(path)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xstage import errors
+from xstage import errors, graph_precision
 from xstage.manifest import check_files, manifest_path, read_manifest, sha256_file
 from xstage_remote.formats import is_torchscript
 
@@ -60,6 +60,10 @@ class Artifact:
     node_count: int
     op_types: tuple[str, ...]
     manifest: dict[str, Any] = field(default_factory=dict)
+    #: outputs judged by another format than :attr:`format` (``xstage.graph_precision``)
+    output_formats: Mapping[str, str] = field(default_factory=dict)
+    #: the random ops the graph holds (named when the gate finds the stage nondeterministic)
+    random_ops: tuple[str, ...] = ()
 
     @property
     def file_name(self) -> str:
@@ -128,7 +132,7 @@ def _torch_program(path: Path, manifest: dict[str, Any], manifest_file: Path | N
                     component=manifest["component"], sha256=entry["sha256"], bytes=entry["bytes"],
                     files=(entry,), inputs=tuple(spec(d) for d in manifest["inputs"]),
                     outputs=tuple(spec(d) for d in manifest["outputs"]), node_count=0,
-                    op_types=(), manifest=manifest)
+                    op_types=(), manifest=manifest, random_ops=graph_precision.pt2_random_ops(path))
 
 
 def _dims(type_proto: Any) -> tuple[int | str, ...]:
@@ -143,24 +147,24 @@ def _dims(type_proto: Any) -> tuple[int | str, ...]:
     return tuple(dims)
 
 
-def _onnx_format(model: Any) -> str:
-    """a16w8 when activations are quantized to 16 bits, fp16 when weights are, else fp32."""
-    graph = model.graph
-    nodes = list(graph.node)
-    if any(n.op_type in _QDQ for n in nodes):
-        zero_points = {n.input[2] for n in nodes if n.op_type == "QuantizeLinear" and len(n.input) > 2}
-        zp_types = {i.data_type for i in graph.initializer if i.name in zero_points}
-        if zp_types & {4, 5}:  # uint16 / int16 activations
-            return "onnx:a16w8"
-        raise errors.ArtifactError(
-            "the graph is quantized (Q/DQ nodes) but not A16W8 (16-bit activations): "
-            f"activation zero points are {sorted(_ONNX_DTYPES.get(t, str(t)) for t in zp_types)}",
-            remedy="quantize with `xstage quantize --scheme a16w8`, or pass --format explicitly",
-        )
-    float_inits = [i.data_type for i in graph.initializer if i.data_type in (1, 10, 11, 16)]
+def _float_format(model: Any) -> str:
+    """fp16 when most float initializers are float16, else fp32."""
+    float_inits = [i.data_type for i in model.graph.initializer if i.data_type in (1, 10, 11, 16)]
     if float_inits and sum(t == 10 for t in float_inits) > len(float_inits) / 2:
         return "onnx:fp16"
     return "onnx:fp32"
+
+
+def _onnx_format(model: Any) -> str:
+    """What the graph computes (``xstage.graph_precision``): a16w8 only where every output's
+    compute ops take 8-bit weights and 16-bit activations through Q/DQ; else its float format.
+
+    Raises:
+        ArtifactError: activations quantized to 8 bits (there is no onnx:a8w8 format).
+    """
+    if any(n.op_type in _QDQ for n in model.graph.node):
+        return graph_precision.artifact_format(model, _float_format(model))
+    return _float_format(model)
 
 
 def _onnx_facts(model: Any) -> tuple[str, str]:
@@ -301,6 +305,8 @@ def _onnx_graph(path: Path, manifest: dict[str, Any], manifest_file: Path | None
         node_count=len(graph.node),
         op_types=tuple(sorted({n.op_type for n in graph.node})),
         manifest=manifest,
+        output_formats=graph_precision.onnx_output_formats(model, inferred, _float_format(model)),
+        random_ops=graph_precision.onnx_random_ops(model),
     )
 
 

@@ -72,7 +72,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal, TypedDict
 
@@ -133,7 +133,7 @@ ABS_FLOOR_EPS = 4
 #: A verdict of the gate.
 Verdict = Literal["passed", "failed"]
 #: Why a verdict failed (the ``cause`` of ``numeric_gate_failed``, DESIGN §5).
-Cause = Literal["tolerance", "nonfinite", "elementwise"]
+Cause = Literal["tolerance", "nonfinite", "elementwise", "nondeterministic"]
 #: Which rule decided one output (see the module docstring).
 Rule = Literal[
     "rel_l2", "max_abs", "cosine", "exact", "empty", "all_zero_reference", "all_nonfinite",
@@ -402,6 +402,105 @@ def default_tolerance(fmt: str, reference_kind: str) -> Tolerance:
     return DEFAULT_TOLERANCES[(fmt, reference_kind)]
 
 
+# --- formats per output, and each arm against itself ----------------------------------------
+
+#: What one arm is held to against its own second computation of the gate's inputs: fp32's
+#: tolerance at the noise tier's ``elem_a`` (:data:`NOISE_ELEM_A`), whatever the format. A
+#: deterministic arm repeats itself bit for bit (measured here: ort-cpu, OpenVINO CPU f32 and
+#: torch-cpu on the built-in MLP, the vision tower and its A16W8 quantization, max_abs 0 between
+#: two runs); a GPU's atomics reorder sums by fp32 rounding, under this bound. A random op is
+#: orders above it: ``x + rand_like(x)`` differs by ~0.4 of its rms between two runs.
+SELF_TOLERANCE = replace(_FP32, elem_a=NOISE_ELEM_A)
+
+
+def _judged_formats(names: list[str], fmt: str, formats: Mapping[str, str] | None) -> dict[str, str]:
+    """The compared names judged by another format than ``fmt`` (by name or base name)."""
+    if not formats:
+        return {}
+    out = {}
+    for name in names:
+        judged = formats.get(name) or formats.get(name.split(" (call ")[0])
+        if judged is not None and judged != fmt:
+            _check_key(judged, REFERENCE_KINDS[0])
+            out[name] = judged
+    return out
+
+
+def _judged_rules(judged: str | None, tol: Tolerance,
+                  tolerance: Tolerance | float | Mapping[str, float] | None,
+                  reference_kind: str, widen: bool) -> tuple[Tolerance, bool]:
+    """(tolerance, rule 2's widening) for one output judged by ``judged``; ``tol``/``widen``
+    are the artifact format's, returned unchanged where ``judged`` is None (that format)."""
+    if judged is None:
+        return tol, widen
+    own = _resolve_tolerance(tolerance, judged, reference_kind)[0]
+    return own, judged in WIDENING_FORMATS and reference_kind != "same_graph_cpu"
+
+
+def _formats_note(judged: Mapping[str, str]) -> str:
+    """The summary's note of the outputs judged by another format."""
+    if not judged:
+        return ""
+    return "; judged by their own format: " + ", ".join(f"{n} {f}" for n, f in judged.items())
+
+
+def _a16w8_failed(gate: Parity) -> bool:
+    """Whether a failed output of ``gate`` is judged by A16W8 rules (:attr:`Parity.formats`)."""
+    return any(gate.formats.get(m.name) == "onnx:a16w8" for m in gate.failed_outputs)
+
+
+def self_agreement(first: Mapping[str, np.ndarray], second: Mapping[str, np.ndarray]) -> Parity:
+    """One arm's second computation of the gate's inputs against its first.
+
+    Args:
+        first: the arm's outputs the first time.
+        second: the same inputs computed again by the same arm.
+
+    Returns:
+        The verdict under :data:`SELF_TOLERANCE` (failed: the arm is nondeterministic).
+    """
+    return compare(second, first, fmt="onnx:fp32", reference_kind="same_graph_cpu",
+                   tolerance=SELF_TOLERANCE)
+
+
+def nondeterministic(gate: Parity, checks: Mapping[str, Parity], random_ops: tuple[str, ...] | list[str],
+                     named: bool) -> Parity:
+    """``gate`` decided again where an arm disagreed with itself (:func:`self_agreement`).
+
+    An arm that disagrees with itself fails the gate with cause ``nondeterministic``, naming
+    the output and the graph's random ops, unless the caller named a tolerance (``named``):
+    then the comparison's verdict stands and :attr:`Parity.determinism` says the stage is
+    nondeterministic.
+
+    Args:
+        gate: the comparison of the stage with the reference.
+        checks: each arm (``stage``, ``reference``) to its :func:`self_agreement` verdict.
+        random_ops: the random ops found in the graph (``xstage.graph_precision``).
+        named: whether the caller named a ``--tolerance``.
+
+    Returns:
+        ``gate`` unchanged when both arms agree with themselves; otherwise with
+        ``determinism`` set, and failed (``nondeterministic``) unless ``named``.
+    """
+    failed = {arm: check for arm, check in checks.items() if not check.passed}
+    if not failed:
+        return gate
+    arm, check = next(iter(failed.items()))
+    worst = check.failed_outputs[0]
+    ops = ", ".join(random_ops) if random_ops else "none found in the graph"
+    text = (f"the {arm} disagreed with itself on {worst.name} between two computations of the "
+            f"same inputs ({worst.criterion}); random ops: {ops}")
+    doc = {"nondeterministic": True, "random_ops": list(random_ops), "tolerance_named": named,
+           "self_tolerance": SELF_TOLERANCE.to_dict(),
+           "arms": {name: {"outputs": [m.name for m in c.failed_outputs], "summary": c.summary}
+                    for name, c in failed.items()}}
+    if named:
+        said = "admitted by the named tolerance" if gate.passed else "the named tolerance decides"
+        return replace(gate, determinism=doc, summary=f"{gate.summary}; nondeterministic ({said}): {text}")
+    return replace(gate, verdict="failed", cause="nondeterministic", determinism=doc,
+                   summary=f"failed (nondeterministic): {text}")
+
+
 # --- dtypes ----------------------------------------------------------------------------------
 
 
@@ -608,6 +707,9 @@ class Parity:
         tier: set where the fp32 *noise tier* decided (:func:`at_noise_tier`): which tier,
             its ``elem_a``, why (the tie-break unavailable, and its reason), the tight
             tier's verdict, and what the noise tier cannot catch; None otherwise.
+        formats: the outputs judged by another format than :attr:`fmt`, each with its format.
+        determinism: set where an arm disagreed with itself (:func:`nondeterministic`): which
+            arm, the outputs, the random ops, and whether a named tolerance admitted it.
     """
 
     verdict: Verdict
@@ -623,6 +725,8 @@ class Parity:
     tiebreak: Mapping[str, Any] | None = None
     asked: tuple[str, ...] = ()
     tier: Mapping[str, Any] | None = None
+    formats: Mapping[str, str] = field(default_factory=dict)
+    determinism: Mapping[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -651,6 +755,10 @@ class Parity:
         dequantized = [m.name for m in self.outputs if m.dequantized is not None]
         if dequantized:
             extra["dequantized"] = dequantized
+        if self.formats:
+            extra["formats"] = dict(self.formats)
+        if self.determinism is not None:
+            extra["determinism"] = dict(self.determinism)
         return {
             "verdict": self.verdict,
             "cause": self.cause,
@@ -994,6 +1102,7 @@ def compare(
     tolerance: Tolerance | float | Mapping[str, float] | None = None,
     declared: Mapping[str, tuple[int | str | None, ...]] | None = None,
     quantized: Mapping[str, QuantParams] | None = None,
+    formats: Mapping[str, str] | None = None,
 ) -> Parity:
     """Compare a stage's outputs with a reference, output by output (rules 1–8, module doc).
 
@@ -1014,6 +1123,10 @@ def compare(
         quantized: the outputs a ``QuantizeLinear`` produced, with its scale and zero point;
             under a :data:`QUANTIZED_FORMATS` format their integers are compared dequantized
             (rule 4's exception). Ignored for every other format.
+        formats: outputs judged by another format than ``fmt`` (a graph whose outputs compute
+            in different formats, ``xstage.graph_precision``), each compared under that
+            format's tolerance (the same override applied to it); named by the output's name
+            or its base name before `` (call n)``.
 
     Returns:
         The :class:`Parity`: ``passed``, or ``failed`` with a cause and, per output, the
@@ -1040,9 +1153,12 @@ def compare(
     widen = fmt in WIDENING_FORMATS and reference_kind != "same_graph_cpu"  # rule 2's exception
     shapes = declared or {}
     quant = (quantized or {}) if fmt in QUANTIZED_FORMATS else {}
-    results = tuple(_compare_one(name, ys.get(name), rs.get(name), tol, widen, shapes.get(name),
-                                 quant.get(name))
-                    for name in names)
+    judged = _judged_formats(names, fmt, formats)
+    results = tuple(
+        _compare_one(name, ys.get(name), rs.get(name),
+                     *_judged_rules(judged.get(name), tol, tolerance, reference_kind, widen),
+                     shapes.get(name), quant.get(name))
+        for name in names)
     key = f"{fmt}/{reference_kind}"
     if all(m.passed for m in results):
         verdict: Verdict = "passed"
@@ -1059,7 +1175,9 @@ def compare(
     return Parity(
         verdict=verdict, cause=cause, fmt=fmt, reference_kind=reference_kind, tolerance=tol,
         tolerance_key=key, tolerance_source=source, outputs=results,
-        summary=_summary(results, key, source, cause), non_default=changed, asked=asked,
+        summary=_summary(results, key, source, cause) + _formats_note(judged),
+        non_default=changed, asked=asked,
+        formats=judged,
     )
 
 
@@ -1079,8 +1197,10 @@ def tiebreak_applies(gate: Parity) -> str | None:
     """
     if gate.passed:
         return "the comparison passed"
-    if gate.fmt == "onnx:a16w8":
+    if gate.fmt == "onnx:a16w8" or _a16w8_failed(gate):
         return "A16W8 is not a float format: float64 is not its exact answer"
+    if gate.determinism is not None:
+        return "the stage is nondeterministic: no single float64 answer decides it"
     default = DEFAULT_TOLERANCES[(gate.fmt, gate.reference_kind)]
     tighter = [k for k in gate.non_default
                if (getattr(gate.tolerance, CRITERIA[k]) > getattr(default, CRITERIA[k])) == (k == "cosine")]

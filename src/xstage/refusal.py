@@ -29,7 +29,7 @@ CAUSES: dict[RefusalCode, tuple[str, ...]] = {
     RefusalCode.DEVICE_UNREACHABLE: ("no_route", "route_missing", "no_node"),
     RefusalCode.EP_DECLINED: ("declined", "unmeasured", "provider_swapped", "evidence_conflict",
                               "device_mismatch", "ep_compile_failed", "outputs_off_device"),
-    RefusalCode.NUMERIC_GATE_FAILED: ("tolerance", "nonfinite", "elementwise"),
+    RefusalCode.NUMERIC_GATE_FAILED: ("tolerance", "nonfinite", "elementwise", "nondeterministic"),
     RefusalCode.BUDGET_EXCEEDS_DEVICE: (
         "over_budget", "peak_over_budget", "capacity_unknown", "peak_unreported"),
 }

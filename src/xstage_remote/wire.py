@@ -185,6 +185,8 @@ OPS = {
     "evidence_data": {"info": (_OBJ, True), "t": (_LIST, False)},
     "device_slots": {},
     "device_slots_ready": {"info": (_OBJ, True), "t": (_LIST, True)},
+    "state": {},
+    "state_data": {"t": (_LIST, True)},
     "shutdown": {},
     "bye": {},
     "error": {"kind": (_STR, True), "message": (_STR, True), "traceback": (_STR, False)},

@@ -30,7 +30,7 @@ from . import shm as shm_mod
 __all__ = ["main"]
 
 FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin", "evidence", "bell-eventfd",
-            "fast-frames"]
+            "fast-frames", "state-read"]
 #: Exit status when the client vanished (stdin ended or the control stream closed).
 EXIT_ORPHANED = 70
 
@@ -307,6 +307,14 @@ class Worker:
         info = dict(getattr(self.runtime, "evidence", {}) or {})
         info["memory"] = memory.detail()
         self.send({"op": "evidence_data", "id": frame.id, "info": info}, arrays)
+
+    def on_state(self, frame):
+        """The state the last call left, by state *output* name (the numeric gate compares it
+        at every call; serving never reads it)."""
+        if self.state is None:
+            raise ValueError("state: the stage declares no state pairs")
+        values = {out: self.state.values[name] for out, name in self.state.by_output.items()}
+        self.send({"op": "state_data", "id": frame.id}, values)
 
     def check_feeds(self, feeds):
         declared = self.fed_names
@@ -587,7 +595,8 @@ class Worker:
             self.send({"op": "pong", "id": frame.id, "info": info})
             return None
         handler = {"load": self.on_load, "attach": self.on_attach, "run": self.on_run,
-                   "evidence": self.on_evidence, "device_slots": self.on_device_slots}.get(op)
+                   "evidence": self.on_evidence, "device_slots": self.on_device_slots,
+                   "state": self.on_state}.get(op)
         try:
             if handler is None:
                 raise wire.ProtocolError("op %s is not a request a worker serves" % op)

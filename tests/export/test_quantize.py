@@ -107,3 +107,7 @@ def test_a16w8_of_the_tiny_tower_runs_within_its_bound(tmp_path):
     (out,) = report["parity"]["outputs"]
     assert report["parity"]["verdict"] == "passed" and out["rel_l2"] <= TOWER_REL_L2_BOUND
     assert read_manifest(tmp_path / "tower-a16w8.manifest.json")["component"] == "vision_tower"
+    # A format is what the graph computes: every Conv, Gemm and MatMul of the quantized tower
+    # takes int8 weights and uint16 activations through Q/DQ, so the graph itself says A16W8
+    art = inspect_artifact(tmp_path / "tower-a16w8.onnx", fmt="onnx:a16w8")
+    assert (art.format, dict(art.output_formats)) == ("onnx:a16w8", {})

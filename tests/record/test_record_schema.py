@@ -18,7 +18,7 @@ CAUSES = {
     "device_unreachable_from_this_process": ["no_route", "route_missing", "no_node"],
     "execution_provider_declined_graph": ["declined", "unmeasured", "provider_swapped", "evidence_conflict",
                                           "device_mismatch", "ep_compile_failed", "outputs_off_device"],
-    "numeric_gate_failed": ["tolerance", "nonfinite", "elementwise"],
+    "numeric_gate_failed": ["tolerance", "nonfinite", "elementwise", "nondeterministic"],
     "budget_exceeds_device": ["over_budget", "peak_over_budget", "capacity_unknown", "peak_unreported"],
 }
 ALL_CAUSES = sorted({c for causes in CAUSES.values() for c in causes})

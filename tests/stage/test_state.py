@@ -92,6 +92,17 @@ def test_the_gate_ran_two_calls_and_the_ledger_holds_the_state(acc):
                      "bytes": 32, "resets": 1}
 
 
+def test_the_gate_compares_three_calls_and_every_state_output_and_serving_starts_fresh(acc):
+    """A state error shows in the visible output only on a later call: the gate compares three
+    calls from the initial state, the state outputs too (the worker hands them over for it)."""
+    with xstage.open_stage(acc, route="ort-cpu") as stage:
+        names = [o["name"] for o in stage.parity.to_dict()["outputs"]]
+        assert names == ["y", "h_out", "y (call 2)", "h_out (call 2)", "y (call 3)", "h_out (call 3)"]
+        first = stage({"x": X})
+        assert first.state_reset and list(first) == ["y"]
+        np.testing.assert_array_equal(first["y"], X)
+
+
 def test_a_file_init_is_the_first_calls_state(tmp_path):
     np.save(tmp_path / "h0.npy", np.full(4, 10, np.float32))
     path = _accumulator(tmp_path, init="h0.npy")

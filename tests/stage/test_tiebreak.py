@@ -248,9 +248,13 @@ def test_quantized_outputs_names_only_the_outputs_of_a_quantizelinear(tmp_path):
     from xstage.stage.reference import quantized_outputs
 
     inits = [numpy_helper.from_array(np.array(1e-3, np.float32), "s"),
-             numpy_helper.from_array(np.array(32768, np.uint16), "z")]
+             numpy_helper.from_array(np.array(32768, np.uint16), "z"),
+             numpy_helper.from_array(np.eye(4, dtype=np.int8), "w"),  # A16W8: an 8-bit weight
+             numpy_helper.from_array(np.array(1.0, np.float32), "ws")]
     nodes = [helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["x"], name="dq"),
-             helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("DequantizeLinear", ["w", "ws"], ["wdq"], name="dq_w"),
+             helper.make_node("MatMul", ["x", "wdq"], ["m"], name="mm"),
+             helper.make_node("Relu", ["m"], ["r"]),
              helper.make_node("QuantizeLinear", ["r", "s", "z"], ["y"], name="q_y"),
              helper.make_node("ArgMax", ["r"], ["i"], axis=1)]
     graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("xq", TensorProto.UINT16, [2, 4])],

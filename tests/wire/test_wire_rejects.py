@@ -33,6 +33,8 @@ VALID = {
     "evidence_data": {"op": "evidence_data", "id": 6, "info": {}, "t": []},
     "device_slots": {"op": "device_slots", "id": 7},
     "device_slots_ready": {"op": "device_slots_ready", "id": 7, "info": {}, "t": []},
+    "state": {"op": "state", "id": 8},
+    "state_data": {"op": "state_data", "id": 8, "t": []},
     "shutdown": {"op": "shutdown", "id": 5},
     "bye": {"op": "bye", "id": 5},
     "error": {"op": "error", "id": 3, "kind": "ValueError", "message": "bad input"},

@@ -955,6 +955,16 @@ class WorkerClient:
             profile = arrays.get(wire.PROFILE_TENSOR)
             return dict(frame.header["info"]), (bytes(profile) if profile is not None else None)
 
+    def state_values(self) -> dict[str, np.ndarray]:
+        """The state the last call left in the worker, by state output name (copies).
+
+        For the numeric gate, which compares every state output at every call; a stage's
+        state otherwise never crosses the wire.
+        """
+        with self._lock:
+            frame = self._request({"op": "state"}, "state_data", "call")
+            return {name: np.array(value) for name, value in frame.arrays().items()}
+
     def run(self, inputs: Mapping[str, Any], *,
             out: Mapping[str, np.ndarray] | None = None,
             phase: str = "call", views: bool = False) -> dict[str, np.ndarray]:

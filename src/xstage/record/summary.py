@@ -224,6 +224,24 @@ def _gate_extras(parity: Mapping[str, Any]) -> Rows:
     if dequantized:
         rows.append(("dequantized", ", ".join(str(n) for n in dequantized)
                      + ": QuantizeLinear outputs compared as (q - zero_point)·scale"))
+    return rows + _judged_rows(parity)
+
+
+def _judged_rows(parity: Mapping[str, Any]) -> Rows:
+    """The outputs judged by their own format, and an arm that disagreed with itself."""
+    rows: Rows = []
+    formats = parity.get("formats")
+    if isinstance(formats, Mapping) and formats:
+        rows.append(("judged formats", ", ".join(f"{k}: {v}" for k, v in formats.items())
+                     + f" (the artifact: {parity.get('format')})"))
+    det = parity.get("determinism")
+    if isinstance(det, Mapping):
+        arms = det.get("arms") if isinstance(det.get("arms"), Mapping) else {}
+        said = ("refused" if not det.get("tolerance_named") else "admitted by the named --tolerance"
+                if parity.get("verdict") == "passed" else "decided by the named --tolerance")
+        ops = ", ".join(str(o) for o in det.get("random_ops") or []) or "none found in the graph"
+        rows.append(("nondeterministic", f"{said}: the {', the '.join(arms)} disagreed with "
+                     f"itself on two computations of the same inputs; random ops: {ops}"))
     return rows
 
 

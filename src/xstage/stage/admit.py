@@ -11,9 +11,11 @@ The gates, in order (each one's verdict comes from a pure module; this module on
    (``evidence.onnx``/``evidence.torch``) and on the planned device
    (``evidence.attestation``: conflict case (c), ``device_mismatch``; unattested off the CPU,
    ``unmeasured``).
-4. **Numeric gate** (``xstage.parity``): it computed what the reference computes; when the
-   fp32 comparison fails on float criteria, ``xstage.stage.tiebreak`` evaluates the graph in
-   float64 and the stage passes if it is no further from that than the reference is.
+4. **Numeric gate** (``xstage.parity``): it computed what the reference computes, and each arm
+   computed it the same way twice (``xstage.stage.gate``: else ``nondeterministic``; a stage
+   with state over three calls, state outputs included); when the fp32 comparison fails on
+   float criteria, ``xstage.stage.tiebreak`` evaluates the graph in float64 and the stage
+   passes if it is no further from that than the reference is.
 5. **Measured peak** (``xstage.ledger.measured``): the worker's own peak fits the budget.
 
 Whatever fails, one cleanup path (an ``ExitStack``) closes the worker and gives the hold back;
@@ -42,10 +44,10 @@ from xstage.ledger import footprint, measured
 from xstage.planner import Candidate
 from xstage.refusal import Refusal
 from xstage.routes.launch import load_options, open_worker
+from xstage.stage import gate as gate_mod
 from xstage.stage import refusals, tiebreak
 from xstage.stage.ledger import Holding, Ledger
-from xstage.stage.reference import quantized_outputs
-from xstage.stage.state import StatePair, reference_calls, state_bytes
+from xstage.stage.state import StatePair, state_bytes
 
 __all__ = ["Admission", "Setup", "WarmUp", "admit"]
 
@@ -112,7 +114,10 @@ class WarmUp:
     target: str  # the torch device string, or the EP name for ONNX
     #: (phase, start, end) in the client's ``perf_counter_ns``: spawn + hello, load, warm-up, evidence
     phases: tuple[tuple[str, int, int], ...] = ()
-    second: Mapping[str, np.ndarray] | None = None  # a stateful stage's second call
+    #: the gate's calls (the warm-up's; with state, GATE_CALLS from the initial state, state
+    #: outputs included) and the same computed again (``xstage.stage.gate``)
+    calls: tuple[Mapping[str, np.ndarray], ...] = ()
+    again: tuple[Mapping[str, np.ndarray], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -206,29 +211,16 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
 
 
 def _gate(setup: Setup, warm: WarmUp) -> tuple[parity.Parity, Mapping[str, np.ndarray]]:
-    """Rule 4: the outputs against the reference arm's.
+    """Rule 4: the outputs against the reference arm's, each arm computing them twice.
 
-    A stateful stage's two calls from the initial state go against the reference run the same
-    way (``call 2`` names the second call's outputs).
+    A stateful stage's calls from the initial state, state outputs included (``xstage.stage.gate``).
     """
-    declared = {o.name: o.shape for o in setup.artifact.outputs}
-    if not setup.state:
-        reference = setup.reference.outputs(setup.feeds)
-        return parity.compare(warm.outputs, reference, fmt=setup.artifact.format,
-                              reference_kind=setup.reference.kind, tolerance=setup.tolerance,
-                              declared=declared, quantized=quantized_outputs(setup.artifact)), reference
-    first, second = reference_calls(setup.reference, setup.feeds, setup.state, setup.state_init)
-    reference = {**first, **{f"{k} (call 2)": v for k, v in second.items()}}
-    ours = _both_calls(warm)
-    shapes = {k: declared[k.removesuffix(" (call 2)")] for k in reference}
-    return parity.compare(ours, reference, fmt=setup.artifact.format,
-                          reference_kind=setup.reference.kind, tolerance=setup.tolerance,
-                          declared=shapes), reference
+    return gate_mod.judge(setup, warm.calls or (warm.outputs,), warm.again)
 
 
 def _both_calls(warm: WarmUp) -> dict[str, np.ndarray]:
-    """A stateful stage's outputs of the gate's two calls, named as the gate names them."""
-    return {**warm.outputs, **{f"{k} (call 2)": v for k, v in (warm.second or {}).items()}}
+    """A stateful stage's gate calls, named as the gate names them (``y``, ``y (call n)``)."""
+    return gate_mod.named(warm.calls or (warm.outputs,))
 
 
 def _start_and_warm_up(cand: Candidate, setup: Setup,
@@ -258,10 +250,7 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
         info, profile = client.evidence()
         t_evidence = time.perf_counter_ns()
         client.fit_region({**setup.feeds, **outputs})  # symbolic dims: slots sized from real ones
-        second = None
-        if setup.state:  # the gate's second call, from the state the first one left
-            second = client.run(setup.feeds)
-            client.reset_state()  # the stage serves from the initial state
+        calls, again = gate_mod.stage_runs(client, setup.feeds, setup.state, outputs)
     except errors.WorkerRaised as exc:
         if _ep_compile_failure(art, options, exc.message):
             worker = {"hello": client.hello, "log": str(client.log_path)}
@@ -276,7 +265,7 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     return client, WarmUp(outputs=outputs, timing=timing, info=info, profile=profile,
                           worker=worker, notes=(*options.get("notes", []), *_serving_notes(info)),
                           target=target,
-                          phases=phases, second=second)
+                          phases=phases, calls=tuple(calls), again=tuple(again))
 
 
 def _serving_notes(info: Mapping[str, Any]) -> tuple[str, ...]:

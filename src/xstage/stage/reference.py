@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,22 @@ class OnnxReference:
         """The reference outputs for ``feeds``, not cached (a stateful stage's later calls)."""
         return dict(zip(self.names, self.session.run(self.names, dict(feeds)), strict=True))
 
+    @contextmanager
+    def runner(self) -> Iterator[Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]]:
+        """Calls in this arm's one session (the gate computes its inputs twice through it).
+
+        Raises:
+            InputError: the inputs do not run on the reference graph.
+        """
+        def run(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            try:
+                return self.call(feeds)
+            except Exception as exc:
+                raise errors.InputError(f"the inputs do not run on the reference graph: {exc}",
+                                        remedy="check input names, dtypes and shapes") from exc
+
+        yield run
+
     def time(self, feeds: Mapping[str, np.ndarray], runs: int) -> list[float]:
         """Seconds per run of the reference, ``runs`` times (for ``--compare-cpu``)."""
         times = []
@@ -137,6 +154,19 @@ class TorchReference:
         client = self._worker()
         try:
             return client.run(feeds)
+        finally:
+            client.close()
+
+    @contextmanager
+    def runner(self) -> Iterator[Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]]:
+        """Calls in one torch-cpu worker, closed after the block.
+
+        The gate computes its inputs twice there, so a random generator runs on rather than
+        starting again from its seed in a fresh worker.
+        """
+        client = self._worker()
+        try:
+            yield client.run
         finally:
             client.close()
 

@@ -69,6 +69,11 @@ REMEDIES: Mapping[tuple[RefusalCode, str], str] = {
         "row): look at the worst element in the criterion; --tolerance elem=B admits a fraction B "
         "of the elements, elem_a=A and elem_rtol=R widen the bound (where the float64 tie-break "
         "was unavailable, elem_a=1e-5 admits a deep fp32 graph's reordered sums)",
+    (_GATE, "nondeterministic"):
+        "the stage (or its reference) gave different numbers for the same inputs: remove or "
+        "seed the random ops the message names (Dropout in training mode, RandomUniformLike, "
+        "torch.rand_like, ...), or, where the randomness is meant, name a --tolerance that its "
+        "numbers should meet and the record will say the stage is nondeterministic",
     (_GATE, "nonfinite"):
         "NaN or Inf where the reference has none (or the other way round): an overflow in a "
         "lower precision is the usual cause; no tolerance admits it",
@@ -181,11 +186,12 @@ def compile_refusal(cand: Candidate, art: Artifact, exc: errors.WorkerRaised, lo
 
 def gate_refusal(cand: Candidate, gate: Parity, proof: PlacementProof, reference_kind: str,
                  worker: Mapping[str, Any]) -> Refusal:
-    """It ran on the device and disagreed with the reference."""
+    """It ran on the device and disagreed with the reference (or an arm with itself)."""
+    whom = ("gave different numbers for the same inputs" if gate.cause == "nondeterministic"
+            else f"disagreed with the {reference_kind.replace('_', ' ')} reference")
     return Refusal(
         code=_GATE, cause=gate.cause or "tolerance", device=cand.device, route=cand.route.name,
-        message=f"{_where(cand)} ran the stage and disagreed with the "
-                f"{reference_kind.replace('_', ' ')} reference: {gate.summary}",
+        message=f"{_where(cand)} ran the stage and {whom}: {gate.summary}",
         remedy=REMEDIES.get((_GATE, gate.cause or "tolerance"), REMEDIES[(_GATE, "tolerance")]),
         evidence={"parity": gate.to_dict(), "proof": proof.to_dict(), "worker": dict(worker)})
 

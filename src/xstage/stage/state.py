@@ -3,12 +3,13 @@
 A manifest declares them (``xstage.manifest``: ``state: [{input, output, init}]``); this module
 checks them against the artifact's signature (one fixed shape and dtype per pair), reads the
 initial values (zeros, or a ``.npy`` beside the manifest, never unpickled), and says what the
-gate and the ledger need: the two-call reference run and the bytes the worker holds.
+ledger needs: the bytes the worker holds. The gate's calls over the state are
+``xstage.stage.gate``'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from xstage import errors
 from xstage.artifact import Artifact
 from xstage.manifest import manifest_path, state_pairs
 
-__all__ = ["StatePair", "declared_state", "initial_values", "reference_calls", "state_bytes"]
+__all__ = ["StatePair", "declared_state", "initial_values", "state_bytes"]
 
 
 @dataclass(frozen=True)
@@ -109,19 +110,3 @@ def state_bytes(pairs: Sequence[StatePair], art: Artifact) -> int:
         spec = ins[pair.input]
         total += int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
     return 2 * total
-
-
-def reference_calls(reference: Any, feeds: Mapping[str, np.ndarray],
-                    pairs: Sequence[StatePair], init: Mapping[str, np.ndarray],
-                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Two reference calls from the initial state, the state carried as the worker carries it.
-
-    ``reference`` is the gate's reference arm (``outputs``: the first call, run once by
-    ``open_stage``'s precheck; ``call``: a later one). Returns each call's outputs without the
-    state outputs (the worker keeps those).
-    """
-    first = dict(reference.outputs({**feeds, **init}))
-    second = dict(reference.call({**feeds, **{p.input: first[p.output] for p in pairs}}))
-    held = {p.output for p in pairs}
-    return ({k: v for k, v in first.items() if k not in held},
-            {k: v for k, v in second.items() if k not in held})
