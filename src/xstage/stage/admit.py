@@ -189,16 +189,17 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
             gate = tiebreak.settle_stateful(gate, _both_calls(warm), reference)
         if gate.verdict != "passed":
             return refusals.gate_refusal(cand, gate, proof, setup.reference.kind, warm.worker)
-        memory = warm.info.get("memory") if isinstance(warm.info.get("memory"), dict) else {}
+        memory, profiled = _stage_memory(warm.info)
         peak = measured.check_measured(
             budget.budget_bytes, _measured_peak(cand.pool, warm.timing, memory, warm.info))
-        ledger_doc = measured.record_block(budget, fit, peak, memory=memory, spots=spots)
+        ledger_doc = measured.record_block(budget, fit, peak, memory=memory, spots=spots,
+                                           profiled=profiled)
         if pinned is not None:
             acc = warm.info.get("accelerator")
             ledger_doc["host_pinned"] = measured.pinned_block(
                 pinned, acc.get("pinned_region") if isinstance(acc, dict) else None)
         if peak.cause:
-            return refusals.peak_refusal(cand, peak, ledger_doc, warm.worker)
+            return refusals.peak_refusal(cand, peak, ledger_doc, warm.worker, proof, gate)
         cleanup.pop_all()  # admitted: the worker and the hold now belong to the Stage
         return Admission(setup=setup, candidate=cand, client=client, ledger=book, holding=holding,
                          proof=proof, parity=gate, ledger_doc=ledger_doc, warm=warm,
@@ -393,16 +394,42 @@ def _digest(info: Mapping[str, Any], profile: bytes | None) -> str:
     return h.hexdigest()
 
 
+def _stage_memory(info: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The worker's memory reading for the ledger, and what its profiled warm-up held.
+
+    An ONNX worker tells the stage's own peak apart from the profiler's (``stage_memory``,
+    docs/memory.md "The profiler's memory"): where it served on from an unprofiled session, its
+    reading after that session's run is the stage's; the profiled peak is the proof's, kept
+    beside it in the record.
+    """
+    memory = dict(info["memory"]) if isinstance(info.get("memory"), dict) else {}
+    stage = info.get("stage_memory")
+    if not isinstance(stage, dict) or not isinstance(stage.get("peak"), int):
+        return memory, None
+    basis = "unprofiled" if stage.get("basis") == "unprofiled" else "profiled"
+    if basis == "unprofiled" and isinstance(stage.get("detail"), dict):
+        memory = {**stage["detail"], "peak": stage["peak"]}
+    profiled = stage.get("profiled_peak")
+    return memory, {"basis": basis,
+                    "profiled_peak": profiled if isinstance(profiled, int) else None,
+                    "profile_bytes": stage.get("profile_bytes")}
+
+
 def _measured_peak(pool: str, warm: Mapping[str, Any], memory: Mapping[str, Any],
                    info: Mapping[str, Any]) -> int | None:
     """The worker's peak for the budget's pool.
 
-    Host RAM: its own high-water mark (after the warm-up, which covers the load); a device
+    Host RAM: its own high-water mark (after the warm-up, which covers the load), or, where the
+    stage serves from an unprofiled session, that session's (``_stage_memory``); a device
     pool: the device's peak where the runtime reports one, else None.
     """
     if pool != ledger_mod.HOST_POOL:
         device = info.get("device_memory")
         value = device.get("peak") if isinstance(device, dict) else None
+        return int(value) if isinstance(value, int) and value > 0 else None
+    stage = info.get("stage_memory")
+    if isinstance(stage, dict) and stage.get("basis") == "unprofiled":
+        value = memory.get("peak")
         return int(value) if isinstance(value, int) and value > 0 else None
     values = [v for v in (warm.get("peak"), memory.get("peak")) if isinstance(v, int) and v > 0]
     return max(values) if values else None

@@ -84,13 +84,19 @@ def budget_refusal(cand: Candidate, fit: Fit, ledger_doc: Mapping[str, Any]) -> 
 
 
 def peak_refusal(cand: Candidate, measured: Measured, ledger_doc: Mapping[str, Any],
-                 worker: Mapping[str, Any]) -> Refusal:
-    """The worker's measured peak passed the budget, or nothing measured it."""
+                 worker: Mapping[str, Any], proof: PlacementProof, gate: Parity) -> Refusal:
+    """The worker's measured peak passed the budget, or nothing measured it.
+
+    The stage was placed and passed the gate before its peak was judged: the proof and the
+    gate's verdict stay in the evidence (and in the refused record, ``open_stage``).
+    """
     cause = measured.cause or "peak_over_budget"
     return Refusal(code=_BUDGET, cause=cause, device=cand.device, route=cand.route.name,
-                   message=f"{_where(cand)}: {measured.message()}",
+                   message=f"{_where(cand)}: {measured.message()} (it was {proof.verdict} and "
+                           f"the gate {gate.verdict})",
                    remedy=REMEDIES[(_BUDGET, cause)],
-                   evidence={"ledger": dict(ledger_doc), "worker": dict(worker)})
+                   evidence={"ledger": dict(ledger_doc), "worker": dict(worker),
+                             "proof": proof.to_dict(), "parity": gate.to_dict()})
 
 
 def declined_refusal(cand: Candidate, proof: PlacementProof, worker: Mapping[str, Any],
