@@ -42,7 +42,8 @@ from xstage.ledger import footprint, measured
 from xstage.planner import Candidate
 from xstage.refusal import Refusal
 from xstage.routes.launch import load_options, open_worker
-from xstage.stage import refusals, tiebreak
+from xstage.routes.status import RouteStatus
+from xstage.stage import crash, refusals, tiebreak
 from xstage.stage.ledger import Holding, Ledger
 from xstage.stage.reference import quantized_outputs
 from xstage.stage.state import StatePair, reference_calls, state_bytes
@@ -76,6 +77,9 @@ class Setup:
             ``state_init`` their initial values.
         generation: the worker's generation (1, +1 for each restart); ``first_id`` its first
             request id (a restarted stage's ids continue).
+        reference_route: the reference arm's route for the artifact's runtime (``ort-cpu``,
+            ``torch-cpu``), which checks the artifact when a candidate's worker dies
+            (``xstage.stage.crash``); None where it is not known.
     """
 
     artifact: Artifact
@@ -97,6 +101,7 @@ class Setup:
     first_id: int = 1
     state: tuple[StatePair, ...] = ()
     state_init: Mapping[str, np.ndarray] = field(default_factory=dict)
+    reference_route: RouteStatus | None = None
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,8 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
 
     Raises:
         ArtifactError: the route's worker could not load or run the artifact.
-        WorkerError: the worker died or timed out (an error, not a refusal).
+        WorkerError: the worker timed out, or died where ``xstage.stage.crash`` keeps it an
+            error (the reference arm, or an artifact the reference arm cannot run either).
     """
     spec, shapes = cand.route.spec, {n: tuple(a.shape) for n, a in setup.feeds.items()}
     pins = cand.pool != ledger_mod.HOST_POOL and spec.pins_region(setup.ep_options)
@@ -172,6 +178,8 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
             client, warm = _start_and_warm_up(cand, setup, cleanup)
         except _CompileFailed as failed:
             return failed.refusal
+        except crash.CandidateDied as dead:  # rule 2: refused if the reference arm runs it
+            return _crashed(cand, setup, dead)
         proof = _prove(setup, warm)
         doc = _detail(cand, setup, warm)
         setup.details.append(doc)
@@ -249,20 +257,23 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     client = open_worker(cand.route, deadlines=setup.deadlines, depth=setup.depth,
                          generation=setup.generation, first_id=setup.first_id)
     cleanup.callback(client.close)
+    phase = "loading"
     try:
         t_ready = time.perf_counter_ns()
         client.load(art.path, runtime=options.get("runtime", "ort"), options=options)
-        t_loaded = time.perf_counter_ns()
+        t_loaded, phase = time.perf_counter_ns(), "warming up"
         outputs = client.run(setup.feeds, phase="warmup")
-        t_warm = time.perf_counter_ns()
+        t_warm, phase = time.perf_counter_ns(), "reporting its evidence"
         timing = dict(client.last_timing)
         info, profile = client.evidence()
-        t_evidence = time.perf_counter_ns()
+        t_evidence, phase = time.perf_counter_ns(), "warming up"
         client.fit_region({**setup.feeds, **outputs})  # symbolic dims: slots sized from real ones
         second = None
         if setup.state:  # the gate's second call, from the state the first one left
             second = client.run(setup.feeds)
             client.reset_state()  # the stage serves from the initial state
+    except errors.WorkerDied as exc:
+        raise crash.CandidateDied(exc, phase, client.log_path) from exc
     except errors.WorkerRaised as exc:
         if _ep_compile_failure(art, options, exc.message):
             worker = {"hello": client.hello, "log": str(client.log_path)}
@@ -286,6 +297,25 @@ def _serving_notes(info: Mapping[str, Any]) -> tuple[str, ...]:
     graph = acc.get("cuda_graph") if isinstance(acc, dict) else None
     note = graph.get("note") if isinstance(graph, dict) else None
     return (note,) if isinstance(note, str) else ()
+
+
+def _crashed(cand: Candidate, setup: Setup, dead: crash.CandidateDied) -> Refusal:
+    """A candidate's worker died loading or warming up (``xstage.stage.crash``'s rules).
+
+    Raises:
+        WorkerDied: the candidate is the reference arm, or the reference arm cannot run the
+            artifact either (the remedy says which).
+    """
+    try:
+        check = crash.reference_runs(cand, setup)
+    except LookupError as why:
+        died = dead.died
+        raise errors.WorkerDied(
+            died.message, exit_status=died.exit_status, pid=died.pid, log_tail=died.log_tail,
+            generation=died.generation,
+            remedy=f"{why}; {died.remedy or 'see the worker log'}") from died
+    return refusals.crash_refusal(cand, setup.artifact, dead.died, dead.phase, dead.log,
+                                  crash.death(dead.died), check)
 
 
 class _CompileFailed(Exception):
