@@ -47,7 +47,9 @@ def test_no_reference_route_here_keeps_the_death_an_error():
     cand = SimpleNamespace(route=SimpleNamespace(name="ort-openvino",
                                                  spec=SimpleNamespace(reference_arm=False)))
     missing = SimpleNamespace(resolved=False, reason="no onnxruntime in that interpreter")
+    art = SimpleNamespace(format="onnx:fp32")
+    report = SimpleNamespace(route=lambda name: missing if name == "ort-cpu" else None)
     with pytest.raises(LookupError, match="no onnxruntime"):
-        crash.reference_runs(cand, SimpleNamespace(reference_route=missing))
+        crash.reference_runs(cand, SimpleNamespace(report=report, artifact=art))
     with pytest.raises(LookupError, match="not resolved"):
-        crash.reference_runs(cand, SimpleNamespace(reference_route=None))
+        crash.reference_runs(cand, SimpleNamespace(report=None, artifact=art))

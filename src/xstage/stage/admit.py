@@ -37,12 +37,12 @@ from xstage import errors, evidence, parity
 from xstage import ledger as ledger_mod
 from xstage.artifact import Artifact
 from xstage.client import Deadlines, WorkerClient
+from xstage.device_table import DeviceReport
 from xstage.evidence import attestation, detail
 from xstage.ledger import footprint, measured
 from xstage.planner import Candidate
 from xstage.refusal import Refusal
 from xstage.routes.launch import load_options, open_worker
-from xstage.routes.status import RouteStatus
 from xstage.stage import crash, refusals, tiebreak
 from xstage.stage.ledger import Holding, Ledger
 from xstage.stage.reference import quantized_outputs
@@ -77,9 +77,8 @@ class Setup:
             ``state_init`` their initial values.
         generation: the worker's generation (1, +1 for each restart); ``first_id`` its first
             request id (a restarted stage's ids continue).
-        reference_route: the reference arm's route for the artifact's runtime (``ort-cpu``,
-            ``torch-cpu``), which checks the artifact when a candidate's worker dies
-            (``xstage.stage.crash``); None where it is not known.
+        report: the device table the plan was made from: where the reference arm's route is
+            found when a candidate's worker dies (``xstage.stage.crash``); None: not known.
     """
 
     artifact: Artifact
@@ -101,7 +100,7 @@ class Setup:
     first_id: int = 1
     state: tuple[StatePair, ...] = ()
     state_init: Mapping[str, np.ndarray] = field(default_factory=dict)
-    reference_route: RouteStatus | None = None
+    report: DeviceReport | None = None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from xstage import errors
+from xstage.routes import reference_spec
 from xstage.routes.launch import load_options, open_worker
+from xstage.routes.status import RouteStatus
 
 if TYPE_CHECKING:
     from xstage.planner import Candidate
@@ -57,6 +59,17 @@ def death(died: errors.WorkerDied) -> dict[str, Any]:
             "log_tail": "\n".join((died.log_tail or "").splitlines()[-TAIL_LINES:])}
 
 
+def _reference_route(setup: Setup) -> RouteStatus | None:
+    """The reference arm's route for the artifact's runtime, as the plan's table resolved it."""
+    if setup.report is None:
+        return None
+    runtime = "torch" if setup.artifact.format.startswith("pt:") else "onnxruntime"
+    try:
+        return setup.report.route(reference_spec(runtime).name)
+    except KeyError:
+        return None
+
+
 def reference_runs(cand: Candidate, setup: Setup) -> Mapping[str, Any]:
     """Rule 2: a reference-arm worker loads ``setup.artifact`` and runs ``setup.feeds`` once.
 
@@ -65,7 +78,7 @@ def reference_runs(cand: Candidate, setup: Setup) -> Mapping[str, Any]:
     """
     if cand.route.spec.reference_arm:
         raise LookupError(f"{cand.route.name} is the reference arm: nothing else runs the stage")
-    status = setup.reference_route
+    status = _reference_route(setup)
     if status is None or not status.resolved:
         why = getattr(status, "reason", None) or "it is not resolved here"
         raise LookupError(f"the reference arm could not be started to check the artifact: {why}")

@@ -39,8 +39,6 @@ from xstage.planner import Candidate, Plan, make_plan
 from xstage.record.build import build_record
 from xstage.record.io import utc_now
 from xstage.refusal import Refusal
-from xstage.routes import reference_spec
-from xstage.routes.status import RouteStatus
 from xstage.signature import check_inputs
 from xstage.stage import refusals
 from xstage.stage.admit import Admission, Setup, admit
@@ -106,7 +104,7 @@ def open_stage(
                       ledger=ledger, devices=tuple(row.device for row in report.devices),
                       request=request, started=started,
                       depth=1 if pairs else depth,  # state carries from call to call: one at a time
-                      state=pairs, state_init=init, reference_route=_reference_route(report, art))
+                      state=pairs, state_init=init, report=report)
         return _first_admitted(plan, setup, on_event or _quiet, {
             "restart": restart, "max_restarts": max_restarts, "restart_window": restart_window,
             "record_on_close": record_on_close})
@@ -163,15 +161,6 @@ def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None],
                           # a stage refused for its peak was placed and gated: both verdicts stay
                           proof=_block(last, "proof"), parity_doc=_block(last, "parity"))
     raise refusals.refused(refused, setup.artifact, record)
-
-
-def _reference_route(report: DeviceReport, art: Artifact) -> RouteStatus | None:
-    """The reference arm's route for ``art``'s runtime, as resolved here (None if unknown)."""
-    try:
-        return report.route(reference_spec("torch" if art.format.startswith("pt:")
-                                           else "onnxruntime").name)
-    except KeyError:
-        return None
 
 
 def _block(evidence: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
