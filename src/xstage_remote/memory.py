@@ -34,6 +34,8 @@ __all__ = [
     "peak_from_maxrss",
     "read",
     "read_cached",
+    "release_freed",
+    "reset_peak",
     "windows_counters_from_bytes",
 ]
 
@@ -226,6 +228,44 @@ def read_cached():
     reading = read()
     _CACHED.update(faults=_SEEN["faults"], reading=reading, reused=0)
     return reading
+
+
+def reset_peak():
+    """Lower the kernel's high-water mark to the current resident set; whether it could.
+
+    Linux (4.0 and later): ``5`` written to ``/proc/self/clear_refs`` resets ``VmHWM`` to
+    ``VmRSS``, so a later reading is the peak since then (the worker's peak apart from memory it
+    has freed, such as a profiled session's events). Elsewhere, or where the file refuses the
+    write, False: the peak then still covers everything before.
+    """
+    if not _LINUX:
+        return False
+    try:
+        fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
+        try:
+            os.write(fd, b"5")
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    _SEEN["faults"] = -1  # the next reading reads the status file again
+    _CACHED["faults"] = None
+    return True
+
+
+def release_freed():
+    """Hand back to the OS what the C allocator keeps after frees (glibc's ``malloc_trim``), so
+    the resident set is what the process still holds; whether it ran (False off glibc)."""
+    try:
+        import ctypes
+
+        trim = ctypes.CDLL(None).malloc_trim
+    except Exception:  # not glibc (musl, macOS, Windows)
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    trim(0)
+    return True
 
 
 def detail():

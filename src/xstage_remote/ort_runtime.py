@@ -7,6 +7,7 @@ build allows, so a session that silently rebuilt itself on the CPU cannot pass u
 Placement evidence (profiles, assignment) belongs to the ``external`` path and is added there.
 """
 
+import gc
 import io
 import os
 import shutil
@@ -14,7 +15,9 @@ import sys
 import tempfile
 import time
 
-__all__ = ["OrtRuntime", "device_memory", "load"]
+from . import memory
+
+__all__ = ["REBUILD_PROFILE_BYTES", "OrtRuntime", "device_memory", "load"]
 
 _ORT_TYPES = {
     "tensor(bool)": "bool", "tensor(int8)": "int8", "tensor(int16)": "int16",
@@ -133,6 +136,13 @@ class _Tee(io.TextIOBase):
 FALLBACK_MARK = "Falling back to"
 #: Profiled runs of the warm-up call: the proof's time fraction sums runs 2-4.
 PROFILED_RUNS = 4
+#: A warm-up profile at least this large makes the worker serve from a second session built
+#: without profiling (``OrtRuntime.serve_unprofiled``). onnxruntime's profiler keeps every event
+#: it recorded until its session is destroyed (``end_profiling`` writes them, frees none):
+#: measured on onnxruntime 1.32, a 20,000-step Scan of two Adds wrote a 206 MiB profile and its
+#: session held 654 MiB more than the same session unprofiled (about 3.2x the profile's bytes,
+#: docs/memory.md). Under 4 MiB the profiler holds under ~13 MiB, inside the budget's margin.
+REBUILD_PROFILE_BYTES = 4 << 20
 
 #: What the runtime's C++ log says when an EP moves work to another device on its own
 #: (OpenVINO: "Model compilation failed at OV NPU. Falling back to OV CPU for execution").
@@ -261,33 +271,16 @@ def _load(path, options, tmpdir):
                                         os.path.dirname(os.path.abspath(path)))
     t0 = time.perf_counter()
     plugin = ep.get("plugin")
-    bound_device = report_path = None
-    tee = _Tee(sys.stdout)
-    saved, sys.stdout = sys.stdout, tee
-    capture = _StderrCapture()
     try:
-        capture.__enter__()
-        if plugin:
-            bound_device, report_path = _bind_plugin(ort, so, ep, plugin, tmpdir)
-            session = ort.InferenceSession(model, sess_options=so, enable_fallback=0)
-        else:
-            providers = [(ep["name"], dict(ep.get("options") or {}))]
-            if ep["name"] != "CPUExecutionProvider":
-                providers.append(("CPUExecutionProvider", {}))
-            session = ort.InferenceSession(model, sess_options=so, providers=providers,
-                                           enable_fallback=0)
+        session, bound_device, report_path, printed, log_lines = _construct(
+            ort, model, so, ep, plugin, tmpdir)
     finally:
-        capture.__exit__(None, None, None)
-        sys.stdout = saved
         if leftover is not None:  # the session has read it (external data too)
             try:
                 os.remove(leftover)
             except OSError:
                 pass
-    if hasattr(session, "disable_fallback"):
-        session.disable_fallback()
     load_s = time.perf_counter() - t0
-    printed = "".join(tee.text)
     evidence = {
         "requested_ep": ep["name"],
         "session_providers": list(session.get_providers()),
@@ -298,13 +291,45 @@ def _load(path, options, tmpdir):
         "bound_device": bound_device,
         "ep_options": dict(ep.get("options") or {}),
         "ep_options_as_applied": _applied_options(session, ep["name"], ep.get("options")),
-        "runtime_log": list(capture.lines),
+        "runtime_log": list(log_lines),
         "onnxruntime": ort.__version__,
         "node_names": names,
     }
     runtime = OrtRuntime(ort, session, ep["name"], load_s, bound_device, evidence, tmpdir)
     runtime.ep_report = (plugin or {}).get("report"), report_path
+    if tmpdir is not None:
+        runtime.source = path, options  # the unprofiled session is built from these (serve_unprofiled)
     return runtime
+
+
+def _construct(ort, model, so, ep, plugin, scratch):
+    """The session itself: the EP bound (a plugin EP registered and its device picked) or
+    named, onnxruntime's Python fallback off, and what the runtime prints captured.
+
+    Returns the session, the bound device (plugin EPs), the EP report's path, what the Python
+    layer printed, and the C++ log's fallback lines.
+    """
+    bound_device = report_path = None
+    tee = _Tee(sys.stdout)
+    saved, sys.stdout = sys.stdout, tee
+    capture = _StderrCapture()
+    try:
+        capture.__enter__()
+        if plugin:
+            bound_device, report_path = _bind_plugin(ort, so, ep, plugin, scratch)
+            session = ort.InferenceSession(model, sess_options=so, enable_fallback=0)
+        else:
+            providers = [(ep["name"], dict(ep.get("options") or {}))]
+            if ep["name"] != "CPUExecutionProvider":
+                providers.append(("CPUExecutionProvider", {}))
+            session = ort.InferenceSession(model, sess_options=so, providers=providers,
+                                           enable_fallback=0)
+    finally:
+        capture.__exit__(None, None, None)
+        sys.stdout = saved
+    if hasattr(session, "disable_fallback"):
+        session.disable_fallback()
+    return session, bound_device, report_path, "".join(tee.text), capture.lines
 
 
 def _applied_options(session, name, given):
@@ -385,6 +410,48 @@ def device_memory(ep_name):
     return out
 
 
+def _unprofiled_session(ort, path, options):
+    """The session ``_load`` built, built again from the same file without profiling: the same
+    EP, EP options and session options, the plan recorded where the build can."""
+    ep = options.get("ep") or {"name": "CPUExecutionProvider"}
+    so = _session_options(ort, options.get("session") or {})
+    if _version(ort.__version__) >= (1, 24) and hasattr(
+            ort.InferenceSession, "get_provider_graph_assignment_info"):
+        so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    session, _, _, printed, _ = _construct(ort, path, so, ep, ep.get("plugin"), None)
+    if FALLBACK_MARK in printed:
+        raise RuntimeError("the unprofiled session fell back: %s" % printed.strip()[:300])
+    return session
+
+
+def _plan_shape(assignment):
+    """A plan as (EP, op type, domain) counts: node names differ between the renamed copy the
+    profiled session ran and the file itself."""
+    counts = {}
+    for sub in assignment if isinstance(assignment, list) else ():
+        for node in sub.get("nodes") or ():
+            key = (sub.get("ep"), node.get("op_type"), node.get("domain"))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _check_same_session(session, evidence):
+    """The unprofiled session holds the providers, and where recorded the plan, of the proven one.
+
+    Raises:
+        RuntimeError: it does not (the stage would serve from a session nothing proved).
+    """
+    providers = list(session.get_providers())
+    if providers != evidence.get("session_providers"):
+        raise RuntimeError("the unprofiled session holds %s, the proven one held %s"
+                           % (providers, evidence.get("session_providers")))
+    proven = evidence.get("assignment")
+    if isinstance(proven, list):
+        again = _assignment(session)
+        if _plan_shape(again) != _plan_shape(proven):
+            raise RuntimeError("the unprofiled session's plan differs from the proven one's")
+
+
 class OrtRuntime:
     """One session, its signature, and two ways to run: by value, or bound to slots."""
 
@@ -408,6 +475,7 @@ class OrtRuntime:
         self._binding = None
         self._bindings = {}  # slot set -> (its io binding, the input shapes it was made for)
         self._memory_read = False
+        self.source = None  # (path, load options): a profiled load's, to build it unprofiled
 
     def run(self, feeds):
         """Outputs by name, in graph order, for inputs by name."""
@@ -420,36 +488,81 @@ class OrtRuntime:
             self.evidence["runtime_log"] = self.evidence.get("runtime_log", []) + capture.lines
         else:
             values = self.session.run(names, feeds)
-        self._after_first_run()
+        self._after_first_run(feeds)
         return dict(zip(names, values))
 
     def _extra_profiled_runs(self):
         """Runs before the last profiled one: the proof times runs 2-4 (the first carries start-up)."""
         return PROFILED_RUNS - 1 if self._profile_dir is not None else 0
 
-    def _after_first_run(self):
-        """After the first (warm-up) call: the device memory read once (GPU EPs), the EP's own
-        operator report read where it writes one (its text is evidence), and the profiling ended
-        (later calls are not profiled)."""
+    def _after_first_run(self, feeds):
+        """After the first (warm-up) call: the EP's own operator report read where it writes one
+        (its text is evidence), the profiling ended (later calls are not profiled), the stage's
+        own peak told apart from the profiler's (``serve_unprofiled``), and the device memory
+        read once (GPU EPs)."""
+        if self._profile_dir is not None:
+            self._end_profiling(feeds)
         if not self._memory_read:
             self._memory_read = True
-            memory = device_memory(self.evidence.get("requested_ep"))
-            if memory is not None:
-                self.evidence["device_memory"] = memory
-        if self._profile_dir is None:
-            return
+            device = device_memory(self.evidence.get("requested_ep"))
+            if device is not None:
+                self.evidence["device_memory"] = device
+
+    def _end_profiling(self, feeds):
         kind, report_path = getattr(self, "ep_report", (None, None))
         if kind:
             self.evidence["ep_report"] = _read_report(kind, report_path)
+        profiled_peak = memory.read()[1]  # load and the profiled runs, the profiler's events in it
+        path = None
         try:
-            path = self.session.end_profiling()
-            with open(path, "rb") as f:
-                self.profile_text = f.read()
-        except Exception as exc:
-            self.evidence["profile_error"] = "%s: %s" % (type(exc).__name__, exc)
+            try:
+                path = self.session.end_profiling()
+            except Exception as exc:
+                self.evidence["profile_error"] = "%s: %s" % (type(exc).__name__, exc)
+            size = os.path.getsize(path) if path and os.path.isfile(path) else 0
+            # Before the profile is read into memory: its bytes are the proof's, not the stage's.
+            self.evidence["stage_memory"] = self.serve_unprofiled(profiled_peak, size, feeds)
+            if path is not None:
+                try:
+                    with open(path, "rb") as f:
+                        self.profile_text = f.read()
+                except OSError as exc:
+                    self.evidence["profile_error"] = "%s: %s" % (type(exc).__name__, exc)
         finally:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
             self._profile_dir = None
+
+    def serve_unprofiled(self, profiled_peak, profile_bytes, feeds):
+        """The stage's own peak, apart from the profiler's memory (the record's ``stage_memory``).
+
+        A profile under ``REBUILD_PROFILE_BYTES``: the profiled session serves on, and its peak
+        (the profiler's few events in it) is the stage's. A larger one: the profiled session is
+        destroyed with its events, the allocator's freed memory handed back, the kernel's
+        high-water mark lowered to what is left (``memory.reset_peak``), and a session built from
+        the same file with the same EP and options, unprofiled, serves from now on; its load and
+        one run of the warm-up's inputs are the stage's peak. That session must hold the same
+        providers, and (onnxruntime >= 1.24) the same plan as the proven one, else the warm-up
+        fails. Where the OS cannot lower the mark, the peak stays the profiled one.
+        """
+        out = {"peak": profiled_peak, "profiled_peak": profiled_peak,
+               "profile_bytes": profile_bytes, "basis": "profiled"}
+        source = getattr(self, "source", None)
+        if profile_bytes < REBUILD_PROFILE_BYTES or source is None:
+            return out
+        self.unbind()
+        self.session = None
+        gc.collect()  # the profiled session and its events go now
+        memory.release_freed()
+        lowered = memory.reset_peak()
+        session = _unprofiled_session(self.ort, source[0], source[1])
+        _check_same_session(session, self.evidence)
+        self.session = session
+        session.run(self._names, feeds)
+        peak = memory.read()[1]
+        out["detail"] = memory.detail()
+        out.update(peak=peak if lowered else max(peak, profiled_peak), rebuilt=True,
+                   basis="unprofiled" if lowered else "profiled (this OS cannot lower its peak)")
+        return out
 
     def run_into(self, feeds, out_views, slot_set=0):
         """Run with inputs read in place and fixed-shape outputs written into ``out_views``.
@@ -488,7 +601,6 @@ class OrtRuntime:
         for _ in range(self._extra_profiled_runs()):
             self.session.run_with_iobinding(self._binding)
         self.session.run_with_iobinding(self._binding)
-        self._after_first_run()
         rest = {}
         values = None
         for i, o in enumerate(self.outputs):
@@ -497,6 +609,10 @@ class OrtRuntime:
                 if values is None:
                     values = self._binding.get_outputs()
                 rest[o["name"]] = values[i].numpy()
+        if self._profile_dir is not None or not self._memory_read:
+            # nothing here may keep the profiled session alive (serve_unprofiled frees it)
+            io = bound = values = None
+            self._after_first_run(feeds)
         return rest
 
     def unbind(self):

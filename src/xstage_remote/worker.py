@@ -307,6 +307,13 @@ class Worker:
         info = dict(getattr(self.runtime, "evidence", {}) or {})
         info["memory"] = memory.detail()
         self.send({"op": "evidence_data", "id": frame.id, "info": info}, arrays)
+        if (info.get("stage_memory") or {}).get("basis") == "unprofiled":
+            # the profile was the proof's: once sent, its bytes go, and later calls' peaks
+            # start from what the stage holds (docs/memory.md, "The profiler's memory")
+            del arrays, text
+            self.runtime.profile_text = None
+            memory.release_freed()
+            memory.reset_peak()
 
     def on_state(self, frame):
         """The state the last call left, by state *output* name (the numeric gate compares it

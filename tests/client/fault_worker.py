@@ -81,5 +81,29 @@ elif fault in ("hang-on-run", "garbage-descriptor"):
         worker.Worker.on_shm_call = bad_desc
     sys.argv = [sys.argv[0]] + args
     worker.main(args)
+elif fault in ("abort-on-load", "sigkill-on-warmup", "segv-on-warmup") or fault.startswith("exit-on-load"):
+    # A runtime that ends its own process on a graph it claimed (OpenVINO's abort on a Loop), or
+    # the kernel's out-of-memory killer: the real worker until the op, then a death, its last
+    # words on stderr as a runtime's would be.
+    import signal
+
+    def die(self, *a, **k):
+        sys.stderr.write(f"fault worker: [OpenVINO-EP] fatal error in the op ({fault})\n")
+        sys.stderr.flush()
+        if fault == "abort-on-load":
+            os.abort()
+        elif fault == "sigkill-on-warmup":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault == "segv-on-warmup":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        os._exit(int(fault.rsplit("=", 1)[1]) if "=" in fault else 1)
+
+    if fault.endswith("on-load") or fault.startswith("exit-on-load"):
+        worker.Worker.on_load = die
+    else:
+        worker.Worker.on_run = die
+        worker.Worker.on_shm_call = die
+    sys.argv = [sys.argv[0]] + args
+    worker.main(args)
 else:
     sys.exit(f"unknown fault {fault!r}")

@@ -95,3 +95,25 @@ def test_peak_follows_growth_between_readings():
     assert rss1 >= rss0 + 60 * MiB
     assert peak1 >= rss1
     assert rss2 < rss1 and peak2 >= peak1  # the high-water mark never falls, though the RSS did
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="clear_refs is Linux's")
+def test_reset_peak_lowers_the_high_water_mark_to_what_is_still_held():
+    """256 MiB touched and freed: the peak keeps it until ``reset_peak``, then reads what the
+    process still holds (run in a child, so this process's own mark is left alone)."""
+    import subprocess
+
+    code = (
+        "import numpy as np\n"
+        "from xstage_remote import memory\n"
+        "a = np.ones(64 << 20, np.float32); del a\n"
+        "memory.release_freed()\n"
+        "before = memory.read()[1]\n"
+        "assert memory.reset_peak()\n"
+        "rss, after = memory.read()\n"
+        "print(before, after, rss)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    before, after, rss = (int(x) for x in out)
+    assert before - after > 200 * MiB
+    assert after >= rss

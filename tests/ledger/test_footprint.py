@@ -265,3 +265,37 @@ def test_device_slots_are_held_in_the_device_pool_per_slot_set(tmp_path):
     assert not spec.serves_device_tensors({}) and not spec.serves_device_tensors(
         {"device_tensors": "off"})  # opt-in: off unless asked for
     assert not get_spec("torch-cpu").serves_device_tensors({"device_tensors": "on"})
+
+
+@pytest.fixture(scope="module")
+def a16w8_mlp(tmp_path_factory):
+    """The small MLP and its A16W8 copy (``xstage quantize``'s own code)."""
+    from xstage.export.quantize import quantize_a16w8
+
+    root = tmp_path_factory.mktemp("a16w8")
+    src = builtin_graphs.write(builtin_graphs.mlp(), root / "mlp.onnx")
+    quantize_a16w8(src, root / "mlp-a16w8.onnx", synthetic=2)
+    return inspect_artifact(src), inspect_artifact(root / "mlp-a16w8.onnx")
+
+
+@pytest.mark.parametrize("route", ["ort-cpu", "ort-openvino"])
+def test_an_a16w8_graph_holds_its_routes_qdq_cost_and_fp32_does_not(a16w8_mlp, route):
+    """The A16W8 footprint (docs/memory.md): the route's constant + its factor x the liveness
+    peak, beside the activations; an fp32 graph gets no such reservation."""
+    fp32, a16w8 = a16w8_mlp
+    shapes = {"x": (8, 256)}
+    assert "a16w8 runtime" not in {r.purpose for r in _reservations(fp32, route, "host_ram", shapes)}
+    held = {r.purpose: r for r in _reservations(a16w8, route, "host_ram", shapes)}
+    qdq = _cost(route).a16w8
+    live = footprint.estimate_activations(a16w8.graph_facts(shapes)).live_peak_bytes
+    assert held["a16w8 runtime"].bytes == qdq.base_bytes + int(live * qdq.activation_factor)
+    assert held["a16w8 runtime"].evidence == "E" and "measured" in held["a16w8 runtime"].basis
+
+
+def test_every_route_that_runs_a16w8_costs_it():
+    """No route that takes A16W8 graphs reserves them as if they were fp32."""
+    from xstage.routes import ROUTES
+
+    for spec in ROUTES:
+        if "onnx:a16w8" in spec.formats:
+            assert spec.cost.a16w8 is not None, spec.name

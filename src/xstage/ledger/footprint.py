@@ -32,10 +32,25 @@ if TYPE_CHECKING:  # the artifact module reads files; the ledger only reads its 
 
 __all__ = ["ACTIVATION_FACTOR", "PT_ACTIVATION_BYTES", "PT_ACTIVATION_FACTOR",
            "REGION_PAGES_BYTES", "REGION_SLOT_BYTES", "DEVICE_SLOT_ALIGN", "device_slots",
-           "pinned_region", "Activations", "RouteCost",
+           "pinned_region", "Activations", "QdqCost", "RouteCost",
            "estimate_activations", "reservations"]
 
 MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class QdqCost:
+    """What an A16W8 (QDQ) graph costs a route beyond the same graph in fp32.
+
+    A constant (the runtime's quantized kernels or low-precision passes, loaded with the first
+    QDQ graph) and a multiple of the graph's liveness peak (each activation lives as fp32, its
+    16-bit Q and its DQ's fp32 again). Measured per route by ``scripts/a16w8_footprint.py`` on
+    the quantized built-ins and third-party graphs (the table is in docs/memory.md).
+    """
+
+    base_bytes: int
+    activation_factor: float  # bytes held per byte of the graph's liveness peak
+    basis: str
 
 
 @dataclass(frozen=True)
@@ -43,12 +58,14 @@ class RouteCost:
     """A route's own memory: its worker with the runtime loaded, and its copies of weights.
 
     Each route's spec carries its own (``RouteSpec.cost``; ``memory_cost()`` picks one).
+    ``a16w8``: what an A16W8 graph costs it more (None: nothing measured, nothing added).
     """
 
     base_bytes: int
     weights_factor: float  # resident weight bytes per artifact byte, steady state
     basis: str
     measured: bool  # False: no device here to measure it on; an estimate from documentation
+    a16w8: QdqCost | None = None
 
 
 #: Activations held per byte of the liveness peak. Measured: PP-OCRv4 det at 1x3x640x640 has
@@ -173,6 +190,8 @@ def reservations(artifact: Artifact, cost: RouteCost, pool: str,
                      f"x{ACTIVATION_FACTOR:g}: measured on PP-OCRv4 det (42 MiB live, 127 MiB held)")
         out.append(Reservation("activations", int(act.live_peak_bytes * ACTIVATION_FACTOR),
                                pool, "request", "E", basis))
+        if artifact.format == "onnx:a16w8" and cost.a16w8 is not None:
+            out.append(_qdq_reservation(cost.a16w8, act, pool, route))
         io_bytes = act.io_bytes
     else:  # a torch program: its exported graph's tensors, read from the archive
         out.append(_pt_activations(artifact, pool))
@@ -190,6 +209,17 @@ def reservations(artifact: Artifact, cost: RouteCost, pool: str,
             f"intermediates (the activations' {format_bytes(held.bytes)}) and its inputs and "
             f"outputs ({format_bytes(io_bytes)}) for the stage's life"))
     return out
+
+
+def _qdq_reservation(qdq: QdqCost, act: Activations, pool: str, route: str) -> Reservation:
+    """An A16W8 graph's cost on ``route`` beyond fp32's: ``qdq``'s constant + its factor x the
+    liveness peak (``QdqCost``)."""
+    held = qdq.base_bytes + int(act.live_peak_bytes * qdq.activation_factor)
+    return Reservation(
+        "a16w8 runtime", held, pool, "session", "E",
+        f"{route} runs a QDQ graph: {format_bytes(qdq.base_bytes)} + "
+        f"{qdq.activation_factor:g}x the liveness peak {format_bytes(act.live_peak_bytes)}: "
+        f"{qdq.basis}")
 
 
 #: The region's own bytes above its slots: the control page and the page the descriptors

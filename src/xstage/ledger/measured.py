@@ -52,8 +52,14 @@ def check_measured(budget_bytes: int, peak_bytes: int | None) -> Measured:
 
 def record_block(budget: Budget, fit: Fit, measured: Measured | None, *,
                  memory: Mapping[str, Any] | None = None, spots: Sequence[str] = (),
-                 warnings: Sequence[str] = ()) -> dict[str, Any]:
-    """The record's ``ledger`` object for one stage (see the record schema)."""
+                 warnings: Sequence[str] = (),
+                 profiled: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The record's ``ledger`` object for one stage (see the record schema).
+
+    ``profiled`` (an ONNX worker's): which session the measured peak is of (``basis``:
+    ``profiled``, the profiler's events in it, or ``unprofiled``, the session that serves) and
+    the profiled warm-up's own peak (``profiled_peak``), the proof's cost beside the stage's.
+    """
     cause = fit.cause or (measured.cause if measured else None)
     if cause:
         verdict = "refused"
@@ -75,6 +81,8 @@ def record_block(budget: Budget, fit: Fit, measured: Measured | None, *,
         "cause": cause,
         "blind_spots": list(spots),
         "warnings": list(warnings),
+        **({"peak_basis": str(profiled.get("basis")),
+            "profiled_peak_bytes": profiled.get("profiled_peak")} if profiled else {}),
     }
 
 

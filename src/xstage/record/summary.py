@@ -281,6 +281,10 @@ def ledger_rows(ledger: Mapping[str, Any] | None) -> Rows:
         rows.append(("measured", f"worker peak {fmt_bytes(ledger['measured_peak_bytes'])}"
                                  f"{f' ({extra})' if extra else ''}: budget/measured "
                                  f"{ledger['budget_over_measured']:.2f}"))
+    if ledger.get("peak_basis") == "unprofiled" and ledger.get("profiled_peak_bytes"):
+        rows.append(("profiled", f"warm-up peak {fmt_bytes(ledger['profiled_peak_bytes'])} with "
+                                 "the profiler's events, the proof's cost: the stage serves from "
+                                 "an unprofiled session, measured apart"))
     verdict = ledger["verdict"] + (f" ({ledger['cause']})" if ledger.get("cause") else "")
     rows.append(("ledger", verdict + " · " + " · ".join(
         f"{r['purpose']} {fmt_bytes(r['bytes'])} {r['evidence']}" for r in ledger["reservations"])))

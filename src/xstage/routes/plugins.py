@@ -43,7 +43,7 @@ from typing import Any
 
 from xstage.routes import config as cfg
 from xstage.routes import option_hooks
-from xstage.routes.specs import PLUGIN_PREFIX, ROUTES, PluginEP, RouteSpec, get_spec
+from xstage.routes.specs import COMPILING_EP, PLUGIN_PREFIX, ROUTES, PluginEP, RouteSpec, get_spec
 from xstage.routes.status import ReasonCode
 
 __all__ = [
@@ -222,7 +222,7 @@ def table_spec(plugin: PluginEP) -> RouteSpec:
         ep_hook=option_hooks.format_options(plugin.format_options),
         plugin_ep=plugin,
         cost=RouteCost(120 * _MiB, 3.2, "not measured: a plugin EP, costed as a compiling EP in host RAM",
-                       False),
+                       False, a16w8=COMPILING_EP.a16w8),
     )
 
 

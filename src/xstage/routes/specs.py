@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, TypeVar
 
-from xstage.ledger.footprint import RouteCost
+from xstage.ledger.footprint import QdqCost, RouteCost
 from xstage.routes import option_hooks
 
 __all__ = [
+    "COMPILING_EP",
     "DEVICE_CLASSES",
     "DEVICE_PREFERENCE",
     "FORMATS",
@@ -312,8 +313,20 @@ def _openvino_variant(spec: RouteSpec, cpu_vendor: str) -> tuple[str, str]:
 #: Calibration (2026-11-29, the 2-vCPU dev VM; CPython 3.11, numpy 2.x, peaks are the worker's
 #: own ``VmHWM``; the full table is in docs/memory.md). ``weights_factor`` counts the
 #: artifact's own bytes too (1.0 = one copy).
-_COMPILING_EP = RouteCost(
-    120 * MiB, 3.2, _UNMEASURED + "taken from ort-openvino (a compiling EP in host RAM)", False)
+#: What an A16W8 graph costs beyond fp32 (``QdqCost``), measured 2026-12-05 by
+#: ``scripts/a16w8_footprint.py`` on six quantized graphs (the built-in tower, code2wav and MLP,
+#: PP-OCR cls, rec and det; docs/memory.md has the table). onnxruntime 1.32's CPU EP: 6-17 MiB
+#: more than fp32 on the small graphs, 73 MiB on PP-OCR det (a 42 MiB liveness peak).
+_QDQ_CPU = QdqCost(16 * MiB, 1.5, "measured on onnxruntime 1.32: the small quantized graphs "
+                   "peak 6-17 MiB above their fp32 sources, PP-OCR det 73 MiB (42 MiB live)")
+#: onnxruntime-openvino 1.24.1: 33-53 MiB more than fp32 on the small graphs (OpenVINO's
+#: low-precision passes), 73 MiB on PP-OCR det.
+_QDQ_OPENVINO = QdqCost(64 * MiB, 0.5, "measured on onnxruntime-openvino 1.24.1: the small "
+                        "quantized graphs peak 33-53 MiB above their fp32 sources (OpenVINO's "
+                        "low-precision passes), PP-OCR det 73 MiB (42 MiB live)")
+COMPILING_EP = RouteCost(
+    120 * MiB, 3.2, _UNMEASURED + "taken from ort-openvino (a compiling EP in host RAM)", False,
+    a16w8=_QDQ_OPENVINO)
 
 
 #: ort-vitisai as the plugin-EP family's preset (the built-in table ``vitisai``), with every step
@@ -360,7 +373,8 @@ ROUTES: tuple[RouteSpec, ...] = (
             64 * MiB, 1.7,
             "measured: a worker on onnxruntime 1.32 holding a 16-float Slice peaks at 63.0 MiB; "
             "an 8-layer 2048-wide MLP (128 MiB of weights) at 275 MiB, 1.66x its weights above "
-            "that (MLAS keeps prepacked MatMul weights beside the originals)", True),
+            "that (MLAS keeps prepacked MatMul weights beside the originals)", True,
+            a16w8=_QDQ_CPU),
     ),
     RouteSpec(
         name="ort-openvino",
@@ -398,7 +412,7 @@ ROUTES: tuple[RouteSpec, ...] = (
             "measured: onnxruntime-openvino 1.24.1 holding PP-OCR cls (0.56 MB) peaks at 119 MiB "
             "(OpenVINO's CPU plugin loads with the first graph it compiles); the 128 MiB MLP at "
             "488 MiB, 2.9x its weights above that (onnxruntime's initializers, OpenVINO's model "
-            "and its compiled copy)", True),
+            "and its compiled copy)", True, a16w8=_QDQ_OPENVINO),
     ),
     RouteSpec(
         name="ort-vitisai",
@@ -419,7 +433,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         plugin_ep=VITISAI,
         cost=RouteCost(
             120 * MiB, 3.2, _UNMEASURED + "taken from ort-openvino, the nearest runtime that "
-            "compiles a graph for a device in host RAM", False),
+            "compiles a graph for a device in host RAM", False, a16w8=_QDQ_OPENVINO),
     ),
     RouteSpec(
         name="ort-dml",
@@ -476,7 +490,8 @@ ROUTES: tuple[RouteSpec, ...] = (
         ep_hook=option_hooks.cuda,
         cost=RouteCost(
             768 * MiB, 2.0, _UNMEASURED + "a CUDA context plus TensorRT's builder workspace",
-            False),
+            False, a16w8=QdqCost(_QDQ_OPENVINO.base_bytes, _QDQ_OPENVINO.activation_factor,
+                                 _UNMEASURED + "ort-openvino's A16W8 cost, taken as it is")),
     ),
     RouteSpec(
         name="ort-qnn",
@@ -491,7 +506,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         ep_options=_frozen({"backend_path": "QnnHtp.dll"}),
         packages=_frozen({"default": ("onnxruntime-qnn", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/QNN-ExecutionProvider.html",
-        cost=_COMPILING_EP,
+        cost=COMPILING_EP,
     ),
     RouteSpec(
         name="ort-coreml",
@@ -507,7 +522,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         packages=_frozen({"default": ("onnxruntime", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/CoreML-ExecutionProvider.html",
         assumed_devices=_frozen({"arm64": ("npu:apple", "gpu_integrated:apple")}),
-        cost=_COMPILING_EP,
+        cost=COMPILING_EP,
     ),
     RouteSpec(
         name="torch-cpu",

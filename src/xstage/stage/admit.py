@@ -39,13 +39,14 @@ from xstage import errors, evidence, parity
 from xstage import ledger as ledger_mod
 from xstage.artifact import Artifact
 from xstage.client import Deadlines, WorkerClient
+from xstage.device_table import DeviceReport
 from xstage.evidence import attestation, detail
 from xstage.ledger import footprint, measured
 from xstage.planner import Candidate
 from xstage.refusal import Refusal
 from xstage.routes.launch import load_options, open_worker
+from xstage.stage import crash, refusals, tiebreak
 from xstage.stage import gate as gate_mod
-from xstage.stage import refusals, tiebreak
 from xstage.stage.ledger import Holding, Ledger
 from xstage.stage.state import StatePair, state_bytes
 
@@ -78,6 +79,8 @@ class Setup:
             ``state_init`` their initial values.
         generation: the worker's generation (1, +1 for each restart); ``first_id`` its first
             request id (a restarted stage's ids continue).
+        report: the device table the plan was made from: where the reference arm's route is
+            found when a candidate's worker dies (``xstage.stage.crash``); None: not known.
     """
 
     artifact: Artifact
@@ -99,6 +102,7 @@ class Setup:
     first_id: int = 1
     state: tuple[StatePair, ...] = ()
     state_init: Mapping[str, np.ndarray] = field(default_factory=dict)
+    report: DeviceReport | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,8 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
 
     Raises:
         ArtifactError: the route's worker could not load or run the artifact.
-        WorkerError: the worker died or timed out (an error, not a refusal).
+        WorkerError: the worker timed out, or died where ``xstage.stage.crash`` keeps it an
+            error (the reference arm, or an artifact the reference arm cannot run either).
     """
     spec, shapes = cand.route.spec, {n: tuple(a.shape) for n, a in setup.feeds.items()}
     pins = cand.pool != ledger_mod.HOST_POOL and spec.pins_region(setup.ep_options)
@@ -177,6 +182,8 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
             client, warm = _start_and_warm_up(cand, setup, cleanup)
         except _CompileFailed as failed:
             return failed.refusal
+        except crash.CandidateDied as dead:  # rule 2: refused if the reference arm runs it
+            return _crashed(cand, setup, dead)
         proof = _prove(setup, warm)
         doc = _detail(cand, setup, warm)
         setup.details.append(doc)
@@ -194,16 +201,17 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
             gate = tiebreak.settle_stateful(gate, _both_calls(warm), reference)
         if gate.verdict != "passed":
             return refusals.gate_refusal(cand, gate, proof, setup.reference.kind, warm.worker)
-        memory = warm.info.get("memory") if isinstance(warm.info.get("memory"), dict) else {}
+        memory, profiled = _stage_memory(warm.info)
         peak = measured.check_measured(
             budget.budget_bytes, _measured_peak(cand.pool, warm.timing, memory, warm.info))
-        ledger_doc = measured.record_block(budget, fit, peak, memory=memory, spots=spots)
+        ledger_doc = measured.record_block(budget, fit, peak, memory=memory, spots=spots,
+                                           profiled=profiled)
         if pinned is not None:
             acc = warm.info.get("accelerator")
             ledger_doc["host_pinned"] = measured.pinned_block(
                 pinned, acc.get("pinned_region") if isinstance(acc, dict) else None)
         if peak.cause:
-            return refusals.peak_refusal(cand, peak, ledger_doc, warm.worker)
+            return refusals.peak_refusal(cand, peak, ledger_doc, warm.worker, proof, gate)
         cleanup.pop_all()  # admitted: the worker and the hold now belong to the Stage
         return Admission(setup=setup, candidate=cand, client=client, ledger=book, holding=holding,
                          proof=proof, parity=gate, ledger_doc=ledger_doc, warm=warm,
@@ -240,17 +248,20 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     client = open_worker(cand.route, deadlines=setup.deadlines, depth=setup.depth,
                          generation=setup.generation, first_id=setup.first_id)
     cleanup.callback(client.close)
+    phase = "loading"
     try:
         t_ready = time.perf_counter_ns()
         client.load(art.path, runtime=options.get("runtime", "ort"), options=options)
-        t_loaded = time.perf_counter_ns()
+        t_loaded, phase = time.perf_counter_ns(), "warming up"
         outputs = client.run(setup.feeds, phase="warmup")
-        t_warm = time.perf_counter_ns()
+        t_warm, phase = time.perf_counter_ns(), "reporting its evidence"
         timing = dict(client.last_timing)
         info, profile = client.evidence()
-        t_evidence = time.perf_counter_ns()
+        t_evidence, phase = time.perf_counter_ns(), "warming up"
         client.fit_region({**setup.feeds, **outputs})  # symbolic dims: slots sized from real ones
         calls, again = gate_mod.stage_runs(client, setup.feeds, setup.state, outputs)
+    except errors.WorkerDied as exc:
+        raise crash.CandidateDied(exc, phase, client.log_path) from exc
     except errors.WorkerRaised as exc:
         if _ep_compile_failure(art, options, exc.message):
             worker = {"hello": client.hello, "log": str(client.log_path)}
@@ -274,6 +285,25 @@ def _serving_notes(info: Mapping[str, Any]) -> tuple[str, ...]:
     graph = acc.get("cuda_graph") if isinstance(acc, dict) else None
     note = graph.get("note") if isinstance(graph, dict) else None
     return (note,) if isinstance(note, str) else ()
+
+
+def _crashed(cand: Candidate, setup: Setup, dead: crash.CandidateDied) -> Refusal:
+    """A candidate's worker died loading or warming up (``xstage.stage.crash``'s rules).
+
+    Raises:
+        WorkerDied: the candidate is the reference arm, or the reference arm cannot run the
+            artifact either (the remedy says which).
+    """
+    try:
+        check = crash.reference_runs(cand, setup)
+    except LookupError as why:
+        died = dead.died
+        raise errors.WorkerDied(
+            died.message, exit_status=died.exit_status, pid=died.pid, log_tail=died.log_tail,
+            generation=died.generation,
+            remedy=f"{why}; {died.remedy or 'see the worker log'}") from died
+    return refusals.crash_refusal(cand, setup.artifact, dead.died, dead.phase, dead.log,
+                                  crash.death(dead.died), check)
 
 
 class _CompileFailed(Exception):
@@ -382,16 +412,42 @@ def _digest(info: Mapping[str, Any], profile: bytes | None) -> str:
     return h.hexdigest()
 
 
+def _stage_memory(info: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The worker's memory reading for the ledger, and what its profiled warm-up held.
+
+    An ONNX worker tells the stage's own peak apart from the profiler's (``stage_memory``,
+    docs/memory.md "The profiler's memory"): where it served on from an unprofiled session, its
+    reading after that session's run is the stage's; the profiled peak is the proof's, kept
+    beside it in the record.
+    """
+    memory = dict(info["memory"]) if isinstance(info.get("memory"), dict) else {}
+    stage = info.get("stage_memory")
+    if not isinstance(stage, dict) or not isinstance(stage.get("peak"), int):
+        return memory, None
+    basis = "unprofiled" if stage.get("basis") == "unprofiled" else "profiled"
+    if basis == "unprofiled" and isinstance(stage.get("detail"), dict):
+        memory = {**stage["detail"], "peak": stage["peak"]}
+    profiled = stage.get("profiled_peak")
+    return memory, {"basis": basis,
+                    "profiled_peak": profiled if isinstance(profiled, int) else None,
+                    "profile_bytes": stage.get("profile_bytes")}
+
+
 def _measured_peak(pool: str, warm: Mapping[str, Any], memory: Mapping[str, Any],
                    info: Mapping[str, Any]) -> int | None:
     """The worker's peak for the budget's pool.
 
-    Host RAM: its own high-water mark (after the warm-up, which covers the load); a device
+    Host RAM: its own high-water mark (after the warm-up, which covers the load), or, where the
+    stage serves from an unprofiled session, that session's (``_stage_memory``); a device
     pool: the device's peak where the runtime reports one, else None.
     """
     if pool != ledger_mod.HOST_POOL:
         device = info.get("device_memory")
         value = device.get("peak") if isinstance(device, dict) else None
+        return int(value) if isinstance(value, int) and value > 0 else None
+    stage = info.get("stage_memory")
+    if isinstance(stage, dict) and stage.get("basis") == "unprofiled":
+        value = memory.get("peak")
         return int(value) if isinstance(value, int) and value > 0 else None
     values = [v for v in (warm.get("peak"), memory.get("peak")) if isinstance(v, int) and v > 0]
     return max(values) if values else None

@@ -158,7 +158,7 @@ def open_stage(
                       ledger=ledger, devices=tuple(row.device for row in report.devices),
                       request=request, started=started,
                       depth=1 if pairs else depth,  # state carries from call to call: one at a time
-                      state=pairs, state_init=init)
+                      state=pairs, state_init=init, report=report)
         return _first_admitted(plan, setup, on_event or _quiet, {
             "restart": restart, "max_restarts": max_restarts, "restart_window": restart_window,
             "record_on_close": record_on_close})
@@ -222,12 +222,21 @@ def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None],
                        None)
     attested = next((r.evidence["device_attestation"] for r in reversed(refused)
                      if "device_attestation" in r.evidence), None)
+    last = refused[-1].evidence if refused else {}
     record = build_record(argv=(), started=setup.started, request=setup.request,
                           status="refused", refusals=refused,
                           artifact=setup.artifact, plan=plan, tried=tried, ledger=last_ledger,
                           device_attestation=attested,
-                          detail=setup.details[-1] if setup.details else None)
+                          detail=setup.details[-1] if setup.details else None,
+                          # a stage refused for its peak was placed and gated: both verdicts stay
+                          proof=_block(last, "proof"), parity_doc=_block(last, "parity"))
     raise refusals.refused(refused, setup.artifact, record)
+
+
+def _block(evidence: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    """The last refusal's proof or gate verdict where it carries one (a gate or peak refusal)."""
+    value = evidence.get(key)
+    return value if isinstance(value, Mapping) else None
 
 
 def _check_numbers(min_placement: float, threads: int | None, depth: int = 2) -> None:

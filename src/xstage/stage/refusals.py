@@ -21,7 +21,7 @@ from xstage.parity import Parity
 from xstage.planner import Candidate
 from xstage.refusal import Refusal, RefusalCode
 
-__all__ = ["REMEDIES", "attestation_refusal", "budget_refusal", "compile_refusal",
+__all__ = ["REMEDIES", "attestation_refusal", "budget_refusal", "compile_refusal", "crash_refusal",
            "declined_refusal", "gate_refusal", "load_failed", "peak_refusal", "refused"]
 
 _DECLINED, _GATE, _BUDGET = (RefusalCode.EP_DECLINED, RefusalCode.NUMERIC_GATE_FAILED,
@@ -98,13 +98,19 @@ def budget_refusal(cand: Candidate, fit: Fit, ledger_doc: Mapping[str, Any]) -> 
 
 
 def peak_refusal(cand: Candidate, measured: Measured, ledger_doc: Mapping[str, Any],
-                 worker: Mapping[str, Any]) -> Refusal:
-    """The worker's measured peak passed the budget, or nothing measured it."""
+                 worker: Mapping[str, Any], proof: PlacementProof, gate: Parity) -> Refusal:
+    """The worker's measured peak passed the budget, or nothing measured it.
+
+    The stage was placed and passed the gate before its peak was judged: the proof and the
+    gate's verdict stay in the evidence (and in the refused record, ``open_stage``).
+    """
     cause = measured.cause or "peak_over_budget"
     return Refusal(code=_BUDGET, cause=cause, device=cand.device, route=cand.route.name,
-                   message=f"{_where(cand)}: {measured.message()}",
+                   message=f"{_where(cand)}: {measured.message()} (it was {proof.verdict} and "
+                           f"the gate {gate.verdict})",
                    remedy=REMEDIES[(_BUDGET, cause)],
-                   evidence={"ledger": dict(ledger_doc), "worker": dict(worker)})
+                   evidence={"ledger": dict(ledger_doc), "worker": dict(worker),
+                             "proof": proof.to_dict(), "parity": gate.to_dict()})
 
 
 def declined_refusal(cand: Candidate, proof: PlacementProof, worker: Mapping[str, Any],
@@ -182,6 +188,30 @@ def compile_refusal(cand: Candidate, art: Artifact, exc: errors.WorkerRaised, lo
                   "device_attestation": Attestation(
                       planned=cand.device, observed=None, source="unattested",
                       detail="the EP failed to compile the stage: nothing ran").to_dict()})
+
+
+def crash_refusal(cand: Candidate, art: Artifact, died: errors.WorkerDied, phase: str, log: object,
+                  how: Mapping[str, Any], check: Mapping[str, Any]) -> Refusal:
+    """The candidate's worker died loading or warming up, and the reference arm ran the artifact."""
+    oom = (" (SIGKILL: possibly the kernel's out-of-memory killer; see dmesg)"
+           if how.get("possible_oom_kill") else "")
+    remedy = ("run the stage on another route (--offload goes on to the next one; --route "
+              f"{check.get('route')} runs it) or device; the worker's last lines are in the "
+              f"refusal's evidence and its whole log in {log}")
+    if how.get("possible_oom_kill"):
+        remedy = ("if the out-of-memory killer ended it (dmesg says), give the stage more memory "
+                  "or smaller inputs; else " + remedy)
+    return Refusal(
+        code=_DECLINED, cause="ep_compile_failed", device=cand.device, route=cand.route.name,
+        message=f"{_where(cand)}: its worker died while {phase} {art.path.name}: "
+                f"{_first_line(died.message)}{oom}; the reference arm {check.get('route')} loads "
+                "and runs it, so the route failed, not the graph",
+        remedy=remedy,
+        evidence={"error": died.message, "phase": phase, "worker_death": dict(how),
+                  "reference_check": dict(check), "worker": {"log": str(log)},
+                  "device_attestation": Attestation(
+                      planned=cand.device, observed=None, source="unattested",
+                      detail="the worker died before the stage ran: nothing ran").to_dict()})
 
 
 def gate_refusal(cand: Candidate, gate: Parity, proof: PlacementProof, reference_kind: str,
