@@ -213,7 +213,7 @@ def _record(argv: Sequence[str], started: str, t0: float, capture_s: float, art:
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
                  "python": sys.version.split()[0], "machine": platform.machine()},
         "outcome": outcome,
-        "artifact": {"path": str(art.path), "format": art.format, "sha256": art.sha256,
+        "artifact": {"path": str(art.origin), "format": art.format, "sha256": art.sha256,
                      "nodes": len(g)},
         "request": request,
         "target": target,

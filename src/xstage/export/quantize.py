@@ -122,7 +122,7 @@ def quantize_a16w8(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                                    remedy="quantize the fp32 export")
     samples, calib = calibration_set(art.inputs, directory=calibration, synthetic=synthetic,
                                      shapes=shapes, dims=dims)
-    model = onnx.load(str(src))
+    model = onnx.load(str(art.path))  # the snapshot: the bytes whose sha256 the manifest names
     converted_from = None
     if _opset(model) < MIN_OPSET:
         converted_from = _opset(model)
@@ -152,7 +152,7 @@ def quantize_a16w8(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                         quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt16,
                         weight_type=QuantType.QInt8)
         check = samples[-1]
-        gate = parity.compare(run_on_cpu(staged, check), run_on_cpu(src, check),
+        gate = parity.compare(run_on_cpu(staged, check), run_on_cpu(art.path, check),
                               fmt="onnx:a16w8", reference_kind="fp32_source")
         os.replace(staged, dst)
     finally:

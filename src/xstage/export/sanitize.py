@@ -85,7 +85,7 @@ def sanitize_onnx(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                                 remedy="write the sanitized graph to another path")
     art = inspect_artifact(src)  # validates and names what it found; ArtifactError otherwise
     try:
-        model = ir.load(src)
+        model = ir.load(art.path)  # the snapshot: the bytes inspect_artifact hashed
     except Exception as exc:  # noqa: BLE001 - onnx-ir raises several kinds
         raise errors.ArtifactError(f"{src} could not be read as ONNX: {exc}",
                                    remedy="check the file (and its external data beside it)") from exc
@@ -112,7 +112,7 @@ def sanitize_onnx(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         except Exception as exc:  # noqa: BLE001 - the checker's own error types vary by version
             raise errors.ArtifactError(f"the sanitized graph fails onnx.checker: {exc}",
                                        remedy="report it with the input graph") from exc
-        parity = _check_parity(src, staged, art, inputs, shapes, dims)
+        parity = _check_parity(art.path, staged, art, inputs, shapes, dims)
         if parity["status"] == "differs":
             raise errors.XstageError(
                 f"the sanitized graph computes something else: {parity['detail']}",

@@ -76,6 +76,8 @@ class Setup:
             ``state_init`` their initial values.
         generation: the worker's generation (1, +1 for each restart); ``first_id`` its first
             request id (a restarted stage's ids continue).
+        snapshots: the sha256 of each snapshot the stage reads (``xstage.snapshot``: the
+            artifact's, a separate reference's), pinned while it is open.
     """
 
     artifact: Artifact
@@ -97,6 +99,7 @@ class Setup:
     first_id: int = 1
     state: tuple[StatePair, ...] = ()
     state_init: Mapping[str, np.ndarray] = field(default_factory=dict)
+    snapshots: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
