@@ -342,11 +342,13 @@ class Staging:
 
         Raises:
             ValueError: ``sha256`` is not 64 lowercase hex digits, or nothing was added.
+            UsageError: a malformed ``XSTAGE_ARTIFACT_CACHE_BYTES``.
         """
         if not _SHA.match(sha256) or self._graph is None:
             raise ValueError(f"cannot commit {sha256!r} with {len(self.files)} files")
         root = self.folder.parent
         final = root / sha256
+        cap = cache_bytes()  # a malformed variable fails before anything moves
         with locked(locks_dir() / "artifacts.lock"):
             self._unlock()  # eviction waits for the cache lock; the folder's lock would stop the pin
             if not final.is_dir():
@@ -362,7 +364,7 @@ class Staging:
                             raise
             os.utime(final)
             _pin(sha256, final)
-            _evict(root, cache_bytes(), keep=sha256)
+            _evict(root, cap, keep=sha256)
         self.discard()
         return Snapshot(sha256, final, final / self._graph, tuple(self.files))
 
