@@ -330,6 +330,14 @@ def test_the_cap_reads_sizes_and_refuses_anything_else(monkeypatch):
         snapshot.cache_bytes("lots")
 
 
+def test_a_relative_home_still_hands_workers_an_absolute_path(tmp_path, monkeypatch):
+    path = external_graph(tmp_path / "a", np.eye(4))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XSTAGE_HOME", "relative-home")
+    art = inspect_artifact(path)
+    assert art.path.is_absolute() and art.path.is_relative_to(tmp_path.resolve() / "relative-home")
+
+
 def test_a_windows_worker_started_from_wsl_is_handed_the_snapshot(tmp_path):
     """Under XSTAGE_HOME, in the Linux filesystem or on a drive: a path Windows can open."""
     path = external_graph(tmp_path / "a", np.eye(4))

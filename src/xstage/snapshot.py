@@ -112,8 +112,10 @@ class CachedSnapshot:
 
 
 def artifacts_dir() -> Path:
-    """``XSTAGE_HOME/cache/artifacts``, created 0700."""
-    root = cache_dir() / "artifacts"
+    """``XSTAGE_HOME/cache/artifacts``, created 0700, as an absolute real path: a worker started
+    in another folder (or a Windows worker, through ``xstage.host.wsl.to_windows_path``) is
+    handed the snapshot's path as it is, whatever ``XSTAGE_HOME`` was written as."""
+    root = (cache_dir() / "artifacts").resolve()
     root.mkdir(mode=0o700, exist_ok=True)
     with contextlib.suppress(OSError):
         os.chmod(root, 0o700)
