@@ -74,12 +74,14 @@ class Artifact:
     op_types: tuple[str, ...]
     manifest: dict[str, Any] = field(default_factory=dict)
     snapshot: Snapshot | None = None
+    #: The user's graph (its real path, symlinks resolved): the record's path, the folder of its
+    #: manifest and its fp32 source. Filled on construction: the snapshot's source, else ``path``.
+    origin: Path = None  # type: ignore[assignment]
 
-    @property
-    def origin(self) -> Path:
-        """The user's graph (its real path, symlinks resolved): the record's path, the folder
-        of its manifest and its fp32 source. ``path`` where there is no snapshot."""
-        return self.snapshot.files[0].source if self.snapshot else self.path
+    def __post_init__(self) -> None:
+        if self.origin is None:
+            object.__setattr__(self, "origin",
+                               self.snapshot.files[0].source if self.snapshot else self.path)
 
     def release(self) -> None:
         """This use of the snapshot ended (``xstage.snapshot.release``); idempotence is the
