@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -39,9 +40,9 @@ def no_pins_left() -> None:
 
 
 def unpin_all() -> None:
-    for digest, uses in snapshot.pinned().items():
+    for folder, uses in snapshot.pinned().items():
         for _ in range(uses):
-            snapshot.release(digest)
+            snapshot.release(folder)
 
 
 def sha(data: bytes) -> str:
@@ -92,7 +93,7 @@ def test_a_snapshot_is_a_private_hashed_copy_under_its_hash(tmp_path):
         assert stat.S_IMODE(copy.stat().st_mode) == 0o400
         assert copy.read_bytes() == (tmp_path / "a" / name).read_bytes()
         assert copy.stat().st_ino != (tmp_path / "a" / name).stat().st_ino  # a copy, not a link
-    assert snapshot.pinned() == {art.sha256: 1}
+    assert snapshot.pinned() == {folder: 1}
     art.release()
     assert snapshot.pinned() == {}
     assert not list(folder.parent.glob(".tmp-*"))
@@ -200,7 +201,7 @@ def test_the_reflink_attempt_falls_back_to_a_copy_here(tmp_path):
     (tmp_path / "blob.pt2").write_bytes(data)
     snap = snapshot_graph(tmp_path / "blob.pt2")
     assert snap.sha256 == sha(data) and snap.graph.read_bytes() == data
-    snapshot.release(snap.sha256)
+    snapshot.release(snap.folder)
 
 
 def test_a_pt2_is_snapshotted_like_a_graph(tmp_path):
@@ -227,12 +228,12 @@ def test_a_separate_reference_graph_is_snapshotted_too(tmp_path):
     ref_path = external_graph(tmp_path / "ref", np.eye(4) * 3)
     art = inspect_artifact(stage)
     arm = make_reference(art, str(ref_path), {}, report=None)  # ONNX: no device report needed
-    assert arm.snapshot is not None and arm.path.parent.name == arm.snapshot
+    assert arm.snapshot is not None and arm.path.parent == arm.snapshot
     with open(tmp_path / "ref" / "w.bin", "r+b") as f:
         f.write(np.zeros((4, 4), np.float32).tobytes())
     x = np.ones((1, 4), np.float32)
     np.testing.assert_array_equal(arm.outputs({"x": x})["y"], x * 3)
-    assert snapshot.pinned() == {art.sha256: 1, arm.snapshot: 1}
+    assert snapshot.pinned() == {art.snapshot.folder: 1, arm.snapshot: 1}
 
 
 def test_the_same_bytes_twice_share_one_folder_and_each_name_is_kept(tmp_path):
@@ -243,7 +244,7 @@ def test_the_same_bytes_twice_share_one_folder_and_each_name_is_kept(tmp_path):
     assert first.folder == second.folder
     assert first.graph.read_bytes() == second.graph.read_bytes() == data
     assert sorted(p.name for p in first.folder.iterdir()) == ["a.pt2", "b.pt2"]
-    assert snapshot.pinned() == {sha(data): 2}
+    assert snapshot.pinned() == {first.folder: 2}
 
 
 def _three(tmp_path: Path) -> list[snapshot.Snapshot]:
@@ -258,7 +259,7 @@ def _three(tmp_path: Path) -> list[snapshot.Snapshot]:
 def test_eviction_takes_the_least_recently_used_first(tmp_path, monkeypatch):
     s0, s1, s2 = _three(tmp_path)
     for s in (s0, s1, s2):
-        snapshot.release(s.sha256)
+        snapshot.release(s.folder)
     monkeypatch.setenv(snapshot.CACHE_BYTES_ENV, "2500")
     (tmp_path / "s3.pt2").write_bytes(b"\3" * 1000)
     s3 = snapshot_graph(tmp_path / "s3.pt2")
@@ -268,8 +269,8 @@ def test_eviction_takes_the_least_recently_used_first(tmp_path, monkeypatch):
 
 def test_eviction_never_takes_a_snapshot_in_use(tmp_path, monkeypatch):
     s0, s1, s2 = _three(tmp_path)  # s0 (the oldest) stays pinned
-    snapshot.release(s1.sha256)
-    snapshot.release(s2.sha256)
+    snapshot.release(s1.folder)
+    snapshot.release(s2.folder)
     monkeypatch.setenv(snapshot.CACHE_BYTES_ENV, "0")
     (tmp_path / "s3.pt2").write_bytes(b"\3" * 1000)
     s3 = snapshot_graph(tmp_path / "s3.pt2")
@@ -308,7 +309,7 @@ def test_another_processs_snapshot_in_use_is_never_evicted(tmp_path, monkeypatch
         held = ready.read_text()
         monkeypatch.setenv(snapshot.CACHE_BYTES_ENV, "0")
         (tmp_path / "new.pt2").write_bytes(b"new")
-        snapshot.release(snapshot_graph(tmp_path / "new.pt2").sha256)
+        snapshot.release(snapshot_graph(tmp_path / "new.pt2").folder)
         folder = snapshot.artifacts_dir() / held
         assert folder.is_dir()
         assert [s.in_use for s in snapshot.list_snapshots() if s.sha256 == held] == [True]
@@ -348,3 +349,20 @@ def test_a_windows_worker_started_from_wsl_is_handed_the_snapshot(tmp_path):
     drive = wsl.to_windows_path(f"/mnt/c/Users/me/xstage/cache/artifacts/{art.sha256}/g.onnx",
                                 distro=None)
     assert drive == f"C:\\Users\\me\\xstage\\cache\\artifacts\\{art.sha256}\\g.onnx"
+
+
+def test_a_one_shot_reader_releases_what_it_pinned_and_nothing_else(tmp_path):
+    """``releasing``: the pins its thread took in the call go; another thread's stay."""
+    (tmp_path / "kept.pt2").write_bytes(b"kept")
+    (tmp_path / "read.pt2").write_bytes(b"read")
+    others: list[snapshot.Snapshot] = []
+    kept = threading.Thread(target=lambda: others.append(snapshot_graph(tmp_path / "kept.pt2")))
+
+    @snapshot.releasing
+    def reader() -> Path:
+        kept.start()
+        kept.join()
+        return snapshot_graph(tmp_path / "read.pt2").graph
+
+    assert reader().read_bytes() == b"read"
+    assert snapshot.pinned() == {others[0].folder: 1}

@@ -87,7 +87,7 @@ class Artifact:
         """This use of the snapshot ended (``xstage.snapshot.release``); idempotence is the
         caller's: each ``inspect_artifact`` pins once."""
         if self.snapshot is not None:
-            release(self.snapshot.sha256)
+            release(self.snapshot.folder)
 
     @property
     def file_name(self) -> str:
@@ -142,7 +142,7 @@ def _torch_program(path: Path, manifest: dict[str, Any], manifest_file: Path | N
     try:
         return _torch_artifact(path, snap, manifest, manifest_file, fmt, component)
     except BaseException:
-        release(snap.sha256)
+        release(snap.folder)
         raise
 
 
@@ -327,7 +327,7 @@ def _onnx_graph(path: Path, manifest: dict[str, Any], manifest_file: Path | None
     try:
         return _onnx_artifact(path, snap, model, manifest, manifest_file, fmt, component)
     except BaseException:
-        release(snap.sha256)
+        release(snap.folder)
         raise
 
 

@@ -23,7 +23,8 @@ Rules:
 4. The cache holds at most ``XSTAGE_ARTIFACT_CACHE_BYTES`` (:data:`CACHE_BYTES_DEFAULT`); past
    it, the least recently used snapshots go first (use: a folder's modification time, touched at
    each use). A snapshot in use is never evicted: this process's pins (:func:`release` drops
-   one), and on POSIX any process's, through a shared ``flock`` each pin holds on the folder.
+   one), and on POSIX any process's, through a shared ``flock`` each pinned folder holds (one
+   descriptor per folder in use, closed by its last release or the process's end).
 5. A staging folder is ``.tmp-*`` and held under an exclusive ``flock`` while it is built; one
    whose builder died (its lock free) is removed by the next eviction.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import os
 import re
@@ -41,16 +43,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from xstage import errors
 from xstage.home import cache_dir, locked, locks_dir
 
 __all__ = [
     "CACHE_BYTES_DEFAULT", "CACHE_BYTES_ENV", "CachedSnapshot", "Snapshot", "SnapshotFile", "Staging",
-    "artifacts_dir", "cache_bytes", "clear", "list_snapshots", "pinned", "release",
+    "artifacts_dir", "cache_bytes", "clear", "list_snapshots", "pinned", "release", "releasing",
 ]
 
 #: The variable that caps the snapshot cache, in bytes (``20GiB``, ``512MiB``, a byte count).
@@ -66,6 +69,8 @@ _UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 1 << 10, "M": 1000**2, "M
           "MIB": 1 << 20, "G": 1000**3, "GB": 1000**3, "GIB": 1 << 30, "T": 1000**4,
           "TB": 1000**4, "TIB": 1 << 40}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -144,8 +149,9 @@ def cache_bytes(text: str | None = None) -> int:
 
 
 _PINS_LOCK = threading.Lock()
-#: sha256 -> [count, fd of the folder holding a shared flock (-1 without flock)]
-_PINS: dict[str, list[int]] = {}
+#: snapshot folder -> [count, fd of the folder holding a shared flock (-1 without flock)]; by
+#: folder, not by hash: a process may use two homes (one fd per folder in use, closed at release)
+_PINS: dict[Path, list[int]] = {}
 
 
 def _flock(fd: int, exclusive: bool, wait: bool) -> bool:
@@ -166,41 +172,69 @@ def _open_dir(folder: Path) -> int:
     return os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if sys.platform != "win32" else -1
 
 
-def _pin(sha256: str, folder: Path) -> None:
+_SCOPE = threading.local()  # .taken: the pins this thread took inside a ``releasing`` call
+
+
+def releasing(func: Callable[P, R]) -> Callable[P, R]:
+    """Decorate a one-shot reader (an exporter, bisect): the pins its thread takes during the
+    call and has not released by its end are released then (a stage it opened and closed has
+    released its own)."""
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        outer = getattr(_SCOPE, "taken", None)
+        _SCOPE.taken = []
+        try:
+            return func(*args, **kwargs)
+        finally:
+            taken, _SCOPE.taken = _SCOPE.taken, outer
+            for folder in taken:
+                release(folder)
+
+    return wrapper
+
+
+def _pin(folder: Path) -> None:
     """One more use of the snapshot (called under the cache lock, the folder in place)."""
+    taken = getattr(_SCOPE, "taken", None)
+    if taken is not None:
+        taken.append(folder)
     with _PINS_LOCK:
-        entry = _PINS.get(sha256)
+        entry = _PINS.get(folder)
         if entry is not None:
             entry[0] += 1
             return
         fd = _open_dir(folder)
         if fd >= 0:
             _flock(fd, exclusive=False, wait=True)
-        _PINS[sha256] = [1, fd]
+        _PINS[folder] = [1, fd]
 
 
-def release(sha256: str) -> None:
-    """One use of the snapshot ended; the last one lets eviction take it. Unknown: nothing."""
+def release(folder: Path) -> None:
+    """One use of the snapshot in ``folder`` ended (:attr:`Snapshot.folder`); after the last,
+    eviction may take it. A folder this process does not pin: nothing."""
+    taken = getattr(_SCOPE, "taken", None)
+    if taken is not None and folder in taken:
+        taken.remove(folder)
     with _PINS_LOCK:
-        entry = _PINS.get(sha256)
+        entry = _PINS.get(folder)
         if entry is None:
             return
         entry[0] -= 1
         if entry[0] <= 0:
-            del _PINS[sha256]
+            del _PINS[folder]
             if entry[1] >= 0:
                 os.close(entry[1])  # the shared flock goes with it
 
 
-def pinned() -> dict[str, int]:
-    """This process's pins: sha256 -> uses."""
+def pinned() -> dict[Path, int]:
+    """This process's pins: snapshot folder -> uses."""
     with _PINS_LOCK:
-        return {sha: entry[0] for sha, entry in _PINS.items()}
+        return {folder: entry[0] for folder, entry in _PINS.items()}
 
 
 def _busy(folder: Path) -> bool:
     """A pin holds the folder, in this process or (POSIX) another."""
-    if folder.name in pinned():
+    if folder in pinned():
         return True
     if sys.platform == "win32":
         return False
@@ -365,7 +399,7 @@ class Staging:
                         if not here.is_file() or here.stat().st_size != entry.bytes:
                             raise
             os.utime(final)
-            _pin(sha256, final)
+            _pin(final)
             _evict(root, cap, keep=sha256)
         self.discard()
         return Snapshot(sha256, final, final / self._graph, tuple(self.files))

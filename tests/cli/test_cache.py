@@ -14,9 +14,9 @@ from xstage.cli.main import main
 @pytest.fixture(autouse=True)
 def no_pins_left():
     yield
-    for digest, uses in snapshot.pinned().items():
+    for folder, uses in snapshot.pinned().items():
         for _ in range(uses):
-            snapshot.release(digest)
+            snapshot.release(folder)
 
 
 def _two(tmp_path):

@@ -51,6 +51,7 @@ from xstage.inputs import SEED, resolve_feeds
 from xstage.planner import make_plan
 from xstage.record import utc_now
 from xstage.signature import check_inputs
+from xstage.snapshot import releasing
 
 __all__ = ["BisectResult", "bisect"]
 
@@ -98,6 +99,7 @@ def _check_limits(min_region: int, max_probes: int | None, deadline: float | Non
         raise errors.UsageError(f"--deadline {deadline} must be a number of seconds > 0")
 
 
+@releasing  # the snapshots it read, once it is done
 def bisect(
     graph: str | os.PathLike[str], *, route: str | None = None, device: str | None = None,
     fmt: str | None = None, inputs: Mapping[str, np.ndarray] | str | os.PathLike[str] | None = None,

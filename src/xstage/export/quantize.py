@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from xstage import errors
+from xstage.snapshot import releasing
 
 __all__ = ["MIN_OPSET", "calibration_set", "quantize_a16w8"]
 
@@ -87,6 +88,7 @@ def _opset(model: Any) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
+@releasing  # the snapshots it read, once it is done
 def quantize_a16w8(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                    calibration: str | os.PathLike[str] | None = None,
                    synthetic: int | None = None,

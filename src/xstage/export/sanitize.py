@@ -25,6 +25,7 @@ from xstage.export.passes import (
     RemoveNanGuardPass,
     SitePass,
 )
+from xstage.snapshot import releasing
 
 __all__ = ["REPORT_KIND", "run_on_cpu", "sanitize_onnx"]
 
@@ -62,6 +63,7 @@ def _identical(a: np.ndarray, b: np.ndarray) -> bool:
         else bool(np.array_equal(a, b))
 
 
+@releasing  # the snapshots it read, once it is done
 def sanitize_onnx(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                   inputs: Mapping[str, np.ndarray] | str | os.PathLike[str] | None = None,
                   shapes: Mapping[str, tuple[int, ...]] | None = None,

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,7 +77,7 @@ class Setup:
             ``state_init`` their initial values.
         generation: the worker's generation (1, +1 for each restart); ``first_id`` its first
             request id (a restarted stage's ids continue).
-        snapshots: the sha256 of each snapshot the stage reads (``xstage.snapshot``: the
+        snapshots: the folder of each snapshot the stage reads (``xstage.snapshot``: the
             artifact's, a separate reference's), pinned while it is open.
     """
 
@@ -99,7 +100,7 @@ class Setup:
     first_id: int = 1
     state: tuple[StatePair, ...] = ()
     state_init: Mapping[str, np.ndarray] = field(default_factory=dict)
-    snapshots: tuple[str, ...] = ()
+    snapshots: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -89,10 +90,11 @@ def open_stage(
     _check_numbers(min_placement, threads, depth)
     _check_restart(restart, max_restarts, restart_window)
     art: Artifact | None = None
-    held: list[str] = []  # the snapshots this stage reads (released on failure, or at close)
+    held: list[Path] = []  # the snapshots this stage reads (released on failure, or at close)
     try:
         art = inspect_artifact(artifact, fmt=fmt, component=component)
-        held.append(art.sha256)
+        if art.snapshot is not None:
+            held.append(art.snapshot.folder)
         nodes = graph_nodes(art)
         feeds, pairs, init = _feeds_and_state(art, request, inputs, shapes, dims)
         report = report or device_report()
@@ -126,10 +128,10 @@ def open_stage(
         raise
 
 
-def _release(held: Sequence[str]) -> None:
+def _release(held: Sequence[Path]) -> None:
     """The snapshots a stage that did not open was reading: eviction may take them again."""
-    for sha in held:
-        release(sha)
+    for folder in held:
+        release(folder)
 
 
 def _feeds_and_state(art: Artifact, request: dict[str, Any], inputs: Any,

@@ -47,7 +47,7 @@ class OnnxReference:
             so.graph_optimization_level = getattr(
                 ort.GraphOptimizationLevel, session_opts["graph_optimization_level"])
         self.path, self.kind = path, kind
-        self.snapshot: str | None = None  # a separate reference graph's snapshot (make_reference)
+        self.snapshot: Path | None = None  # a separate reference graph's snapshot (make_reference)
         try:
             self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         except Exception as exc:
@@ -96,7 +96,7 @@ class TorchReference:
     def __init__(self, report: DeviceReport, path: Path, kind: str,
                  output_names: Sequence[str]) -> None:
         self.path, self.kind = path, kind
-        self.snapshot: str | None = None  # a separate reference program's snapshot (make_reference)
+        self.snapshot: Path | None = None  # a separate reference program's snapshot (make_reference)
         self._report = report
         self._names = list(output_names)
         self._outputs: dict[str, np.ndarray] | None = None
@@ -210,9 +210,9 @@ def make_reference(art: Artifact, reference: str | os.PathLike[str], session: Ma
                                 shown=snap.files[0].source if snap is not None else art.origin)
     except BaseException:
         if snap is not None:
-            release(snap.sha256)
+            release(snap.folder)
         raise
-    arm.snapshot = snap.sha256 if snap is not None else None
+    arm.snapshot = snap.folder if snap is not None else None
     return arm
 
 
