@@ -6,12 +6,20 @@ contradicts what the files say is a usage error rather than a silent choice. A d
 (flag or manifest) is checked against the graph: Q/DQ nodes and their activation types for
 ``onnx:a16w8``, initializer and input/output dtypes for ``onnx:fp16``/``onnx:fp32``, the
 program's parameter dtypes for ``.pt2`` — because the format picks the gate's tolerance.
+
+The bytes that run are the bytes hashed: the artifact's real path is resolved first (a symlinked
+graph is its target, and its sidecars and manifest are the ones beside the target), then its
+files are copied into one private snapshot (``xstage.snapshot``), each hashed while copied, and
+the graph is parsed from that copy. :attr:`Artifact.path` is the snapshot's graph: every reader
+(the reference arm, the worker, the float64 tie-break, bisect, the exporters) opens it, never the
+user's files again; :attr:`Artifact.origin` is the user's graph, which the record names.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from xstage import errors, graph_precision
-from xstage.manifest import check_files, manifest_path, read_manifest, sha256_file
+from xstage.manifest import check_files, manifest_path, read_manifest
+from xstage.snapshot import Snapshot, Staging, release
 from xstage_remote.formats import is_torchscript
 
 __all__ = ["Artifact", "GraphFacts", "GraphNode", "GraphValue", "IOSpec", "graph_facts", "graph_nodes",
-           "inspect_artifact"]
+           "inspect_artifact", "snapshot_graph"]
 
 _ONNX_DTYPES = {
     1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
@@ -46,7 +55,11 @@ class IOSpec:
 
 @dataclass(frozen=True)
 class Artifact:
-    """The files of one stage at one precision, identified by a hash over all of them."""
+    """The files of one stage at one precision, identified by a hash over all of them.
+
+    ``path`` is the graph every reader opens: the snapshot's copy (``snapshot``), whose bytes
+    ``sha256`` is the hash of; ``files`` name the user's files it was copied from.
+    """
 
     path: Path
     format: str
@@ -64,6 +77,21 @@ class Artifact:
     output_formats: Mapping[str, str] = field(default_factory=dict)
     #: the random ops the graph holds (named when the gate finds the stage nondeterministic)
     random_ops: tuple[str, ...] = ()
+    snapshot: Snapshot | None = None
+    #: The user's graph (its real path, symlinks resolved): the record's path, the folder of its
+    #: manifest and its fp32 source. Filled on construction: the snapshot's source, else ``path``.
+    origin: Path = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.origin is None:
+            object.__setattr__(self, "origin",
+                               self.snapshot.files[0].source if self.snapshot else self.path)
+
+    def release(self) -> None:
+        """This use of the snapshot ended (``xstage.snapshot.release``); idempotence is the
+        caller's: each ``inspect_artifact`` pins once."""
+        if self.snapshot is not None:
+            release(self.snapshot.folder)
 
     @property
     def file_name(self) -> str:
@@ -85,7 +113,7 @@ class Artifact:
     def to_dict(self) -> dict[str, Any]:
         """The record's ``artifact`` object."""
         return {
-            "path": str(self.path),
+            "path": str(self.origin),
             "sha256": self.sha256,
             "bytes": self.bytes,
             "files": [dict(f) for f in self.files],
@@ -106,14 +134,28 @@ def _manifest(graph: Path) -> tuple[dict[str, Any], Path | None]:
 def _torch_program(path: Path, manifest: dict[str, Any], manifest_file: Path | None,
                    fmt: str | None, component: str | None) -> Artifact:
     """A ``.pt2``: its identity from the files, its format and I/O from its manifest (the
-    client has no torch to read the program with; the worker reports the signature again)."""
+    client has no torch to read the program with; the worker reports the signature again).
+
+    ``path`` is the real path; the snapshot is taken here and released on any error."""
     if manifest_file is None:
         raise errors.ArtifactError(
             f"{path} has no manifest beside it ({manifest_path(path).name}): a torch program's "
             "format and inputs are read from it", remedy="export it with xstage export, which "
             "writes the manifest")
-    entry = {"path": str(path), "sha256": sha256_file(path), "bytes": path.stat().st_size}
-    check_files(manifest, manifest_file, hashed={str(path.resolve()): entry["sha256"]})
+    snap = snapshot_graph(path)
+    try:
+        return _torch_artifact(path, snap, manifest, manifest_file, fmt, component)
+    except BaseException:
+        release(snap.folder)
+        raise
+
+
+def _torch_artifact(path: Path, snap: Snapshot, manifest: dict[str, Any], manifest_file: Path,
+                    fmt: str | None, component: str | None) -> Artifact:
+    """The ``.pt2`` artifact of a taken snapshot, checked against its manifest."""
+    only = snap.files[0]
+    entry = {"path": str(path), "sha256": only.sha256, "bytes": only.bytes}
+    check_files(manifest, manifest_file, hashed={str(path): entry["sha256"]})
     if not str(manifest["format"]).startswith("pt:"):
         raise errors.ArtifactError(f"manifest {manifest_file} says {manifest['format']} for a .pt2",
                                    remedy="re-export the artifact")
@@ -123,16 +165,17 @@ def _torch_program(path: Path, manifest: dict[str, Any], manifest_file: Path | N
     if component and component != manifest["component"]:
         raise errors.UsageError(f"--component {component} conflicts with the manifest's "
                                 f"{manifest['component']}", remedy="drop --component")
-    _check_declared_pt(path, str(manifest["format"]))
+    _check_declared_pt(snap.graph, str(manifest["format"]))
 
     def spec(d: dict[str, Any]) -> IOSpec:
         return IOSpec(d["name"], d["dtype"], tuple(d["shape"]))
 
-    return Artifact(path=path.resolve(), format=manifest["format"], format_source="manifest",
+    return Artifact(path=snap.graph, format=manifest["format"], format_source="manifest",
                     component=manifest["component"], sha256=entry["sha256"], bytes=entry["bytes"],
                     files=(entry,), inputs=tuple(spec(d) for d in manifest["inputs"]),
                     outputs=tuple(spec(d) for d in manifest["outputs"]), node_count=0,
-                    op_types=(), manifest=manifest, random_ops=graph_precision.pt2_random_ops(path))
+                    op_types=(), manifest=manifest, snapshot=snap,
+                    random_ops=graph_precision.pt2_random_ops(snap.graph))
 
 
 def _dims(type_proto: Any) -> tuple[int | str, ...]:
@@ -252,14 +295,19 @@ def inspect_artifact(
 ) -> Artifact:
     """Read, hash and describe an artifact; flags override inference, conflicts are errors.
 
+    Side effects: the artifact's files are copied into a snapshot under
+    ``XSTAGE_HOME/cache/artifacts/<sha256>/``, pinned for this process until
+    :meth:`Artifact.release` (``open_stage``'s stage releases it when it closes).
+
     Raises:
-        ArtifactError: the file is missing, unreadable, not a valid graph, or a manifest
-            beside it is broken.
+        ArtifactError: the file is missing, unreadable, not a valid graph, changed while it was
+            copied, or a manifest beside it is broken.
         UsageError: ``fmt`` or ``component`` contradict what the files or manifest say.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise errors.ArtifactError(f"no graph at {path}", remedy="check the --graph path")
+    given = Path(path)
+    if not given.is_file():
+        raise errors.ArtifactError(f"no graph at {given}", remedy="check the --graph path")
+    path = given.resolve()  # a symlink is its target: the sidecars and manifest beside it
     suffix = path.suffix.lower()
     manifest, manifest_file = _manifest(path)
     if suffix in (".pt", ".pth", ".pt2", ".ts") and is_torchscript(path):
@@ -277,10 +325,21 @@ def inspect_artifact(
 
 def _onnx_graph(path: Path, manifest: dict[str, Any], manifest_file: Path | None,
                 fmt: str | None, component: str | None) -> Artifact:
-    """An ``.onnx`` graph: its files (sidecars included) hashed, its format, component and I/O."""
-    model = _load_onnx(path)
-    entries = [{"path": str(f), "sha256": sha256_file(f), "bytes": f.stat().st_size}
-               for f in _onnx_files(path, model)]
+    """An ``.onnx`` graph: its files (sidecars included) hashed, its format, component and I/O.
+
+    ``path`` is the real path; the snapshot is taken here and released on any error."""
+    snap, model = _snapshot_onnx(path)
+    try:
+        return _onnx_artifact(path, snap, model, manifest, manifest_file, fmt, component)
+    except BaseException:
+        release(snap.folder)
+        raise
+
+
+def _onnx_artifact(path: Path, snap: Snapshot, model: Any, manifest: dict[str, Any],
+                   manifest_file: Path | None, fmt: str | None, component: str | None) -> Artifact:
+    """The ONNX artifact of a taken snapshot: checked against its manifest, described."""
+    entries = [{"path": str(f.source), "sha256": f.sha256, "bytes": f.bytes} for f in snap.files]
     if manifest_file is not None:
         _check_listed(path, manifest, manifest_file, entries)
     inferred, source = _onnx_format_and_source(path, model, manifest, fmt)
@@ -293,7 +352,7 @@ def _onnx_graph(path: Path, manifest: dict[str, Any], manifest_file: Path | None
     graph = model.graph
     inputs, outputs = _onnx_signature(graph)
     return Artifact(
-        path=path.resolve(),
+        path=snap.graph,
         format=inferred,
         format_source=source,
         component=component or comp or path.stem,
@@ -307,6 +366,7 @@ def _onnx_graph(path: Path, manifest: dict[str, Any], manifest_file: Path | None
         manifest=manifest,
         output_formats=graph_precision.onnx_output_formats(model, inferred, _float_format(model)),
         random_ops=graph_precision.onnx_random_ops(model),
+        snapshot=snap,
     )
 
 
@@ -322,54 +382,95 @@ def _onnx_signature(graph: Any) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]
     return inputs, outputs
 
 
-def _load_onnx(path: Path) -> Any:
-    """The graph without its external data; a file that is not a graph is an ``ArtifactError``."""
+def _load_onnx(path: Path, shown: Path | None = None) -> Any:
+    """The graph without its external data; a file that is not a graph is an ``ArtifactError``
+    (naming ``shown``, the user's file, where ``path`` is its snapshot)."""
     import onnx
 
+    shown = shown or path
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf DecodeError and friends: the file is not a graph
         raise errors.ArtifactError(
-            f"{path} is not a readable ONNX graph ({type(exc).__name__}: {exc})",
+            f"{shown} is not a readable ONNX graph ({type(exc).__name__}: {exc})",
             remedy="re-export the graph; check that the file is complete",
         ) from exc
     if not model.graph.node and not model.graph.output:
-        raise errors.ArtifactError(f"{path} holds no graph", remedy="re-export the graph")
+        raise errors.ArtifactError(f"{shown} holds no graph", remedy="re-export the graph")
     return model
 
 
-def _onnx_files(path: Path, model: Any) -> list[Path]:
-    """The graph file, then each external-data file it names, once; each must sit beside it."""
-    files = [path]
+def _sidecars(path: Path, model: Any) -> list[tuple[str, Path]]:
+    """Each external-data file the graph names, once: (its name as the graph writes it, the
+    real file beside ``path``, the graph's real path); each must sit inside the graph's folder.
+
+    The real file is the one copied; the snapshot keeps the name the graph uses, so onnxruntime
+    finds it beside the snapshot's graph (a sidecar that is a link inside the folder included).
+    """
+    found: list[tuple[str, Path]] = []
     for init in model.graph.initializer:
         for entry in init.external_data:
-            if entry.key == "location":
-                sidecar = (path.parent / entry.value).resolve()
-                if path.parent.resolve() not in sidecar.parents:
-                    raise errors.ArtifactError(
-                        f"{path}: external data {entry.value!r} escapes the graph's folder",
-                        remedy="keep external data beside the graph")
-                if not sidecar.is_file():
-                    raise errors.ArtifactError(
-                        f"{path}: external data file {entry.value} is missing",
-                        remedy="copy the sidecar file next to the graph")
-                if sidecar not in files:
-                    files.append(sidecar)
-    return files
+            if entry.key != "location":
+                continue
+            sidecar = (path.parent / entry.value).resolve()
+            name = posixpath.normpath(entry.value)
+            if path.parent not in sidecar.parents or name.startswith(("../", "/")):
+                raise errors.ArtifactError(
+                    f"{path}: external data {entry.value!r} escapes the graph's folder",
+                    remedy="keep external data beside the graph")
+            if not sidecar.is_file():
+                raise errors.ArtifactError(
+                    f"{path}: external data file {entry.value} is missing",
+                    remedy="copy the sidecar file next to the graph")
+            if name != path.name and name not in (n for n, _ in found):
+                found.append((name, sidecar))
+    return found
+
+
+def _snapshot_onnx(path: Path) -> tuple[Snapshot, Any]:
+    """The graph at its real ``path`` and its sidecars in one snapshot, and the graph as parsed
+    from the snapshot's copy (the sidecars it names are the ones it names there)."""
+    with Staging() as staging:
+        staging.add(path, path.name)
+        model = _load_onnx(staging.path(path.name), shown=path)
+        for name, source in _sidecars(path, model):
+            staging.add(source, name)
+        entries = [{"path": str(f.source), "sha256": f.sha256} for f in staging.files]
+        return staging.commit(_files_hash(entries)), model
+
+
+def snapshot_graph(path: str | Path) -> Snapshot:
+    """A graph (ONNX with its sidecars, or one file such as a ``.pt2``) in a pinned snapshot.
+
+    For a graph read without :func:`inspect_artifact` (a reference arm's): its real path
+    resolved, its files copied and hashed once; release it with ``xstage.snapshot.release``.
+
+    Raises:
+        ArtifactError: the file is missing, is not a readable graph, or changed while copied.
+    """
+    given = Path(path)
+    if not given.is_file():
+        raise errors.ArtifactError(f"no graph at {given}", remedy="check the path")
+    real = given.resolve()
+    if real.suffix.lower() == ".onnx":
+        return _snapshot_onnx(real)[0]
+    with Staging() as staging:
+        only = staging.add(real, real.name)
+        return staging.commit(only.sha256)
 
 
 def _check_listed(path: Path, manifest: dict[str, Any], manifest_file: Path,
                   entries: list[dict[str, Any]]) -> None:
     """The manifest beside the graph must list it, and its hashes must match the files'."""
     listed = {(manifest_file.parent / e["path"]).resolve() for e in manifest["files"]}
-    if path.resolve() not in listed:
+    if path not in listed:
         raise errors.ArtifactError(f"manifest {manifest_file} does not list {path.name}",
                                    remedy="re-export the artifact, or remove the stale manifest")
     check_files(manifest, manifest_file,
                 hashed={str(Path(e["path"]).resolve()): e["sha256"] for e in entries})
 
 
-def _files_hash(entries: list[dict[str, Any]]) -> str:
+def _files_hash(entries: list[dict[str, str]] | list[dict[str, Any]]) -> str:
     """One file: its own hash. Several: a hash over their names and hashes, in order."""
     if len(entries) == 1:
         return str(entries[0]["sha256"])

@@ -309,5 +309,6 @@ def plan(
     from xstage.device_table import devices
 
     art = inspect_artifact(artifact, fmt=fmt)
+    art.release()  # only its format is needed
     return make_plan(report or devices(), art.format, device=device, prefer=prefer, route=route,
                      offload=offload)

@@ -51,6 +51,7 @@ from xstage.inputs import SEED, resolve_feeds
 from xstage.planner import make_plan
 from xstage.record import utc_now
 from xstage.signature import check_inputs
+from xstage.snapshot import releasing
 
 __all__ = ["BisectResult", "bisect"]
 
@@ -98,6 +99,7 @@ def _check_limits(min_region: int, max_probes: int | None, deadline: float | Non
         raise errors.UsageError(f"--deadline {deadline} must be a number of seconds > 0")
 
 
+@releasing  # the snapshots it read, once it is done
 def bisect(
     graph: str | os.PathLike[str], *, route: str | None = None, device: str | None = None,
     fmt: str | None = None, inputs: Mapping[str, np.ndarray] | str | os.PathLike[str] | None = None,
@@ -213,7 +215,7 @@ def _record(argv: Sequence[str], started: str, t0: float, capture_s: float, art:
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
                  "python": sys.version.split()[0], "machine": platform.machine()},
         "outcome": outcome,
-        "artifact": {"path": str(art.path), "format": art.format, "sha256": art.sha256,
+        "artifact": {"path": str(art.origin), "format": art.format, "sha256": art.sha256,
                      "nodes": len(g)},
         "request": request,
         "target": target,

@@ -25,6 +25,7 @@ _EPILOG = f"""environment:
   XSTAGE_HOME      state root (envs/, cache/, records/, logs/); default: the user data dir
   XSTAGE_DEBUG=1   show tracebacks for known errors too
   XSTAGE_LOG_KEEP  worker logs kept: N newest, Nd days, both (default 100,30d), or all
+  XSTAGE_ARTIFACT_CACHE_BYTES  the artifact snapshots' cap (default 20GiB; xstage cache list)
   XSTAGE_PYTHON_<ROUTE>  interpreter for one route, e.g. XSTAGE_PYTHON_ORT_OPENVINO
 
 exit codes: {EXIT_OK} ok, {EXIT_ERROR} error, {EXIT_REFUSED} refused (a record is still written), \
@@ -47,7 +48,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from xstage.cli import bisect, compare, devices, env, export, external, quantize, report, sanitize
+    from xstage.cli import bisect, cache, compare, devices, env, export, external, quantize, report, sanitize
 
     parser = _Parser(
         prog="xstage",
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics")
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors and data")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (devices, env, external, report, compare, sanitize, quantize, export, bisect):
+    for module in (devices, env, external, report, compare, sanitize, quantize, export, bisect, cache):
         module.register(sub)
     # -v/-q work after the command too (`xstage devices -q`), without overriding the global ones.
     seen: set[int] = set()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,13 +77,18 @@ def check_resources(resources: Mapping[str, float] | None) -> dict[str, float]:
 
 
 def _bundle(art: Artifact) -> dict[str, bytes]:
-    """The artifact's files by their path relative to the graph's folder (manifest included)."""
-    folder = art.path.parent
-    paths = [Path(f["path"]) for f in art.files]
-    manifest = manifest_path(art.path)
+    """The artifact's files by their path relative to the graph's folder (manifest included):
+    its snapshot's copies, the bytes that were hashed, and the manifest beside the user's graph."""
+    bundle = {}
+    if art.snapshot is not None:
+        for f in art.snapshot.files:
+            bundle[f.name] = (art.snapshot.folder / f.name).read_bytes()
+    else:
+        bundle[art.path.name] = art.path.read_bytes()
+    manifest = manifest_path(art.origin)
     if manifest.is_file():
-        paths.append(manifest)
-    return {str(p.resolve().relative_to(folder.resolve())): p.read_bytes() for p in paths}
+        bundle[manifest.name] = manifest.read_bytes()
+    return bundle
 
 
 def _local_inputs(inputs: Any) -> Any:
@@ -138,6 +142,7 @@ def open_on_cluster(open_fn: Callable[..., Any], artifact: str | os.PathLike[str
     if str(ref) != "auto":
         ref_art = inspect_artifact(ref)
         options["reference_files"] = (_bundle(ref_art), ref_art.sha256, ref_art.path.name)
+        ref_art.release()  # its bytes are in the bundle
     ray = _ray.connect()
     placement = Placement(ray, open_fn, art, options, wanted, float(placement_timeout), say)
     return ClusterStage(placement, placement.place(), **serving)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from xstage import errors
+from xstage.snapshot import releasing
 
 __all__ = ["MIN_OPSET", "calibration_set", "quantize_a16w8"]
 
@@ -88,6 +89,7 @@ def _opset(model: Any) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
+@releasing  # the snapshots it read, once it is done
 def quantize_a16w8(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                    calibration: str | os.PathLike[str] | None = None,
                    synthetic: int | None = None,
@@ -123,7 +125,7 @@ def quantize_a16w8(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                                    remedy="quantize the fp32 export")
     samples, calib = calibration_set(art.inputs, directory=calibration, synthetic=synthetic,
                                      shapes=shapes, dims=dims)
-    model = onnx.load(str(src))
+    model = onnx.load(str(art.path))  # the snapshot: the bytes whose sha256 the manifest names
     converted_from = None
     if _opset(model) < MIN_OPSET:
         converted_from = _opset(model)
@@ -153,7 +155,7 @@ def quantize_a16w8(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                         quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt16,
                         weight_type=QuantType.QInt8)
         check = samples[-1]
-        gate = parity.compare(run_on_cpu(staged, check), run_on_cpu(src, check),
+        gate = parity.compare(run_on_cpu(staged, check), run_on_cpu(art.path, check),
                               fmt="onnx:a16w8", reference_kind="fp32_source")
         os.replace(staged, dst)
     finally:

@@ -25,6 +25,7 @@ from xstage.export.passes import (
     RemoveNanGuardPass,
     SitePass,
 )
+from xstage.snapshot import releasing
 
 __all__ = ["REPORT_KIND", "run_on_cpu", "sanitize_onnx"]
 
@@ -62,6 +63,7 @@ def _identical(a: np.ndarray, b: np.ndarray) -> bool:
         else bool(np.array_equal(a, b))
 
 
+@releasing  # the snapshots it read, once it is done
 def sanitize_onnx(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                   inputs: Mapping[str, np.ndarray] | str | os.PathLike[str] | None = None,
                   shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -85,7 +87,7 @@ def sanitize_onnx(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                                 remedy="write the sanitized graph to another path")
     art = inspect_artifact(src)  # validates and names what it found; ArtifactError otherwise
     try:
-        model = ir.load(src)
+        model = ir.load(art.path)  # the snapshot: the bytes inspect_artifact hashed
     except Exception as exc:  # noqa: BLE001 - onnx-ir raises several kinds
         raise errors.ArtifactError(f"{src} could not be read as ONNX: {exc}",
                                    remedy="check the file (and its external data beside it)") from exc
@@ -112,7 +114,7 @@ def sanitize_onnx(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         except Exception as exc:  # noqa: BLE001 - the checker's own error types vary by version
             raise errors.ArtifactError(f"the sanitized graph fails onnx.checker: {exc}",
                                        remedy="report it with the input graph") from exc
-        parity = _check_parity(src, staged, art, inputs, shapes, dims)
+        parity = _check_parity(art.path, staged, art, inputs, shapes, dims)
         if parity["status"] == "differs":
             raise errors.XstageError(
                 f"the sanitized graph computes something else: {parity['detail']}",

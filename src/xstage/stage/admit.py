@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,8 @@ class Setup:
             request id (a restarted stage's ids continue).
         report: the device table the plan was made from: where the reference arm's route is
             found when a candidate's worker dies (``xstage.stage.crash``); None: not known.
+        snapshots: the folder of each snapshot the stage reads (``xstage.snapshot``: the
+            artifact's, a separate reference's), pinned while it is open.
     """
 
     artifact: Artifact
@@ -103,6 +106,7 @@ class Setup:
     state: tuple[StatePair, ...] = ()
     state_init: Mapping[str, np.ndarray] = field(default_factory=dict)
     report: DeviceReport | None = None
+    snapshots: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)

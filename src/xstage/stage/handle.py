@@ -21,6 +21,7 @@ from xstage.planner import Candidate, Plan
 from xstage.record.build import build_record
 from xstage.record.io import records_path, utc_now, write_record
 from xstage.refusal import Refusal
+from xstage.snapshot import release
 from xstage.stage.admit import Admission, admit
 from xstage.stage.ledger import Holding
 from xstage.stage.state import state_bytes
@@ -144,6 +145,7 @@ class Stage(Requests):
         self._state_resets = 0
         self._closed_cause: str | None = None
         self._closed = False
+        self._snapshots = list(admission.setup.snapshots)  # pinned until close (xstage.snapshot)
         self._record_path: str | None = None
         self._say = say or (lambda _m: None)
         self._install(self._client)
@@ -401,6 +403,8 @@ class Stage(Requests):
             self._client.close()
             self._ledger.release(self._holding)
             self._holding = None
+            while self._snapshots:  # once: eviction may take them again
+                release(self._snapshots.pop())
             if self.record_on_close and self._record_path is None:
                 self._record_path = ""  # once, even when writing fails
                 path = records_path(graph=self.artifact.path)

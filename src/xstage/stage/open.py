@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from xstage.record.build import build_record
 from xstage.record.io import utc_now
 from xstage.refusal import Refusal
 from xstage.signature import check_inputs
+from xstage.snapshot import release
 from xstage.stage import refusals
 from xstage.stage.admit import Admission, Setup, admit
 from xstage.stage.handle import RESTART_POLICIES, Stage
@@ -141,14 +143,19 @@ def open_stage(
     _check_numbers(min_placement, threads, depth)
     _check_restart(restart, max_restarts, restart_window)
     art: Artifact | None = None
+    held: list[Path] = []  # the snapshots this stage reads (released on failure, or at close)
     try:
         art = inspect_artifact(artifact, fmt=fmt, component=component)
+        if art.snapshot is not None:
+            held.append(art.snapshot.folder)
         nodes = graph_nodes(art)
         feeds, pairs, init = _feeds_and_state(art, request, inputs, shapes, dims)
         report = report or device_report()
         _check_pools(ledger, report)
         session = _session_options(threads, graph_opt_level)
         ref = make_reference(art, reference, session, report)
+        if ref.snapshot is not None:
+            held.append(ref.snapshot)
         ref.precheck({**feeds, **init})  # ONNX: bad inputs fail before any worker starts
         plan = make_plan(report, art.format, device=device, prefer=prefer, route=route,
                          offload=offload)
@@ -158,16 +165,27 @@ def open_stage(
                       ledger=ledger, devices=tuple(row.device for row in report.devices),
                       request=request, started=started,
                       depth=1 if pairs else depth,  # state carries from call to call: one at a time
-                      state=pairs, state_init=init, report=report)
+                      state=pairs, state_init=init, report=report, snapshots=tuple(held))
         return _first_admitted(plan, setup, on_event or _quiet, {
             "restart": restart, "max_restarts": max_restarts, "restart_window": restart_window,
             "record_on_close": record_on_close})
     except (errors.UsageError, errors.Refused):
+        _release(held)
         raise
     except errors.XstageError as exc:  # the run ended in an error: it still has its record
+        _release(held)
         exc.record = build_record(argv=(), started=started, request=request, status="error",
                                   error=exc, artifact=art)
         raise
+    except BaseException:
+        _release(held)
+        raise
+
+
+def _release(held: Sequence[Path]) -> None:
+    """The snapshots a stage that did not open was reading: eviction may take them again."""
+    for folder in held:
+        release(folder)
 
 
 def _check_pools(ledger: Ledger | None, report: DeviceReport) -> None:

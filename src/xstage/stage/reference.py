@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 
 from xstage import errors, parity
-from xstage.artifact import Artifact
+from xstage.artifact import Artifact, snapshot_graph
 from xstage.client import Deadlines
 from xstage.device_table import DeviceReport
 from xstage.routes import reference_spec
 from xstage.routes.launch import load_options, open_worker
+from xstage.snapshot import release
 
 __all__ = ["OnnxReference", "TorchReference", "make_reference", "quantized_outputs"]
 
@@ -35,7 +36,8 @@ __all__ = ["OnnxReference", "TorchReference", "make_reference", "quantized_outpu
 class OnnxReference:
     """The reference arm: the fp32 graph on onnxruntime's CPU EP, in this process."""
 
-    def __init__(self, path: Path, kind: str, session_opts: Mapping[str, Any]) -> None:
+    def __init__(self, path: Path, kind: str, session_opts: Mapping[str, Any],
+                 shown: Path | None = None) -> None:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -46,11 +48,12 @@ class OnnxReference:
             so.graph_optimization_level = getattr(
                 ort.GraphOptimizationLevel, session_opts["graph_optimization_level"])
         self.path, self.kind = path, kind
+        self.snapshot: Path | None = None  # a separate reference graph's snapshot (make_reference)
         try:
             self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise errors.ArtifactError(
-                f"the reference graph {path} does not load on onnxruntime's CPU EP: {exc}",
+                f"the reference graph {shown or path} does not load on onnxruntime's CPU EP: {exc}",
                 remedy="check the graph (or --reference)") from exc
         self.names = [o.name for o in self.session.get_outputs()]
         self._outputs: dict[str, np.ndarray] | None = None
@@ -110,6 +113,7 @@ class TorchReference:
     def __init__(self, report: DeviceReport, path: Path, kind: str,
                  output_names: Sequence[str]) -> None:
         self.path, self.kind = path, kind
+        self.snapshot: Path | None = None  # a separate reference program's snapshot (make_reference)
         self._report = report
         self._names = list(output_names)
         self._outputs: dict[str, np.ndarray] | None = None
@@ -208,23 +212,38 @@ def make_reference(art: Artifact, reference: str | os.PathLike[str], session: Ma
     """The reference arm for ``art``.
 
     ``auto`` takes the manifest's fp32 source where the artifact is not fp32 itself, else the
-    same graph (or program) on the CPU.
+    same graph (or program) on the CPU. The arm reads a snapshot, never the user's files: the
+    artifact's own (``art.path``), or one taken here of a separate reference graph (its
+    ``snapshot`` names it; release it with ``xstage.snapshot.release`` when the arm is done).
 
     Raises:
-        ArtifactError: an ONNX reference graph that does not load on onnxruntime's CPU EP.
+        ArtifactError: an ONNX reference graph that does not load on onnxruntime's CPU EP, or
+            a reference that cannot be read (or changed while it was copied).
     """
     if reference == "auto":
         source = art.manifest.get("fp32_source")
         if source and art.format != "onnx:fp32":
-            path, kind = (art.path.parent / source).resolve(), "fp32_source"
+            given, kind = (art.origin.parent / source), "fp32_source"
         else:
-            path, kind = art.path, "same_graph_cpu"
+            given, kind = None, "same_graph_cpu"
     else:
-        path, kind = Path(reference), "user"
-    if art.format.startswith("pt:"):
-        return TorchReference(report, path, "torch_cpu" if kind == "same_graph_cpu" else kind,
-                              [o.name for o in art.outputs])
-    return OnnxReference(path, kind, session)
+        given, kind = Path(reference), "user"
+    snap = snapshot_graph(given) if given is not None else None
+    path = snap.graph if snap is not None else art.path
+    try:
+        arm: OnnxReference | TorchReference
+        if art.format.startswith("pt:"):
+            arm = TorchReference(report, path, "torch_cpu" if kind == "same_graph_cpu" else kind,
+                                 [o.name for o in art.outputs])
+        else:
+            arm = OnnxReference(path, kind, session,
+                                shown=snap.files[0].source if snap is not None else art.origin)
+    except BaseException:
+        if snap is not None:
+            release(snap.folder)
+        raise
+    arm.snapshot = snap.folder if snap is not None else None
+    return arm
 
 
 def quantized_outputs(art: Artifact) -> dict[str, parity.QuantParams]:

@@ -53,7 +53,7 @@ def declared_state(art: Artifact) -> tuple[StatePair, ...]:
     """
     if not art.manifest.get("state"):
         return ()
-    where = manifest_path(art.path)
+    where = manifest_path(art.origin)
     ins = {spec.name: spec for spec in art.inputs}
     outs = {spec.name: spec for spec in art.outputs}
     pairs = []
