@@ -1,4 +1,4 @@
-"""``xstage cache list|clear [--json]``: the artifact snapshots under ``XSTAGE_HOME``.
+"""``xstage cache list|clear [--json[=PATH]]``: the artifact snapshots under ``XSTAGE_HOME``.
 
 Thin: ``xstage.snapshot`` does the work; this module only renders it.
 """
@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from rich.markup import escape
 
 from xstage import ledger, snapshot
+from xstage.cli._flags import add_json_flag
 from xstage.cli._output import Output
 from xstage.exit_codes import EXIT_OK
 
@@ -68,9 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     listing = verbs.add_parser("list", help="every snapshot: hash, files, size, last use",
                                epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    listing.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+    add_json_flag(listing, "every snapshot")
     listing.set_defaults(func=_list)
     clearing = verbs.add_parser("clear", help="remove every snapshot no live stage reads",
                                 epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    clearing.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+    add_json_flag(clearing, "what was removed and what was kept")
     clearing.set_defaults(func=_clear)
