@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 
 from xstage.cli._output import Output
-from xstage.cli.report import write_output
+from xstage.cli.report import read_checked, write_output
 from xstage.exit_codes import EXIT_OK
-from xstage.record import read_record
 
 __all__ = ["register"]
 
@@ -36,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     from xstage.report import build_view, compare_views
 
-    cmp = compare_views(build_view(read_record(args.a)), build_view(read_record(args.b)))
+    cmp = compare_views(build_view(read_checked(args.a, out)), build_view(read_checked(args.b, out)))
     if not cmp.same_artifact:
         out.warning("the two records are of different artifacts (sha256 differs): compared anyway")
     if args.json:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,9 @@ from xstage.cli._output import Output
 from xstage.cli._summary import show_summary
 from xstage.exit_codes import EXIT_OK
 from xstage.home import atomic_write
-from xstage.record import read_record
+from xstage.record import UnknownValueWarning, read_record
 
-__all__ = ["register", "write_output"]
+__all__ = ["read_checked", "register", "write_output"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,8 +68,21 @@ def _dump(doc: Any) -> str:
     return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
 
 
+def read_checked(path: str, out: Output) -> dict[str, Any]:
+    """``read_record(path)``, each value a later minor version added said as one warning line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UnknownValueWarning)
+        doc = read_record(path)
+    for warning in caught:
+        if issubclass(warning.category, UnknownValueWarning):
+            out.warning(str(warning.message))
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return doc
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
-    doc = read_record(args.record)
+    doc = read_checked(args.record, out)
     if args.json:
         out.json(doc)
     else:
