@@ -11,18 +11,23 @@ the reference graph as ``--reference``.
 
 Classes (:data:`CLASSES`), each case with its attacks and its controls:
 
-* ``gate_reference``: the stage's graph is the reference followed by ``Neg``, ``Mul 1.01`` or
-  ``Mul 0`` (attacks: its own float64 answer agrees with it, the reference's does not); the
-  control computes every product of the reference as two half-sums (another order: fp32 noise).
+* ``gate_reference``: the reference is an MLP. The stage's graph is the reference followed by
+  ``Neg``, ``Mul 1.01`` or ``Mul 0`` (attacks: its own float64 answer agrees with it, the
+  reference's does not). Controls: every product summed as two half-sums (another order: fp32
+  noise); and ``shifted``, where the reference centers its input first (``x − mean(x)`` on
+  inputs near 1e4: the mean's fp32 rounding lands on values of scale 1e-2, an ill-conditioned
+  reference arm) and the stage centers ``x − x[:, :1]`` first (exact in fp32: far from the naive
+  reference arm, nearer float64 than it, so only the tie-break can pass it).
 * ``gate_nonfinite``: the reference adds ``Sqrt(a·a − c)`` with ``c`` the fp32 rounding of
   ``a·a`` just above it: 0 in fp32, NaN in float64, so the float64 answer has no finite element.
   The attack's weights are rounded to bf16 (a stage ~1e-3 off); the control is the half-sum
   reordering of the same graph.
-* ``gate_opset``: the reference (opset 9 or 11) ends in a Softmax on ``(N, C, H, W)`` with the
-  default axis: the input coerced to 2-D, normalized over ``C·H·W``. The control computes that
-  at opset 13 (Flatten, Softmax over the last axis, Reshape) from half-sum logits; the attack
-  normalizes over ``C`` alone (Softmax-13, axis 1), what an opset-13 reading of the reference's
-  default would be beside its coercion.
+* ``gate_opset``: the reference (opset 9 or 11) runs an MLP and ends in a Softmax on
+  ``(N, C, H, W)`` with the default axis: the input coerced to 2-D, normalized over ``C·H·W``.
+  The attack normalizes over ``C`` alone (Softmax-13, axis 1). The control computes the
+  coercion at opset 13 (Flatten, Softmax over the last axis, Reshape), beside a reference that
+  centers its input naively as in ``shifted`` while the stage centers exactly, so the
+  tie-break decides it.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ PASS, REFUSE = "pass", "refuse"
 
 #: The variants of each class: (name, truth).
 VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "gate_reference": (("neg", REFUSE), ("scale", REFUSE), ("zero", REFUSE), ("halves", PASS)),
+    "gate_reference": (("neg", REFUSE), ("scale", REFUSE), ("zero", REFUSE), ("halves", PASS),
+                       ("shifted", PASS)),
     "gate_nonfinite": (("bf16", REFUSE), ("halves", PASS)),
     "gate_opset": (("softmax_axis_c", REFUSE), ("softmax_coerced_13", PASS)),
 }
@@ -97,10 +103,32 @@ def _bf16(a: np.ndarray) -> np.ndarray:
     return rounded.view(np.float32)
 
 
-def _mlp_nodes(case: Case, halves: bool, bf16: bool) -> tuple[list[Any], list[Any], str]:
-    """MatMul + Add (+ Relu between layers) nodes on input ``x``; (nodes, initializers, last)."""
-    nodes, inits = [], []
+def _centering(case: Case, shifted: bool) -> tuple[list[Any], list[Any], str]:
+    """``x − mean(x)`` over the features, on inputs near 1e4: ill-conditioned in fp32.
+
+    Naive (the reference's): the mean's rounding, up to half an ulp of 1e4, lands on values of
+    scale 1e-2. ``shifted``: on ``x − x[:, :1]`` first (exact in fp32), right to fp32 precision:
+    far from the naive arm, and closer to float64 than it.
+    """
+    nodes: list[Any] = []
+    inits: list[Any] = []
     prev = "x"
+    if shifted:
+        for name, value in (("c0", 0), ("c1", 1), ("cax", 1)):
+            inits.append(numpy_helper.from_array(np.array([value], np.int64), name))
+        nodes += [helper.make_node("Slice", ["x", "c0", "c1", "cax"], ["x0"]),
+                  helper.make_node("Sub", ["x", "x0"], ["xd"])]
+        prev = "xd"
+    nodes += [helper.make_node("ReduceMean", [prev], ["mean"], axes=[1], keepdims=1),
+              helper.make_node("Sub", [prev, "mean"], ["centered"])]
+    return nodes, inits, "centered"
+
+
+def _mlp_nodes(case: Case, halves: bool, bf16: bool, centered: bool,
+               shifted: bool = False) -> tuple[list[Any], list[Any], str]:
+    """MatMul + Add (+ Relu between layers) nodes on input ``x`` (``centered`` first,
+    :func:`_centering`); (nodes, initializers, last)."""
+    nodes, inits, prev = _centering(case, shifted) if centered else ([], [], "x")
     layers = _weights(case)
     for i, (w, b) in enumerate(layers):
         if bf16:
@@ -173,30 +201,42 @@ def _softmax_head(nodes: list[Any], inits: list[Any], last: str, case: Case, how
     return shape
 
 
-def build(case: Case, variant: str | None) -> ModelProto:
-    """The reference graph (``variant`` None) or the stage graph of ``variant``."""
-    halves = variant in ("halves", "softmax_coerced_13")
-    nodes, inits, last = _mlp_nodes(case, halves=halves, bf16=variant == "bf16")
+#: The controls whose reference centers inputs near 1e4 (an ill-conditioned reference arm,
+#: only the tie-break can pass them). The attacks keep a well-conditioned reference: beside an
+#: ill-conditioned one, a stage within the slack of the reference arm's distance passes by
+#: design (docs/external.md), and ×1.01 would be within it.
+CENTERED = ("shifted", "softmax_coerced_13")
+
+
+def build(case: Case, variant: str, reference: bool = False) -> ModelProto:
+    """The stage graph of ``variant``, or (``reference``) the reference graph it runs beside."""
+    centered = variant in CENTERED
+    stage = None if reference else variant
+    nodes, inits, last = _mlp_nodes(case, halves=stage == "halves", bf16=stage == "bf16",
+                                    centered=centered, shifted=centered and stage is not None)
     out = [case.batch, case.widths[-1]]
     opset = case.opset
     if case.klass == "gate_reference":
-        if variant in ("neg", "scale", "zero"):
-            _tail(nodes, inits, last, variant)
+        if stage in ("neg", "scale", "zero"):
+            _tail(nodes, inits, last, stage)
         else:
             nodes.append(helper.make_node("Identity", [last], ["y"]))
     elif case.klass == "gate_nonfinite":
         _nan_term(nodes, inits, last, case.a)
     else:
-        how = "default" if variant is None else "axis_c" if variant == "softmax_axis_c" else "coerced"
-        opset = case.opset if variant is None else 13
+        how = "default" if stage is None else "axis_c" if stage == "softmax_axis_c" else "coerced"
+        opset = case.opset if stage is None else 13
         out = _softmax_head(nodes, inits, last, case, how)
     return _model(nodes, inits, out, case, opset)
 
 
-def inputs(case: Case) -> dict[str, np.ndarray]:
-    """The gate's input, from the case's seed."""
+def inputs(case: Case, variant: str) -> dict[str, np.ndarray]:
+    """The gate's input, from the case's seed (near 1e4 for the :data:`CENTERED` variants)."""
     rng = np.random.default_rng(case.seed + 1)
-    return {"x": rng.standard_normal((case.batch, case.widths[0])).astype(np.float32)}
+    x = rng.standard_normal((case.batch, case.widths[0]))
+    if variant in CENTERED:
+        x = 1e4 + 1e-2 * x
+    return {"x": x.astype(np.float32)}
 
 
 # --------------------------------------------------------------------------- the classes

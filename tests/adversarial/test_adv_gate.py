@@ -64,9 +64,10 @@ def _table(request: pytest.FixtureRequest) -> None:
 
 def _run(case: adv_gate.Case, variant: str, report: device_table.DeviceReport, tmp_path: Path,
          monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict | None, str]:
-    reference = builtin_graphs.write(adv_gate.build(case, None), tmp_path / "reference.onnx")
+    reference = builtin_graphs.write(adv_gate.build(case, variant, reference=True),
+                                     tmp_path / "reference.onnx")
     stage = builtin_graphs.write(adv_gate.build(case, variant), tmp_path / "stage.onnx")
-    np.savez(tmp_path / "x.npz", **adv_gate.inputs(case))
+    np.savez(tmp_path / "x.npz", **adv_gate.inputs(case, variant))
     monkeypatch.setattr("xstage.stage.open.device_report", lambda: report)
     record = tmp_path / "record.json"
     argv = ["external", "--graph", str(stage), "--reference", str(reference), "--route", "ort-cpu",
@@ -114,9 +115,9 @@ def test_the_nonfinite_reference_has_no_finite_float64_element(tmp_path) -> None
 
     (case,) = adv_gate.generate(SEED, 1)[1:2]
     assert case.klass == "gate_nonfinite"
-    model = adv_gate.build(case, None)
+    model = adv_gate.build(case, "bf16", reference=True)
     (y,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, adv_gate.inputs(case))
+        None, adv_gate.inputs(case, "bf16"))
     assert np.isfinite(y).all()
     consts = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     a, c = consts["nan_a"].astype(np.float64), consts["nan_c"].astype(np.float64)

@@ -31,10 +31,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 #: A float output matches when ``|x - o| <= RTOL·max|x| + RTOL·|x|`` everywhere (x the float64
-#: answer, o onnxruntime's fp32 output). fp32 kernels are off by a few roundings of the
-#: output's scale per step (MLAS's exp, tanh and erf approximations ~1e-6 relative, a Conv's
-#: 3·3·C sum ~1e-6 of its scale); a wrong semantics is off by whole values.
-RTOL = 1e-4
+#: answer, o onnxruntime's fp32 output). Measured over the 594 cases of the sweep: the largest
+#: ``max|x - o| / max|x|`` is 6.9e-7 (a ReduceMean over 120 elements), then 2.2e-7 (MatMul),
+#: 1.7e-7 (LSTM): 1e-5 leaves 14x; a wrong semantics is off by whole values (the light
+#: SqueezeNet's opset-13 reading: 1.0 where onnxruntime says 1e-3).
+RTOL = 1e-5
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,7 @@ for _version in (9, 13, 21):
         (f"built_cast{_version}_bool_to_float", _single(
             "Cast", _version, {"x": _X > 0}, TensorProto.FLOAT, to=TensorProto.FLOAT)),
     ]
-for _version in (11, 13):
+for _version in (1, 11, 13):
     BUILT[("", "ReduceMean", _version)] = [
         (f"built_reducemean{_version}_last_axis", _single(
             "ReduceMean", _version, {"x": _X}, TensorProto.FLOAT, axes=[-1])),

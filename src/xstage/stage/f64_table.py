@@ -38,7 +38,7 @@ _DEFAULT_DOMAIN: Mapping[str, tuple[int, ...]] = {
     "Identity": (1, 16), "If": (16,), "LRN": (1,), "LSTM": (14,), "LayerNormalization": (17,),
     "Log": (13,), "LogSoftmax": (1, 11, 13), "MatMul": (9, 13), "MaxPool": (8, 11),
     "Mul": (7, 14), "Neg": (13,), "Not": (1,), "Or": (7,), "Pad": (13, 18), "Pow": (12, 15),
-    "Reciprocal": (13,), "ReduceMean": (11, 13, 18), "ReduceSum": (13,), "Relu": (6, 14),
+    "Reciprocal": (13,), "ReduceMean": (1, 11, 13, 18), "ReduceSum": (13,), "Relu": (6, 14),
     "Reshape": (5, 14, 21), "Resize": (11,), "Shape": (1, 15), "Sigmoid": (6, 13), "Sin": (7,),
     "Size": (13,), "Slice": (11, 13), "Softmax": (1, 11, 13), "Split": (18,), "Sqrt": (6, 13),
     "Squeeze": (11, 13, 21), "Sub": (7, 14), "Sum": (8,), "Tanh": (13,),
