@@ -102,7 +102,8 @@ def _gate_text(gate: dict[str, Any]) -> str:
         text += f", rel_l2 {worst['rel_l2']:.1e} (rule {worst['rule']})"
     tb = gate.get("tiebreak") or {}
     if tb:
-        text += f"; tie-break {tb.get('status')}" + (f" ({tb.get('reason_code')})" if tb.get("reason_code") else "")
+        code = tb.get("reason_code")
+        text += f"; tie-break {tb.get('status')}" + (f" ({code})" if code else "")
     if gate.get("tier"):
         text += f"; {gate['tier'].get('decided')} tier {gate['tier'].get('verdict')}"
     return text
@@ -146,7 +147,8 @@ def main() -> int:
         reference = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
         for route in args.routes.split(","):
             run = _run(path, route, feeds_npz, out)
-            rows.append((path.stem.removeprefix("light_"), route, _verdict(run), _gate_text(_parity(run["doc"])),
+            gate = _gate_text(_parity(run["doc"]))
+            rows.append((path.stem.removeprefix("light_"), route, _verdict(run), gate,
                          _f64_text(run, exact, reference)))
             print(" | ".join(rows[-1]), f"({run['seconds']:.0f} s)", file=sys.stderr, flush=True)
     head = ("model", "route", "verdict", "gate", "float64 (rel L2 / max abs)")
