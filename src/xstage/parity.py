@@ -56,11 +56,13 @@ when every failed output failed rule 8, otherwise ``tolerance`` (rules 1, 2, 4, 
 **The float64 tie-break.** Relative metrics cannot tell two right answers of an
 ill-conditioned output apart, nor a sigmoid map near zero from a tiny output computed in
 bf16. When the comparison fails on float rules only (:data:`FLOAT_RULES`) for a float format,
-the stage layer (``xstage.stage.tiebreak``) evaluates the graph in float64, and
-:func:`settle_tiebreak` passes the stage if it is no further from that answer than the fp32
-reference is (by rel_l2, and in every magnitude band of the answer, within
-:data:`TIEBREAK_SLACK`). Where that cannot run,
-:func:`tiebreak_unavailable` records why, and for fp32 the stage layer decides at the *noise
+the stage layer (``xstage.stage.tiebreak``) evaluates the *reference* graph in float64 (never
+the artifact under test, unless it is its own reference), and :func:`settle_tiebreak` passes
+the stage if it is no further from that answer than the fp32 reference is (by rel_l2, and in
+every magnitude band of the answer, within :data:`TIEBREAK_SLACK`), over the positions where
+the answer is finite. Where that cannot run (or leaves nothing finite to compare),
+:func:`tiebreak_unavailable` records why, with a code from :data:`TIEBREAK_UNAVAILABLE`, and
+for fp32 the stage layer decides at the *noise
 tier* (:func:`at_noise_tier`: rule 8 with ``a`` = :data:`NOISE_ELEM_A`, the measured fp32
 reorder bound) unless the caller named ``elem_a``.
 
@@ -89,6 +91,7 @@ __all__ = [
     "REFERENCE_KINDS",
     "TIEBREAK_BAND_MIN",
     "TIEBREAK_SLACK",
+    "TIEBREAK_UNAVAILABLE",
     "Cause",
     "OutputMetrics",
     "Parity",
@@ -156,6 +159,16 @@ FLOAT_RULES = ("rel_l2", "max_abs", "cosine", "elementwise", "all_zero_reference
 #: a stage 16x less exact than the CPU EP at fp32 is still right to ~1e-5, and 660x under
 #: the nearest bf16 one; fp16 and TF32 (unit roundoff 2^-11) are 2^13x fp32's.
 TIEBREAK_SLACK = 16.0
+
+#: Why a float64 tie-break was ``unavailable`` (the record's ``tiebreak.reason_code``; the
+#: ``reason`` text says the rest): an op outside the evaluator's checked table
+#: (``unchecked_op``), no finite element of the answer left to compare (``no_finite_answer``),
+#: an output the answer lacks or shapes differently (``no_comparable_output``), its float64
+#: copy too large (``memory``), past its time limit (``time_limit``), the evaluator failing on
+#: the graph (``evaluator_failed``), no torch-cpu to run a torch program (``torch_unavailable``),
+#: a stateful stage (``stateful``).
+TIEBREAK_UNAVAILABLE = ("unchecked_op", "no_finite_answer", "no_comparable_output", "memory",
+                        "time_limit", "evaluator_failed", "torch_unavailable", "stateful")
 
 #: The fewest elements of one magnitude band of rule T2 (an output with fewer is one band):
 #: a median or an rms over 64 fp32 errors is stable to a factor of ~1.5 between two arms of
@@ -1220,7 +1233,8 @@ def tiebreak_unavailable(gate: Parity, reason: str, **facts: Any) -> Parity:
     Args:
         gate: the failed verdict of :func:`compare`.
         reason: why the tie-break could not run (the record keeps it).
-        **facts: JSON values the record keeps beside the reason (limits, sizes).
+        **facts: JSON values the record keeps beside the reason (limits, sizes); its
+            ``reason_code`` is one of :data:`TIEBREAK_UNAVAILABLE`.
 
     Returns:
         The same verdict, its ``tiebreak`` and summary saying why no tie-break decided.
@@ -1361,10 +1375,74 @@ def _band_check(y: np.ndarray, r: np.ndarray, x: np.ndarray, eps: float,
     return ok, worst
 
 
+def _finite_split(x64: np.ndarray, y64: np.ndarray, r64: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """Which positions the tie-break compares: (the mask, positions left out, disagreements).
+
+    Positions where the float64 answer is non-finite are left out; where it is finite, the
+    stage and the reference must agree on finiteness (a disagreement is counted, and fails
+    the output); where both are non-finite there (rule 5 matched them), they are left out.
+    """
+    answer = np.isfinite(x64)
+    fy, fr = np.isfinite(y64), np.isfinite(r64)
+    disagree = int(np.count_nonzero(answer & (fy != fr)))
+    keep = answer & fy & fr
+    return keep, int(x64.size - np.count_nonzero(keep)) - disagree, disagree
+
+
+def _ill_conditioned(name: str, r: np.ndarray, x: np.ndarray, tol: Tolerance) -> bool:
+    """Whether the reference arm is itself beyond the format's tolerance of the float64 answer
+    (rule 7: rel_l2, max_abs and cosine; rule 8 off, since it is the tie-break's own filter)."""
+    return not _compare_floats(name, r, x, replace(tol, elem=1.0)).passed
+
+
+def _tiebreak_row(m: OutputMetrics, y: np.ndarray, r: np.ndarray, x: np.ndarray,
+                  tol: Tolerance) -> dict[str, Any] | str:
+    """One failed output against the float64 answer: its record row, or why none can be made."""
+    x64 = np.asarray(x, np.float64).ravel()
+    y64, r64 = np.asarray(y, np.float64).ravel(), np.asarray(r, np.float64).ravel()
+    keep, left_out, disagree = _finite_split(x64, y64, r64)
+    if not np.any(keep) and not disagree:
+        return (f"the float64 answer has no finite element to compare in {m.name} "
+                f"({x64.size} elements, {int(np.count_nonzero(~np.isfinite(x64)))} non-finite)")
+    x64, y64, r64 = x64[keep], y64[keep], r64[keep]
+    infos = [i for i in (_float_info(y.dtype), _float_info(r.dtype)) if i is not None]
+    eps = max((float(i.eps) for i in infos), default=float(np.finfo(np.float32).eps))
+    tiny = max((float(i.tiny) for i in infos), default=float(np.finfo(np.float32).tiny))
+    s_rel, s_max = _distance(y64, x64) if x64.size else (None, 0.0)
+    r_rel, r_max = _distance(r64, x64) if x64.size else (None, 0.0)
+    rel_ok = s_rel is None or s_rel <= TIEBREAK_SLACK * max(r_rel or 0.0, eps)
+    bands_ok, worst = _band_check(y64, r64, x64, eps, tiny) if x64.size else (True, {})
+    ill = bool(x64.size) and _ill_conditioned(m.name, r64.astype(r.dtype), x64, tol)
+    return {"name": m.name, "stage_rel_l2": _json_float(s_rel), "reference_rel_l2": _json_float(r_rel),
+            "stage_max_abs": s_max, "reference_max_abs": r_max, "worst_band": worst,
+            "compared": int(x64.size), "left_out": left_out, "finiteness_disagrees": disagree,
+            "ill_conditioned": ill, "passed": rel_ok and bands_ok and not disagree}
+
+
+def _tiebreak_text(row: dict[str, Any]) -> str:
+    """One output's tie-break, as the summary says it."""
+    text = (f"{row['name']}: stage rel_l2 {_e(row['stage_rel_l2'] or 0.0)} vs reference "
+            f"{_e(row['reference_rel_l2'] or 0.0)} from float64")
+    if row["ill_conditioned"]:
+        text += (f" (ill-conditioned: the reference arm is itself beyond the format's tolerance "
+                 f"of the float64 answer; max_abs stage {_e(row['stage_max_abs'])}, reference "
+                 f"{_e(row['reference_max_abs'])})")
+    if row["finiteness_disagrees"]:
+        text += (f", stage and reference disagree on finiteness at {row['finiteness_disagrees']} "
+                 "positions where float64 is finite")
+    if row["left_out"]:
+        text += f", {row['left_out']} positions left out (float64 non-finite there)"
+    band = row["worst_band"]
+    if band:
+        text += (f", worst magnitude band |x| {_e(band['magnitude'][0])}..{_e(band['magnitude'][1])} "
+                 f"({band['n']} elements): stage {_e(band['ratio'])}x the reference's error")
+    return text
+
+
 def settle_tiebreak(gate: Parity, outputs: Mapping[str, np.ndarray],
                     reference: Mapping[str, np.ndarray], exact: Mapping[str, np.ndarray],
                     **facts: Any) -> Parity:
-    """Decide a failed float gate by the float64 answer.
+    """Decide a failed float gate by the float64 answer of the reference graph.
 
     Each failed output passes when the stage is no further from ``exact`` than the fp32
     reference is, within :data:`TIEBREAK_SLACK`, by two rules; the verdict passes when every
@@ -1380,6 +1458,12 @@ def settle_tiebreak(gate: Parity, outputs: Mapping[str, np.ndarray],
       keeps a band that the block fills from being excused by a few large-path elements
       that fall into it with their larger errors; the rms catches a block that is a
       minority of its band.
+    * **Finiteness:** positions where the float64 answer is non-finite are left out; where it
+      is finite, a stage and a reference that disagree on finiteness fail the output. An
+      output with no finite position left makes the tie-break ``unavailable`` (never a pass).
+    * **Ill-conditioned:** where the reference arm is itself beyond the format's tolerance of
+      the float64 answer (rule 7), the row says ``ill_conditioned`` and the summary prints
+      both arms' distances; T1 and T2 decide as for any output.
 
     ``eps`` is the coarser dtype's machine epsilon (one rounding of the output): where the
     reference is exact, the stage may be off by its own rounding.
@@ -1388,7 +1472,7 @@ def settle_tiebreak(gate: Parity, outputs: Mapping[str, np.ndarray],
         gate: the failed verdict of :func:`compare` on ``outputs`` and ``reference``.
         outputs: the stage's outputs.
         reference: the reference's outputs.
-        exact: the graph evaluated in float64, by output name.
+        exact: the reference graph evaluated in float64, by output name.
         **facts: JSON values the record keeps (how the answer was computed).
 
     Returns:
@@ -1398,32 +1482,16 @@ def settle_tiebreak(gate: Parity, outputs: Mapping[str, np.ndarray],
     for m in gate.failed_outputs:
         y, r, x = outputs.get(m.name), reference.get(m.name), exact.get(m.name)
         if y is None or r is None or x is None or x.shape != y.shape or r.shape != y.shape:
-            return tiebreak_unavailable(
-                gate, f"the float64 evaluation gave no comparable {m.name}", **facts)
-        x64 = np.asarray(x, np.float64).ravel()
-        y64, r64 = np.asarray(y, np.float64).ravel(), np.asarray(r, np.float64).ravel()
-        keep = np.isfinite(x64) & np.isfinite(y64) & np.isfinite(r64)
-        x64, y64, r64 = x64[keep], y64[keep], r64[keep]
-        infos = [i for i in (_float_info(y.dtype), _float_info(r.dtype)) if i is not None]
-        eps = max((float(i.eps) for i in infos), default=float(np.finfo(np.float32).eps))
-        tiny = max((float(i.tiny) for i in infos), default=float(np.finfo(np.float32).tiny))
-        s_rel, s_max = _distance(y64, x64)
-        r_rel, r_max = _distance(r64, x64)
-        rel_ok = s_rel is None or s_rel <= TIEBREAK_SLACK * max(r_rel or 0.0, eps)
-        bands_ok, worst = _band_check(y64, r64, x64, eps, tiny) if x64.size else (True, {})
-        ok = rel_ok and bands_ok
-        rows.append({"name": m.name, "stage_rel_l2": _json_float(s_rel),
-                     "reference_rel_l2": _json_float(r_rel), "stage_max_abs": s_max,
-                     "reference_max_abs": r_max, "worst_band": worst, "passed": ok})
-    text = "; ".join(
-        f"{row['name']}: stage rel_l2 {_e(row['stage_rel_l2'] or 0.0)} vs reference "
-        f"{_e(row['reference_rel_l2'] or 0.0)} from float64"
-        + (f", worst magnitude band |x| {_e(row['worst_band']['magnitude'][0])}.."
-           f"{_e(row['worst_band']['magnitude'][1])} ({row['worst_band']['n']} elements): stage "
-           f"{_e(row['worst_band']['ratio'])}x the reference's error" if row["worst_band"] else "")
-        for row in rows)
+            return tiebreak_unavailable(gate, f"the float64 evaluation gave no comparable {m.name}",
+                                        reason_code="no_comparable_output", **facts)
+        row = _tiebreak_row(m, y, r, x, gate.tolerance)
+        if isinstance(row, str):
+            return tiebreak_unavailable(gate, row, reason_code="no_finite_answer", **facts)
+        rows.append(row)
+    text = "; ".join(_tiebreak_text(row) for row in rows)
+    ill = [row["name"] for row in rows if row["ill_conditioned"]]
     record = {"status": "passed" if all(row["passed"] for row in rows) else "failed",
-              "slack": TIEBREAK_SLACK, "outputs": rows, **facts}
+              "slack": TIEBREAK_SLACK, "outputs": rows, "ill_conditioned": ill, **facts}
     if record["status"] == "passed":
         return replace(gate, verdict="passed", cause=None, tiebreak=record,
                        summary=f"passed by the float64 tie-break (the fp32 comparison failed: "

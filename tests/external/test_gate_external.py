@@ -144,27 +144,29 @@ def test_an_ill_conditioned_output_passes_by_the_tiebreak(tmp_path):
 
 
 def test_a_graph_the_tiebreak_cannot_evaluate_stays_refused_with_unavailable(tmp_path, external):
-    """com.microsoft Gelu runs on onnxruntime but not in onnx's ReferenceEvaluator: the fp32
-    verdict (against a reference that rounds through float16) stands, and the record says why."""
+    """The reference graph (the one the tie-break evaluates) is a com.microsoft Gelu, which
+    onnxruntime runs and the evaluator's checked table lacks; the stage rounds through float16:
+    the fp32 verdict stands, and the record says why, naming the node."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 64])
     stage = helper.make_model(
         helper.make_graph([helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")], "g", [x], [y]),
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)], ir_version=8)
-    onnx.save(stage, str(tmp_path / "gelu.onnx"))
+    onnx.save(stage, str(tmp_path / "ref.onnx"))
     nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
              helper.make_node("Cast", ["h"], ["xf"], to=TensorProto.FLOAT),
              helper.make_node("Gelu", ["xf"], ["y"])]
-    reference = helper.make_model(helper.make_graph(nodes, "r", [x], [y]),
-                                  opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
-    onnx.save(reference, str(tmp_path / "ref.onnx"))
+    rounded = helper.make_model(helper.make_graph(nodes, "r", [x], [y]),
+                                opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+    onnx.save(rounded, str(tmp_path / "gelu.onnx"))
     r = external("--graph", str(tmp_path / "gelu.onnx"), "--route", "ort-cpu",
                  "--reference", str(tmp_path / "ref.onnx"))
     assert r.code == 2, r.stderr
     refusal = r.record["outcome"]["refusals"][-1]
     assert refusal["code"] == "numeric_gate_failed"
     tb = refusal["evidence"]["parity"]["tiebreak"]
-    assert tb["status"] == "unavailable" and "ReferenceEvaluator" in tb["reason"]
+    assert tb["status"] == "unavailable" and tb["reason_code"] == "unchecked_op"
+    assert "Gelu (com.microsoft)" in tb["reason"] and tb["graph"]["name"] == "ref.onnx"
     assert "float64 tie-break" in r.stdout and "unavailable" in r.stdout
 
 

@@ -218,8 +218,8 @@ def test_an_explicit_elem_a_is_kept_when_the_tiebreak_is_unavailable(tmp_path, m
 
 
 def test_an_op_the_evaluator_lacks_decides_at_the_noise_tier(tmp_path):
-    """A com.microsoft op (FusedMatMul) ReferenceEvaluator cannot load: the tie-break is
-    unavailable for its own reason, and the noise tier decides a reordering-sized difference
+    """A com.microsoft op (FusedMatMul), outside the evaluator's checked table: the tie-break
+    is unavailable naming it, and the noise tier decides a reordering-sized difference
     (2e-6·rms on every element: the 12-block tower's measured size)."""
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((256, 64)).astype(np.float32), "w")
@@ -239,7 +239,8 @@ def test_an_op_the_evaluator_lacks_decides_at_the_noise_tier(tmp_path):
     gate = compare({"y": stage}, {"y": ref}, fmt="onnx:fp32", reference_kind="same_graph_cpu")
     assert gate.cause == "elementwise"
     settled = tiebreak.settle(gate, inspect_artifact(path), {"x": x}, {"y": stage}, {"y": ref})
-    assert "ReferenceEvaluator" in settled.tiebreak["reason"]
+    assert settled.tiebreak["reason_code"] == "unchecked_op"
+    assert "FusedMatMul (com.microsoft) 'FusedMatMul'" in settled.tiebreak["reason"]
     assert settled.passed and settled.tier["decided"] == "noise"
 
 

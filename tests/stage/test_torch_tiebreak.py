@@ -5,7 +5,8 @@ ill-conditioned in fp32: computed naively, the mean's rounding (up to half an ul
 4.9e-4) lands on outputs of scale 1e-2. Computed on ``x - x[0]`` first (exact in fp32), the same
 function is right to fp32's precision. So the two programs disagree far beyond rule 7, and
 float64 says which one is right: the shifted stage passes against the naive reference, the
-naive stage fails against the shifted one. Each program carries a parameter, a buffer and a
+naive stage fails against the shifted one. The program evaluated in float64 is the reference
+(``--reference``), never the stage. Each program carries a parameter, a buffer and a
 lifted constant, which the widening reaches; dtypes the graph names (``.to(float16)``,
 ``linspace(..., dtype=float32)``) are widened too, as the ONNX tie-break widens Casts. A
 program that is float32 by construction (a bf16 rounding by bit trick, ``view(int32)``) cannot
@@ -103,6 +104,9 @@ def test_the_right_program_passes_by_the_torch_tiebreak(export_python, programs,
     # The fp32 arms disagree far beyond rule 7; float64 sides with the shifted program.
     assert row["reference_rel_l2"] > 1e-3 and row["stage_rel_l2"] < row["reference_rel_l2"] / 10
     assert "float64 tie-break" in done.stdout
+    # The naive reference is itself beyond fp32's tolerance of float64: said so, both distances.
+    assert row["ill_conditioned"] and gate["tiebreak"]["ill_conditioned"] == ["y"]
+    assert gate["tiebreak"]["graph"] == {"kind": "user", "name": "naive.pt2"}
 
 
 def _refused_gate(doc: dict) -> dict:
@@ -121,7 +125,9 @@ def test_the_wrong_program_fails_the_torch_tiebreak(export_python, programs, tmp
 
 
 def test_a_hard_coded_float32_makes_the_torch_tiebreak_unavailable(export_python, programs, tmp_path):
-    done, doc = _external(export_python, programs, "narrow", "naive", tmp_path / "r.json")
+    """The reference program is the one evaluated in float64: a narrow reference makes the
+    tie-break unavailable (a narrow stage beside a widenable reference would not)."""
+    done, doc = _external(export_python, programs, "naive", "narrow", tmp_path / "r.json")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     gate = _refused_gate(doc)
     tiebreak = gate["tiebreak"]
@@ -130,8 +136,9 @@ def test_a_hard_coded_float32_makes_the_torch_tiebreak_unavailable(export_python
 
 
 def test_dtypes_the_graph_names_are_widened(export_python, programs, tmp_path):
-    """``.to(float16)`` and a float32 ``linspace`` in the graph run in float64: unwidened,
-    either one would return a narrower float and make the tie-break ``unavailable``."""
-    done, doc = _external(export_python, programs, "casts", "naive", tmp_path / "r.json")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert doc["parity"]["tiebreak"]["status"] == "passed"
+    """``.to(float16)`` and a float32 ``linspace`` in the reference graph run in float64:
+    unwidened, either one would return a narrower float and make the tie-break
+    ``unavailable``; widened, its answer decides (the naive stage is far from it)."""
+    done, doc = _external(export_python, programs, "naive", "casts", tmp_path / "r.json")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert _refused_gate(doc)["tiebreak"]["status"] == "failed"

@@ -13,10 +13,9 @@ import argparse
 
 from xstage.cli._flags import add_json_flag
 from xstage.cli._output import Output
-from xstage.cli.report import write_output
+from xstage.cli.report import read_checked, write_output
 from xstage.exit_codes import EXIT_OK
 from xstage.home import check_output
-from xstage.record import read_record
 
 __all__ = ["register"]
 
@@ -40,7 +39,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
     if args.html:
         check_output(args.html, flag="--html")
-    cmp = compare_views(build_view(read_record(args.a)), build_view(read_record(args.b)))
+    cmp = compare_views(build_view(read_checked(args.a, out)), build_view(read_checked(args.b, out)))
     if not cmp.same_artifact:
         out.warning("the two records are of different artifacts (sha256 differs): compared anyway")
     out.emit({

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,9 @@ from xstage.cli._summary import show_summary
 from xstage.exit_codes import EXIT_OK
 from xstage.home import check_output
 from xstage.home import write_output as write_file
-from xstage.record import read_record
+from xstage.record import UnknownValueWarning, read_record
 
-__all__ = ["register", "write_output"]
+__all__ = ["read_checked", "register", "write_output"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,11 +71,24 @@ def _dump(doc: Any) -> str:
     return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
 
 
+def read_checked(path: str, out: Output) -> dict[str, Any]:
+    """``read_record(path)``, each value a later minor version added said as one warning line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UnknownValueWarning)
+        doc = read_record(path)
+    for warning in caught:
+        if issubclass(warning.category, UnknownValueWarning):
+            out.warning(str(warning.message))
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return doc
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
     for flag, value in (("--html", args.html), ("--node-data", args.node_data), ("--trace", args.trace)):
         if value:  # before any work: a missing folder is a usage error, never created
             check_output(value, flag=flag)
-    doc = read_record(args.record)
+    doc = read_checked(args.record, out)
     out.emit(doc)
     if not out.json_mode:
         show_summary(doc, out, title=f"Record {args.record}")

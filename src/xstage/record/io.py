@@ -1,5 +1,11 @@
 """Reads, validates and writes ``xstage external`` records against the shipped JSON Schema.
 
+A reader accepts any minor version of its major: a value that no ``enum`` of the schema lists (a
+cause, a status a later minor version added) reads with an :class:`UnknownValueWarning` naming
+the value and its path; every other violation (a known value in the wrong place, a cause under
+another code, included), and an unknown major, is a ``RecordError``. The
+writer stays strict: it writes only values this schema knows.
+
 The schema is package data (``xstage/record/schema/record-v1.json``); validation uses the
 hand-written subset validator in ``xstage.record._validate`` (no runtime ``jsonschema``).
 Records are deterministic: the same document always gives the same bytes (sorted keys, two-space
@@ -21,6 +27,7 @@ import secrets
 import socket
 import sys
 import tempfile
+import warnings
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from importlib import resources
@@ -34,6 +41,7 @@ from xstage.record._validate import Validator, json_path
 __all__ = [
     "SCHEMA_MAJOR",
     "SCHEMA_VERSION",
+    "UnknownValueWarning",
     "dumps_record",
     "host_block",
     "load_schema",
@@ -44,12 +52,20 @@ __all__ = [
     "write_record",
 ]
 
-#: The version this xstage writes; it reads any ``1.x``.
-SCHEMA_VERSION = "1.2"
+#: The version this xstage writes; it reads any ``1.x``. 1.3 added the float64 tie-break's
+#: record (``parity.tiebreak``: its status, the graph evaluated, each output's two distances,
+#: ``ill_conditioned``, an ``unavailable`` tie-break's ``reason_code``), and readers accept
+#: enum values they do not know within the major (with an :class:`UnknownValueWarning`).
+SCHEMA_VERSION = "1.3"
 SCHEMA_MAJOR = 1
 
 _VERSION = re.compile(r"^([0-9]+)\.([0-9]+)$")
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class UnknownValueWarning(UserWarning):
+    """Warned when a record read holds a value outside one of the schema's enums (its path and
+    value in the message): a later minor version's cause or status, read as it is."""
 
 
 @functools.cache
@@ -72,12 +88,50 @@ def _validator(major: int) -> Validator:
     return Validator(load_schema(major))
 
 
-def validate_record(doc: Any, *, source: str | os.PathLike[str] | None = None) -> None:
+@functools.cache
+def _enum_values(major: int) -> frozenset[tuple[str, Any]]:
+    """Every value any ``enum`` of schema ``major`` lists, typed (``True`` is not ``1``)."""
+    found: set[tuple[str, Any]] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                if key == "enum" and isinstance(value, list):
+                    found.update((type(v).__name__, v) for v in value if not isinstance(v, (list, dict)))
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(load_schema(major))
+    return frozenset(found)
+
+
+def _unknown(doc: Any, path: tuple[str | int, ...], major: int) -> bool:
+    """Whether the value at ``path`` is one no enum of the schema lists: a later minor version's.
+
+    A value the schema knows in the wrong place (a cause under another code) is not unknown:
+    that is a broken record, not a newer one.
+    """
+    value = doc
+    for step in path:
+        value = value[step]
+    if isinstance(value, (list, dict)):
+        return False
+    return (type(value).__name__, value) not in _enum_values(major)
+
+
+def validate_record(doc: Any, *, source: str | os.PathLike[str] | None = None,
+                    unknown_values: bool = False) -> None:
     """Check a record document: its version first, then the schema.
 
     Args:
         doc: the parsed record.
         source: a file name to put in the messages, when the record came from a file.
+        unknown_values: accept a value that no enum of the schema lists, warning
+            :class:`UnknownValueWarning` for each (what a reader does); the writer keeps the
+            default, strict.
 
     Raises:
         RecordError: if the document is not an object; if ``schema_version`` is missing or is
@@ -106,7 +160,14 @@ def validate_record(doc: Any, *, source: str | os.PathLike[str] | None = None) -
             remedy="upgrade xstage to read it" if newer
             else "re-run xstage external to write a current record",
         )
-    issue = _validator(major).first_error(doc)
+    issue = None
+    for found in _validator(major).iter_errors(doc):
+        if not (unknown_values and found.keyword == "enum" and _unknown(doc, found.path, major)):
+            issue = found
+            break
+        warnings.warn(f"{what} (schema_version {version}) holds a value this xstage does not know "
+                      f"(schema {SCHEMA_VERSION}) at {found.json_path}: {found.message}; read as it is",
+                      UnknownValueWarning, stacklevel=2)
     if issue is not None:
         raise RecordError(
             f"{what} does not match record schema {major} at {issue.json_path}: {issue.message}",
@@ -198,6 +259,9 @@ def _no_constants(name: str) -> Any:
 def read_record(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate one record file; returns the document.
 
+    A value outside one of the schema's enums (a later minor version's) is read with an
+    :class:`UnknownValueWarning`, not refused.
+
     Raises:
         RecordError: if the file cannot be read or is not UTF-8; if it is not JSON (with line and
             column), has duplicate keys or NaN/Infinity; and for everything ``validate_record``
@@ -224,7 +288,7 @@ def read_record(path: str | os.PathLike[str]) -> dict[str, Any]:
     except ValueError as exc:
         raise RecordError(f"record {source} is not valid JSON: {exc}",
                           remedy="the file is damaged; re-run xstage external to write it again") from None
-    validate_record(doc, source=source)
+    validate_record(doc, source=source, unknown_values=True)
     return dict(doc)
 
 

@@ -198,6 +198,19 @@ def _parity(doc: Mapping[str, Any]) -> Rows:
               for o in outputs), *_gate_extras(parity)]  # case 2
 
 
+def _tiebreak_text(tiebreak: Mapping[str, Any]) -> str:
+    """The tie-break's row: its status, the graph whose float64 answer decided, each output's
+    two distances (and whether the output is ill-conditioned), or why it was unavailable."""
+    graph = tiebreak.get("graph")
+    of = f" (float64 of {graph.get('name')}, {graph.get('kind')})" if isinstance(graph, Mapping) else ""
+    detail = tiebreak.get("reason") or "; ".join(
+        f"{o['name']}: stage {fmt(o['stage_rel_l2'])} vs reference {fmt(o['reference_rel_l2'])} "
+        "rel_l2 from float64" + (", ill-conditioned (the reference arm itself is beyond the format's "
+                                 "tolerance of float64)" if o.get("ill_conditioned") else "")
+        for o in tiebreak.get("outputs") or [])
+    return f"{tiebreak.get('status')}{of}: {detail}"
+
+
 def _gate_extras(parity: Mapping[str, Any]) -> Rows:
     """Every gate criterion that is not the default, and the float64 tie-break, when present."""
     rows: Rows = []
@@ -210,10 +223,7 @@ def _gate_extras(parity: Mapping[str, Any]) -> Rows:
             for k in changed)))
     tiebreak = parity.get("tiebreak")
     if isinstance(tiebreak, Mapping):
-        detail = tiebreak.get("reason") or "; ".join(
-            f"{o['name']}: stage {fmt(o['stage_rel_l2'])} vs reference {fmt(o['reference_rel_l2'])} "
-            "rel_l2 from float64" for o in tiebreak.get("outputs") or [])
-        rows.append(("float64 tie-break", f"{tiebreak.get('status')}: {detail}"))
+        rows.append(("float64 tie-break", _tiebreak_text(tiebreak)))
     tier = parity.get("tier")
     if isinstance(tier, Mapping):
         rows.append(("gate tier", f"{tier.get('decided')} (elem_a={fmt(tier.get('elem_a'))}, not "

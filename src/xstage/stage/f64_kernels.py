@@ -12,7 +12,9 @@ Each falls back to onnx's own kernel for what it does not handle: ``auto_pad`` `
 (whose padding onnx and onnxruntime have defined differently over the years).
 
 Two kernels fix precision, not speed: onnx's ``Erf`` rounds its result to float32, so ``Erf``
-and the exact ``Gelu`` (a function calling it) are computed here in float64.
+and the exact ``Gelu`` (a function calling it) are computed here in float64. Two fix
+semantics: ``Softmax`` and ``LogSoftmax`` follow the graph's opset (before 13: the input
+coerced to 2-D, ``axis`` default 1), where onnx's take the newest schema's default (-1).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_conv import Conv as _OnnxConv
 from onnx.reference.ops.op_conv_transpose import ConvTranspose as _OnnxConvTranspose
 from onnx.reference.ops.op_erf import Erf as _OnnxErf
+from onnx.reference.ops.op_log_softmax import LogSoftmax as _OnnxLogSoftmax
 from onnx.reference.ops.op_softmax import Softmax as _OnnxSoftmax
 
-__all__ = ["COLUMN_BYTES", "KERNELS", "conv", "conv_transpose", "erf"]
+__all__ = ["COLUMN_BYTES", "KERNELS", "conv", "conv_transpose", "erf", "softmax"]
 
 #: The largest column buffer one matrix product reads (bytes): kernel offsets are taken in
 #: chunks under it, so a large convolution costs time, not memory.
@@ -156,6 +159,10 @@ def conv_transpose(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *,
         y[(slice(None), slice(None), slice(None), *window)] += (wt[..., j] @ xg).reshape(
             n, group, mg, *x.shape[2:])
     y = y.reshape(n, m, *full)
+    if any(p < 0 for p in pads):  # an output_shape beyond the full output: zeros, as onnxruntime
+        y = np.pad(y, [(0, 0), (0, 0)] + [(max(0, -pads[i]), max(0, -pads[i + k])) for i in range(k)])
+        full = [full[i] + max(0, -pads[i]) + max(0, -pads[i + k]) for i in range(k)]
+        pads = [max(0, p) for p in pads]
     crop = tuple(slice(pads[i], full[i] - pads[i + k]) for i in range(k))
     y = y[(slice(None), slice(None), *crop)]
     if b is not None:
@@ -196,17 +203,59 @@ class ConvTranspose(_OnnxConvTranspose):  # type: ignore[misc]
         return (y.astype(X.dtype, copy=False),)
 
 
-class Softmax(_OnnxSoftmax):  # type: ignore[misc]
-    """onnx's ``Softmax`` with its passes in place (one buffer instead of four)."""
+def _opset(op: OpRun) -> int:
+    """The default domain's opset of the graph ``op`` belongs to."""
+    return int(op.run_params.get("opsets", {}).get("", 0))
 
-    def _run(self, X: Any, axis: Any = None) -> Any:  # noqa: N803
-        if X.size == 0:
-            return (X,)
-        axis = self.axis if axis is None else axis
-        y = np.subtract(X, X.max(axis=axis, keepdims=True))
+
+def _explicit(op: OpRun, name: str) -> bool:
+    """Whether the node sets attribute ``name`` itself.
+
+    ReferenceEvaluator fills the others from the newest schema, whatever the graph's opset.
+    """
+    return any(a.name == name for a in op.onnx_node.attribute)
+
+
+def softmax(x: np.ndarray, axis: int, opset: int, log: bool = False) -> np.ndarray:
+    """``Softmax`` (``LogSoftmax`` with ``log``) as the opset defines it, in ``x``'s dtype.
+
+    Opsets 1-12: the input is coerced to 2-D, ``(prod(shape[:axis]), prod(shape[axis:]))``,
+    and normalized over the second axis; from 13: over ``axis`` alone.
+    """
+    if x.size == 0:
+        return x
+    shape = x.shape
+    if opset < 13:
+        cut = axis % x.ndim if x.ndim else 0
+        x = x.reshape(int(np.prod(shape[:cut], dtype=np.int64)), -1)
+        axis = 1
+    y = np.subtract(x, x.max(axis=axis, keepdims=True))
+    if log:
+        y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))
+    else:
         np.exp(y, out=y)
         y /= y.sum(axis=axis, keepdims=True)
-        return (y,)
+    return y.reshape(shape)
+
+
+class Softmax(_OnnxSoftmax):  # type: ignore[misc]
+    """``Softmax`` at the graph's opset (:func:`softmax`), its passes in place."""
+
+    def _run(self, X: Any, axis: Any = None) -> Any:  # noqa: N803
+        opset = _opset(self)
+        if axis is None:
+            axis = self.axis if _explicit(self, "axis") or opset >= 13 else 1
+        return (softmax(X, int(axis), opset),)
+
+
+class LogSoftmax(_OnnxLogSoftmax):  # type: ignore[misc]
+    """``LogSoftmax`` at the graph's opset (:func:`softmax` with ``log``)."""
+
+    def _run(self, X: Any, axis: Any = None) -> Any:  # noqa: N803
+        opset = _opset(self)
+        if axis is None:
+            axis = self.axis if _explicit(self, "axis") or opset >= 13 else 1
+        return (softmax(X, int(axis), opset, log=True),)
 
 
 def _erf_function() -> Any:
@@ -249,4 +298,4 @@ class Gelu(OpRun):  # type: ignore[misc]
 
 
 #: The kernels handed to ``ReferenceEvaluator(new_ops=...)`` beside the tie-break's own.
-KERNELS = (Conv, ConvTranspose, Softmax, Erf, Gelu)
+KERNELS = (Conv, ConvTranspose, Softmax, LogSoftmax, Erf, Gelu)

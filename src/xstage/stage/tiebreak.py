@@ -2,8 +2,11 @@
 
 When the fp32 comparison fails on float criteria alone, the stage and the fp32 reference may
 both be right to fp32's precision and still disagree (a deep graph's reordered sums, an
-ill-conditioned output, a sigmoid map near zero). This module evaluates the artifact's graph in
-float64 with onnx's ``ReferenceEvaluator`` (every float initializer, input, constant and cast
+ill-conditioned output, a sigmoid map near zero). This module evaluates the *reference* graph
+(the fp32 source, a ``--reference`` file, or the artifact only where it is its own reference:
+:func:`reference_graph`; never the artifact under test when they differ, or a stage that
+negates the reference's outputs is "as right as" its own float64 answer) in float64 with onnx's
+``ReferenceEvaluator`` (every float initializer, input, constant and cast
 widened to double; Conv, ConvTranspose and Softmax computed by BLAS-backed kernels, Erf and
 Gelu exactly, :mod:`xstage.stage.f64_kernels`) and hands the answer to
 :func:`xstage.parity.settle_tiebreak`, which passes the stage only when it is no further from
@@ -16,8 +19,17 @@ LeakyRelu, PRelu and 61 more ops (71 of 198, read from its kernel registry by
 transformer here would load; on the MatMul graphs it can load, ReferenceEvaluator's products
 are already BLAS.
 
-The tie-break is ``unavailable`` (the fp32 verdict stands, the record says why) when:
+:func:`evaluate_float64` is a function of a file path and input arrays that returns arrays,
+with no state shared with its caller, so it can run in a child process.
 
+The tie-break is ``unavailable`` (the fp32 verdict stands, the record says why, with a
+``reason_code`` of :data:`xstage.parity.TIEBREAK_UNAVAILABLE`) when:
+
+* a node (in a subgraph too) resolves, at the graph's opset, to a (domain, op, since_version)
+  outside the evaluator's checked table (:mod:`xstage.stage.f64_table`): its answer there has
+  not been checked against onnxruntime's fp32 kernel at that version;
+* a failed output has no position where the float64 answer, the stage and the reference are
+  all finite (:func:`xstage.parity.settle_tiebreak`);
 * a torch program (evaluated in a ``torch-cpu`` worker: parameters, buffers, constants, the
   dtypes its graph names and its inputs widened to float64, see
   ``xstage_remote.torch_runtime``) cannot run there: torch-cpu is missing, the program computes
@@ -49,7 +61,7 @@ from xstage import parity
 
 __all__ = [  # and EVALUATOR, computed on first use (``__getattr__``)
     "MEMORY_FACTOR", "MEMORY_SHARE", "TIME_LIMIT_S", "Unavailable", "evaluate_float64",
-    "memory_check", "settle",
+    "memory_check", "reference_graph", "settle",
 ]
 
 #: The memory the float64 evaluation holds, in multiples of the graph's bytes: the loaded fp32
@@ -70,7 +82,15 @@ _DOUBLE = 11
 
 
 class Unavailable(Exception):  # noqa: N818 - a state, not an error: the record says "unavailable"
-    """The float64 evaluation cannot run or did not finish; ``str()`` is the reason."""
+    """The float64 evaluation cannot run or did not finish; ``str()`` is the reason.
+
+    ``code`` is one of :data:`xstage.parity.TIEBREAK_UNAVAILABLE` (the record's ``reason_code``).
+    """
+
+    def __init__(self, reason: str, code: str = "evaluator_failed") -> None:
+        """Keep ``reason`` as the message and ``code`` beside it."""
+        super().__init__(reason)
+        self.code = code
 
 
 _TORCH_EVALUATOR = "torch-cpu, the program widened to float64"
@@ -114,7 +134,7 @@ def memory_check(graph_bytes: int, available: int | None = None) -> None:
         raise Unavailable(
             f"its float64 copy needs ~{needed / 2**20:.0f} MiB ({MEMORY_FACTOR}x the graph's "
             f"{graph_bytes / 2**20:.0f} MiB), over {MEMORY_SHARE:.0%} of the "
-            f"{available / 2**20:.0f} MiB available")
+            f"{available / 2**20:.0f} MiB available", "memory")
 
 
 def _widen_tensor(tensor: Any) -> None:
@@ -191,21 +211,27 @@ def evaluate_float64(path: Path, feeds: Mapping[str, np.ndarray], *, graph_bytes
                      available: int | None = None) -> dict[str, np.ndarray]:
     """The ONNX graph at ``path`` evaluated in float64 on ``feeds`` (float feeds widened).
 
-    ``graph_bytes`` is the graph's size with its sidecar files (default: the file's size);
-    ``available`` the memory available (default: read now, :func:`memory_check`).
+    ``graph_bytes`` is the graph's size with its sidecar files (default: read from the graph);
+    ``available`` the memory available (default: read now, :func:`memory_check`). A function of
+    its arguments alone (no state shared with the caller), so it can run in a child process.
 
     Raises:
-        Unavailable: the float64 copy would not fit, an op cannot be evaluated, the time limit
-            passed, or an output did not come back as float64 (the message says which).
+        Unavailable: the float64 copy would not fit, a node is outside the checked table or
+            cannot be evaluated, the time limit passed, or an output did not come back as
+            float64 (the message says which; ``code`` says which kind).
     """
     import onnx
     from onnx.reference import ReferenceEvaluator
 
     from xstage.stage import f64_kernels
 
-    memory_check(path.stat().st_size if graph_bytes is None else graph_bytes, available)
+    memory_check(_graph_bytes(path) if graph_bytes is None else graph_bytes, available)
     try:
         model = onnx.load(str(path))
+    except Exception as exc:
+        raise Unavailable(f"onnx cannot load the graph: {type(exc).__name__}: {str(exc)[:300]}") from exc
+    _require_checked(model)
+    try:
         _widen_graph(model.graph)
         evaluator = ReferenceEvaluator(model, new_ops=[_inference_batch_norm(), *f64_kernels.KERNELS])
     except Exception as exc:  # an op or a domain the evaluator does not know
@@ -238,14 +264,15 @@ def _deadline(op: Any, deadline: float, limit: float) -> None:
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         if time.monotonic() > deadline:
-            raise Unavailable(f"the float64 evaluation passed its {limit:g} s limit")
+            raise Unavailable(f"the float64 evaluation passed its {limit:g} s limit", "time_limit")
         return run(*args, **kwargs)
 
     op.run = checked
 
 
-def _torch_float64(arm: Any, artifact: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The torch program evaluated in float64 by the reference arm's torch-cpu worker.
+def _torch_float64(arm: Any, path: Path, graph_bytes: int,
+                   feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The torch program at ``path`` evaluated in float64 by the reference arm's torch-cpu worker.
 
     Raises:
         Unavailable: no torch arm, torch-cpu missing, or the worker could not run the program
@@ -255,31 +282,87 @@ def _torch_float64(arm: Any, artifact: Any, feeds: Mapping[str, np.ndarray]) -> 
 
     if arm is None or not hasattr(arm, "float64_outputs"):
         raise Unavailable("the float64 evaluation of a torch program needs the torch-cpu "
-                          "reference arm, which this comparison does not have")
-    memory_check(artifact.bytes)
+                          "reference arm, which this comparison does not have", "torch_unavailable")
+    memory_check(graph_bytes)
     try:
-        return dict(arm.float64_outputs(Path(artifact.path), feeds, TIME_LIMIT_S))
+        return dict(arm.float64_outputs(path, feeds, TIME_LIMIT_S))
     except (errors.CallTimeout, errors.WarmupTimeout) as exc:
-        raise Unavailable(f"the float64 evaluation passed its {TIME_LIMIT_S:g} s limit") from exc
+        raise Unavailable(f"the float64 evaluation passed its {TIME_LIMIT_S:g} s limit",
+                          "time_limit") from exc
     except errors.WorkerRaised as exc:
         raise Unavailable(f"torch-cpu cannot run the program in float64: {exc.message[:300]}") from exc
     except errors.XstageError as exc:
-        raise Unavailable(f"torch-cpu cannot run the program in float64: {str(exc)[:300]}") from exc
+        raise Unavailable(f"torch-cpu cannot run the program in float64: {str(exc)[:300]}",
+                          "torch_unavailable" if isinstance(exc, errors.RouteMissing)
+                          else "evaluator_failed") from exc
+
+
+def _graph_bytes(path: Path) -> int:
+    """``path``'s bytes with the external-data files its initializers name (for the memory check)."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    total = path.stat().st_size
+    if path.suffix != ".onnx":
+        return total
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # the evaluation itself says why it cannot load the graph
+        return total
+    files = {next((e.value for e in t.external_data if e.key == "location"), "")
+             for t in graph.initializer if uses_external_data(t)}
+    for name in files - {""}:
+        sidecar = path.parent / name
+        total += sidecar.stat().st_size if sidecar.is_file() else 0
+    return total
+
+
+def _require_checked(model: Any) -> None:
+    """Every node of ``model`` in the evaluator's checked table (:mod:`xstage.stage.f64_table`).
+
+    Raises:
+        Unavailable: a node (in a subgraph too) resolves to a row outside the table; the
+            message names the first few.
+    """
+    from xstage.stage import f64_table
+
+    outside = f64_table.unchecked(model)
+    if outside:
+        more = f" and {len(outside) - 3} more" if len(outside) > 3 else ""
+        raise Unavailable(f"the float64 evaluator has not been checked on {', '.join(outside[:3])}"
+                          f"{more} (at the graph's opset; xstage.stage.f64_table lists what it has)",
+                          "unchecked_op")
+
+
+def reference_graph(artifact: Any, arm: Any) -> tuple[Path, int, str]:
+    """The graph the tie-break evaluates: (path, bytes, what it is for the record).
+
+    The reference arm's graph (the fp32 source, a ``--reference`` file, or the artifact itself
+    where it is its own reference), never the artifact under test when they differ; with no arm
+    (a caller of :func:`settle` without one), the artifact, which is then its own reference.
+    """
+    own = Path(artifact.path)
+    path = Path(getattr(arm, "path", None) or own)
+    kind = str(getattr(arm, "kind", "same_graph_cpu"))
+    if path.resolve() == own.resolve():
+        return own, int(artifact.bytes), kind
+    return path, _graph_bytes(path), kind
 
 
 def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
            outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
            arm: Any = None) -> parity.Parity:
-    """A failed gate, decided again by the float64 answer where that can change it.
+    """A failed gate, decided again by the reference graph's float64 answer where that can change it.
 
     Args:
         gate: the fp32 comparison's failed verdict.
-        artifact: the stage's :class:`~xstage.artifact.Artifact` (its graph is evaluated).
+        artifact: the stage's :class:`~xstage.artifact.Artifact`.
         feeds: the inputs the warm-up ran on.
         outputs: the stage's outputs.
         reference: the reference arm's outputs.
-        arm: the reference arm (:mod:`xstage.stage.reference`); a torch program is evaluated in
-            float64 by its ``float64_outputs``.
+        arm: the reference arm (:mod:`xstage.stage.reference`): its graph (``path``) is the one
+            evaluated (:func:`reference_graph`); a torch program is evaluated in float64 by its
+            ``float64_outputs``.
 
     Returns:
         The gate, passed or still failed, with its ``tiebreak`` recorded (``unavailable``
@@ -289,17 +372,19 @@ def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
     if parity.tiebreak_applies(gate) is not None:
         return gate
     torch = artifact.format.startswith("pt:")
+    path, size, kind = reference_graph(artifact, arm)
+    evaluator = _TORCH_EVALUATOR if torch else _evaluator()
+    facts = {"evaluator": evaluator, "graph": {"kind": kind, "name": path.name}}
     started = time.monotonic()
     try:
-        exact = _torch_float64(arm, artifact, feeds) if torch else \
-            evaluate_float64(Path(artifact.path), feeds, graph_bytes=artifact.bytes)
+        exact = _torch_float64(arm, path, size, feeds) if torch else \
+            evaluate_float64(path, feeds, graph_bytes=size)
     except Unavailable as exc:
-        settled = parity.tiebreak_unavailable(gate, str(exc), limit_s=TIME_LIMIT_S,
-                                              evaluator=_TORCH_EVALUATOR if torch else _evaluator(),
+        settled = parity.tiebreak_unavailable(gate, str(exc), reason_code=exc.code,
+                                              limit_s=TIME_LIMIT_S, **facts,
                                               seconds=round(time.monotonic() - started, 3))
     else:
-        settled = parity.settle_tiebreak(gate, outputs, reference, exact,
-                                         evaluator=_TORCH_EVALUATOR if torch else _evaluator(),
+        settled = parity.settle_tiebreak(gate, outputs, reference, exact, **facts,
                                          seconds=round(time.monotonic() - started, 3))
     return _noise_tier(settled, outputs, reference)
 
@@ -318,7 +403,7 @@ def settle_stateful(gate: parity.Parity, outputs: Mapping[str, np.ndarray],
         return gate
     settled = parity.tiebreak_unavailable(
         gate, "a stateful stage: the float64 evaluation does not carry state between the "
-        "gate's two calls")
+        "gate's two calls", reason_code="stateful")
     return _noise_tier(settled, outputs, reference)
 
 
