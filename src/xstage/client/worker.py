@@ -345,7 +345,9 @@ class WorkerClient:
         args += ["--generation", str(self.generation)]
         argv = worker_argv(self.interpreter, "worker", *args, path_map=self.worker_path)
         try:
-            with open(self.log_path, "wb") as log:
+            # 0600: a log may hold what the runtime printed about the caller's data
+            with open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                      "wb") as log:
                 self._proc = subprocess.Popen(
                     argv,
                     stdin=subprocess.PIPE,
