@@ -103,7 +103,15 @@ class StageFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         return self._pipeline.cancel(self)
 
     def _base_cancel(self) -> bool:
-        return super().cancel()
+        """Cancel it and tell its waiters.
+
+        ``concurrent.futures.wait`` and ``as_completed`` count a cancelled future done only
+        once ``set_running_or_notify_cancel`` moved it on to ``CANCELLED_AND_NOTIFIED``.
+        """
+        if not super().cancel():
+            return False
+        self.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED, waiters told
+        return True
 
 
 class _Req:
