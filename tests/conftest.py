@@ -186,25 +186,54 @@ def openvino_plugin_python() -> Path:
     )
 
 
+def trust_project(folder: Path, text: str | None = None) -> Path:
+    """``folder/xstage.toml`` (written with ``text`` when given) trusted in the user config.
+
+    A project file is used only once trusted (docs/routes.md, "Project files"): tests that
+    write one trust it here, in the user config ``XSTAGE_CONFIG`` names at the time.
+    """
+    from xstage.routes import config as cfg
+
+    path = folder / "xstage.toml"
+    if text is not None:
+        path.write_text(text)
+    cfg.trust(path)
+    return path
+
+
+@pytest.fixture
+def trusted_toml():
+    """``trusted_toml(folder, text)``: write ``folder/xstage.toml`` and trust it."""
+    return trust_project
+
+
 #: The ``[plugins.ggml]`` table of the ``ort-plugin:ggml`` route (also shown in docs/routes.md).
 GGML_TABLE = REPO / "tests" / "fixtures" / "plugins" / "ggml.toml"
 
 
 @pytest.fixture(scope="session")
-def ggml_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def ggml_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project folder whose ``xstage.toml`` holds the ``[plugins.ggml]`` table."""
     folder = tmp_path_factory.mktemp("ggml-project")
     shutil.copyfile(GGML_TABLE, folder / "xstage.toml")
     return folder
 
 
+@pytest.fixture
+def ggml_project(ggml_folder: Path) -> Path:
+    """``ggml_folder`` with its ``xstage.toml`` trusted in this test's user config."""
+    trust_project(ggml_folder)
+    return ggml_folder
+
+
 @pytest.fixture(scope="session")
-def ggml_python(ggml_project: Path) -> Path:
+def ggml_python(ggml_folder: Path) -> Path:
     """The ``ort-plugin:ggml`` env (onnxruntime 1.30 + onnxruntime-ggml 0.2.0, Python >= 3.11),
     built by ``env create``'s code from the table, so the live plugin-EP tests run a real one."""
     if sys.version_info[:2] < (3, 11):
         pytest.skip("onnxruntime-ggml needs Python >= 3.11")
-    with contextlib.chdir(ggml_project):
+    trust_project(ggml_folder)  # in the user config of the test that builds it
+    with contextlib.chdir(ggml_folder):
         return build_cached_env(
             "ort-plugin-ggml", "ort-plugin:ggml",
             check="import onnxruntime, onnxruntime_ggml; assert onnxruntime_ggml.__version__ == '0.2.0'",

@@ -7,6 +7,7 @@ loud. The CLI maps each class to one line and a hint (``xstage.cli._errors``).
 
     XstageError
     ├── UsageError                 the caller asked for something inconsistent
+    │   └── ForkedStage            a stage used from a forked child of its process
     ├── ArtifactError              a graph or artifact file cannot be used
     ├── InputError                 inputs do not match the stage's declared signature
     ├── RecordError                a record is unreadable or fails its schema
@@ -14,6 +15,7 @@ loud. The CLI maps each class to one line and a hint (``xstage.cli._errors``).
     ├── StageClosed                a call after close() or after the worker died (a RuntimeError too)
     ├── RouteMissing               a route was required and did not resolve
     ├── RuntimeMissing             this interpreter has no onnxruntime, or one too old
+    ├── SlotsBusy                  no slot set came free for ``input_slots`` in its timeout
     ├── Refused                    every candidate was refused (``.refusals`` says why)
     ├── ProtocolError              a frame broke the wire spec (docs/wire.md)
     │   ├── LocalProtocolError     we were about to send a bad frame
@@ -43,6 +45,7 @@ __all__ = [
     "ArtifactError",
     "CallTimeout",
     "EnvError",
+    "ForkedStage",
     "HelloTimeout",
     "InputError",
     "LoadTimeout",
@@ -54,6 +57,7 @@ __all__ = [
     "RouteMissing",
     "RuntimeMissing",
     "ShutdownTimeout",
+    "SlotsBusy",
     "SpawnTimeout",
     "StageClosed",
     "UsageError",
@@ -85,6 +89,14 @@ class UsageError(XstageError):
     """Raised when flags or arguments contradict each other or name nothing that exists."""
 
 
+class ForkedStage(UsageError):
+    """Raised when a stage or worker client is used from a process that did not open it.
+
+    A forked child (``os.fork``, multiprocessing's fork start method, a DataLoader worker);
+    open the stage in the child instead.
+    """
+
+
 class ArtifactError(XstageError):
     """Raised when a graph or artifact cannot be read, parsed or loaded."""
 
@@ -111,6 +123,13 @@ class RouteMissing(XstageError):
 
 class RuntimeMissing(XstageError):
     """Raised when this interpreter has no onnxruntime distribution, or one older than supported."""
+
+
+class SlotsBusy(XstageError):
+    """Raised when ``input_slots(timeout=...)`` found no free slot set in time.
+
+    Every set was in flight or reserved by slots handed out before; nothing was reserved.
+    """
 
 
 class Refused(XstageError):

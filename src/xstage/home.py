@@ -1,7 +1,15 @@
 """Where xstage keeps its state: ``XSTAGE_HOME`` or the platform's user data dir.
 
-Layout (DESIGN §7): ``envs/`` route environments, ``cache/`` probes and staged worker
-packages, ``records/`` every ``external`` record, ``logs/`` worker logs.
+Layout: ``envs/`` route environments, ``cache/`` probes and staged worker packages,
+``records/`` every ``external`` record, ``logs/`` worker logs.
+
+A home is yours or it is not used (docs/security.md): xstage runs code from it (the staged
+worker package, route environments) and reads records and logs back, so the home and each
+folder in it must be owned by the current user and writable by no one else, as ssh asks of
+``~/.ssh`` and git of a repository (``safe.directory``). xstage creates them ``0700`` whatever
+the umask; one that exists and is another user's, or group- or world-writable, is a
+``UsageError`` naming the path, its owner, its mode and the fix. Files written under the home
+are ``0600``.
 
 Several processes may share one home, all on their first use at once. Every file written
 under it goes through a unique temporary name beside its target and one atomic rename
@@ -25,24 +33,138 @@ from pathlib import Path
 
 import platformdirs
 
+from xstage.errors import UsageError
+
 __all__ = [
-    "LOG_KEEP_DEFAULT", "atomic_write", "cache_dir", "check_output", "envs_dir", "home", "locked",
-    "locks_dir", "log_keep", "logs_dir", "prune_logs", "records_dir", "write_output",
+    "LOG_KEEP_DEFAULT", "atomic_write", "cache_dir", "check_output", "check_owned", "envs_dir",
+    "file_mode", "home", "home_path", "locked", "locks_dir", "log_keep", "logs_dir", "owned_dir",
+    "prune_logs", "records_dir", "write_output",
 ]
+
+#: File systems that keep no POSIX owner or mode (every file shows one owner and ``0777``):
+#: Windows drives under WSL (``drvfs``, ``9p``), FAT, NTFS through FUSE, SMB.
+_NO_POSIX_MODES = ("drvfs", "9p", "vfat", "msdos", "exfat", "ntfs", "ntfs3", "fuseblk", "cifs",
+                   "smb3")
+
+
+def home_path() -> Path:
+    """Where the state root is (``XSTAGE_HOME`` or the user data dir); nothing is created."""
+    env = os.environ.get("XSTAGE_HOME")
+    return Path(env).expanduser() if env else Path(platformdirs.user_data_dir("xstage"))
 
 
 def home() -> Path:
-    """The state root; created on first use."""
-    env = os.environ.get("XSTAGE_HOME")
-    root = Path(env).expanduser() if env else Path(platformdirs.user_data_dir("xstage"))
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    """The state root: created ``0700`` on first use, else checked to be yours.
+
+    Raises:
+        UsageError: it is another user's, or group- or world-writable (``check_owned``).
+    """
+    return owned_dir(home_path(), parents=True)
+
+
+def owned_dir(path: Path, *, parents: bool = False) -> Path:
+    """``path`` as a folder of the current user's: made ``0700`` if missing, else checked.
+
+    ``parents``: missing folders above it are made too (with the umask's mode: they are not
+    xstage's). Two processes making it at once both end with the checked folder.
+
+    Raises:
+        UsageError: it exists and is not the current user's, or others may write it.
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileNotFoundError:
+        if not parents:
+            raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return owned_dir(path)
+    except FileExistsError:
+        check_owned(path)
+        return path
+    if os.name == "posix":
+        os.chmod(path, 0o700)  # whatever the umask took away or left
+    return path
+
+
+def check_owned(path: Path) -> None:
+    """``path`` must be owned by the current user with no group or other write bit.
+
+    On POSIX only (Windows homes are the user profile's, guarded by its ACL).
+
+    Raises:
+        UsageError: another owner, or a group or other write bit; the message names the path,
+            the owner, the mode and the fix (a mount without POSIX modes is said so).
+    """
+    if os.name != "posix":
+        return
+    st = os.stat(path)
+    me = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{path} is in the place of an xstage folder but is not a folder",
+                         remedy="remove it, or point XSTAGE_HOME at a folder of your own")
+    if st.st_uid == me and not st.st_mode & 0o022:
+        return
+    owner = _user_name(st.st_uid)
+    mode = stat.S_IMODE(st.st_mode)
+    what = (f"{path} is owned by {owner} (uid {st.st_uid}) with mode {mode:04o}; xstage runs "
+            "code and reads records from its home, so each of its folders must be yours "
+            f"({_user_name(me)}, uid {me}) and writable by no one else")
+    fstype = _fs_type(path)
+    if fstype in _NO_POSIX_MODES:
+        raise UsageError(
+            f"{what}. It is on a {fstype} mount, which keeps no POSIX owners or modes (a "
+            "Windows drive under WSL, a FAT or SMB volume)",
+            remedy="put XSTAGE_HOME on a Linux file system (unset it for the default under "
+            "your home folder), or remount the drive with POSIX metadata "
+            "(WSL: -o metadata, then chmod 700 the folder)")
+    if st.st_uid == me:
+        fix = f"chmod go-w {path} (or chmod 700 {path})"
+    else:
+        fix = (f"point XSTAGE_HOME at a folder of your own (unset it for "
+               f"{Path(platformdirs.user_data_dir('xstage'))}), or, if {path} is really "
+               f"yours, chown {_user_name(me)} {path} && chmod 700 {path}")
+    raise UsageError(what, remedy=fix)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _fs_type(path: Path) -> str | None:
+    """The file system type of the mount ``path`` is on (Linux ``/proc/self/mounts``)."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as handle:
+            mounts = [line.split() for line in handle]
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best: tuple[int, str | None] = (-1, None)
+    for fields in mounts:
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best[0]:
+            best = (len(point), fields[2])
+    return best[1]
+
+
+def file_mode(path: str | os.PathLike[str]) -> int:
+    """The mode a file xstage writes gets: ``0600`` under the home, ``0644`` elsewhere."""
+    try:
+        Path(os.path.realpath(path)).relative_to(os.path.realpath(home_path()))
+    except ValueError:
+        return 0o644
+    return 0o600
 
 
 def _sub(name: str) -> Path:
-    path = home() / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return owned_dir(home() / name)
 
 
 def envs_dir() -> Path:
@@ -70,9 +192,11 @@ def logs_dir() -> Path:
     return _sub("logs")
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644,
+def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None,
                  make_parents: bool = True) -> Path:
     """Write ``data`` to ``path`` through a unique temporary file and one atomic rename.
+
+    ``mode``: the file's mode; by default ``file_mode(path)`` (private under the home).
 
     Side effects: creates the parent folder (unless ``make_parents`` is False: an output the
     user named, ``write_output``); the temporary file (``.<name>.*.tmp`` beside the target) is
@@ -89,7 +213,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-        os.chmod(tmp, mode)
+        os.chmod(tmp, file_mode(target) if mode is None else mode)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -298,3 +298,22 @@ def test_a_withdrawn_request_is_not_taken_and_a_taken_one_cannot_be_withdrawn():
         assert not region.withdraw(6, 0)  # it started
     finally:
         region.close()
+
+
+def test_a_cancelled_future_is_done_for_wait_and_as_completed(long):
+    """``concurrent.futures.wait``/``as_completed`` used to wait forever on a cancelled one."""
+    import concurrent.futures
+
+    with WorkerClient(sys.executable, depth=1) as w:
+        w.load(long)
+        os.kill(w.pid, signal.SIGSTOP)  # the first stays in flight: the second stays queued
+        try:
+            first = w.submit(_x(1024))
+            second = w.submit(_x(1024))
+            assert second.cancel()
+            done, not_done = concurrent.futures.wait([second], timeout=60)
+            assert done == {second} and not not_done
+            assert list(concurrent.futures.as_completed([second], timeout=60)) == [second]
+        finally:
+            os.kill(w.pid, signal.SIGCONT)
+        assert first.result(timeout=120)["y"].shape == (1024, 1024)

@@ -24,14 +24,14 @@ def interpreters(fake_python):
 
 
 @pytest.fixture
-def layers(tmp_path, interpreters, xstage_home, monkeypatch):
+def layers(tmp_path, interpreters, xstage_home, monkeypatch, trusted_toml):
     """Every layer configured: env var, ./xstage.toml, user config, route env."""
     project = tmp_path / "project"
     project.mkdir()
-    (project / "xstage.toml").write_text(f'[routes.ort-openvino]\npython = "{interpreters["project"]}"\n')
     user = tmp_path / "user.toml"
     user.write_text(f'[routes.ort-openvino]\npython = "{interpreters["user"]}"\n')
     monkeypatch.setenv("XSTAGE_CONFIG", str(user))
+    trusted_toml(project, f'[routes.ort-openvino]\npython = "{interpreters["project"]}"\n')
     env_python = envs.venv_python(envs.env_dir("ort-openvino"))
     env_python.parent.mkdir(parents=True)
     env_python.symlink_to(interpreters["routeenv"])
@@ -95,11 +95,9 @@ def test_a_broken_route_env_is_not_found_not_skipped(tmp_path):
     assert choice.failure[2] == "rebuild it: xstage env create ort-openvino --force"
 
 
-def test_relative_paths_are_relative_to_the_toml(tmp_path, fake_python):
+def test_relative_paths_are_relative_to_the_toml(tmp_path, fake_python, trusted_toml):
     python = fake_python("exit 0")
-    (tmp_path / "xstage.toml").write_text(
-        f'[routes.ort-openvino]\npython = "{python.relative_to(tmp_path)}"\n'
-    )
+    trusted_toml(tmp_path, f'[routes.ort-openvino]\npython = "{python.relative_to(tmp_path)}"\n')
     elsewhere = tmp_path / "sub"
     elsewhere.mkdir()
     choice = choose_interpreter(SPEC, host=LINUX, environ={}, cwd=tmp_path)

@@ -116,9 +116,9 @@ def test_the_same_mlp_plus_an_op_ggml_lacks_is_declined(tmp_path, ggml_project, 
     assert set(proof["cpu_nodes"]) == {"Gemm", "Relu", "Hardmax"}
 
 
-def test_a_table_naming_the_library_by_path(tmp_path, ggml_python):
+def test_a_table_naming_the_library_by_path(tmp_path, ggml_python, trusted_toml):
     library = _library(ggml_python)
-    (tmp_path / "xstage.toml").write_text(
+    trusted_toml(tmp_path,
         f'[plugins.ggml-path]\nlibrary = "{library}"\nep_name = "ggml"\nonnxruntime = ">=1.29,<1.31"\n')
     environ = {"XSTAGE_PYTHON_ORT_PLUGIN_GGML_PATH": str(ggml_python)}
     status = resolve("ort-plugin:ggml-path", host=LINUX, environ=environ, cwd=tmp_path, hardware=[])
@@ -126,13 +126,13 @@ def test_a_table_naming_the_library_by_path(tmp_path, ggml_python):
     assert status.ep_plugin["library"] == str(library)
 
 
-def test_a_dependency_that_does_not_load_is_named(tmp_path, ggml_python):
+def test_a_dependency_that_does_not_load_is_named(tmp_path, ggml_python, trusted_toml):
     """The ggml library copied away from the libgomp its RPATH points at: step 3 fails for real."""
     library = _library(ggml_python)
     copy = tmp_path / "alone" / library.name
     copy.parent.mkdir()
     shutil.copyfile(library, copy)
-    (tmp_path / "xstage.toml").write_text(
+    trusted_toml(tmp_path,
         f'[plugins.alone]\nlibrary = "{copy}"\nep_name = "ggml"\nonnxruntime = ">=1.29,<1.31"\n')
     environ = {"XSTAGE_PYTHON_ORT_PLUGIN_ALONE": str(ggml_python)}
     status = resolve("ort-plugin:alone", host=LINUX, environ=environ, cwd=tmp_path, hardware=[])
@@ -141,11 +141,11 @@ def test_a_dependency_that_does_not_load_is_named(tmp_path, ggml_python):
     assert status.steps[-1].startswith("register: ")
 
 
-def test_a_route_that_asks_for_the_eps_report_is_unmeasured_without_one(tmp_path, ggml_python):
+def test_a_route_that_asks_for_the_eps_report_is_unmeasured_without_one(tmp_path, ggml_python, trusted_toml):
     """The report plumbing for real: the worker points XLNX_ONNX_EP_REPORT_FILE into its scratch
     folder and reads it back; ggml writes none, so a route whose table asks for the VitisAI
     report is refused as unmeasured (rule 7a), though onnxruntime's layers show it placed."""
-    (tmp_path / "xstage.toml").write_text(
+    trusted_toml(tmp_path,
         '[plugins.ggml-report]\nmodule = "onnxruntime_ggml"\nep_name = "ggml"\nonnxruntime = ">=1.29,<1.31"\n'
         'formats = ["onnx:fp32"]\nreport = "vitisai"\n[plugins.ggml-report.options]\ndevice = "cpu"\n'
         '[plugins.ggml-report.format_options."onnx:fp32"]\nweights = "f32"\n')

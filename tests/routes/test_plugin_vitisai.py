@@ -113,8 +113,8 @@ def test_the_env_var_comes_first_and_ryzen_ai_last():
     assert last.path == ryzen and last.steps[-1] == rf"4. Ryzen AI (C:\Program Files\RyzenAI): {ryzen}"
 
 
-def test_a_table_names_the_library(tmp_path):
-    (tmp_path / "xstage.toml").write_text(
+def test_a_table_names_the_library(tmp_path, trusted_toml):
+    trusted_toml(tmp_path,
         '[plugins.vitisai]\nlibrary = "D:\\\\ep\\\\onnxruntime_vitisai_ep.dll"\n')
     (spec,) = [s for s in plugins.all_specs(cwd=tmp_path, environ={}) if s.name == "ort-vitisai"]
     assert spec.plugin_ep.library == r"D:\ep\onnxruntime_vitisai_ep.dll"
@@ -123,8 +123,8 @@ def test_a_table_names_the_library(tmp_path):
     assert loc.path == r"D:\ep\onnxruntime_vitisai_ep.dll" and "[plugins.vitisai] library" in loc.steps[-1]
 
 
-def test_a_table_may_not_change_what_the_preset_fixes(tmp_path):
-    (tmp_path / "xstage.toml").write_text('[plugins.vitisai]\nep_name = "Other"\n')
+def test_a_table_may_not_change_what_the_preset_fixes(tmp_path, trusted_toml):
+    trusted_toml(tmp_path, '[plugins.vitisai]\nep_name = "Other"\n')
     (spec,) = [s for s in plugins.all_specs(cwd=tmp_path, environ={}) if s.name == "ort-vitisai"]
     assert "the built-in table vitisai takes only library, options, not ep_name" in spec.plugin_ep.error
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import trust_project
 from xstage.host.wsl import WslInfo
 from xstage.routes import ROUTES, HostInfo, ReasonCode, get_spec, resolve, resolve_all, resolve_specs
 
@@ -158,15 +159,15 @@ def test_interpreter_not_configured_for_windows_side_route_from_wsl(tmp_path):
     assert "xstage env create ort-vitisai" in status.remedy and "XSTAGE_PYTHON_ORT_VITISAI" in status.remedy
 
 
-def test_config_invalid(tmp_path):
-    (tmp_path / "xstage.toml").write_text("[routes.ort-cpu\npython = \n")
+def test_config_invalid(tmp_path, trusted_toml):
+    trusted_toml(tmp_path, "[routes.ort-cpu\npython = \n")
     status = _resolve("ort-cpu", tmp_path)
     assert status.reason_code is ReasonCode.CONFIG_INVALID
     assert status.reason.startswith(f"{tmp_path / 'xstage.toml'} is not valid TOML")
 
 
-def test_config_invalid_value(tmp_path):
-    (tmp_path / "xstage.toml").write_text("[routes.ort-cpu]\npython = 3\n")
+def test_config_invalid_value(tmp_path, trusted_toml):
+    trusted_toml(tmp_path, "[routes.ort-cpu]\npython = 3\n")
     status = _resolve("ort-cpu", tmp_path)
     assert status.reason_code is ReasonCode.CONFIG_INVALID
     assert "python must be a non-empty string, got 3" in status.reason
@@ -181,8 +182,8 @@ def test_interpreter_not_found_from_env_var_has_no_fallback(tmp_path):
     assert (status.interpreter, status.interpreter_source) == (str(missing), "env_var")
 
 
-def test_interpreter_not_found_from_project_config(tmp_path):
-    (tmp_path / "xstage.toml").write_text('[routes.ort-openvino]\npython = "venvs/ov/bin/python"\n')
+def test_interpreter_not_found_from_project_config(tmp_path, trusted_toml):
+    trusted_toml(tmp_path, '[routes.ort-openvino]\npython = "venvs/ov/bin/python"\n')
     status = _resolve("ort-openvino", tmp_path)
     assert status.reason_code is ReasonCode.INTERPRETER_NOT_FOUND
     assert str(tmp_path / "venvs/ov/bin/python") in status.reason
@@ -319,7 +320,7 @@ def test_every_reason_code_is_tested_here():
 
 
 def _table(tmp_path, name, body):
-    (tmp_path / "xstage.toml").write_text(f"[plugins.{name}]\n{body}")
+    trust_project(tmp_path, f"[plugins.{name}]\n{body}")
     return f"ort-plugin:{name}"
 
 

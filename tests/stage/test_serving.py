@@ -259,3 +259,53 @@ def test_a_stage_takes_inputs_written_in_place_and_gives_output_views(mlp):
         got = stage(slots, views=True)["y"]
         assert not got.flags.writeable
         np.testing.assert_array_equal(got, want)
+
+
+_FORKED_STAGE = """
+import os, sys
+import numpy as np
+import xstage
+from xstage import errors
+x = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+with xstage.open_stage(sys.argv[1], route="ort-cpu", depth=2) as stage:
+    want = stage({"x": x})["y"].copy()
+    pid = os.fork()
+    if pid == 0:
+        refused = []
+        for name, call in [("call", lambda: stage({"x": x})),
+                           ("submit", lambda: stage.submit({"x": x})),
+                           ("map", lambda: list(stage.map([{"x": x}]))),
+                           ("health", stage.health), ("reset_state", stage.reset_state),
+                           ("record", stage.record)]:
+            try:
+                call()
+            except errors.ForkedStage:
+                refused.append(name)
+            except BaseException as exc:
+                print(name, repr(exc), flush=True)
+        print("child refused", " ".join(refused), flush=True)
+        stage.__exit__(None, None, None)  # what the with block does unwinding in the child
+        # (os._exit: onnxruntime's in-process session of the reference arm, collected at
+        # interpreter exit, waits forever on its thread pool's lock in a forked child)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    np.testing.assert_array_equal(stage({"x": x})["y"], want)
+    assert stage.health()["state"] == "serving"
+    records = os.path.join(os.environ["XSTAGE_HOME"], "records")
+    print("records before close", len(os.listdir(records)) if os.path.isdir(records) else 0,
+          flush=True)
+print("parent ok", flush=True)
+"""
+
+
+def test_a_stage_in_a_forked_child_is_refused_and_the_parent_serves_on(mlp):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FORKED_STAGE, str(mlp)], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "child refused call submit map health reset_state record" in done.stdout
+    assert "records before close 0" in done.stdout  # the child's unwinding wrote none
+    assert "parent ok" in done.stdout

@@ -7,6 +7,7 @@ Each command module exposes ``register(subparsers)``; the parser it adds carries
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from xstage.cli._flags import check_json_target
 from xstage.cli._output import Output
 from xstage.exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from xstage.home import check_output
+from xstage.routes.config import named_project_config
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
 
@@ -27,6 +29,10 @@ _EPILOG = f"""environment:
   XSTAGE_LOG_KEEP  worker logs kept: N newest, Nd days, both (default 100,30d), or all
   XSTAGE_ARTIFACT_CACHE_BYTES  the artifact snapshots' cap (default 20GiB; xstage cache list)
   XSTAGE_PYTHON_<ROUTE>  interpreter for one route, e.g. XSTAGE_PYTHON_ORT_OPENVINO
+  XSTAGE_CONFIG    the user config file (interpreters, plugin tables, trusted project files)
+
+./xstage.toml is used only once trusted (xstage config trust); --project-config PATH names
+a project file for one run.
 
 exit codes: {EXIT_OK} ok, {EXIT_ERROR} error, {EXIT_REFUSED} refused (a record is still written), \
 {EXIT_USAGE} usage error
@@ -48,7 +54,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from xstage.cli import bisect, cache, compare, devices, env, export, external, quantize, report, sanitize
+    from xstage.cli import (
+        bisect,
+        cache,
+        compare,
+        config,
+        devices,
+        env,
+        export,
+        external,
+        quantize,
+        report,
+        sanitize,
+    )
 
     parser = _Parser(
         prog="xstage",
@@ -60,8 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"xstage {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics")
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors and data")
+    parser.add_argument("--project-config", metavar="PATH", default=None,
+                        help="use PATH as the project file for this run (in place of a "
+                        "trusted ./xstage.toml)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (devices, env, external, report, compare, sanitize, quantize, export, bisect, cache):
+    for module in (devices, env, external, report, compare, sanitize, quantize, export, bisect, cache,
+                   config):
         module.register(sub)
     # -v/-q work after the command too (`xstage devices -q`), without overriding the global ones.
     seen: set[int] = set()
@@ -75,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="more diagnostics")
         p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                        help="only errors and data")
+        p.add_argument("--project-config", metavar="PATH", default=argparse.SUPPRESS,
+                       help="use PATH as the project file for this run")
         for action in p._actions:
             if isinstance(action, argparse._SubParsersAction):
                 stack.extend(action.choices.values())
@@ -94,11 +118,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_json_target(args)
         if out.json_target not in (None, "-"):
             check_output(out.json_target, flag="--json")
-        if getattr(args, "needs_runtime", True):
-            from xstage.cli._runtime import check_onnxruntime
+        with contextlib.ExitStack() as stack:
+            if args.project_config:
+                stack.enter_context(named_project_config(args.project_config))
+            if getattr(args, "needs_runtime", True):
+                from xstage.cli._runtime import check_onnxruntime
 
-            check_onnxruntime()
-        return int(args.func(args, out))
+                check_onnxruntime()
+            return int(args.func(args, out))
     except KeyboardInterrupt:
         out.error("interrupted")
         return EXIT_INTERRUPTED

@@ -30,6 +30,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from xstage.client.device_slots import DeviceSlots
     from xstage.client.worker import WorkerClient
 
-__all__ = ["USE_DEADLINE", "Outputs", "Pipeline", "StageFuture"]
+__all__ = ["USE_DEADLINE", "Outputs", "Pipeline", "Reservation", "StageFuture"]
 
 
 class Outputs(dict):  # type: ignore[type-arg]
@@ -102,14 +103,22 @@ class StageFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         return self._pipeline.cancel(self)
 
     def _base_cancel(self) -> bool:
-        return super().cancel()
+        """Cancel it and tell its waiters.
+
+        ``concurrent.futures.wait`` and ``as_completed`` count a cancelled future done only
+        once ``set_running_or_notify_cancel`` moved it on to ``CANCELLED_AND_NOTIFIED``.
+        """
+        if not super().cancel():
+            return False
+        self.set_running_or_notify_cancel()  # CANCELLED -> CANCELLED_AND_NOTIFIED, waiters told
+        return True
 
 
 class _Req:
     """One request: its inputs, who waits for it, its deadline and where it is."""
 
     __slots__ = ("deadline", "discard", "done", "error", "feeds", "flags", "future", "out",
-                 "phase", "published", "result", "rid", "seconds", "set", "timing")
+                 "phase", "published", "result", "rid", "seconds", "set", "timing", "token")
 
     def __init__(self, feeds: Mapping[str, np.ndarray], future: StageFuture | None,
                  seconds: float | None, phase: str,
@@ -129,6 +138,44 @@ class _Req:
         self.result: dict[str, np.ndarray] | None = None
         self.error: BaseException | None = None
         self.timing: dict[str, int] = {}
+        #: The reserved slot set its inputs were written in (``input_slots``), else None.
+        self.token: Reservation | None = None
+
+
+class Reservation:
+    """One slot set handed out by ``input_slots``, reserved for the call given its views.
+
+    No request is published into it but the call given its views (recognised by their
+    addresses), until that call takes it or every view is dropped unused
+    (``weakref.finalize``: the set is given back).
+    """
+
+    __slots__ = ("addrs", "left", "set", "__weakref__")
+
+    def __init__(self, s: int, addrs: dict[str, int], views: int) -> None:
+        self.set = s
+        self.addrs = addrs  # input name -> the slot's address (non-empty slots only)
+        self.left = [None] * views  # one entry per live view; popped as each one dies
+
+    def carried_by(self, feeds: Mapping[str, Any]) -> bool:
+        """Whether ``feeds`` holds one of this set's views (by address)."""
+        for name, addr in self.addrs.items():
+            arr = feeds.get(name)
+            if type(arr) is np.ndarray and arr.__array_interface__["data"][0] == addr:
+                return True
+        return False
+
+
+def _view_dropped(token: Reservation, dropped: deque[Reservation]) -> None:
+    """A reserved view died (``weakref.finalize``): the last one gives the set back.
+
+    Runs wherever the garbage collector does, so it takes no lock: the pipeline takes the
+    token off ``dropped`` the next time it looks (``_forget_dropped``).
+    """
+    with contextlib.suppress(IndexError):
+        token.left.pop()
+    if not token.left:
+        dropped.append(token)
 
 
 class Pipeline:
@@ -161,6 +208,18 @@ class Pipeline:
         self._copy_in_ns = 0
         #: A copy in at least this long (ns) is announced; 0: never (``_heads_up_default``).
         self.heads_up_ns = _heads_up_default()
+        #: Slot sets handed out by ``input_slots`` and not yet taken, by set (``mu`` held).
+        self.reserved: dict[int, Reservation] = {}
+        #: Reservations whose views all died unused (appended without a lock, see
+        #: ``_view_dropped``).
+        self._dropped: deque[Reservation] = deque()
+        #: The set a synchronous call in this thread's fast way is using, else -1: not in
+        #: ``inflight``, so ``reserve`` reads it (written before the call reads ``reserved``,
+        #: read after ``reserve`` writes it: one of the two sees the other).
+        self.fast_set = -1
+        #: Threads waiting in ``input_slots`` for a set to come free, and their condition.
+        self.slot_waiters = 0
+        self.freed = threading.Condition(self.mu)
 
     # ------------------------------------------------------------------ entry points
     def idle(self) -> bool:
@@ -180,13 +239,22 @@ class Pipeline:
         if not self.queue and not self.inflight:
             region = c._region
             if region is not None:
-                result = self._call_fast(region, feeds, out, phase, seconds, flags, views)
+                self.fast_set = self.next_set  # before ``reserved`` is read (``reserve``)
+                try:
+                    result = self._call_fast(region, feeds, out, phase, seconds, flags, views)
+                finally:
+                    self.fast_set = -1
+                    if self.slot_waiters:
+                        with self.mu:
+                            self.freed.notify_all()
                 if result is not None:
                     return result
             return c._call_inline(feeds, out, phase, flags)  # one frame each way, no queue
         req = _Req(feeds, None, seconds, phase, out)
         req.flags = flags
         with self.mu:
+            if self.reserved:
+                req.token = self._token_of(feeds)
             self.queue.append(req)
         try:
             self._drive(lambda: req.done)
@@ -247,6 +315,8 @@ class Pipeline:
         bell, ctl = c._bell, c._ctl
         assert bell is not None and ctl is not None
         s = self.next_set
+        if self.reserved and not self._may_take(s, feeds):
+            return None  # another caller's reserved set, or views of a set not next: inline
         if self._copy_in_ns >= self.heads_up_ns > 0:  # wake the worker during the copy
             bell.heads_up(time.monotonic_ns() + self._copy_in_ns)
         t0 = time.perf_counter_ns()
@@ -318,6 +388,8 @@ class Pipeline:
             if self.closed:
                 raise errors.StageClosed("the stage is closed")
             req.flags = self.client._take_reset()
+            if self.reserved:
+                req.token = self._token_of(feeds)
             self.queue.append(req)
         c = self.client
         if c._lock.acquire(blocking=False):  # nobody drives: publish in this thread
@@ -339,6 +411,7 @@ class Pipeline:
                 return False
             if req in self.queue:
                 self.queue.remove(req)
+                self._give_back(req)
                 req.discard = True
                 req.done = True
                 return future._base_cancel()
@@ -377,14 +450,116 @@ class Pipeline:
         with self.mu:
             for req in reqs:
                 req.rid, req.set, req.published = 0, -1, False
+                req.token = None  # a set of the dead worker's region
                 if req.future is not None:
                     req.future._pipeline = self
             self.queue.extendleft(reversed(reqs))
         self._kick()
 
     def reset_sets(self) -> None:
-        """A new region: its sets start again at 0 (nothing may be in flight)."""
-        self.next_set = 0
+        """A new region: its sets start again at 0 (nothing may be in flight).
+
+        Slots handed out of the old region are not reserved in the new one.
+        """
+        with self.mu:
+            self.next_set = 0
+            self.reserved.clear()
+            self._notify_freed()
+
+    # ------------------------------------------------------------------ reserved sets
+    def reserve(self, n_sets: int) -> int | None:
+        """A set no request owns, reserved for the call given its views; None if none is free.
+
+        ``mu`` held. The sets in flight are the ``inflight`` ring before ``next_set`` and a
+        synchronous call's ``fast_set``; the queued requests take the first free sets after
+        it, so the reservation is the next free one after those. A set reserved while a
+        synchronous call was choosing the same one is given back (``fast_set``).
+        """
+        self._forget_dropped()
+        busy = {r.set for r in self.inflight}
+        busy.add(self.fast_set)
+        skip = len(self.queue)
+        for j in range(n_sets):
+            s = (self.next_set + j) % n_sets
+            if s in busy or s in self.reserved:
+                continue
+            if skip:
+                skip -= 1
+                continue
+            self.reserved[s] = Reservation(s, {}, 0)
+            if self.fast_set == s:  # a synchronous call took it meanwhile
+                del self.reserved[s]
+                return None
+            return s
+        return None
+
+    def hand_out(self, s: int, views: Mapping[str, np.ndarray]) -> None:
+        """Set ``s``'s reservation covers ``views``; dropping them all unused gives it back."""
+        live = [v for v in views.values() if v.nbytes]
+        token = Reservation(s, {name: v.__array_interface__["data"][0]
+                                for name, v in views.items() if v.nbytes}, len(live))
+        with self.mu:
+            if s in self.reserved:
+                self.reserved[s] = token
+        for v in live:
+            weakref.finalize(v, _view_dropped, token, self._dropped)
+        if not live:
+            self._dropped.append(token)  # nothing to recognise it by: not held
+
+    def _forget_dropped(self) -> None:
+        """Give back the sets whose views all died unused (``mu`` held)."""
+        while self._dropped:
+            token = self._dropped.popleft()
+            if self.reserved.get(token.set) is token:
+                del self.reserved[token.set]
+
+    def _token_of(self, feeds: Mapping[str, Any]) -> Reservation | None:
+        """The reservation whose views ``feeds`` carries (``mu`` held)."""
+        for token in self.reserved.values():
+            if token.carried_by(feeds):
+                return token
+        return None
+
+    def _may_take(self, s: int, feeds: Mapping[str, Any]) -> bool:
+        """A synchronous call may be published in set ``s`` (reservations exist).
+
+        Yes when ``s`` is not reserved and the call carries no reserved views, or when it
+        carries ``s``'s own (then taken). A call carrying another set's views is not
+        published in ``s`` (its inputs go inline) and gives that set back.
+        """
+        with self.mu:
+            token = self._token_of(feeds)
+            owner = self.reserved.get(s)
+            if token is not None:
+                del self.reserved[token.set]
+                self._notify_freed()
+            return owner is token
+
+    def _blocked(self, req: _Req) -> bool:
+        """``req`` may not be published in ``next_set`` (``mu`` held).
+
+        Another caller reserved that set, or ``req`` carries a reserved set that is not next.
+        """
+        owner = self.reserved.get(self.next_set)
+        token = req.token
+        if token is not None and self.reserved.get(token.set) is not token:
+            token = req.token = None  # given back (cannot happen while it holds the views)
+        return (owner is not None and owner is not token) \
+            or (token is not None and token.set != self.next_set)
+
+    def _give_back(self, req: _Req) -> None:
+        """``req`` leaves the queue: its reserved set, if any, is free (``mu`` held)."""
+        token = req.token
+        if token is not None:
+            req.token = None
+            if self.reserved.get(token.set) is token:
+                del self.reserved[token.set]
+                self._notify_freed()
+
+    def _notify_freed(self) -> None:
+        """Wake the threads waiting in ``input_slots`` (``mu`` held)."""
+        if self.slot_waiters:
+            self.freed.notify_all()
 
     def close(self, why: BaseException) -> None:
         """Fail everything still queued or in flight with ``why``; stop the pump."""
@@ -393,7 +568,9 @@ class Pipeline:
             pending = list(self.inflight) + list(self.queue)
             self.inflight.clear()
             self.queue.clear()
+            self.reserved.clear()
             self.work.notify_all()
+            self.freed.notify_all()
         for req in pending:
             self._fail(req, why)
         if self._wake is not None:
@@ -523,7 +700,8 @@ class Pipeline:
         req = self.queue[0]
         if req.deadline is not None and req.deadline <= time.monotonic():
             return True
-        return len(self.inflight) < region.n_sets and self._fits(region, req.feeds)
+        return len(self.inflight) < region.n_sets and self._fits(region, req.feeds) \
+            and not (self.reserved and self._blocked(req))
 
     def _earliest_deadline(self) -> float | None:
         times = [r.deadline for r in self.inflight if r.deadline is not None and not r.discard]
@@ -540,6 +718,7 @@ class Pipeline:
             late = [r for r in self.queue if r.deadline is not None and r.deadline <= now]
             for r in late:
                 self.queue.remove(r)
+                self._give_back(r)
         for r in late:
             self._fail(r, errors.CallTimeout(r.seconds or 0, pid=c.pid))
         for r in list(self.inflight):
@@ -555,6 +734,7 @@ class Pipeline:
             c._abort()
             with self.mu:
                 self.inflight.remove(r)
+                self._notify_freed()
             self._fail(r, timeout)
             raise c._death_of(f"killed after request #{r.rid}'s call deadline of "
                               f"{r.seconds or 0:g} s passed", exit_status=None, log_tail=tail)
@@ -591,11 +771,13 @@ class Pipeline:
                 req = self.queue[0]
                 if req.deadline is not None and req.deadline <= time.monotonic():
                     self.queue.popleft()
+                    self._give_back(req)
                     late: _Req | None = req
                 else:
                     late = None
                     region = c._region
-                    inline = region is None or not self._fits(region, req.feeds)
+                    inline = region is None or not self._fits(region, req.feeds) \
+                        or (bool(self.reserved) and self._blocked(req))
                     if inline and self.inflight:
                         return  # the inline call follows the region's calls in order
                     if not inline:
@@ -607,6 +789,8 @@ class Pipeline:
                         self.next_set = (self.next_set + 1) % region.n_sets
                         self.inflight.append(req)
                     self.queue.popleft()
+                if req.token is not None:  # published in its set (``inflight`` holds it now)
+                    self._give_back(req)  # or gone inline: the reservation is over
             if late is not None:
                 self._fail(late, errors.CallTimeout(late.seconds or 0, pid=c.pid))
             elif inline:
@@ -629,11 +813,13 @@ class Pipeline:
             with self.mu:
                 self.inflight.remove(req)
                 self.next_set = req.set
+                self._notify_freed()
             raise
         with self.mu:
             if req.discard:  # cancelled while its inputs were written: never published
                 self.inflight.remove(req)
                 self.next_set = req.set
+                self._notify_freed()
                 return
             region.publish_request(req.rid, req.set, req.flags)
             req.published = True
@@ -668,6 +854,8 @@ class Pipeline:
         assert region is not None
         with self.mu:
             self.inflight.popleft()
+            if self.slot_waiters:
+                self.freed.notify_all()
         s, rid = req.set, req.rid
         if not region.answered(rid, s):
             c._abort()
@@ -737,6 +925,8 @@ class Pipeline:
             inflight += [r for r in self.queue if r.future is None]
             queued = [r for r in self.queue if r.future is not None]
             self.queue.clear()
+            self.reserved.clear()
+            self._notify_freed()
         gen_exc: BaseException = exc
         if isinstance(exc, errors.CallTimeout):
             gen_exc = c._death_of("killed after a request's call deadline passed",
@@ -753,3 +943,4 @@ class Pipeline:
             req.discard = True
             if req in self.queue:
                 self.queue.remove(req)
+                self._give_back(req)

@@ -8,6 +8,13 @@ stays open as the death pipe: when this process dies, the worker's watchdog read
 end-of-file and exits. Its fd 1 and fd 2 go to a log file whose tail is attached to every
 ``WorkerDied``. It runs in a session of its own so ``close()`` can end the whole process
 group, grandchildren included.
+
+A client belongs to the process that made it. In a forked child (``os.fork``, multiprocessing's
+fork start method, a DataLoader worker) every entry point raises ``ForkedStage`` (its requests
+and answers would mix with the parent's in the one region and socket), ``close()`` is a no-op
+that leaves the parent's worker alone, and the child's copies of the death pipe, the control
+socket and the doorbell are closed at the fork (``os.register_at_fork``), so a killed parent's
+worker still sees end-of-file and exits.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import struct
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -55,6 +63,21 @@ class WorkerState(enum.Enum):
     CLOSING = "closing"  # shutdown sent; waiting for it to exit
     CLOSED = "closed"  # exited and reaped; resources released
     DEAD = "dead"  # died, timed out or broke protocol; every call raises StageClosed
+
+
+#: Every client of this process: a forked child lets go of their descriptors at once.
+_LIVE: weakref.WeakSet[WorkerClient] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork(after_in_child=...)``: each client is the parent's, not ours."""
+    for client in list(_LIVE):
+        with contextlib.suppress(Exception):  # a handler must not fail the fork
+            client._forked_away()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _describe_exit(code: int | None) -> str:
@@ -177,6 +200,10 @@ class WorkerClient:
         if transport == "tcp":
             self.shm_mode = "off"  # tensors travel inline across kernels
         self._env = dict(os.environ if env is None else env)
+        #: The process that made this client; True in a forked child (``_forked_away``).
+        self._owner = os.getpid()
+        self._forked = False
+        _LIVE.add(self)
         self.state = WorkerState.UNSTARTED
         self.hello: dict[str, Any] | None = None
         self.loaded: dict[str, Any] | None = None
@@ -235,6 +262,35 @@ class WorkerClient:
         self._reply: Any = None
         self._known: tuple[tuple[Any, ...], Any] | None = None
 
+    # ------------------------------------------------------------------ fork
+    def _forked_away(self) -> None:
+        """In a forked child: refuse every call from now on; let go of the parent's worker.
+
+        This process's copies of the death pipe, the control socket and the doorbell are
+        closed (never a shutdown, never a signal: the worker is the parent's). No lock is
+        taken: another thread of the parent may have held one at the fork, and it stays held
+        here.
+        """
+        self._forked = True
+        for sock in (self._ctl, self._bell.sock if self._bell is not None else None):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()  # close(2) of this process's descriptor: no shutdown(2)
+        if self._bell is not None:
+            self._bell.close_eventfds()
+        if self._stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._stdin.close()  # the death pipe's write end (its buffer is empty)
+
+    def _forked_error(self) -> errors.ForkedStage:
+        return errors.ForkedStage(
+            f"this {self.route} worker (pid {self.pid}) belongs to process {self._owner}; "
+            f"process {os.getpid()} is a fork of it and may not use it (its requests and "
+            "answers would mix with the parent's)",
+            remedy="open the stage in the child process (after the fork: in a multiprocessing "
+            "or DataLoader worker's initializer), or start children with the 'spawn' or "
+            "'forkserver' method (docs/serving.md, \"Processes\")")
+
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> WorkerClient:
         if self.state is WorkerState.UNSTARTED:
@@ -251,6 +307,8 @@ class WorkerClient:
 
     def start(self) -> dict[str, Any]:
         """Spawn the worker and check its hello (version, package hash, secret)."""
+        if self._forked:
+            raise self._forked_error()
         with self._lock:
             if self.state is not WorkerState.UNSTARTED:
                 raise errors.StageClosed(f"worker is {self.state.value}; start it only once")
@@ -287,7 +345,9 @@ class WorkerClient:
         args += ["--generation", str(self.generation)]
         argv = worker_argv(self.interpreter, "worker", *args, path_map=self.worker_path)
         try:
-            with open(self.log_path, "wb") as log:
+            # 0600: a log may hold what the runtime printed about the caller's data
+            with open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                      "wb") as log:
                 self._proc = subprocess.Popen(
                     argv,
                     stdin=subprocess.PIPE,
@@ -413,8 +473,11 @@ class WorkerClient:
         """End the worker (politely, then the whole group) and release everything. Idempotent.
 
         From another thread while a call is in flight, it kills the worker first, so the call
-        ends at once with ``StageClosed`` saying so, then releases everything.
+        ends at once with ``StageClosed`` saying so, then releases everything. In a forked
+        child it does nothing: the worker is the parent's.
         """
+        if self._forked:
+            return
         if not self._lock.acquire(blocking=False):
             self._close_requested = True
             self._kill_group()
@@ -720,6 +783,8 @@ class WorkerClient:
         A torch-cuda worker adds its pinned region as it serves now (``streamed_bytes``: input
         bytes sent to the device ahead of their requests).
         """
+        if self._forked:
+            raise self._forked_error()
         with self._lock:
             return self._request({"op": "ping"}, "pong", "call").header.get("info", {})
 
@@ -733,6 +798,8 @@ class WorkerClient:
         Raises:
             UsageError: the stage serves no device tensors.
         """
+        if self._forked:
+            raise self._forked_error()
         with self._lock:
             self._require_ready()
             if self._pipe.device is None:
@@ -742,48 +809,107 @@ class WorkerClient:
                     "(open_stage(..., ep_options={'device_tensors': 'on'}))")
             return self._pipe.device.inputs(self._pipe.next_set)
 
-    def input_slots(self, shapes: Mapping[str, Sequence[int]] | None = None
-                    ) -> dict[str, np.ndarray]:
-        """The shared region's input slots the next call is published in, to fill in place.
+    def input_slots(self, shapes: Mapping[str, Sequence[int]] | None = None, *,
+                    timeout: float | None = None) -> dict[str, np.ndarray]:
+        """A slot set no request owns, reserved for the call given it, to fill in place.
 
-        Writable numpy views (little-endian, C-contiguous) at each input's declared shape, or
-        at ``shapes[name]`` where a dimension is not fixed. A call given these arrays (filled
-        by a producer's ``out=``, ``np.copyto``, a decoder writing into them) copies nothing
-        into the region for them. At depth K the next call's set changes each call: ask
-        again before each call. Until the call is answered, the worker reads them.
+        Writable numpy views (little-endian, C-contiguous) of one set's input slots at each
+        input's declared shape, or at ``shapes[name]`` where a dimension is not fixed. The set
+        is reserved: no request is published into it until a call (``run`` or ``submit``)
+        given these arrays takes it, and that call copies nothing into the region for them.
+        While every set is in flight or reserved, this waits for one to come free (at most
+        ``timeout`` seconds; None: no limit). Ask again before each call. Slots dropped
+        without a call give their set back; a call made meanwhile with arrays of its own goes
+        around a set reserved for another (inline, one frame each way).
 
         Raises:
             UsageError: no shared region (the socket transport, ``shm_mode="off"``), an input
-                without a slot, a dimension neither fixed nor given, or a shape that does not
-                fit its slot.
+                without a slot, a dimension neither fixed nor given, a shape that does not
+                fit its slot, or a ``timeout`` that is not a number of seconds >= 0.
+            SlotsBusy: no set came free within ``timeout``.
+            StageClosed: the worker was closed or died.
         """
-        with self._lock:
-            self._require_ready()
-            region = self._region
-            if region is None or self.loaded is None:
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+                timeout, (int, float)) or not timeout >= 0):
+            raise errors.UsageError(f"input_slots(timeout={timeout!r}) is not a number of "
+                                    "seconds >= 0", remedy="give seconds, or None to wait")
+        if self._forked:
+            raise self._forked_error()
+        self._require_ready()
+        region = self._region
+        if region is None or self.loaded is None:
+            raise errors.UsageError(
+                "input_slots() on a stage without a shared region",
+                remedy="use the default transport with shm_mode 'auto' (the socket "
+                "transport and shm_mode='off' copy every call's inputs into frames)")
+        wanted = self._slot_shapes(region, shapes)
+        s = self._reserve_set(region, timeout)
+        views = {name: v.view() for name, v in   # objects of their own: see hand_out
+                 region.slot_views("in", wanted, s).items()}
+        self._pipe.hand_out(s, views)
+        return views
+
+    def _slot_shapes(self, region: shm.Region, shapes: Mapping[str, Sequence[int]] | None
+                     ) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
+        """Each input's (dtype, shape) for ``input_slots``, checked against its slot."""
+        wanted = {}
+        for d in self._inputs:
+            name = d["name"]
+            shape = tuple(shapes[name]) if shapes and name in shapes else tuple(d["shape"])
+            if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                       for n in shape):
                 raise errors.UsageError(
-                    "input_slots() on a stage without a shared region",
-                    remedy="use the default transport with shm_mode 'auto' (the socket "
-                    "transport and shm_mode='off' copy every call's inputs into frames)")
-            wanted = {}
-            for d in self._inputs:
-                name = d["name"]
-                shape = tuple(shapes[name]) if shapes and name in shapes else tuple(d["shape"])
-                if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                           for n in shape):
-                    raise errors.UsageError(
-                        f"input {name!r} has dimensions that are not fixed: {shape}",
-                        remedy=f"give them: input_slots(shapes={{{name!r}: (...)}})")
-                dtype = wire.dtype_of_tag(d["dtype"], name).newbyteorder("<")
-                cap = region.capacity("in", name, self._pipe.next_set)
-                need = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-                if cap is None or need > cap:
-                    raise errors.UsageError(
-                        f"input {name!r} at {shape} ({need} bytes) has no slot it fits "
-                        f"({cap} bytes)", remedy="call with arrays of your own: a call too "
-                        "large for its slots goes inline")
-                wanted[name] = (dtype, shape)
-            return region.slot_views("in", wanted, self._pipe.next_set)
+                    f"input {name!r} has dimensions that are not fixed: {shape}",
+                    remedy=f"give them: input_slots(shapes={{{name!r}: (...)}})")
+            dtype = wire.dtype_of_tag(d["dtype"], name).newbyteorder("<")
+            cap = region.capacity("in", name)
+            need = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            if cap is None or need > cap:
+                raise errors.UsageError(
+                    f"input {name!r} at {shape} ({need} bytes) has no slot it fits "
+                    f"({cap} bytes)", remedy="call with arrays of your own: a call too "
+                    "large for its slots goes inline")
+            wanted[name] = (dtype, shape)
+        return wanted
+
+    def _reserve_set(self, region: shm.Region, timeout: float | None) -> int:
+        """A free set of ``region``, reserved; waits while none is (``input_slots``).
+
+        The requests in flight are collected by whoever drives (the pump, started here if
+        need be, or a synchronous caller); each set that comes free wakes the waiters.
+        """
+        pipe = self._pipe
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with pipe.mu:
+            while True:
+                if pipe.closed or self._region is not region:
+                    raise errors.StageClosed(f"the {self.route} worker is {self.state.value}"
+                                             if self._region is None else
+                                             "the shared region was replaced while waiting "
+                                             "for a slot set")
+                s = pipe.reserve(region.n_sets)
+                if s is not None:
+                    return s
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise errors.SlotsBusy(
+                        f"no free slot set within {timeout:g} s: all {region.n_sets} slot "
+                        f"sets of the {self.route} worker are in flight or reserved",
+                        remedy="wait longer (a larger timeout, or None), take fewer slot "
+                        "sets before calling with them, or open the stage with a larger "
+                        "depth")
+                pipe.slot_waiters += 1
+                try:
+                    pipe.mu.release()
+                    try:
+                        pipe._kick()  # someone collects what is in flight
+                    finally:
+                        pipe.mu.acquire()
+                    # Woken by each set that comes free; the bound only re-checks a set a
+                    # synchronous call let go of between our look and our wait.
+                    pipe.freed.wait(0.25 if left is None else min(left, 0.25))
+                finally:
+                    pipe.slot_waiters -= 1
 
     def waits(self) -> dict[str, Any]:
         """The shared region's spin-or-block decisions so far, on both sides.
@@ -793,6 +919,8 @@ class WorkerClient:
             outcome with a ``line`` in words (``xstage_remote/waitpolicy.py``); ``{}`` for a
             side that has no region (inline frames, TCP) or a worker that does not say.
         """
+        if self._forked:
+            raise self._forked_error()
         caller = self._bell.summary() if self._bell is not None else {}
         worker = self.ping().get("doorbell", {}) if self.state is WorkerState.READY else {}
         return {"caller": caller, "worker": worker}
@@ -805,6 +933,8 @@ class WorkerClient:
         declares state pairs the worker keeps: their inputs are not the caller's to give, their
         outputs are not returned, and requests run one at a time (docs/serving.md).
         """
+        if self._forked:
+            raise self._forked_error()
         with self._lock:
             options = dict(options or {})
             state = [dict(p) for p in options.get("state") or []]
@@ -853,6 +983,8 @@ class WorkerClient:
         size take the shared path. Larger calls still go inline. Returns whether a region is
         attached afterwards.
         """
+        if self._forked:
+            raise self._forked_error()
         with self._lock:
             self._require_ready()
             if self.shm_mode == "off" or self._bell is None:
@@ -949,6 +1081,8 @@ class WorkerClient:
 
     def evidence(self) -> tuple[dict[str, Any], bytes | None]:
         """What the worker's runtime collected for the proof: facts, and the profile's bytes."""
+        if self._forked:
+            raise self._forked_error()
         with self._lock:
             frame = self._request({"op": "evidence"}, "evidence_data", "call")
             arrays = frame.arrays()
@@ -978,6 +1112,8 @@ class WorkerClient:
         call); an ``out`` array is still filled. ``phase`` picks the deadline: ``call``, or
         ``warmup`` for the first, profiled run.
         """
+        if self._forked:  # one attribute: a child of a fork (``_forked_away``)
+            raise self._forked_error()
         if type(inputs) is not dict and not isinstance(inputs, Mapping):
             raise not_a_mapping(inputs, (s["name"] for s in (self.loaded or {}).get("inputs", ())))
         with self._lock:
@@ -1189,6 +1325,8 @@ class WorkerClient:
                 seconds, (int, float)) or not seconds > 0 or seconds == float("inf")):
             raise errors.UsageError(f"timeout={timeout!r} is not a number of seconds > 0",
                                     remedy="give seconds, or None for no limit")
+        if self._forked:
+            raise self._forked_error()
         self._require_ready()
         if self.loaded is None:
             raise errors.UsageError("submit() before load()")
@@ -1198,6 +1336,8 @@ class WorkerClient:
 
     def reset_state(self) -> None:
         """The next request (submitted after this) runs from the initial state."""
+        if self._forked:
+            raise self._forked_error()
         self._reset_next = True
 
     def _take_reset(self) -> int:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from xstage.errors import RecordError
-from xstage.home import records_dir
+from xstage.home import file_mode, records_dir
 from xstage.record._validate import Validator, json_path
 
 __all__ = [
@@ -232,7 +232,7 @@ def write_record(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, file_mode(target))  # 0600 under XSTAGE_HOME, else 0644
         os.replace(tmp, target)
     except BaseException:
         try:

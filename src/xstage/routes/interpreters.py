@@ -4,7 +4,7 @@ Interpreter precedence (first match wins; a configured interpreter that is missi
 *missing*, it never falls back to the next):
 
 1. ``XSTAGE_PYTHON_<ROUTE>`` (``ort-openvino`` → ``XSTAGE_PYTHON_ORT_OPENVINO``)
-2. ``./xstage.toml``: ``[routes.<route>] python = "..."``
+2. ``./xstage.toml``: ``[routes.<route>] python = "..."``, once trusted (``config.project_config``)
 3. the user config file (``xstage.routes.config.user_config_path``)
 4. the environment ``xstage env create <route>`` made (``XSTAGE_HOME/envs/<route>/``)
 5. the current interpreter (``sys.executable``), for routes on this OS's side
@@ -94,11 +94,11 @@ def _choose(
         failure = _check_exists(path, spec.env_var, spec, fix)
         return InterpreterChoice(path, InterpreterSource.ENV_VAR, spec.env_var, failure)
     files = (
-        (InterpreterSource.PROJECT_CONFIG, cfg.project_config_path(base)),
-        (InterpreterSource.USER_CONFIG, cfg.user_config_path(dict(env))),
+        (InterpreterSource.PROJECT_CONFIG, cfg.project_config(base)),  # only once trusted
+        (InterpreterSource.USER_CONFIG, cfg.user_config(env)),
     )
-    for source, config_path in files:
-        loaded = cfg.load(config_path)
+    for source, loaded in files:
+        config_path = loaded.path
         if loaded.error:
             return InterpreterChoice(
                 None,

@@ -237,8 +237,8 @@ def load_tables(*, cwd: str | os.PathLike[str] | None = None,
     base = Path(cwd if cwd is not None else os.getcwd())
     env = dict(os.environ if environ is None else environ)
     found: dict[str, PluginEP] = {}
-    for path in (cfg.user_config_path(env), cfg.project_config_path(base)):
-        loaded = cfg.load(path)
+    for loaded in (cfg.user_config(env), cfg.project_config(base)):  # the project's if trusted
+        path = loaded.path
         if loaded.error or "plugins" not in loaded.data:
             continue
         tables = loaded.data["plugins"]

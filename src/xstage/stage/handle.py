@@ -194,16 +194,22 @@ class Stage(Requests):
         """
         return self._serving().device_inputs()
 
-    def input_slots(self, shapes: Mapping[str, Sequence[int]] | None = None
-                    ) -> dict[str, np.ndarray]:
-        """Where the next call's host inputs go, to write in place (the shared region).
+    def input_slots(self, shapes: Mapping[str, Sequence[int]] | None = None, *,
+                    timeout: float | None = None) -> dict[str, np.ndarray]:
+        """A slot set of the shared region no request owns, reserved for the call given it.
 
-        Writable numpy arrays by input name, views of the region's input slots of the set the
-        next call is published in, at the declared shapes (``shapes`` for dimensions that are
-        not fixed): fill them and call the stage with them, and the call copies nothing in.
-        Ask again before each call. ``UsageError`` where the stage has no shared region.
+        Writable numpy arrays by input name, views of one set's input slots at the declared
+        shapes (``shapes`` for dimensions that are not fixed): fill them and call the stage
+        with them (``stage(slots)`` or ``submit(slots)``), and the call copies nothing in. No
+        other request is published into the set before that call; while every set is in
+        flight or reserved this waits for one (docs/serving.md). Ask again before each call.
+
+        Raises:
+            UsageError: the stage has no shared region, or a shape does not fit its slot.
+            SlotsBusy: no set came free within ``timeout`` seconds.
+            StageClosed: the stage is closed.
         """
-        return self._serving().input_slots(shapes)
+        return self._serving().input_slots(shapes, timeout=timeout)
 
     def waits(self) -> dict[str, Any]:
         """The shared region's spin-or-block decisions so far, on both sides (``--verbose``).
@@ -267,7 +273,15 @@ class Stage(Requests):
         client._pipe.on_death = lambda queued, exc, c=client: self._on_death(c, queued, exc)
 
     def _serving(self) -> Any:
-        """The client of the serving generation (waits while a restart runs)."""
+        """The client of the serving generation (waits while a restart runs).
+
+        Raises:
+            ForkedStage: this process is a fork of the stage's (checked before any lock: one
+                the parent's threads held at the fork stays held here).
+            StageClosed: the stage is closed.
+        """
+        if self._client._forked:
+            raise self._client._forked_error()
         with self._lock:
             if self._closed:
                 raise errors.StageClosed(
@@ -359,9 +373,12 @@ class Stage(Requests):
         ``state_reset=True``.
 
         Raises:
+            ForkedStage: this process is a fork of the stage's.
             UsageError: the stage declares no state.
             StageClosed: the stage is closed.
         """
+        if self._client._forked:
+            raise self._client._forked_error()
         if not self._admission.setup.state:
             raise errors.UsageError(
                 f"{self.artifact.path.name} declares no state, so there is none to reset",
@@ -373,7 +390,12 @@ class Stage(Requests):
         """Generation, restarts with their causes, requests in flight, the last proof's digest.
 
         ``state`` is ``serving`` or ``closed`` (with ``closed_cause``).
+
+        Raises:
+            ForkedStage: this process is a fork of the stage's.
         """
+        if self._client._forked:
+            raise self._client._forked_error()
         with self._lock:
             client = self._client
             return {
@@ -396,8 +418,11 @@ class Stage(Requests):
         """Stop the worker, give the budget back and write the stage's record (idempotent).
 
         The record goes under ``XSTAGE_HOME/records`` (``record_path`` names it) unless the
-        stage was opened with ``record_on_close=False`` (the CLI writes its own).
+        stage was opened with ``record_on_close=False`` (the CLI writes its own). In a forked
+        child it does nothing (the worker, the budget and the record are the parent's).
         """
+        if self._client._forked:
+            return
         with self._lock:
             self._closed = True
             self._client.close()
@@ -452,7 +477,13 @@ class Stage(Requests):
         return self.timings
 
     def record(self, *, argv: Sequence[str] = ()) -> dict[str, Any]:
-        """The record of this stage so far (validated and written by ``xstage.record``)."""
+        """The record of this stage so far (validated and written by ``xstage.record``).
+
+        Raises:
+            ForkedStage: this process is a fork of the stage's.
+        """
+        if self._client._forked:
+            raise self._client._forked_error()
         client, timing = self._client, self._client.last_timing
         worker = {"route": self.route, "interpreter": client.interpreter,
                   "hello": client.hello or {},
