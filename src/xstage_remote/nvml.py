@@ -61,11 +61,16 @@ def _text(lib, call, *args):
     return buf.value.decode("utf-8", "replace")
 
 
-def _processes(lib, handle):
-    """``[{"pid", "used"}]`` of the compute processes on ``handle`` (used None: not available)."""
-    for call, struct in (("nvmlDeviceGetComputeRunningProcesses_v3", _ProcessInfoV2),
-                         ("nvmlDeviceGetComputeRunningProcesses_v2", _ProcessInfoV2),
-                         ("nvmlDeviceGetComputeRunningProcesses", _ProcessInfoV1)):
+#: The two per-process lists NVML keeps: CUDA contexts (compute) and graphics contexts (a
+#: Vulkan device such as the WebGPU EP's lists there; on an H100 it showed in both).
+_LISTS = (("compute", "nvmlDeviceGetComputeRunningProcesses"),
+          ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"))
+
+
+def _process_list(lib, handle, base):
+    """``[{"pid", "used"}]`` of one of NVML's process lists on ``handle`` (used None: not available)."""
+    for call, struct in ((base + "_v3", _ProcessInfoV2), (base + "_v2", _ProcessInfoV2),
+                         (base, _ProcessInfoV1)):
         fn = getattr(lib, call, None)
         if fn is None:
             continue
@@ -87,7 +92,50 @@ def _processes(lib, handle):
             if rc != _ERROR_INSUFFICIENT_SIZE:
                 return None, "%s returned %d" % (call, rc)
         return None, "%s: the process list kept growing" % call
-    return None, "no nvmlDeviceGetComputeRunningProcesses in this libnvidia-ml"
+    return None, "no %s in this libnvidia-ml" % base
+
+
+def _processes(lib, handle):
+    """Every process on ``handle`` from both lists, one entry per pid (``lists`` names where
+    NVML listed it; ``used`` the larger figure where both list it), and the calls made."""
+    merged = {}
+    calls = []
+    errors = []
+    for label, base in _LISTS:
+        procs, call = _process_list(lib, handle, base)
+        if procs is None:
+            errors.append(call)
+            continue
+        calls.append(call)
+        for proc in procs:
+            seen = merged.setdefault(proc["pid"],
+                                     {"pid": proc["pid"], "used": proc["used"], "lists": []})
+            seen["lists"].append(label)
+            if proc["used"] is not None and (seen["used"] is None or proc["used"] > seen["used"]):
+                seen["used"] = proc["used"]
+    if not calls:
+        return None, "; ".join(errors)
+    return list(merged.values()), ", ".join(calls + errors)
+
+
+class _PciInfo(ctypes.Structure):  # nvmlPciInfo_t (nvmlDeviceGetPciInfo_v3)
+    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint),
+                ("pciSubSystemId", ctypes.c_uint), ("busId", ctypes.c_char * 32)]
+
+
+def _pci(lib, handle):
+    """The GPU's PCI address as ``dddd:bb:dd.f`` and its ``vendor:device`` id, or (None, None)."""
+    fn = getattr(lib, "nvmlDeviceGetPciInfo_v3", None)
+    info = _PciInfo()
+    if fn is None or fn(handle, ctypes.byref(info)) != _SUCCESS:
+        return None, None
+    text = info.busId.decode("ascii", "replace").lower()
+    parts = text.split(":")
+    if len(parts) == 3:  # NVML writes an 8-digit domain: 00000000:00:06.0
+        text = "%04x:%s:%s" % (int(parts[0], 16), parts[1], parts[2])
+    ids = "%04x:%04x" % (info.pciDeviceId & 0xFFFF, info.pciDeviceId >> 16)
+    return text, ids
 
 
 def _device(lib, handle, index):
@@ -97,6 +145,7 @@ def _device(lib, handle, index):
     if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) == _SUCCESS:
         out["total"], out["used"] = int(mem.total), int(mem.used)
     out["processes"], out["call"] = _processes(lib, handle)
+    out["pci_address"], out["pci_id"] = _pci(lib, handle)
     mig = ctypes.c_uint(0)
     pending = ctypes.c_uint(0)
     get_mig = getattr(lib, "nvmlDeviceGetMigMode", None)
@@ -106,7 +155,8 @@ def _device(lib, handle, index):
 
 
 def read():
-    """What NVML says now: the driver, every GPU, and every compute process on each, as data.
+    """What NVML says now: the driver, every GPU (its PCI address), and every compute and graphics
+    process on each, as data.
 
     Never raises: a missing library or a failing call is the ``error`` field.
     """
@@ -165,7 +215,9 @@ def report(raw, pid=None):
                 hidden.append(dev.get("index"))
                 continue
             out["devices"].append({"index": dev.get("index"), "name": dev.get("name"),
-                                   "uuid": dev.get("uuid"), "process_used": proc["used"],
+                                   "uuid": dev.get("uuid"), "pci_address": dev.get("pci_address"),
+                                   "pci_id": dev.get("pci_id"), "lists": proc.get("lists", ["compute"]),
+                                   "process_used": proc["used"],
                                    "total": dev.get("total"), "used": dev.get("used")})
     if out["devices"]:
         out["process_used"] = sum(d["process_used"] for d in out["devices"])
@@ -175,8 +227,9 @@ def report(raw, pid=None):
     else:
         listed = sorted({p.get("pid") for d in raw.get("devices") or []
                          for p in d.get("processes") or []})
-        out["why"] = ("NVML lists no compute process with pid %d (it lists %s): not yet on a GPU, "
-                      "or another PID namespace (a container shows the host's pids)" % (pid, listed))
+        out["why"] = ("NVML lists no compute or graphics process with pid %d (it lists %s): not yet "
+                      "on a GPU, or another PID namespace (a container shows the host's pids)"
+                      % (pid, listed))
     return out
 
 

@@ -382,9 +382,12 @@ def _read_report(kind, path):
     return out
 
 
-#: The EPs whose memory is on an NVIDIA GPU (read by NVML) or a DirectML adapter (DXGI).
+#: The EPs whose memory is on an NVIDIA GPU (read by NVML) or a DirectML adapter (DXGI). The
+#: WebGPU EP runs on any vendor's GPU: NVML answers where it is NVIDIA's, and says why not
+#: elsewhere (the stage is then ``peak_unreported``, never charged a guess).
 _DEVICE_MEMORY = {"CUDAExecutionProvider": "nvml", "TensorrtExecutionProvider": "nvml",
-                  "NvTensorRTRTXExecutionProvider": "nvml", "DmlExecutionProvider": "dxgi"}
+                  "NvTensorRTRTXExecutionProvider": "nvml", "DmlExecutionProvider": "dxgi",
+                  "WebGpuExecutionProvider": "nvml"}
 
 
 def device_memory(ep_name):

@@ -74,3 +74,52 @@ def test_the_cpu_ep_and_torch_attest_by_the_runtime():
     other_card = attest(planned="gpu_discrete:nvidia:0", ep="CUDAExecutionProvider",
                         ep_options={"device_id": "1"})
     assert other_card.observed == "gpu:nvidia:1" and judge(other_card) == "device_mismatch"
+
+
+# The WebGPU EP's EP device as onnxruntime 1.30 listed it on the lent H100 (vendor name empty,
+# PCI ids and bus id in its metadata), and the worker's NVML report of its own process.
+WEBGPU = "WebGpuExecutionProvider"
+H100 = "gpu_discrete:nvidia:0"
+WEBGPU_DEVICE = {"ep_name": WEBGPU, "type": "OrtHardwareDeviceType.GPU", "vendor": "",
+                 "vendor_id": 0x10DE, "device_id": 0x2330,
+                 "device_metadata": {"Discrete": "1", "pci_bus_id": "0000:00:06.0"}}
+
+
+def _nvml(*buses: str) -> dict:
+    return {"source": "nvml", "process_used": 32 << 20, "devices": [
+        {"index": i, "name": "NVIDIA H100 80GB HBM3", "pci_address": bus,
+         "lists": ["compute", "graphics"], "process_used": 32 << 20} for i, bus in enumerate(buses)]}
+
+
+def test_the_gpu_the_worker_holds_memory_on_attests_the_adapter():
+    att = attest(planned=H100, ep=WEBGPU, ep_device=WEBGPU_DEVICE, gpu_memory=_nvml("0000:00:06.0"),
+                 planned_pci="0000:00:06.0", twins=2)
+    assert (att.observed, att.source, att.adapter) == (H100, "runtime", "attested")
+    assert judge(att) is None and att.to_dict()["adapter"] == "attested"
+
+
+def test_memory_on_another_gpu_is_a_device_mismatch():
+    att = attest(planned=H100, ep=WEBGPU, ep_device=WEBGPU_DEVICE, gpu_memory=_nvml("0000:00:07.0"),
+                 planned_pci="0000:00:06.0")
+    assert att.source == "runtime" and judge(att) == "device_mismatch"
+
+
+def test_memory_on_several_gpus_attests_none():
+    att = attest(planned=H100, ep=WEBGPU, gpu_memory=_nvml("0000:00:06.0", "0000:00:07.0"),
+                 planned_pci="0000:00:06.0")
+    assert att.observed is None and judge(att) == "unmeasured"
+
+
+def test_an_ep_that_picks_its_own_adapter_attests_class_and_vendor_only():
+    """With no memory report: one GPU of that model places; identical twins are unmeasured."""
+    alone = attest(planned=H100, ep=WEBGPU, ep_device=WEBGPU_DEVICE, planned_pci="0000:00:06.0")
+    assert (alone.observed, alone.source) == ("gpu_discrete:nvidia", "ep_device_api")
+    assert alone.adapter == "unattested"
+    assert judge(alone) is None and "unattested" in alone.detail
+    twins = attest(planned=H100, ep=WEBGPU, ep_device=WEBGPU_DEVICE, planned_pci="0000:00:06.0", twins=2)
+    assert judge(twins) == "unmeasured"
+
+
+def test_an_ep_device_on_another_pci_address_is_a_device_mismatch():
+    att = attest(planned=H100, ep=WEBGPU, ep_device=WEBGPU_DEVICE, planned_pci="0000:00:07.0")
+    assert judge(att) == "device_mismatch"

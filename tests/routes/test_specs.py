@@ -16,6 +16,7 @@ EXPECTED = [
     "ort-dml",
     "ort-cuda",
     "ort-tensorrt",
+    "ort-plugin:webgpu",
     "ort-qnn",
     "ort-coreml",
     "torch-cpu",

@@ -44,7 +44,7 @@ def test_the_process_figure_is_what_nvml_attributes_to_this_pid():
 def test_a_pid_nvml_does_not_list_gets_no_figure_and_says_why():
     out = nvml.report(_raw({"pid": 7, "used": GiB}))
     assert out["process_used"] is None
-    assert "no compute process with pid 4242" in out["why"] and "[7]" in out["why"]
+    assert "no compute or graphics process with pid 4242" in out["why"] and "[7]" in out["why"]
 
 
 def test_memory_nvml_hides_per_process_is_not_guessed():

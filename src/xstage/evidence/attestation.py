@@ -9,8 +9,15 @@ it on. The worker reports what it can, and :func:`attest` takes the strongest re
    to OV CPU for execution": the EP's internal CPU fallback, which onnxruntime-openvino has no
    EP-scoped switch for — ``session.disable_cpu_ep_fallback`` also forbids onnxruntime's CPU
    EP for the nodes the EP leaves — so it is detected here, not disabled).
+   Also the GPU memory the worker's own process holds, as the driver lists it (NVML, by PCI
+   address): the one GPU it is on is the GPU that ran it; a process on several GPUs attests
+   none of them (``unmeasured``).
 2. ``ep_device_api``: the EP device the session was bound to through onnxruntime's EP-device
-   API (``add_provider_for_devices``, ORT >= 1.23): its hardware type and vendor.
+   API (``add_provider_for_devices``, ORT >= 1.23): its hardware type and vendor, and its PCI
+   address where it lists one (a different address than the planned device's is a mismatch).
+   An EP that picks its physical adapter itself (WebGPU: "accepts one EP device and selects
+   the physical GPU independently") is attested by it only in class and vendor: the record says
+   ``adapter: unattested``, and with several GPUs of that model the stage is ``unmeasured``.
 3. ``options_as_applied``: the EP options the worker handed the EP — OpenVINO's
    ``device_type``, a GPU EP's ``device_id`` — where the EP binds by them.
 4. ``unattested``: none of these.
@@ -43,6 +50,8 @@ _GPU_BY_ID: Mapping[str, str | None] = {
     "ROCMExecutionProvider": "amd", "MIGraphXExecutionProvider": "amd",
     "DmlExecutionProvider": None,
 }
+#: EPs that bind an EP device but choose the physical adapter themselves.
+_OWN_ADAPTER = frozenset({"WebGpuExecutionProvider"})
 _TORCH_CLASS = {"cpu": "cpu", "cuda": "gpu", "privateuseone": "gpu", "xpu": "gpu", "mps": "gpu"}
 
 
@@ -61,6 +70,11 @@ class Attestation:
         ep_device: the EP device the session was bound to, as the worker reported it (which
             library, type, vendor, vendor and device id, EP and device metadata, onnxruntime),
             where it bound one; None otherwise.
+        adapter: ``attested`` when the physical GPU is known (the worker's own memory on it,
+            or an EP that binds the adapter it lists), ``unattested`` when the EP picks its
+            adapter itself and nothing else says which; None where no GPU adapter is involved.
+        ambiguous: the planned device has identical twins (same vendor and PCI id), so class
+            and vendor alone cannot say which of them ran it.
     """
 
     planned: str
@@ -68,6 +82,8 @@ class Attestation:
     source: Source
     detail: str
     ep_device: Mapping[str, Any] | None = None
+    adapter: Literal["attested", "unattested"] | None = None
+    ambiguous: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The record's ``device_attestation`` block (``ep_device`` only where one was bound)."""
@@ -75,6 +91,8 @@ class Attestation:
                                "detail": self.detail}
         if self.ep_device is not None:
             out["ep_device"] = dict(self.ep_device)
+        if self.adapter is not None:
+            out["adapter"] = self.adapter
         return out
 
 
@@ -107,7 +125,8 @@ def _observed(kind: str, vendor: str | None) -> str:
 
 def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] | None = None,
            ep_options: Mapping[str, Any] | None = None, runtime_log: str | None = None,
-           torch_devices: Sequence[str] | None = None) -> Attestation:
+           torch_devices: Sequence[str] | None = None, gpu_memory: Mapping[str, Any] | None = None,
+           planned_pci: str | None = None, twins: int = 1) -> Attestation:
     """The strongest report of the device that ran the stage (module docstring, 1–4).
 
     Args:
@@ -117,6 +136,10 @@ def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] 
         ep_options: the EP options as the worker applied them.
         runtime_log: what the runtime wrote while it compiled and ran the stage.
         torch_devices: the devices of a torch stage's outputs and device kernels.
+        gpu_memory: the worker's device-memory report (``xstage_remote.nvml.report``): the GPUs
+            its own process holds memory on, each with its PCI address.
+        planned_pci: the planned device's PCI address (``dddd:bb:dd.f``), where the table has it.
+        twins: how many GPUs of the table share the planned device's vendor and PCI id.
     """
     if torch_devices:
         torch_kinds = sorted({_TORCH_CLASS.get(d.split(":")[0], d.split(":")[0])
@@ -130,6 +153,9 @@ def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] 
         return Attestation(planned, "cpu", "runtime",
                            "OpenVINO recompiled the model on its CPU plugin "
                            f"(its log: {FALLBACK_MARK!r})")
+    on_gpus = _gpus_of_process(gpu_memory)
+    if on_gpus:
+        return _by_process_memory(planned, on_gpus, planned_pci, ep_device)
     if ep_device:
         kind = str(ep_device.get("type") or "").rsplit(".", 1)[-1].lower()
         vendor = _ep_vendor(ep_device)
@@ -139,11 +165,22 @@ def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] 
             discrete = str(metadata.get("Discrete", "")) if isinstance(metadata, Mapping) else ""
             if kind == "gpu" and discrete in ("0", "1"):  # DXCore's flag: which GPU class it is
                 kind = "gpu_discrete" if discrete == "1" else "gpu_integrated"
-            return Attestation(planned, _observed(kind, vendor), "ep_device_api",
+            bus = metadata.get("pci_bus_id") if isinstance(metadata, Mapping) else None
+            observed = _observed(kind, vendor)
+            if isinstance(bus, str) and planned_pci and _pci(bus) != _pci(planned_pci):
+                observed = f"{observed}:{_pci_tag(bus)}"  # another GPU than the planned one
+            own = kind.startswith("gpu") and ep in _OWN_ADAPTER
+            adapter: Literal["attested", "unattested"] | None = (
+                ("unattested" if own else "attested") if kind.startswith("gpu") else None)
+            return Attestation(planned, observed, "ep_device_api",
                                f"bound EP device: type {ep_device.get('type')}, vendor "
-                               f"{ep_device.get('vendor')}"
-                               + (f", adapter {described!r}" if described else ""),
-                               _ep_device_record(ep_device))
+                               f"{ep_device.get('vendor') or vendor}"
+                               + (f", PCI {bus}" if isinstance(bus, str) else "")
+                               + (f", adapter {described!r}" if described else "")
+                               + ("; the EP picks its physical adapter itself and nothing "
+                                  "else said which (adapter: unattested)" if own else ""),
+                               _ep_device_record(ep_device), adapter,
+                               ambiguous=own and twins > 1)
     options = {str(k): str(v) for k, v in (ep_options or {}).items()}
     if "device_type" in options and ep and "OpenVINO" in ep:
         kinds = openvino_devices(options["device_type"])
@@ -198,8 +235,57 @@ def _ep_device_record(ep_device: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _pci(text: str) -> str:
+    """A PCI address in one spelling: ``00000000:00:06.0`` and ``0000:00:06.0`` are one address."""
+    parts = text.strip().lower().split(":")
+    if len(parts) == 3 and all(parts):
+        try:
+            return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+        except ValueError:
+            return text.strip().lower()
+    return text.strip().lower()
+
+
+def _pci_tag(text: str) -> str:
+    """A PCI address as an observed device's index part (no colons: they separate the id's parts)."""
+    return "pci-" + _pci(text).replace(":", "-")
+
+
+def _gpus_of_process(report: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """The GPUs a device-memory report lists the worker's own process on."""
+    if not isinstance(report, Mapping) or report.get("source") != "nvml":
+        return []
+    devices = report.get("devices")
+    return [d for d in devices if isinstance(d, Mapping)] if isinstance(devices, list) else []
+
+
+def _by_process_memory(planned: str, on_gpus: Sequence[Mapping[str, Any]], planned_pci: str | None,
+                       ep_device: Mapping[str, Any] | None) -> Attestation:
+    """Layer 1 for a GPU: the driver lists the worker's process on these GPUs (NVML)."""
+    record = _ep_device_record(ep_device) if ep_device else None
+    where = "; ".join(f"GPU {d.get('index')} {d.get('name')} at {d.get('pci_address')} "
+                      f"({'/'.join(str(x) for x in d.get('lists') or ['compute'])}, "
+                      f"{d.get('process_used')} bytes)" for d in on_gpus)
+    if len(on_gpus) > 1:
+        return Attestation(planned, None, "runtime", f"NVML lists the worker's process on several "
+                           f"GPUs, so none is attested: {where}", record, "unattested")
+    gpu = on_gpus[0]
+    bus = gpu.get("pci_address")
+    if not isinstance(bus, str) or not planned_pci:
+        return Attestation(planned, "gpu:nvidia", "runtime", f"NVML lists the worker's process on "
+                           f"{where} (no PCI address to match against the planned device)",
+                           record, "unattested")
+    if _pci(bus) == _pci(planned_pci):
+        return Attestation(planned, planned, "runtime", f"NVML lists the worker's process on {where}, "
+                           "the planned device's PCI address", record, "attested")
+    return Attestation(planned, f"gpu:nvidia:{_pci_tag(bus)}", "runtime",
+                       f"NVML lists the worker's process on {where}, not on the planned device at "
+                       f"{planned_pci}", record, "attested")
+
+
 def judge(att: Attestation) -> Literal["device_mismatch", "unmeasured"] | None:
-    """Conflict case (c): None when the planned device is attested (or the CPU, unattested)."""
+    """Conflict case (c): None when the planned device is attested (or the CPU, unattested);
+    ``unmeasured`` when only class and vendor are attested and the planned GPU has twins."""
     kind, vendor = device_class(att.planned)
     if att.observed is None:
         return None if kind == "cpu" else "unmeasured"
@@ -215,4 +301,6 @@ def judge(att: Attestation) -> Literal["device_mismatch", "unmeasured"] | None:
             return "device_mismatch"
         if planned_index and got_index and got_index != planned_index:
             return "device_mismatch"
+    if att.ambiguous:
+        return "unmeasured"
     return None

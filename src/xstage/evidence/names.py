@@ -33,6 +33,8 @@ inserted and named after its op                      (1.32 vision, conv)
 ``<output>_nchwc`` for a node output the worker       ``r1_nchwc`` (1.32 conv)
 reported with a safe name
 ``<name>_new_reshape``                                ``node_Reshape_94_new_reshape`` (1.32 vision)
+``<name>_token_<n>`` with the node's own op: the       ``node_conv3d_token_33`` (WebGPU, 1.30
+node rewritten for the EP's layout (NHWC)             vision)
 ``_if_then_branch_<op>`` (an If on a constant)        ``_if_then_branch_Neg`` (1.32 conv)
 ``<if>_then_branch__Inline_<k>__<name>``              the third-party ``silero-vad`` (1.32)
 ``InsertedPrecisionFreeCast_<value>``, op ``Cast``:   an fp16 tower on the CPU EP (1.32): the
@@ -268,6 +270,8 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
         return original, ""
     token = _TOKEN.match(plain)
     stem = token.group("base") if token else plain
+    if not fused and token and depth == 0 and stem in names.nodes and op and op == names.nodes[stem][0]:
+        return names.nodes[stem][1], ""  # a node's layout-transformed copy (the WebGPU EP's NHWC Conv)
     if not fused and stem == "Memcpy":
         return ("Memcpy", "") if op.startswith("Memcpy") else (None, f"{name!r} with op {op!r} is no copy")
     if not fused and depth == 0 and op and _FIXED_INSERTED.get(stem) == op:

@@ -346,6 +346,20 @@ VITISAI = PluginEP(
     report="vitisai",
 )
 
+#: The WebGPU plugin EP (``onnxruntime-ep-webgpu``): a preset, so ``ort-plugin:webgpu`` needs no
+#: table. Its package names the library (``get_library_path()``) and the EP
+#: (``get_ep_name()``). It lists one EP device per GPU class it finds but picks the physical
+#: adapter itself (its README), so the bound EP device does not attest the adapter: the worker's
+#: own device memory, read from NVML by PCI address, does (``xstage.evidence.attestation``).
+WEBGPU = PluginEP(
+    table="webgpu",
+    ep_name="WebGpuExecutionProvider",
+    device_type="GPU",
+    module="onnxruntime_ep_webgpu",
+    package=("onnxruntime>=1.24.4", "onnxruntime-ep-webgpu"),
+    formats=("onnx:fp32", "onnx:fp16"),
+)
+
 _ONNX_ALL = ("onnx:fp32", "onnx:fp16", "onnx:a16w8")
 _ONNX_FLOAT = ("onnx:fp32", "onnx:fp16")
 _PT = ("pt:fp32", "pt:fp16")
@@ -492,6 +506,26 @@ ROUTES: tuple[RouteSpec, ...] = (
             768 * MiB, 2.0, _UNMEASURED + "a CUDA context plus TensorRT's builder workspace",
             False, a16w8=QdqCost(_QDQ_OPENVINO.base_bytes, _QDQ_OPENVINO.activation_factor,
                                  _UNMEASURED + "ort-openvino's A16W8 cost, taken as it is")),
+    ),
+    RouteSpec(
+        name=PLUGIN_PREFIX + "webgpu",
+        runtime="onnxruntime",
+        device_class="gpu_discrete",
+        drives=(("gpu_discrete", None), ("gpu_integrated", None)),
+        formats=_ONNX_FLOAT,
+        os_side="this",
+        platforms=("linux", "windows", "darwin"),
+        verified=False,  # ran on a lent H100 before its attestation existed: docs/records/webgpu-h100
+        ep="WebGpuExecutionProvider",
+        min_runtime="1.24.4",
+        version_note="onnxruntime-ep-webgpu 0.4.0 requires onnxruntime >= 1.24.4 and a Vulkan "
+        "loader (libvulkan.so.1) on Linux",
+        packages=_frozen({"default": ("onnxruntime>=1.24.4", "onnxruntime-ep-webgpu", "numpy")}),
+        docs="https://pypi.org/project/onnxruntime-ep-webgpu/",
+        plugin_ep=WEBGPU,
+        cost=RouteCost(
+            64 * MiB, 1.5, _UNMEASURED + "device memory: a WebGPU (Dawn/Vulkan) device and the "
+            "weights uploaded once", False),
     ),
     RouteSpec(
         name="ort-qnn",

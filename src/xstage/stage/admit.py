@@ -402,11 +402,31 @@ def _attest(cand: Candidate, setup: Setup, warm: WarmUp,
     log = info.get("runtime_log")
     bound = info.get("bound_device")
     applied = info.get("ep_options_as_applied") or info.get("ep_options")
+    memory = info.get("device_memory")
+    pci, twins = _identity(cand.device, setup.devices)
     return attestation.attest(
         planned=cand.device, ep=str(info.get("requested_ep") or warm.target),
         ep_device=bound if isinstance(bound, dict) else None,
         ep_options=applied if isinstance(applied, dict) else None,
-        runtime_log="\n".join(str(x) for x in log) if isinstance(log, list) else None)
+        runtime_log="\n".join(str(x) for x in log) if isinstance(log, list) else None,
+        gpu_memory=memory if isinstance(memory, dict) else None, planned_pci=pci, twins=twins)
+
+
+def _identity(device_id: str, rows: tuple[Any, ...]) -> tuple[str | None, int]:
+    """The planned device's PCI address, and how many devices of the table are its model.
+
+    A model is (kind, vendor, PCI id or name); 1 means the device has no twin.
+    """
+    devices = [getattr(row, "device", row) for row in rows]
+    me = next((d for d in devices if getattr(d, "id", None) == device_id), None)
+    if me is None:
+        return None, 1
+
+    def model(d: Any) -> tuple[Any, ...]:  # the PCI id where sysfs gave one, else the name
+        return (d.kind, d.vendor, (getattr(d, "details", None) or {}).get("pci_id") or d.name)
+
+    twins = sum(1 for d in devices if model(d) == model(me))
+    return getattr(me, "pci_address", None), max(twins, 1)
 
 
 def _digest(info: Mapping[str, Any], profile: bytes | None) -> str:
