@@ -33,6 +33,8 @@ inserted and named after its op                      (1.32 vision, conv)
 ``<output>_nchwc`` for a node output the worker       ``r1_nchwc`` (1.32 conv)
 reported with a safe name
 ``<name>_new_reshape``                                ``node_Reshape_94_new_reshape`` (1.32 vision)
+``fused <name>`` with op ``Fused<op>``: a node fused   ``fused n16`` as ``FusedGemm`` (the onnx
+with the activation after it                          wheel's light zfnet512, 1.32)
 ``<name>_token_<n>`` with the node's own op: the       ``node_conv3d_token_33`` (WebGPU, 1.30
 node rewritten for the EP's layout (NHWC)             vision)
 ``_if_then_branch_<op>`` (an If on a constant)        ``_if_then_branch_Neg`` (1.32 conv)
@@ -270,6 +272,8 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
         return original, ""
     token = _TOKEN.match(plain)
     stem = token.group("base") if token else plain
+    if fused and not token and depth == 0 and plain in names.nodes and op == "Fused" + names.nodes[plain][0]:
+        return names.nodes[plain][1], ""  # a node fused with the activation after it (Gemm+Relu)
     if not fused and token and depth == 0 and stem in names.nodes and op and op == names.nodes[stem][0]:
         return names.nodes[stem][1], ""  # a node's layout-transformed copy (the WebGPU EP's NHWC Conv)
     if not fused and stem == "Memcpy":

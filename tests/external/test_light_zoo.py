@@ -1,0 +1,33 @@
+"""The onnx wheel's own light model zoo on the reference route: a false refusal found there.
+
+onnxruntime 1.32 fuses a Gemm with the Relu after it and profiles the kernel as ``fused <the
+Gemm's name>`` with op ``FusedGemm``; before that form was known, zfnet512, vgg19, alexnet,
+densenet121 and inception_v2 were refused ``evidence_conflict`` on ``ort-cpu``, the reference
+arm itself (``scripts/light_zoo.py`` runs the whole zoo on every route).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from xstage.cli.main import main as cli_main
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+@pytest.mark.parametrize("model", ["zfnet512"])
+def test_a_fused_gemm_relu_is_a_form_of_the_gemm(model: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    record = tmp_path / "record.json"
+    code = cli_main(["external", "--graph", str(LIGHT / f"light_{model}.onnx"), "--route", "ort-cpu",
+                     "--runs", "1", "--json", str(record)])
+    err = capsys.readouterr().err
+    doc = json.loads(record.read_text())
+    assert code == 0, err
+    assert doc["proof"]["verdict"] == "placed" and doc["proof"]["name_failures"] == []
+    kernels = json.dumps(doc.get("detail") or {})
+    assert '"op": "FusedGemm"' in kernels  # the form this test is about ran, and was believed
