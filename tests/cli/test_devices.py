@@ -58,6 +58,7 @@ def test_assemble_adds_devices_only_a_probe_reported():
         "ort-dml",
         "ort-cuda",
         "ort-tensorrt",
+        "ort-plugin:webgpu",
         "torch-cuda",
         "torch-dml",
     ]
@@ -121,6 +122,7 @@ def test_devices_json_stable_fields(capsys):
         "ort-dml",
         "ort-cuda",
         "ort-tensorrt",
+        "ort-plugin:webgpu",
         "ort-qnn",
         "ort-coreml",
         "torch-dml",

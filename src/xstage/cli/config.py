@@ -6,6 +6,7 @@ import argparse
 
 from rich.markup import escape
 
+from xstage.cli._flags import add_json_flag
 from xstage.cli._output import Output
 from xstage.exit_codes import EXIT_OK
 from xstage.routes import config as cfg
@@ -21,7 +22,9 @@ line on stderr and ignored. `--project-config PATH` on any command uses PATH for
 
 def _trust(args: argparse.Namespace, out: Output) -> int:
     path, digest, config = cfg.trust(args.path)
-    out.result(f"trusted {escape(str(path))} (sha256 {digest[:12]}) in {escape(str(config))}")
+    out.emit({"kind": "xstage.config.trust", "path": str(path), "sha256": digest, "user_config": str(config)})
+    if not out.json_mode:
+        out.result(f"trusted {escape(str(path))} (sha256 {digest[:12]}) in {escape(str(config))}")
     return EXIT_OK
 
 
@@ -35,4 +38,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     trust.add_argument("path", nargs="?", default=None,
                        help="the project file (default: ./xstage.toml)")
+    add_json_flag(trust, "the trusted file, its sha256 and the user config", files=("path",))
     trust.set_defaults(func=_trust)
