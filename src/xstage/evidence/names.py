@@ -32,6 +32,9 @@ inserted and named after its op                      (1.32 vision, conv)
 ``<name>`` with op ``Fused<op>``/``Nhwc<op>``          ``conv1d`` as ``FusedConv`` (1.32 conv)
 ``<output>_nchwc`` for a node output the worker       ``r1_nchwc`` (1.32 conv)
 reported with a safe name
+``<output>_bn_nchwc`` (``_mul_``, ``_add_``), op       ``r8_bn_nchwc``, ``r10_mul_nchwc`` (the
+``Conv``: the BatchNormalization (Mul, Add) making     onnx wheel's light densenet121, 1.32)
+that output, run as a 1x1 Conv
 ``<name>_new_reshape``                                ``node_Reshape_94_new_reshape`` (1.32 vision)
 ``fused <name>`` with op ``Fused<op>``: a node fused   ``fused n16`` as ``FusedGemm`` (the onnx
 with the activation after it                          wheel's light zfnet512, 1.32)
@@ -91,6 +94,8 @@ _FUSION = re.compile(r"^(?P<base>.*)/(?P<fusion>[A-Za-z][A-Za-z0-9]*)/?$")
 _INLINED = re.compile(r"^(?P<node>.+?)_(?:then|else)_branch__Inline_\d+__(?P<inner>.+)$")
 _FOLDED_IF = re.compile(r"^_if_(?:then|else)_branch_(?P<op>[A-Za-z][A-Za-z0-9]*)$")  # an If on a constant
 _NCHWC = "_nchwc"  # onnxruntime's NCHWc transformer: <output value>_nchwc
+#: The ops the NCHWc transformer runs as a Conv, by the suffix it gives their output.
+_NCHWC_AS_CONV = {"bn": "BatchNormalization", "mul": "Mul", "add": "Add"}
 _INSERTED_CAST = "InsertedPrecisionFreeCast_"  # onnxruntime's InsertCastTransformer: <value>
 _KEPT_NAME_PREFIXES = ("Fused", "Nhwc")  # a rewrite that keeps the node's name: Conv -> FusedConv
 #: Rewrites to another op that keep the node's name, each as seen in a run (module docstring).
@@ -309,6 +314,14 @@ def _resolve(name: str, op: str, provider: str | None, names: SessionNames,
         return f"<{op} of an If on a constant>", ""
     if not fused and plain.endswith(_NCHWC) and _is_value(plain[: -len(_NCHWC)], names):
         return names.values[plain[: -len(_NCHWC)]], ""  # the node that produces that value
+    if not fused and depth == 0 and op == "Conv" and plain.endswith(_NCHWC):
+        # The NCHWc transformer runs a BatchNormalization, or a Mul/Add by a per-channel
+        # constant, as a 1x1 Conv whose output is <value>_bn / _mul / _add, then _nchwc.
+        value, _, kind = plain[: -len(_NCHWC)].rpartition("_")
+        producer = names.values.get(value) if _is_value(value, names) else None
+        if producer is not None and kind in _NCHWC_AS_CONV and _NCHWC_AS_CONV[kind] in {
+                op_type for op_type, original in names.nodes.values() if original == producer}:
+            return producer, ""
     if not fused and plain.endswith(_NEW_RESHAPE) and plain[: -len(_NEW_RESHAPE)] in names.nodes:
         return names.nodes[plain[: -len(_NEW_RESHAPE)]][1], ""
     if (not fused and depth == 0 and op == "Cast" and plain.startswith(_INSERTED_CAST)
