@@ -19,11 +19,19 @@ from pathlib import Path
 
 import pkgindex
 import pytest
-from conftest import REPO, cache_root
 
 pytestmark = pytest.mark.network
 
 _OPENVINO = "import onnxruntime as o; assert 'OpenVINOExecutionProvider' in o.get_available_providers()"
+
+#: The repository (``tests/conftest.py``'s ``REPO``; a module named ``conftest`` is not importable
+#: by name here: pytest loads several).
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cache_root() -> Path:
+    """The persistent test cache, as ``tests/conftest.py`` resolves it."""
+    return Path(os.environ.get("XSTAGE_TEST_CACHE", REPO / ".test-cache"))
 
 
 def _clean_env(home: Path) -> dict[str, str]:
