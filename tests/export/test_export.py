@@ -118,7 +118,7 @@ def test_onnx_towers_pass_external_on_both_routes(towers, openvino_python, tmp_p
     assert rec["parity"]["reference_kind"] == kind
 
 
-@pytest.mark.slow  # tests/integrations/test_transformers exports this tower and generates through it
+@pytest.mark.slow(reason="tests/integrations/test_transformers exports this tower and generates through it")
 def test_qwen3_vl_tower_gives_deepstack_outputs(export_python, tmp_path):
     out = tmp_path / "tower"
     _export(export_python, "vision-tower", "--family", "qwen3_vl", "--config", "tiny",
@@ -148,7 +148,8 @@ def tiny_tower(export_python, tmp_path_factory) -> Path:
 
 #: pt:fp16 takes no path that pt:fp32 (the .pt2) and onnx:fp16 (code2wav's fp16 cast) do not, and
 #: the tower is exported in it by default: the code2wav one runs with --run-slow.
-CODE2WAV_FORMATS = [*FORMATS[:3], pytest.param("pt:fp16", marks=pytest.mark.slow)]
+CODE2WAV_FORMATS = [*FORMATS[:3], pytest.param("pt:fp16", marks=pytest.mark.slow(
+    reason="pt:fp32 and onnx:fp16 take every path pt:fp16 takes"))]
 
 
 @pytest.mark.parametrize("fmt", CODE2WAV_FORMATS)
@@ -187,7 +188,8 @@ print(len(model.state_dict()))
 
 
 #: Both prefixes take one line (``vision_tower.PREFIXES``): the second runs with --run-slow.
-@pytest.mark.parametrize("prefix", ["model.visual.", pytest.param("visual.", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("prefix", ["model.visual.", pytest.param("visual.", marks=pytest.mark.slow(
+    reason="both prefixes take one line"))])
 def test_checkpoint_under_either_prefix_loads_strictly_and_matches(export_python, tiny_tower, tmp_path,
                                                                   prefix):
     ckpt = tmp_path / "ckpt"
