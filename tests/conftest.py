@@ -65,10 +65,40 @@ def run_slow(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """``--run-slow`` sets ``XSTAGE_SLOW=1`` before the test modules are imported, so what they
-    generate at import (``fuzz_examples``, the adversarial corpus) can ask ``slow_run()``."""
+    """Before any test module is imported (and before pytest-xdist starts its workers, which
+    inherit the environment): ``--run-slow`` sets ``XSTAGE_SLOW=1``, so what modules generate at
+    import (``fuzz_examples``, the adversarial corpus) can ask ``slow_run()``; and the adversarial
+    corpus's seed is drawn once (``XSTAGE_ADV_SEED``, unless given), so every worker generates the
+    same cases and the printed seed repeats the whole run."""
     if config.getoption("--run-slow", default=False):
         os.environ["XSTAGE_SLOW"] = "1"
+    if not os.environ.get("XSTAGE_ADV_SEED", "").strip():
+        import random
+
+        os.environ["XSTAGE_ADV_SEED"] = str(random.SystemRandom().randrange(1, 2**31))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Count each adversarial case that finished (its ``adv_tally`` property) for the table: the
+    report reaches this hook in the process that prints the summary, with pytest-xdist too."""
+    for name, value in getattr(report, "user_properties", ()):
+        if name == "adv_tally" and report.when == "call":
+            folder = str(REPO / "tests" / "adversarial")
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+            import adv_corpus
+
+            klass, as_expected, false_placed, xfail = value
+            adv_corpus.tally(klass, as_expected=as_expected, false_placed=false_placed, xfail=xfail)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    """The adversarial corpus's table of classes and counts, when any of its cases ran."""
+    corpus = sys.modules.get("adv_corpus")
+    if corpus is None or not corpus.RESULTS:
+        return
+    terminalreporter.write_sep("-", "adversarial corpus")
+    terminalreporter.write_line(corpus.table(int(os.environ["XSTAGE_ADV_SEED"], 0)))
 
 
 def slow_run() -> bool:
