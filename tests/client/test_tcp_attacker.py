@@ -116,6 +116,7 @@ def _middle(listener: socket.socket, mode: str) -> None:
     tell.close()
     worker, _ = listener.accept()
     client = socket.create_connection(("127.0.0.1", real_port))
+    answered = threading.Event()  # the first run's result is relayed to the client
 
     def upstream() -> None:  # client → worker: byte-exact, or the first run sent twice
         try:
@@ -124,7 +125,13 @@ def _middle(listener: socket.socket, mode: str) -> None:
                 k = 0
                 while True:
                     data = b"".join(_records(client, True))
-                    worker.sendall(data + (data if k == 1 else b""))  # 0 load, 1 first run
+                    worker.sendall(data)  # 0 load, 1 first run
+                    if k == 1:
+                        # The copy only once the client has the first run's result: a worker
+                        # that ends on the copy must not take its answer with it (an unread
+                        # copy makes its close a reset, which can drop the answer in flight).
+                        answered.wait(60)
+                        worker.sendall(data)
                     k += 1
             while data := client.recv(1 << 20):
                 worker.sendall(data)
@@ -148,6 +155,8 @@ def _middle(listener: socket.socket, mode: str) -> None:
             frames.append(_records(worker, authenticated))
             for data in _attack(mode, frames, len(frames) - 1, authenticated):
                 client.sendall(data)
+            if len(frames) == 2:
+                answered.set()
     except (EOFError, OSError):
         pass
 
@@ -338,9 +347,10 @@ def test_a_peer_that_connects_first_does_not_win(big_slice: Path, tmp_path: Path
 
 def test_a_request_replayed_to_the_worker_ends_it_with_the_check_named(big_slice: Path,
                                                                         wrapper: str) -> None:
-    """The other direction: the attacker sends the client's first run twice. The worker runs
-    it once, answers, refuses the copy (status 65, the check in its log), and the client's
-    next call fails with that log; no call returns anything but the worker's own outputs."""
+    """The other direction: the attacker sends the client's first run twice, the copy once
+    the client has the answer (by order). The worker runs it once, answers, refuses the copy
+    (status 65, the check in its log), and the client's next call fails with that log; no call
+    returns anything but the worker's own outputs."""
     pid, port = _spawn_attacker("replay-to-worker")
     env = dict(os.environ, XSTAGE_ATTACK_PORT=str(port))
     try:
