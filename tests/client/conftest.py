@@ -116,10 +116,10 @@ def fault_env(fault: str) -> dict[str, str]:
 
 def stop_on_run_env(at: int = 1, *, every: bool = False, stop: bool = True,
                     stamps: Path | None = None) -> dict[str, str]:
-    """The environment of a ``fault_python`` worker that stops itself (SIGSTOP) as it takes
-    run number ``at`` (and each later one with ``every``; never with ``stop=False``) and, with
-    ``stamps`` (a folder), writes ``started-<n>``/``answered-<n>`` there (fault_worker.py,
-    "stop-on-run")."""
+    """The environment of a ``fault_python`` worker that stops itself (SIGSTOP) as it starts
+    computing run number ``at`` (and each later one with ``every``; never with ``stop=False``)
+    and, with ``stamps`` (a folder), writes ``started-<n>``, ``computed-<n>`` and
+    ``answered-<n>`` there (fault_worker.py, "stop-on-run")."""
     env = fault_env("stop-on-run")
     env["XSTAGE_FAULT_AT"] = str(at)
     env["XSTAGE_FAULT_EVERY"] = "1" if every else "0"
