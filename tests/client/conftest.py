@@ -130,6 +130,23 @@ def stop_on_run_env(at: int = 1, *, every: bool = False, stop: bool = True,
     return env
 
 
+@pytest.fixture
+def stamps(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A stamps folder for ``stop_on_run_env``; at teardown, every ``stop-on-run`` worker that
+    wrote its pid there and still lives is killed: a worker stopped in a call cannot notice its
+    client's end (a scenario subprocess the test gave up on), so nothing else would end it."""
+    folder = tmp_path / "stamps"
+    folder.mkdir()
+    yield folder
+    for pid_file in folder.glob("pid-*"):
+        try:
+            proc = psutil.Process(int(pid_file.name.split("-", 1)[1]))
+            if any("fault_worker.py" in part for part in proc.cmdline()):
+                proc.kill()
+        except (psutil.Error, ValueError):
+            pass
+
+
 #: A liveness bound for waiting on an event (a process stopping, a file appearing): the
 #: event is certain to come, so only a bug reaches it; never a speed bound.
 EVENT_TIMEOUT = 120.0

@@ -109,6 +109,8 @@ elif fault == "stop-on-run":
             with open(os.path.join(stamps, f"{what}-{n}"), "w") as f:
                 f.write(f"{os.getpid()}\n")
 
+    stamp("pid", os.getpid())  # for the test's reaper: a stopped worker cannot see its client go
+
     def counting(real):
         def serve(self, *a, **k):
             runs["depth"] += 1

@@ -171,7 +171,7 @@ def tagged(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
 @pytest.mark.parametrize("then", ["at-once", "when-idle"])
 @pytest.mark.parametrize("rows", [256, 4], ids=["1MiB", "16KiB"])
 @pytest.mark.parametrize("shm_mode", ["auto", "off"], ids=["region", "socket"])
-def test_an_interrupted_call_never_poisons_the_next(tagged, fault_python, tmp_path, shm_mode, rows,
+def test_an_interrupted_call_never_poisons_the_next(tagged, fault_python, stamps, shm_mode, rows,
                                                     then):
     """Defect 1: SIGINT mid-call, then a call with new inputs (at once, while the interrupted
     one is still unanswered, or once the worker has answered it): its own outputs or
@@ -183,7 +183,6 @@ def test_an_interrupted_call_never_poisons_the_next(tagged, fault_python, tmp_pa
     says A is answered. Either accepted outcome holds whichever way a later change handles
     an interrupt inside a read (repair, or close the stage).
     """
-    stamps = tmp_path / "stamps"
     env = stop_on_run_env(2, stamps=stamps)
     try:
         done = subprocess.run([sys.executable, "-c", _INTERRUPT, fault_python, str(tagged[rows]),
@@ -400,13 +399,13 @@ def test_cli_timeout_is_a_usage_error_when_malformed():
     assert "Traceback" not in done.stderr and "--timeout call" in done.stderr
 
 
-def test_cli_call_timeout_kills_a_hung_warmup(tmp_path, fault_python):
+def test_cli_call_timeout_kills_a_hung_warmup(tmp_path, fault_python, stamps):
     """``--timeout warmup=S``: a warm-up past it ends in a WarmupTimeout, not 30 minutes.
 
     The route's worker stops itself as it starts its first run (the warm-up): the deadline
     passes by order, however fast the machine."""
     path = builtin_graphs.write(tagged_graph(4), tmp_path / "tagged.onnx")
-    env = stop_on_run_env(1)
+    env = stop_on_run_env(1, stamps=stamps)
     env["XSTAGE_PYTHON_ORT_CPU"] = fault_python
     done = subprocess.run([sys.executable, "-m", "xstage", "external", "--graph", str(path),
                            "--route", "ort-cpu", "--timeout", "warmup=1", "--runs", "1",
