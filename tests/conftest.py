@@ -64,17 +64,74 @@ def run_slow(config: pytest.Config) -> bool:
     return bool(config.getoption("--run-slow")) or os.environ.get("XSTAGE_SLOW", "") not in ("", "0")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test module is imported (and before pytest-xdist starts its workers, which
+    inherit the environment): ``--run-slow`` sets ``XSTAGE_SLOW=1``, so what modules generate at
+    import (``fuzz_examples``, the adversarial corpus) can ask ``slow_run()``; and the adversarial
+    corpus's seed is drawn once (``XSTAGE_ADV_SEED``, unless given), so every worker generates the
+    same cases and the printed seed repeats the whole run."""
+    if config.getoption("--run-slow", default=False):
+        os.environ["XSTAGE_SLOW"] = "1"
+    if not os.environ.get("XSTAGE_ADV_SEED", "").strip():
+        import random
+
+        os.environ["XSTAGE_ADV_SEED"] = str(random.SystemRandom().randrange(1, 2**31))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Count each adversarial case that finished (its ``adv_tally`` property) for the table: the
+    report reaches this hook in the process that prints the summary, with pytest-xdist too."""
+    for name, value in getattr(report, "user_properties", ()):
+        if name == "adv_tally" and report.when == "call":
+            folder = str(REPO / "tests" / "adversarial")
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+            import adv_corpus
+
+            klass, as_expected, false_placed, xfail = value
+            adv_corpus.tally(klass, as_expected=as_expected, false_placed=false_placed, xfail=xfail)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    """The adversarial corpus's table of classes and counts, when any of its cases ran."""
+    corpus = sys.modules.get("adv_corpus")
+    if corpus is None or not corpus.RESULTS:
+        return
+    terminalreporter.write_sep("-", "adversarial corpus")
+    terminalreporter.write_line(corpus.table(int(os.environ["XSTAGE_ADV_SEED"], 0)))
+
+
+def slow_run() -> bool:
+    """Whether this run includes the tests marked ``slow`` (for code that runs at import)."""
+    return os.environ.get("XSTAGE_SLOW", "") not in ("", "0")
+
+
+def fuzz_examples(n: int) -> int:
+    """A fuzz test's hypothesis examples: ``n`` with ``--run-slow``, a fifth of it (at least 50)
+    by default: the same strategies, fewer draws (each run draws new ones)."""
+    return n if slow_run() else max(50, n // 5)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``network`` every test that uses a fixture in NETWORK_FIXTURES; skip every test marked
     ``slow`` unless the run asked for them (SLOW_REASON says how)."""
-    slow = None if run_slow(config) else pytest.mark.skip(reason=SLOW_REASON)
+    skip_slow = not run_slow(config)
     for item in items:
         needs = sorted(set(getattr(item, "fixturenames", ())) & NETWORK_FIXTURES.keys())
         if needs:
             item.add_marker(pytest.mark.network(on_miss=tuple(needs)))
-        if slow is not None and item.get_closest_marker("slow") is not None:
-            item.add_marker(slow)
+        mark = item.get_closest_marker("slow")
+        if skip_slow and mark is not None:
+            item.add_marker(pytest.mark.skip(reason=slow_reason(mark)))
+
+
+def slow_reason(mark: pytest.Mark) -> str:
+    """SLOW_REASON, with the marker's own reason (``@pytest.mark.slow(reason=...)``) first."""
+    why = mark.kwargs.get("reason") or (mark.args[0] if mark.args else "")
+    if not why:
+        return SLOW_REASON
+    return f"slow ({why}): skipped by default; run it with --run-slow or XSTAGE_SLOW=1"
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -6,7 +6,8 @@ corpus only puts unary ops in runs of three or more), which node dominates the w
 the options select — and nothing about what xstage's proof makes of it: ``adv_oracle`` turns the
 metadata into the expected result, ``test_adversarial`` runs the case for real and compares.
 
-Classes (``CLASSES``, at least five cases each):
+Classes (``CLASSES``; five cases each are generated, a default run takes the first of each and
+its controls, ``--run-slow`` all five: ``per_class_params``):
 
 * ``injection``: every node is one OpenVINO declines; the names of a random subset carry text
   crafted to close their profile event early and claim OpenVINO for the real kernel (at its real
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +47,14 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 SEED_ENV = "XSTAGE_ADV_SEED"
-PER_CLASS = 5
+#: Cases of one class a default run takes (the first), and at least how many ``--run-slow`` takes.
+DEFAULT_PER_CLASS = 1
+SLOW_PER_CLASS = 5
+PER_CLASS = SLOW_PER_CLASS  # what ``generate`` makes; per_class_params splits default from slow
+#: Controls: cases beyond the first that a class's default run keeps, so that each outcome its
+#: construction can have is run (node_counts: below and above the node fraction; torch: a
+#: program that launches kernels and one of views only).
+CONTROLS = {"node_counts": 1, "torch": 1}
 
 OV = "OpenVINOExecutionProvider"
 CPU = "CPUExecutionProvider"
@@ -353,6 +362,52 @@ def _torch(rng: random.Random, i: int) -> Case:
 _MAKERS = {"injection": _injection, "injection_cpu": _injection_cpu, "provider_names": _provider_names,
            "node_counts": _node_counts, "cpu_share": _cpu_share, "device_override": _device_override,
            "device_mismatch": _device_mismatch, "torch": _torch}
+
+
+def per_class_count(slow: bool, controls: int = 0) -> int:
+    """How many cases of one generated class a run takes: the first case plus ``controls`` by
+    default, at least ``SLOW_PER_CLASS`` with ``--run-slow``. Stable name: the generated
+    adversarial files share it (and ``per_class_params``)."""
+    return max(SLOW_PER_CLASS, DEFAULT_PER_CLASS + controls) if slow else DEFAULT_PER_CLASS + controls
+
+
+def per_class_params(cases: Sequence[Any], *, klass: Callable[[Any], str] = lambda c: c.klass,
+                     ident: Callable[[Any], str] = lambda c: c.id,
+                     marks: Callable[[Any], list[Any]] = lambda c: [],
+                     controls: Mapping[str, int] | None = None) -> list[Any]:
+    """``cases`` (generated ``SLOW_PER_CLASS`` or more per class, in order) as pytest params:
+    the first ``per_class_count(False, controls[class])`` of each class run by default, the rest
+    are marked ``slow`` with the reason. The default run keeps every class; ``--run-slow`` runs
+    them all. Stable name: the generated adversarial files share it."""
+    import pytest
+
+    controls = CONTROLS if controls is None else controls
+    seen: dict[str, int] = {}
+    out = []
+    for case in cases:
+        name = klass(case)
+        n = seen[name] = seen.get(name, 0) + 1
+        extra = list(marks(case))
+        if n > per_class_count(False, controls.get(name, 0)):
+            extra.append(pytest.mark.slow(reason="a further generated case of its class: the "
+                                                 "default run takes each class's first and its controls"))
+        out.append(pytest.param(case, id=ident(case), marks=extra))
+    return out
+
+
+def default_cases(cases: Sequence[Any], slow: bool, *, klass: Callable[[Any], str] = lambda c: c.klass,
+                  controls: Mapping[str, int] | None = None) -> list[Any]:
+    """The cases of ``cases`` a run takes (``per_class_params``'s split): what a module fixture
+    should build, so a default run does not export programs only slow cases use."""
+    controls = CONTROLS if controls is None else controls
+    seen: dict[str, int] = {}
+    out = []
+    for case in cases:
+        name = klass(case)
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] <= per_class_count(slow, controls.get(name, 0)):
+            out.append(case)
+    return out
 
 
 def generate(seed: int, per_class: int = PER_CLASS) -> list[Case]:

@@ -44,13 +44,13 @@ class SpecMismatch(AssertionError):
 
 
 def _params() -> list[Any]:
-    out = []
+    """Every case (the first of each class and its controls by default, the rest slow)."""
     for case in CASES:
         adv_oracle.expected(case)  # a case too close to call is a corpus bug: fail at collection
-        marks = ([pytest.mark.xfail(strict=True, raises=SpecMismatch, reason=XFAIL[case.klass])]
-                 if case.klass in XFAIL else [])
-        out.append(pytest.param(case, id=case.id, marks=marks))
-    return out
+    return adv_corpus.per_class_params(
+        CASES, marks=lambda case: ([pytest.mark.xfail(strict=True, raises=SpecMismatch,
+                                                      reason=XFAIL[case.klass])]
+                                   if case.klass in XFAIL else []))
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +101,14 @@ def simulated(report: device_table.DeviceReport, device_type: str) -> device_tab
 
 
 @pytest.fixture(scope="module")
-def torch_artifacts(export_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every torch case's program, exported once by the export env."""
+def torch_artifacts(export_python: Path, tmp_path_factory: pytest.TempPathFactory,
+                    pytestconfig: pytest.Config) -> dict[str, Any]:
+    """The program of every torch case this run takes, exported once by the export env."""
+    from tests.conftest import run_slow
+
     root = tmp_path_factory.mktemp("adv-torch")
     spec = [{"name": c.id, "kind": c.torch_kind, "ops": list(c.torch_ops), "shape": list(c.torch_shape)}
-            for c in CASES if c.torch_kind is not None]
+            for c in adv_corpus.default_cases(CASES, run_slow(pytestconfig)) if c.torch_kind is not None]
     (root / "spec.json").write_text(json.dumps(spec))
     script = Path(__file__).with_name("torch_programs.py")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
@@ -197,8 +200,10 @@ def test_case(case: adv_corpus.Case, request: pytest.FixtureRequest, tmp_path: P
         checks["device_attestation"] = (attestation.get("planned") == case.planned_device
                                         and attestation.get("observed") == "cpu")
     false_placed = got.placed and want.verdict != "placed"
-    adv_corpus.tally(case.klass, as_expected=all(checks.values()) and not false_placed,
-                     false_placed=false_placed, xfail=case.klass in XFAIL)
+    # Counted for the table where the report arrives (tests/conftest.py), with pytest-xdist too.
+    request.node.user_properties.append(
+        ("adv_tally", (case.klass, all(checks.values()) and not false_placed, false_placed,
+                       case.klass in XFAIL)))
     shown = {k: (got.proof or {}).get(k) for k in ("basis", "fraction", "node_fraction", "time_fraction")}
     where = (f"seed {SEED} case {case.id} ({case.describe}, min_placement {case.min_placement}): "
              f"expected exit {want.exit_code} {want.verdict}/{want.cause} (nodes {want.node_fraction}, "

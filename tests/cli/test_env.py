@@ -68,7 +68,8 @@ def test_env_without_verb_shows_help(capsys):
     assert main(["env"]) == 64
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="env create builds a pinned CPython 3.9 venv: minutes of pip")
+@pytest.mark.timeout(1800)  # the pip install of a venv, in the test's body
 @pytest.mark.skipif(not PYENV39, reason="no pyenv CPython 3.9 here")
 def test_env_create_py39_pinned_then_devices_then_remove(capsys):
     """The issue's example end to end: build, list, resolve, remove."""

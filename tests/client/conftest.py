@@ -6,10 +6,12 @@ import os
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import onnx
+import psutil
 import pytest
 from onnx import TensorProto, helper
 
@@ -112,6 +114,90 @@ def fault_env(fault: str) -> dict[str, str]:
     return env
 
 
+def stop_on_run_env(at: int = 1, *, every: bool = False, stop: bool = True,
+                    stamps: Path | None = None) -> dict[str, str]:
+    """The environment of a ``fault_python`` worker that stops itself (SIGSTOP) as it starts
+    computing run number ``at`` (and each later one with ``every``; never with ``stop=False``)
+    and, with ``stamps`` (a folder), writes ``started-<n>``, ``computed-<n>`` and
+    ``answered-<n>`` there (fault_worker.py, "stop-on-run")."""
+    env = fault_env("stop-on-run")
+    env["XSTAGE_FAULT_AT"] = str(at)
+    env["XSTAGE_FAULT_EVERY"] = "1" if every else "0"
+    env["XSTAGE_FAULT_STOP"] = "1" if stop else "0"
+    if stamps is not None:
+        stamps.mkdir(parents=True, exist_ok=True)
+        env["XSTAGE_FAULT_STAMPS"] = str(stamps)
+    return env
+
+
+@pytest.fixture
+def stamps(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A stamps folder for ``stop_on_run_env``; at teardown, every ``stop-on-run`` worker that
+    wrote its pid there and still lives is killed: a worker stopped in a call cannot notice its
+    client's end (a scenario subprocess the test gave up on), so nothing else would end it."""
+    folder = tmp_path / "stamps"
+    folder.mkdir()
+    yield folder
+    for pid_file in folder.glob("pid-*"):
+        try:
+            proc = psutil.Process(int(pid_file.name.split("-", 1)[1]))
+            if any("fault_worker.py" in part for part in proc.cmdline()):
+                proc.kill()
+        except (psutil.Error, ValueError):
+            pass
+
+
+#: A liveness bound for waiting on an event (a process stopping, a file appearing): the
+#: event is certain to come, so only a bug reaches it; never a speed bound.
+EVENT_TIMEOUT = 120.0
+
+
+def wait_until(check, what: str, timeout: float = EVENT_TIMEOUT) -> None:  # type: ignore[no-untyped-def]
+    """Poll ``check()`` until it holds; fail naming ``what`` if it never does."""
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            pytest.fail(f"{what}: not seen within {timeout:.0f}s")
+        time.sleep(0.002)
+
+
+def wait_stopped(pid: int, stamps: Path | None = None, run: int | None = None,
+                 timeout: float = EVENT_TIMEOUT) -> None:
+    """Wait until process ``pid`` is stopped: a ``stop-on-run`` worker took its run (with
+    ``stamps`` and ``run``: run number ``run``, whose ``started`` stamp comes before the stop)."""
+    proc = psutil.Process(pid)
+
+    def stopped() -> bool:
+        if stamps is not None and run is not None and not (stamps / f"started-{run}").exists():
+            return False
+        return proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+    wait_until(stopped, f"worker {pid} stopping itself at run {run or 'its stop'}", timeout)
+
+
+class Background:
+    """``fn()`` in a daemon thread, for a call the test unblocks from its own thread (a kill,
+    a resume); ``raised(timeout)`` joins it and returns what it raised (None)."""
+
+    def __init__(self, fn) -> None:  # type: ignore[no-untyped-def]
+        self.box: dict[str, BaseException | None] = {"exc": None}
+
+        def target() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                self.box["exc"] = exc
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def raised(self, timeout: float = EVENT_TIMEOUT) -> BaseException | None:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            pytest.fail(f"the call was still blocked after {timeout:.0f}s")
+        return self.box["exc"]
+
+
 @pytest.fixture(autouse=True)
 def _xstage_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Client tests share one state root per session (the staged worker copy is reused)."""
@@ -140,3 +226,37 @@ def in_thread(fn, timeout: float):  # type: ignore[no-untyped-def]
     if t.is_alive():
         pytest.fail(f"still blocked after {timeout}s: the deadline did not hold")
     return box["exc"]
+
+
+class SteppingClock:
+    """A stand-in for the ``time`` module of the wait policy's modules (``shm``, ``sockspin``).
+
+    ``monotonic()`` starts at the real clock's reading and moves ``step`` seconds at each read,
+    so a spin's budget is a number of checks, never a share of the scheduler's time; a
+    preemption is a jump the test makes (``advance``). Everything else is the real ``time``.
+    """
+
+    def __init__(self, step: float = 1e-6) -> None:
+        self.now = time.monotonic()
+        self.step = step
+
+    def monotonic(self) -> float:
+        self.now += self.step
+        return self.now
+
+    def monotonic_ns(self) -> int:
+        return int(self.monotonic() * 1e9)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(time, name)
+
+
+def stepping_clock(monkeypatch: pytest.MonkeyPatch, *modules, step: float = 1e-6) -> SteppingClock:  # type: ignore[no-untyped-def]
+    """Give each of ``modules`` one ``SteppingClock`` as its ``time`` for this test."""
+    clock = SteppingClock(step)
+    for module in modules:
+        monkeypatch.setattr(module, "time", clock)
+    return clock

@@ -24,7 +24,8 @@ print("fault worker starting:", fault, flush=True)
 
 from xstage_remote import wire, worker  # noqa: E402
 
-ctl = socket.socket(fileno=int(fds["--ctl-fd"]))
+# Same kernel: the inherited control socket (the faults that speak on it run there only).
+ctl = socket.socket(fileno=int(fds["--ctl-fd"])) if "--ctl-fd" in fds else None
 
 
 def secret():
@@ -103,6 +104,72 @@ elif fault in ("abort-on-load", "sigkill-on-warmup", "segv-on-warmup") or fault.
     else:
         worker.Worker.on_run = die
         worker.Worker.on_shm_call = die
+elif fault == "stop-on-run":
+    # The real worker (ort runtime), made to stop itself (SIGSTOP) as it starts computing its
+    # run number XSTAGE_FAULT_AT (1-based; inline and region calls alike, a request withdrawn
+    # before it started counted too), after taking the request and reading its inputs; with
+    # XSTAGE_FAULT_EVERY=1 every run after that one too (XSTAGE_FAULT_STOP=0: never). A
+    # stopped worker is an event the test can see (psutil's status): the request has arrived
+    # and started, and no answer can come until the test sends SIGCONT, so an interrupt, a kill
+    # or a deadline lands mid-call by order, not by a race with the compute. With
+    # XSTAGE_FAULT_STAMPS (a folder) it also writes ``started-<n>`` as run n's compute starts
+    # (before stopping), ``computed-<n>`` when it ends and ``answered-<n>`` once run n is
+    # answered (a reply larger than the socket's buffer is answered only as the caller reads
+    # it): the test knows where the worker is without waiting on a clock.
+    import signal
+
+    from xstage_remote import ort_runtime
+
+    at = int(os.environ.get("XSTAGE_FAULT_AT", "1"))
+    every = os.environ.get("XSTAGE_FAULT_EVERY") == "1"
+    stops = os.environ.get("XSTAGE_FAULT_STOP", "1") == "1"
+    stamps = os.environ.get("XSTAGE_FAULT_STAMPS")
+    runs = {"seen": 0, "depth": 0, "computing": 0}
+
+    def stamp(what, n):
+        if stamps:
+            with open(os.path.join(stamps, f"{what}-{n}"), "w") as f:
+                f.write(f"{os.getpid()}\n")
+
+    stamp("pid", os.getpid())  # for the test's reaper: a stopped worker cannot see its client go
+
+    def counting(real):
+        def serve(self, *a, **k):
+            runs["depth"] += 1
+            try:
+                if runs["depth"] > 1:  # on_run hands a binary run to _run_binary: one run
+                    return real(self, *a, **k)
+                runs["seen"] += 1
+                n = runs["computing"] = runs["seen"]
+                real(self, *a, **k)
+                stamp("answered", n)
+            finally:
+                runs["depth"] -= 1
+                runs["computing"] = 0
+
+        return serve
+
+    def stopping(real):
+        def compute(self, *a, **k):
+            n = runs["computing"]
+            if n:
+                runs["computing"] = 0  # one stop per run
+                stamp("started", n)
+                if stops and (n == at or (every and n > at)):
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                try:
+                    return real(self, *a, **k)
+                finally:
+                    stamp("computed", n)
+            return real(self, *a, **k)
+
+        return compute
+
+    worker.Worker.on_run = counting(worker.Worker.on_run)
+    worker.Worker.on_shm_call = counting(worker.Worker.on_shm_call)
+    worker.Worker._run_binary = counting(worker.Worker._run_binary)
+    ort_runtime.OrtRuntime.run = stopping(ort_runtime.OrtRuntime.run)
+    ort_runtime.OrtRuntime.run_into = stopping(ort_runtime.OrtRuntime.run_into)
     sys.argv = [sys.argv[0]] + args
     worker.main(args)
 else:

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.client.conftest import stepping_clock
 from xstage.client import WorkerClient
 from xstage_remote import shm
 
@@ -115,7 +116,8 @@ def test_a_preempted_spin_stops_at_once_blocks_and_backs_off(monkeypatch) -> Non
     with _region_and_pair() as (region, a, b):
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
-        monkeypatch.setattr(shm, "_yield", lambda: time.sleep(0.005))  # the CPU went elsewhere
+        clock = stepping_clock(monkeypatch, shm)
+        monkeypatch.setattr(shm, "_yield", lambda: clock.advance(0.005))  # the CPU went elsewhere
         monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 0.0)  # a yield on every check
         monkeypatch.setattr(shm, "_read_load", lambda: None)
         for _ in range(2):  # one preempted spin alone is no pattern (waitpolicy rule 4); two are
@@ -137,9 +139,9 @@ def test_a_spin_yields_once_per_interval_not_on_every_check(monkeypatch) -> None
     with _region_and_pair() as (region, a, b):
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
+        stepping_clock(monkeypatch, shm)  # the spin's budget is checks, not the scheduler's time
         monkeypatch.setattr(shm, "_yield", lambda: yields.append(1))
         monkeypatch.setattr(shm, "_read_load", lambda: None)
-        bell.policy.preempted = 60.0  # a loaded test machine may preempt: not what is tested
         monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 60.0)
         answers = iter([False] * 50 + [True])
         assert bell.wait(lambda: next(answers), time.monotonic() + 5) == "ready"
@@ -160,7 +162,7 @@ def test_an_answered_spin_is_learned_at_the_next_decision_not_before_the_answer(
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
         monkeypatch.setattr(shm, "_read_load", lambda: None)
-        bell.policy.preempted = 60.0
+        stepping_clock(monkeypatch, shm)
         real = bell.policy.observe
         monkeypatch.setattr(bell.policy, "observe", lambda *w: seen.append(w[2]) or real(*w))
         answers = iter([False, True])
@@ -187,7 +189,7 @@ def test_a_worker_on_its_callers_cpu_yields_on_every_check(monkeypatch, caller_c
         monkeypatch.setattr(shm, "_yield", lambda: yields.append(1))
         monkeypatch.setattr(shm, "_read_load", lambda: None)
         monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 60.0)
-        bell.policy.preempted = 60.0
+        stepping_clock(monkeypatch, shm)
         region.set_flag(shm.OFF_CLIENT_ASLEEP + shm.CPU_AFTER_FLAG, caller_cpu + 1)
         answers = iter([False] * 20 + [True])
         assert bell.wait(lambda: next(answers), time.monotonic() + 5, spin=1.0) == "ready"
@@ -202,12 +204,13 @@ def test_a_spin_preempted_between_two_checks_stops_at_once(monkeypatch) -> None:
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
         monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 60.0)
         monkeypatch.setattr(shm, "_read_load", lambda: None)
+        clock = stepping_clock(monkeypatch, shm)
         checks = iter([False, "late", False, True])  # before waiting, in the spin, blocked
 
         def ready() -> bool:
             got = next(checks)
             if got == "late":
-                time.sleep(0.005)  # the spin lost its CPU here
+                clock.advance(0.005)  # the spin lost its CPU here
                 return False
             return bool(got)
 

@@ -2,7 +2,9 @@
 
 * An interrupted call (SIGINT mid-call) on each transport and size is repaired — the next
   call discards the stale reply and answers its own request — or the stage is closed with
-  ``StageClosed`` saying why; never the interrupted call's outputs.
+  ``StageClosed`` saying why; never the interrupted call's outputs. The order is arranged,
+  not raced: the worker stops itself as it takes the call (``fault_worker.py``,
+  "stop-on-run"), so the interrupt always lands before any answer exists.
 * Big-endian inputs convert at the boundary; every dtype numpy can express converts or is
   refused by name.
 * A stopped worker (SIGSTOP) cannot hold the caller past a deadline, sending included; a
@@ -11,7 +13,8 @@
   descriptor does not hold the worker; ``close()`` from another thread ends a call in flight.
 
 Everything that could hang runs in a subprocess or a thread with a hard timeout; nothing
-asserts on wall-clock time.
+asserts on wall-clock time, and no call is raced against a timer: a kill, an interrupt or a
+close lands while the worker is stopped in the call.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +33,7 @@ import psutil
 import pytest
 from onnx import TensorProto, helper
 
-from tests.client.conftest import in_thread
+from tests.client.conftest import Background, in_thread, stop_on_run_env, wait_stopped
 from xstage import builtin_graphs, errors
 from xstage.artifact import IOSpec
 from xstage.client import Deadlines, WorkerClient, WorkerState
@@ -39,77 +41,87 @@ from xstage.inputs import synthesize
 from xstage.signature import check_inputs
 from xstage_remote import shm, wire
 
-HARD_TIMEOUT = 120  # seconds a scenario may take before it counts as hung
+HARD_TIMEOUT = 420  # seconds a scenario may take before it counts as hung
 
 
-def tagged_slow_graph(rows: int, n: int = 1024, depth: int = 60) -> onnx.ModelProto:
-    """``y = x`` (rows x 1024 float32) and ``z``, about a second of MatMul seeded by ``x`` (60
-    MatMuls of 1024 x 1024: ~1 s of CPU on this 2-core VM, ten times the 0.1 s after which the
-    interrupt lands; a call too short to interrupt fails the test, it does not pass it).
-
-    The slow branch depends on ``x`` (so nothing is folded away) while ``x`` keeps the size
-    under test: 256 rows are 1 MiB, 4 rows 16 KiB.
-    """
-    rng = np.random.default_rng(3)
-    w = onnx.numpy_helper.from_array((rng.standard_normal((n, n)) / n).astype(np.float32), "w")
-    zero = onnx.numpy_helper.from_array(np.zeros((), np.float32), "zero")
-    one = onnx.numpy_helper.from_array(np.ones((), np.float32), "one")
-    size = onnx.numpy_helper.from_array(np.array([n, n], np.int64), "size")
-    nodes = [
-        helper.make_node("Identity", ["x"], ["y"]),
-        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
-        helper.make_node("Mul", ["s", "zero"], ["s0"]),
-        helper.make_node("Add", ["s0", "one"], ["s1"]),
-        helper.make_node("Expand", ["s1", "size"], ["m"]),
-    ]
-    prev = "m"
-    for i in range(depth):
-        nodes.append(helper.make_node("MatMul", [prev, "w"], [f"m{i}"]))
-        prev = f"m{i}"
-    nodes.append(helper.make_node("ReduceSum", [prev], ["z"], keepdims=0))
+def tagged_graph(rows: int) -> onnx.ModelProto:
+    """``y = x`` (rows x 1024 float32): 256 rows are 1 MiB, 4 rows 16 KiB. The call needs no
+    length of its own: the worker stops itself as it takes it (``stop-on-run``), so the
+    interrupt lands before any answer can exist."""
     graph = helper.make_graph(
-        nodes, "tagged_slow",
+        [helper.make_node("Identity", ["x"], ["y"])], "tagged",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 1024])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 1024]),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, [])],
-        [w, zero, one, size])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 1024])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 _INTERRUPT = textwrap.dedent(
     """
-    import json, os, signal, sys, threading, time
+    import faulthandler, json, os, signal, sys, threading, time
     import numpy as np
     import psutil
     from xstage import errors
-    from xstage.client import WorkerClient
-    path, shm_mode, rows, then = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    from xstage.client import WorkerClient, WorkerState
+    python, path, shm_mode, rows, then, stamps = sys.argv[1:7]
+    rows = int(rows)
+    LIMIT = 120.0  # a liveness bound on each awaited event, never a speed one
+    faulthandler.dump_traceback_later(3 * LIMIT, exit=True)  # a hang shows where it hangs
 
-    def idle(pid):
-        # The interrupted call has finished when the worker stops using CPU.
-        proc, last = psutil.Process(pid), -1.0
-        for _ in range(200):
-            used = sum(proc.cpu_times()[:2])
-            if used - last < 0.01:
-                return
-            last = used
-            time.sleep(0.3)
+    def until(check, what):
+        end = time.monotonic() + LIMIT
+        while not check():
+            if time.monotonic() > end:
+                print(json.dumps({"outcome": "hung", "message": what}), flush=True)
+                os._exit(1)
+            time.sleep(0.002)
+
+    def resume(pid):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:  # the client ended it (an interrupt inside a frame)
+            pass
 
     a = np.full((rows, 1024), 1.0, np.float32)
     b = np.full((rows, 1024), 2.0, np.float32)
-    w = WorkerClient(sys.executable, shm_mode=shm_mode)
+
+    def call_b():
+        try:
+            y = w.run({"x": b})["y"]
+            if np.array_equal(y, b):
+                return {"outcome": "repaired"}
+            return {"outcome": "stale" if np.array_equal(y, a) else "wrong"}
+        except errors.StageClosed as exc:
+            return {"outcome": "closed", "message": str(exc)}
+        except Exception as exc:
+            return {"outcome": "error", "message": "%s: %s" % (type(exc).__name__, exc)}
+
+    # The worker stops itself as it takes its second run, call A (fault_worker.py).
+    w = WorkerClient(python, shm_mode=shm_mode)
     w.start()
     w.load(path)
-    w.run({"x": b})  # warm: the interrupt lands in a real call, not in a first-run compile
-    idle(w.pid)
-    proc = psutil.Process(w.pid)
-    base = sum(proc.cpu_times()[:2])
+    w.run({"x": b})  # run 1: answered
+    pid = w.pid
+    proc = psutil.Process(pid)
+    main = threading.main_thread().ident
+    fired = threading.Event()
+
+    def ctrl_c(signum, frame):  # Python's own handler, raising once however often it comes
+        if not fired.is_set():
+            fired.set()
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, ctrl_c)
 
     def interrupt():
-        # SIGINT once the worker is computing call A (the call lasts ~1 s of CPU), like Ctrl-C.
-        while sum(proc.cpu_times()[:2]) - base < 0.1:
-            time.sleep(0.005)
-        os.kill(os.getpid(), signal.SIGINT)
+        # 1. the worker took call A and stopped: A's answer cannot exist before SIGCONT;
+        # 2. Ctrl-C to the caller, which is waiting for it (or still finishing the send).
+        # Python runs a handler between bytecodes: a signal that lands just before the
+        # caller enters its blocking poll is seen only when the poll returns, so the Ctrl-C
+        # is repeated until it was raised, as a user presses it again.
+        until(lambda: proc.status() == psutil.STATUS_STOPPED, "the worker never took call A")
+        while not fired.is_set():
+            signal.pthread_kill(main, signal.SIGINT)
+            fired.wait(0.5)
 
     threading.Thread(target=interrupt, daemon=True).start()
     try:
@@ -117,19 +129,32 @@ _INTERRUPT = textwrap.dedent(
         outcome = {"outcome": "not-interrupted"}
     except KeyboardInterrupt:
         if then == "when-idle":
-            idle(w.pid)
-        try:
-            y = w.run({"x": b})["y"]
-            if np.array_equal(y, b):
-                outcome = {"outcome": "repaired"}
-            elif np.array_equal(y, a):
-                outcome = {"outcome": "stale"}
-            else:
-                outcome = {"outcome": "wrong"}
-        except errors.StageClosed as exc:
-            outcome = {"outcome": "closed", "message": str(exc)}
-        except Exception as exc:
-            outcome = {"outcome": "error", "message": "%s: %s" % (type(exc).__name__, exc)}
+            # 3. resume; 4. the worker stamps A answered (or the client ended it); 5. call B.
+            resume(pid)
+            # (A socket reply larger than the buffer is sent only as the caller reads it:
+            # there the worker's stamp is "computed", A's compute done, its reply under way.)
+            done = os.path.join(stamps, ("computed-2" if shm_mode == "off" else "answered-2"))
+            until(lambda: os.path.exists(done) or w.state is not WorkerState.READY,
+                  "call A was never answered")
+            outcome = call_b()
+        else:
+            # 3. call B starts (it holds the client) while A is unanswered; 4. resume.
+            box = {}
+            t = threading.Thread(target=lambda: box.update(call_b()), daemon=True)
+            t.start()
+
+            def b_holds_the_client():
+                if not t.is_alive():
+                    return True
+                if w._lock.acquire(blocking=False):
+                    w._lock.release()
+                    return False
+                return True
+
+            until(b_holds_the_client, "call B never started")
+            resume(pid)
+            t.join(LIMIT)
+            outcome = box or {"outcome": "hung", "message": "call B never returned"}
     print(json.dumps(outcome), flush=True)
     w.close()
     """
@@ -139,26 +164,36 @@ _INTERRUPT = textwrap.dedent(
 @pytest.fixture(scope="module")
 def tagged(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     root = tmp_path_factory.mktemp("tagged")
-    return {rows: builtin_graphs.write(tagged_slow_graph(rows), root / f"tagged{rows}.onnx")
+    return {rows: builtin_graphs.write(tagged_graph(rows), root / f"tagged{rows}.onnx")
             for rows in (4, 256)}
 
 
 @pytest.mark.parametrize("then", ["at-once", "when-idle"])
 @pytest.mark.parametrize("rows", [256, 4], ids=["1MiB", "16KiB"])
 @pytest.mark.parametrize("shm_mode", ["auto", "off"], ids=["region", "socket"])
-def test_an_interrupted_call_never_poisons_the_next(tagged, shm_mode, rows, then):
-    """Defect 1: SIGINT mid-call, then a call with new inputs (at once, or once the worker
-    has finished the interrupted one): its own outputs or StageClosed, never the old ones."""
+def test_an_interrupted_call_never_poisons_the_next(tagged, fault_python, stamps, shm_mode, rows,
+                                                    then):
+    """Defect 1: SIGINT mid-call, then a call with new inputs (at once, while the interrupted
+    one is still unanswered, or once the worker has answered it): its own outputs or
+    StageClosed saying why, never the old ones.
+
+    Ordered, not raced: the worker stops itself (SIGSTOP) as it takes call A, the interrupt
+    is sent only once it has, and the worker resumes only after the interrupt was raised and,
+    "at-once", after call B holds the client; "when-idle" calls B after the worker's stamp
+    says A is answered. Either accepted outcome holds whichever way a later change handles
+    an interrupt inside a read (repair, or close the stage).
+    """
+    env = stop_on_run_env(2, stamps=stamps)
     try:
-        done = subprocess.run([sys.executable, "-c", _INTERRUPT, str(tagged[rows]), shm_mode,
-                               str(rows), then], capture_output=True, text=True,
-                              timeout=HARD_TIMEOUT, env=dict(os.environ))
+        done = subprocess.run([sys.executable, "-c", _INTERRUPT, fault_python, str(tagged[rows]),
+                               shm_mode, str(rows), then, str(stamps)], capture_output=True,
+                              text=True, timeout=HARD_TIMEOUT, env=env)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the call after the interrupt hung for {HARD_TIMEOUT}s")
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, done.stderr[-2000:]
+    assert lines, done.stderr[-4000:]
     result = json.loads(lines[-1])
-    assert result["outcome"] in ("repaired", "closed"), result
+    assert result["outcome"] in ("repaired", "closed"), (result, done.stderr[-4000:])
     if result["outcome"] == "closed":
         assert "interrupted" in result["message"], result
 
@@ -364,14 +399,18 @@ def test_cli_timeout_is_a_usage_error_when_malformed():
     assert "Traceback" not in done.stderr and "--timeout call" in done.stderr
 
 
-def test_cli_call_timeout_kills_a_hung_warmup(tmp_path):
-    """``--timeout warmup=S``: a warm-up past it ends in a WarmupTimeout, not 30 minutes."""
-    path = builtin_graphs.write(tagged_slow_graph(4, depth=400), tmp_path / "slow.onnx")
+def test_cli_call_timeout_kills_a_hung_warmup(tmp_path, fault_python, stamps):
+    """``--timeout warmup=S``: a warm-up past it ends in a WarmupTimeout, not 30 minutes.
+
+    The route's worker stops itself as it starts its first run (the warm-up): the deadline
+    passes by order, however fast the machine."""
+    path = builtin_graphs.write(tagged_graph(4), tmp_path / "tagged.onnx")
+    env = stop_on_run_env(1, stamps=stamps)
+    env["XSTAGE_PYTHON_ORT_CPU"] = fault_python
     done = subprocess.run([sys.executable, "-m", "xstage", "external", "--graph", str(path),
                            "--route", "ort-cpu", "--timeout", "warmup=1", "--runs", "1",
                            "--json", str(tmp_path / "r.json")],
-                          capture_output=True, text=True, timeout=HARD_TIMEOUT,
-                          env=dict(os.environ))
+                          capture_output=True, text=True, timeout=HARD_TIMEOUT, env=env)
     assert done.returncode in (1, 2), (done.stdout, done.stderr)
     assert "Traceback" not in done.stderr
     assert "warmup" in (done.stdout + done.stderr).lower()
@@ -379,23 +418,19 @@ def test_cli_call_timeout_kills_a_hung_warmup(tmp_path):
 
 # ------------------------------------------------------------------ point 6
 
-def test_close_from_another_thread_ends_a_call_in_flight(graphs):
-    w = WorkerClient(sys.executable)
+def test_close_from_another_thread_ends_a_call_in_flight(graphs, fault_python):
+    """The worker stops itself as it starts the call: close() from this thread lands while
+    the call is in flight by order, not by a race with the compute."""
+    w = WorkerClient(fault_python, env=stop_on_run_env(1))
     w.start()
-    w.load(graphs["slow"])
+    w.load(graphs["mlp"])
     pid = w.pid
-    started = threading.Event()
-
-    def call():
-        started.set()
-        w.run({"x": np.ones((1536, 1536), np.float32)})
-
-    threading.Timer(0.5, w.close).start()
-    exc = _in_thread(call)
-    assert started.is_set()
+    call = Background(lambda: w.run({"x": np.ones((8, 256), np.float32)}))
+    wait_stopped(pid)
+    w.close()
+    exc = call.raised(HARD_TIMEOUT)
     assert isinstance(exc, errors.StageClosed), exc
     assert "close() was called from another thread" in str(exc)
-    _in_thread(lambda: None)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 

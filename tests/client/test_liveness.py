@@ -8,14 +8,19 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 
 import numpy as np
 import psutil
 import pytest
 
-from tests.client.conftest import fault_env
+from tests.client.conftest import (
+    EVENT_TIMEOUT,
+    Background,
+    fault_env,
+    stop_on_run_env,
+    wait_stopped,
+    wait_until,
+)
 from xstage import errors
 from xstage.client import Deadlines, WorkerClient, WorkerState
 
@@ -24,39 +29,48 @@ def _children() -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True) if p.status() != "zombie"]
 
 
-def test_sigkill_mid_call_is_reported(graphs):
-    """A worker killed during a long call: WorkerDied naming the signal; then dead.
+def _killed_mid_call(w: WorkerClient, x: np.ndarray) -> BaseException | None:
+    """``w.run(x)`` while its worker, a ``stop-on-run`` one, stops itself as it takes the run;
+    then SIGKILL it: the call is in flight by order, never by a race with the compute. What
+    the call raised (None)."""
+    call = Background(lambda: w.run({"x": x}))
+    assert w.pid is not None
+    wait_stopped(w.pid)
+    os.kill(w.pid, signal.SIGKILL)
+    return call.raised()
+
+
+def test_sigkill_mid_call_is_reported(graphs, fault_python):
+    """A worker killed during a call: WorkerDied naming the signal; then dead.
 
     How fast: ``benchmarks/liveness.py`` (``sigkill_*``).
     """
-    x = np.ones((1536, 1536), np.float32)
-    with WorkerClient(sys.executable) as w:
-        w.load(graphs["slow"])
-        killer = threading.Timer(0.5, os.kill, args=(w.pid, signal.SIGKILL))
-        killer.start()
-        with pytest.raises(errors.WorkerDied) as info:
-            w.run({"x": x})
-        assert info.value.exit_status == -signal.SIGKILL
-        assert "killed by signal 9 (SIGKILL)" in str(info.value)
+    x = np.ones(4096, np.float32)
+    with WorkerClient(fault_python, env=stop_on_run_env(2)) as w:
+        w.load(graphs["slice"])
+        w.run({"x": x})  # run 1: the region path is set up
+        exc = _killed_mid_call(w, x)
+        assert isinstance(exc, errors.WorkerDied), exc
+        assert exc.exit_status == -signal.SIGKILL
+        assert "killed by signal 9 (SIGKILL)" in str(exc)
         assert w.state is WorkerState.DEAD
         with pytest.raises(errors.StageClosed, match="died earlier"):
             w.run({"x": x})
 
 
-def test_sigkill_mid_inline_call_is_reported(graphs):
-    x = np.ones((1536, 1536), np.float32)
-    with WorkerClient(sys.executable, shm_mode="off") as w:
-        w.load(graphs["slow"])
-        threading.Timer(0.5, os.kill, args=(w.pid, signal.SIGKILL)).start()
-        with pytest.raises(errors.WorkerDied, match="SIGKILL"):
-            w.run({"x": x})
+def test_sigkill_mid_inline_call_is_reported(graphs, fault_python):
+    x = np.ones(4096, np.float32)
+    with WorkerClient(fault_python, shm_mode="off", env=stop_on_run_env(1)) as w:
+        w.load(graphs["slice"])
+        exc = _killed_mid_call(w, x)
+        assert isinstance(exc, errors.WorkerDied) and "SIGKILL" in str(exc), exc
 
 
 _CLIENT = textwrap.dedent(
     """
     import sys, time
     from xstage.client import WorkerClient
-    w = WorkerClient(sys.executable)
+    w = WorkerClient(sys.argv[2])
     w.start()
     w.load(sys.argv[1])
     print(w.pid, flush=True)
@@ -66,28 +80,31 @@ _CLIENT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("when", ["idle", "compiling"])
-def test_killed_client_makes_its_worker_exit(graphs, when):
+def test_killed_client_makes_its_worker_exit(graphs, fault_python, tmp_path, when):
     """The death pipe (stdin): SIGKILL the client and its worker exits, even mid-call.
 
-    The wait is generous; how fast it goes is ``benchmarks/liveness.py``'s figure.
+    "compiling": the client dies once the worker has stamped that it took the call (seconds
+    of MatMul), so its main thread is busy by order, not after a sleep. The wait is a liveness
+    bound; how fast it goes is ``benchmarks/liveness.py``'s figure.
     """
     script = _CLIENT
+    stamps = tmp_path / "stamps"
     if when == "compiling":  # the worker's main thread is busy when the client dies
         script = script.replace("print(w.pid, flush=True)", "print(w.pid, flush=True)\n"
                                 "import numpy as np, threading\n"
                                 "threading.Thread(target=w.run, args=({'x': np.ones((1536,1536),"
                                 " 'float32')},), daemon=True).start()")
-    client = subprocess.Popen([sys.executable, "-c", script, str(graphs["slow"])],
-                              stdout=subprocess.PIPE, env=dict(os.environ))
+    client = subprocess.Popen([sys.executable, "-c", script, str(graphs["slow"]), fault_python],
+                              stdout=subprocess.PIPE, env=stop_on_run_env(stop=False, stamps=stamps))
     try:
         pid = int(client.stdout.readline())
         worker = psutil.Process(pid)
-        time.sleep(0.3)
+        if when == "compiling":
+            wait_until((stamps / "started-1").exists, "the worker taking the call")
         client.kill()
         client.wait()
-        t0 = time.monotonic()
-        gone, alive = psutil.wait_procs([worker], timeout=30.0)
-        assert not alive, f"worker {pid} still alive after {time.monotonic() - t0:.2f}s"
+        gone, alive = psutil.wait_procs([worker], timeout=EVENT_TIMEOUT)
+        assert not alive, f"worker {pid} still alive {EVENT_TIMEOUT:.0f}s after its client died"
     finally:
         client.kill()
 
@@ -166,11 +183,13 @@ def test_close_ends_the_whole_process_group(graphs):
     assert not _children()
 
 
-@pytest.mark.parametrize("cycles", [10, pytest.param(100, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("cycles", [10, pytest.param(100, marks=pytest.mark.slow(
+    reason="a soak: the ten cycles of the default run take the same path"))])
 def test_hundred_start_kill_cycles_leave_nothing_behind(graphs, monkeypatch, cycles):
     """With the named-region fallback forced: no stray process, no /dev/shm name (10 cycles by
     default, the hundred with --run-slow)."""
-    before = set(glob.glob("/dev/shm/xstage-*"))
+    mine = f"/dev/shm/xstage-{os.getpid()}-*"  # this process creates them: not a neighbour's
+    before = set(glob.glob(mine))
     x = np.ones(4096, np.float32)
     for _i in range(cycles):
         w = WorkerClient(sys.executable, shm_mode="named")
@@ -182,15 +201,16 @@ def test_hundred_start_kill_cycles_leave_nothing_behind(graphs, monkeypatch, cyc
         with pytest.raises(errors.WorkerDied):
             w.run({"x": x})
         w.close()
-    assert set(glob.glob("/dev/shm/xstage-*")) - before == set()
+    assert set(glob.glob(mine)) - before == set()
     assert not _children()
 
 
-def test_sigkill_over_tcp_is_reported(graphs):
+def test_sigkill_over_tcp_is_reported(graphs, fault_python):
     """Across the TCP transport too, a dead worker is noticed at once."""
-    x = np.ones((1536, 1536), np.float32)
-    with WorkerClient(sys.executable, transport="tcp") as w:
-        w.load(graphs["slow"])
-        threading.Timer(0.5, os.kill, args=(w.pid, signal.SIGKILL)).start()
-        with pytest.raises(errors.WorkerDied, match="SIGKILL"):
-            w.run({"x": x})
+    x = np.ones(4096, np.float32)
+    with WorkerClient(fault_python, transport="tcp", env=stop_on_run_env(3)) as w:
+        w.load(graphs["slice"])
+        w.run({"x": x})
+        w.run({"x": x})  # the lean path from here on
+        exc = _killed_mid_call(w, x)
+        assert isinstance(exc, errors.WorkerDied) and "SIGKILL" in str(exc), exc

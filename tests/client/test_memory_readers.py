@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import struct
 import sys
 from pathlib import Path
@@ -88,9 +89,12 @@ def test_a_real_worker_reports_its_own_peak_not_its_parents(graphs):
 def test_peak_follows_growth_between_readings():
     """A reading after new page faults re-reads the high-water mark; one without reuses it."""
     rss0, _ = memory.read()
-    block = np.ones(64 * MiB // 8)  # faults 64 MiB in
+    # Fresh pages from the kernel, whatever the allocator holds from earlier tests in this
+    # process (a heap that kept freed pages resident would give them back without a fault).
+    block = mmap.mmap(-1, 64 * MiB)
+    np.frombuffer(block, np.uint8)[:] = 1  # faults 64 MiB in
     rss1, peak1 = memory.read()
-    del block  # a block this large is unmapped at once
+    block.close()  # unmapped at once
     rss2, peak2 = memory.read()
     assert rss1 >= rss0 + 60 * MiB
     assert peak1 >= rss1

@@ -20,7 +20,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.client.conftest import slow_graph
+from tests.client.conftest import slow_graph, stop_on_run_env, wait_stopped, wait_until
 from xstage import errors
 from xstage.client import WorkerClient
 from xstage_remote import shm
@@ -82,14 +82,23 @@ def test_results_come_back_in_submission_order(mid):
         assert {f.generation for f in futures} == {1}
 
 
-def test_depth_2_publishes_the_next_request_before_the_current_compute_ends(long):
-    # Compute of hundreds of ms: the client's own wake-up (a thread switch, on a loaded
-    # machine tens of ms) stays far inside it.
-    with WorkerClient(sys.executable, depth=2) as w:
-        w.load(long)
-        futures = [w.submit(_x(1024)) for _ in range(4)]
-        stamps = [f.result(timeout=120) and f.timing for f in futures]
-    for before, after in itertools.pairwise(stamps):
+def test_depth_2_publishes_the_next_request_before_the_current_compute_ends(mid, fault_python,
+                                                                           tmp_path):
+    """Ordered, not raced: the worker stops itself as it takes each request and is resumed
+    only once the client has published the next one, so each overlap the stamps show is one
+    the client made, never a compute outlasting a wake-up."""
+    stamps = tmp_path / "stamps"
+    with WorkerClient(fault_python, depth=2, env=stop_on_run_env(1, every=True, stamps=stamps)) as w:
+        w.load(mid)
+        futures = [w.submit(_x(384)) for _ in range(4)]
+        for n in range(1, len(futures) + 1):
+            wait_stopped(w.pid, stamps, n)
+            if n < len(futures):
+                following = futures[n]
+                wait_until(lambda f=following: f.request_id is not None, f"request {n + 1} published")
+            os.kill(w.pid, signal.SIGCONT)
+        stamps_ = [f.result(timeout=120) and f.timing for f in futures]
+    for before, after in itertools.pairwise(stamps_):
         assert after["published_ns"] < before["end_ns"]  # overlapped
         assert after["start_ns"] >= before["end_ns"]  # one compute at a time, in order
 
@@ -170,29 +179,35 @@ def test_the_region_holds_k_sets_of_the_same_slots(mid):
 
 
 # ---------------------------------------------------------------------- cancel
-def test_cancel_a_queued_request(long):
-    with WorkerClient(sys.executable, depth=1) as w:
-        w.load(long)
-        first = w.submit(_x(1024))
-        queued = w.submit(_x(1024))
+def test_cancel_a_queued_request(mid, fault_python):
+    """The worker stops itself as it takes the first request: the second stays queued (depth 1)
+    until the cancel, by order."""
+    with WorkerClient(fault_python, depth=1, env=stop_on_run_env(1)) as w:
+        w.load(mid)
+        first = w.submit(_x(384))
+        queued = w.submit(_x(384))
+        wait_stopped(w.pid)
         assert queued.cancel()
         assert queued.cancelled()
+        os.kill(w.pid, signal.SIGCONT)
         first.result(timeout=120)
         assert w.in_flight() == 0
 
 
-def test_cancel_a_published_request_that_has_not_started(long):
-    with WorkerClient(sys.executable, depth=2) as w:
-        w.load(long)
-        first = w.submit(_x(1024))
-        second = w.submit(_x(1024))
-        _started(w, first)
-        while not second._req.published:  # the pump publishes it into the second set
-            threading.Event().wait(0.001)
+def test_cancel_a_published_request_that_has_not_started(mid, fault_python):
+    """The worker stops itself as it takes the first request (before it marks it started):
+    the second is published into the other set and cannot start before the cancel."""
+    with WorkerClient(fault_python, depth=2, env=stop_on_run_env(1)) as w:
+        w.load(mid)
+        first = w.submit(_x(384))
+        second = w.submit(_x(384))
+        wait_stopped(w.pid)
+        wait_until(lambda: second._req.published, "the pump publishing the second request")
         assert second.cancel()
-        assert first.result(timeout=120)["y"].shape == (1024, 1024)
-        third = w.submit(_x(1024))  # the withdrawn set is free again
-        assert third.result(timeout=120)["y"].shape == (1024, 1024)
+        os.kill(w.pid, signal.SIGCONT)
+        assert first.result(timeout=120)["y"].shape == (384, 384)
+        third = w.submit(_x(384))  # the withdrawn set is free again
+        assert third.result(timeout=120)["y"].shape == (384, 384)
         assert second.cancelled() and second.timing == {}
 
 
@@ -225,10 +240,12 @@ def test_a_deadline_before_start_fails_the_request_and_keeps_the_worker(long):
         assert w.pid == pid
 
 
-def test_a_deadline_during_compute_kills_the_worker(graphs):
-    with WorkerClient(sys.executable, depth=2) as w:
-        w.load(graphs["slow"])
-        x = _x(1536)
+def test_a_deadline_during_compute_kills_the_worker(mid, fault_python):
+    """The worker stops itself as it takes the timed request: its deadline passes mid-call by
+    order (no answer can come), never by a race with the compute."""
+    with WorkerClient(fault_python, depth=2, env=stop_on_run_env(1)) as w:
+        w.load(mid)
+        x = _x(384)
         timed = w.submit(x, timeout=0.5)
         published = w.submit(x, timeout=None)
         queued = w.submit(x, timeout=None)

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.client.conftest import wait_until
 from xstage.client import WorkerClient
 from xstage_remote import shm
 
@@ -82,10 +83,8 @@ def test_the_worker_publishes_its_cpu_while_calls_run(graphs):
         w.run({"x": np.zeros((8, 256), np.float32)})
         ncpu = os.cpu_count() or 1
         # Written when the worker starts waiting for the next call, just after answering.
-        stop = time.monotonic() + 5
-        while w._region.flag(shm.OFF_WORKER_ASLEEP + shm.CPU_AFTER_FLAG) == 0:
-            assert time.monotonic() < stop, "the worker never published its CPU"
-            time.sleep(0.001)
+        wait_until(lambda: w._region.flag(shm.OFF_WORKER_ASLEEP + shm.CPU_AFTER_FLAG) != 0,
+                   "the worker publishing its CPU")
         assert 1 <= w._region.flag(shm.OFF_WORKER_ASLEEP + shm.CPU_AFTER_FLAG) <= ncpu
         # The client's is written only when it had to wait (an answer may already be there).
         assert 0 <= w._region.flag(shm.OFF_CLIENT_ASLEEP + shm.CPU_AFTER_FLAG) <= ncpu

@@ -6,8 +6,9 @@ points the worker at it, as if it had won the port) and relays byte-exact, or ta
 injects, replays or reorders the worker's frames. A byte-exact relay may succeed but only
 with the worker's true outputs; every other attack fails closed with a ``ProtocolError``
 naming the check; a request replayed to the worker ends the worker with the check in its
-log. A second attacker connects to the client's listener first and tries to pass for the
-worker; the listener keeps accepting and the real worker still wins.
+log. A second attacker connects to the client's listener first (the worker's interpreter waits
+until it has: first by order, not by the scheduler) and tries to pass for the worker; the
+listener refuses it, keeps accepting, and the real worker still wins.
 
 Needs root (to become uid 65534); everything is loopback and bounded: the attacker runs
 under ``alarm(60)``, the client under short deadlines, and the test kills both at the end.
@@ -115,6 +116,7 @@ def _middle(listener: socket.socket, mode: str) -> None:
     tell.close()
     worker, _ = listener.accept()
     client = socket.create_connection(("127.0.0.1", real_port))
+    answered = threading.Event()  # the first run's result is relayed to the client
 
     def upstream() -> None:  # client → worker: byte-exact, or the first run sent twice
         try:
@@ -123,7 +125,13 @@ def _middle(listener: socket.socket, mode: str) -> None:
                 k = 0
                 while True:
                     data = b"".join(_records(client, True))
-                    worker.sendall(data + (data if k == 1 else b""))  # 0 load, 1 first run
+                    worker.sendall(data)  # 0 load, 1 first run
+                    if k == 1:
+                        # The copy only once the client has the first run's result: a worker
+                        # that ends on the copy must not take its answer with it (an unread
+                        # copy makes its close a reset, which can drop the answer in flight).
+                        answered.wait(60)
+                        worker.sendall(data)
                     k += 1
             while data := client.recv(1 << 20):
                 worker.sendall(data)
@@ -147,14 +155,21 @@ def _middle(listener: socket.socket, mode: str) -> None:
             frames.append(_records(worker, authenticated))
             for data in _attack(mode, frames, len(frames) - 1, authenticated):
                 client.sendall(data)
+            if len(frames) == 2:
+                answered.set()
     except (EOFError, OSError):
         pass
+
+
+#: The write end of a pipe to the test: "first" says there once both its connections are made.
+_READY: dict[str, int] = {}
 
 
 def _first(mode: str) -> None:
     """Connect to the client's listener before the worker (its port is in the worker's
     argv, readable by anyone) and try to pass for it: one silent connection, one that says
-    a hello of its own and answers the client's challenge with a made-up proof."""
+    a hello of its own and answers the client's challenge with a made-up proof. The worker's
+    interpreter waits until this says it is connected (``_first_wrapper``): first by order."""
     port = None
     for _ in range(20000):
         for pid in os.listdir("/proc"):
@@ -176,6 +191,8 @@ def _first(mode: str) -> None:
     fake = {"op": "hello", "id": 0, "v": 1, "features": ["inline"], "worker": {"pid": 1},
             "package_hash": "0" * 64, "auth": "0" * 64, "nonce": wire.new_nonce()}
     wire.send_frame(liar, fake)
+    if "w" in _READY:
+        os.write(_READY["w"], b"connected")
     try:
         wire.recv_frame(liar)  # the client's auth
         wire.send_frame(liar, {"op": "auth_ok", "id": 0, "proof": "00" * 32})
@@ -287,16 +304,42 @@ def test_an_attacker_in_the_middle_fails_closed(big_slice: Path, wrapper: str, m
         np.testing.assert_array_equal(y, x)
 
 
-def test_a_peer_that_connects_first_does_not_win(big_slice: Path) -> None:
-    pid, _ = _spawn_attacker("first")
+def _first_wrapper(tmp_path: Path, ready: int) -> str:
+    """An interpreter that starts the worker only once the attacker said it connected: a
+    thread here reads the attacker's pipe and writes the stamp the wrapper waits for."""
+    stamp = tmp_path / "attacker-connected"
+
+    def relay() -> None:
+        if os.read(ready, 64):
+            stamp.write_text("")
+
+    threading.Thread(target=relay, daemon=True).start()
+    script = tmp_path / "after-attacker-python"
+    script.write_text(f'#!/bin/sh\ncase "$*" in *--connect*)\n  i=0\n'  # the worker; not a probe
+                      f'  while [ ! -e "{stamp}" ]; do\n    sleep 0.01; i=$((i+1))\n'
+                      f'    [ $i -gt 12000 ] && exit 97\n  done\nesac\nexec "{sys.executable}" "$@"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def test_a_peer_that_connects_first_does_not_win(big_slice: Path, tmp_path: Path) -> None:
+    ready_r, ready_w = os.pipe()
+    _READY["w"] = ready_w  # inherited by the forked attacker
     try:
-        with WorkerClient(sys.executable, transport="tcp", deadlines=DEADLINES) as w:
+        pid, _ = _spawn_attacker("first")
+    finally:
+        del _READY["w"]
+        os.close(ready_w)
+    python = _first_wrapper(tmp_path, ready_r)
+    try:
+        with WorkerClient(python, transport="tcp", deadlines=DEADLINES) as w:
             w.load(big_slice)
             for x, y in _calls(w):
                 np.testing.assert_array_equal(y, x)
-            # Whether the attacker got in first is up to the scheduler; when it did, the
-            # client refused its hello and kept listening.
+            # The attacker got in first, by order: the client refused its made-up proof and
+            # kept listening for the worker.
             print("refused before the worker won:", w.refused_peers)
+            assert any("proof" in r for r in w.refused_peers), w.refused_peers
             assert all("proof" in r or "Peer" in r or "hash" in r for r in w.refused_peers)
     finally:
         _end(pid)
@@ -304,9 +347,10 @@ def test_a_peer_that_connects_first_does_not_win(big_slice: Path) -> None:
 
 def test_a_request_replayed_to_the_worker_ends_it_with_the_check_named(big_slice: Path,
                                                                         wrapper: str) -> None:
-    """The other direction: the attacker sends the client's first run twice. The worker runs
-    it once, answers, refuses the copy (status 65, the check in its log), and the client's
-    next call fails with that log; no call returns anything but the worker's own outputs."""
+    """The other direction: the attacker sends the client's first run twice, the copy once
+    the client has the answer (by order). The worker runs it once, answers, refuses the copy
+    (status 65, the check in its log), and the client's next call fails with that log; no call
+    returns anything but the worker's own outputs."""
     pid, port = _spawn_attacker("replay-to-worker")
     env = dict(os.environ, XSTAGE_ATTACK_PORT=str(port))
     try:

@@ -69,12 +69,16 @@ class Exports:
 @pytest.fixture(scope="module")
 def towers(export_python, tmp_path_factory):
     """The tiny Qwen3.5 tower in every format."""
-    exports = Exports(export_python, tmp_path_factory.mktemp("towers"), "vision-tower",
-                      "--config", "tiny", "--images", "2")
-    return {fmt: exports[fmt] for fmt in FORMATS}
+    return Exports(export_python, tmp_path_factory.mktemp("towers"), "vision-tower",
+                   "--config", "tiny", "--images", "2")  # each format exported on first use
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+#: pt:fp16 takes no path that pt:fp32 and onnx:fp16 do not (as for code2wav below).
+TOWER_FORMATS = [*FORMATS[:3], pytest.param("pt:fp16", marks=pytest.mark.slow(
+    reason="pt:fp32 and onnx:fp16 take every path pt:fp16 takes"))]
+
+
+@pytest.mark.parametrize("fmt", TOWER_FORMATS)
 def test_tiny_tower_exports_bitwise_to_the_model_in_every_format(towers, fmt):
     report = towers[fmt][-1]
     assert report["format"] == fmt and report["wrapper"]["bitwise_equal"]
@@ -118,7 +122,7 @@ def test_onnx_towers_pass_external_on_both_routes(towers, openvino_python, tmp_p
     assert rec["parity"]["reference_kind"] == kind
 
 
-@pytest.mark.slow  # tests/integrations/test_transformers exports this tower and generates through it
+@pytest.mark.slow(reason="tests/integrations/test_transformers exports this tower and generates through it")
 def test_qwen3_vl_tower_gives_deepstack_outputs(export_python, tmp_path):
     out = tmp_path / "tower"
     _export(export_python, "vision-tower", "--family", "qwen3_vl", "--config", "tiny",
@@ -148,7 +152,8 @@ def tiny_tower(export_python, tmp_path_factory) -> Path:
 
 #: pt:fp16 takes no path that pt:fp32 (the .pt2) and onnx:fp16 (code2wav's fp16 cast) do not, and
 #: the tower is exported in it by default: the code2wav one runs with --run-slow.
-CODE2WAV_FORMATS = [*FORMATS[:3], pytest.param("pt:fp16", marks=pytest.mark.slow)]
+CODE2WAV_FORMATS = [*FORMATS[:3], pytest.param("pt:fp16", marks=pytest.mark.slow(
+    reason="pt:fp32 and onnx:fp16 take every path pt:fp16 takes"))]
 
 
 @pytest.mark.parametrize("fmt", CODE2WAV_FORMATS)
@@ -187,7 +192,8 @@ print(len(model.state_dict()))
 
 
 #: Both prefixes take one line (``vision_tower.PREFIXES``): the second runs with --run-slow.
-@pytest.mark.parametrize("prefix", ["model.visual.", pytest.param("visual.", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("prefix", ["model.visual.", pytest.param("visual.", marks=pytest.mark.slow(
+    reason="both prefixes take one line"))])
 def test_checkpoint_under_either_prefix_loads_strictly_and_matches(export_python, tiny_tower, tmp_path,
                                                                   prefix):
     ckpt = tmp_path / "ckpt"
@@ -245,10 +251,15 @@ def test_export_without_torch_is_a_usage_error_naming_the_extra():
     assert done.returncode == 64 and "[export]" in done.stderr
 
 
+#: Each option check is one line of the same usage-error path; the first runs by default.
+_SAME_USAGE_PATH = pytest.mark.slow(reason="the usage-error path the first case takes, another option")
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--config", "tiny", "--image-size", "48"], "not a multiple of 32"),
-    (["--config", "/nonexistent/cfg.json"], "--config /nonexistent/cfg.json"),
-    (["--config", "tiny", "--images", "0"], "--images must be >= 1"),
+    pytest.param(["--config", "/nonexistent/cfg.json"], "--config /nonexistent/cfg.json",
+                 marks=_SAME_USAGE_PATH),
+    pytest.param(["--config", "tiny", "--images", "0"], "--images must be >= 1", marks=_SAME_USAGE_PATH),
 ])
 def test_bad_export_options_are_usage_errors(export_python, tmp_path, args, message):
     done = _export(export_python, "vision-tower", *args, "--out", str(tmp_path / "t"), check=False)

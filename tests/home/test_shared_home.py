@@ -31,7 +31,8 @@ def _leftovers(folder: Path) -> list[str]:
                   if p.name.endswith(".tmp") or p.name.startswith((".stage-", ".ort-cpu-build-")))
 
 
-@pytest.mark.parametrize("rounds", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("rounds", [2, pytest.param(4, marks=pytest.mark.slow(
+    reason="more rounds of the same race as the default two"))])
 def test_the_builtin_graph_on_first_use(tmp_path, rounds):
     """Rounds of N processes each ask for the built-in graph on a fresh home and load it (the
     defect showed in 18 of 20 rounds: two by default, four more with --run-slow)."""

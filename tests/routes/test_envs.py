@@ -130,6 +130,7 @@ def test_create_refuses_to_overwrite_without_force(tmp_path):
 
 
 @pytest.mark.network
+@pytest.mark.timeout(900)  # pip resolving against the index, in the test's body
 def test_failed_pip_leaves_nothing_behind():
     plan = envs.plan(
         "ort-cpu", pins=["xstage-no-such-package-anywhere==0.0.1"], host_platform="linux", cpu_vendor="amd"

@@ -115,6 +115,8 @@ def _refused_gate(doc: dict) -> dict:
     return refusal["evidence"]["parity"]
 
 
+@pytest.mark.slow(reason="the .pt2 widening is the right program's test; the verdict that fails a "
+                        "wrong stage is tests/stage/test_tiebreak.py's, by default")
 def test_the_wrong_program_fails_the_torch_tiebreak(export_python, programs, tmp_path):
     done, doc = _external(export_python, programs, "naive", "shifted", tmp_path / "r.json")
     assert done.returncode == 2 and "Traceback" not in done.stderr

@@ -23,7 +23,7 @@ import threading
 import numpy as np
 import pytest
 
-from tests.client.conftest import in_thread
+from tests.client.conftest import in_thread, stepping_clock
 from xstage.client.deadlines import DeadlineSocket
 from xstage_remote import shm, sockspin, waitpolicy, wire
 
@@ -50,7 +50,14 @@ def _spin(poll, budget=10.0, load=QUIET, cpus=2, spinning=True):
                                load=lambda: load)
 
 
-def test_a_spin_takes_an_answer_that_comes_while_it_polls():
+@pytest.fixture
+def clock(monkeypatch):
+    """The spin's clock moves 1 us per read: a budget is a number of polls, and no poll is
+    ever late (a preemption), however busy the machine."""
+    return stepping_clock(monkeypatch, sockspin)
+
+
+def test_a_spin_takes_an_answer_that_comes_while_it_polls(clock):
     poll = Polls([None, None, None, 7])
     spin = _spin(poll)
     assert spin.recv_into(memoryview(bytearray(16))) == 7
@@ -59,7 +66,7 @@ def test_a_spin_takes_an_answer_that_comes_while_it_polls():
     assert spin.summary()["outcomes"] == {"answered": 1}
 
 
-def test_bytes_already_there_are_taken_at_the_first_poll():
+def test_bytes_already_there_are_taken_at_the_first_poll(clock):
     poll = Polls([5])
     spin = _spin(poll)
     assert spin.recv_into(memoryview(bytearray(16))) == 5
@@ -67,7 +74,7 @@ def test_bytes_already_there_are_taken_at_the_first_poll():
     assert spin.summary()["outcomes"] == {"ready": 1}
 
 
-def test_end_of_file_while_spinning_is_returned_at_once():
+def test_end_of_file_while_spinning_is_returned_at_once(clock):
     poll = Polls([None, 0])
     assert _spin(poll).recv_into(memoryview(bytearray(16))) == 0
     assert poll.calls == 2
@@ -121,7 +128,7 @@ def test_a_long_call_blocks_at_once():
     assert poll.calls == 0 and spin.policy.rules["long_call"] == 1
 
 
-def test_a_spin_that_finds_nothing_expires_and_the_caller_blocks():
+def test_a_spin_that_finds_nothing_expires_and_the_caller_blocks(clock):
     poll = Polls([])
     spin = _spin(poll, budget=1e-4)
     assert spin.recv_into(memoryview(bytearray(16))) is None

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from taps import channel_pair, cut_records
 
+from tests.conftest import fuzz_examples
 from xstage_remote import wire
 
 INPUTS = ["x", "mask", "ids"]
@@ -197,7 +198,7 @@ def test_a_huge_declared_tensor_is_refused_before_any_allocation() -> None:
 
 # ----------------------------------------------------------------------------- fuzz
 def _fuzz(n: int):  # type: ignore[no-untyped-def]
-    return settings(max_examples=n, deadline=None, database=None,
+    return settings(max_examples=fuzz_examples(n), deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import fuzz_examples
 from xstage_remote import wire
 
 TAGS = list(wire.DTYPES)
@@ -25,7 +26,7 @@ UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 def fuzz(n):
     """Settings for a fuzz test of ``n`` examples (no deadline: CI machines are slow)."""
-    return settings(max_examples=n, deadline=None, database=None,
+    return settings(max_examples=fuzz_examples(n), deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much])
 
