@@ -116,7 +116,8 @@ def test_python310_runs_the_main_job(tmp_path):
     # A project config naming the route's interpreter: read through tomli on 3.10.
     (tmp_path / "xstage.toml").write_text(f'[routes.ort-cpu]\npython = "{python}"\n')
     xstage = str(python.parent / "xstage")
-    devices = _run([xstage, "devices", "--json"], env=env, cwd=tmp_path)
+    # (Trusted for this run by naming it: an untrusted project file is ignored, docs/security.md.)
+    devices = _run([xstage, "devices", "--json", "--project-config", "xstage.toml"], env=env, cwd=tmp_path)
     assert devices.returncode == 0, devices.stderr
     ort_cpu = next(r for r in json.loads(devices.stdout)["routes"] if r["name"] == "ort-cpu")
     assert ort_cpu["status"] == "resolved" and ort_cpu["interpreter_source"] == "project_config", ort_cpu

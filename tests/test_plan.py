@@ -138,8 +138,10 @@ def test_default_keeps_every_missing_route_of_a_considered_device_as_a_refusal()
     plan = make_plan(LAPTOP, "onnx:fp32")
     assert _refusals(plan) == [
         (UNREACHABLE, "route_missing", "gpu_integrated:intel", "ort-dml"),
+        (UNREACHABLE, "route_missing", "gpu_integrated:intel", "ort-plugin:webgpu"),
         (UNREACHABLE, "route_missing", "gpu_discrete:nvidia:0", "ort-dml"),
         (UNREACHABLE, "route_missing", "gpu_discrete:nvidia:0", "ort-tensorrt"),
+        (UNREACHABLE, "route_missing", "gpu_discrete:nvidia:0", "ort-plugin:webgpu"),
     ]
     dml = plan.refusals[0]
     assert dml.message.endswith("ort-dml is missing (wrong_os)") and dml.remedy == "fix ort-dml"
@@ -192,19 +194,21 @@ def test_a_device_the_machine_lacks_is_refused_never_substituted():
 
 
 def test_a_device_whose_routes_are_all_missing_has_one_refusal_per_route():
-    """A CUDA card with onnxruntime-gpu absent: DirectML, CUDA and TensorRT each say why."""
+    """A CUDA card with onnxruntime-gpu absent: DirectML, CUDA, TensorRT and WebGPU each say why."""
     report = _report(["cpu", "gpu_discrete:nvidia:0"], {"ort-cpu": ("cpu",)},
                      {"ort-dml": ReasonCode.WRONG_OS, "ort-cuda": ReasonCode.EP_NOT_IN_BUILD,
-                      "ort-tensorrt": ReasonCode.RUNTIME_NOT_IMPORTABLE})
+                      "ort-tensorrt": ReasonCode.RUNTIME_NOT_IMPORTABLE,
+                      "ort-plugin:webgpu": ReasonCode.EP_LIBRARY_NOT_FOUND})
     plan = make_plan(report, "onnx:fp32", device="gpu_discrete:nvidia:0")
     assert plan.candidates == ()
     assert _refusals(plan) == [
         (UNREACHABLE, "route_missing", "gpu_discrete:nvidia:0", "ort-dml"),
         (UNREACHABLE, "route_missing", "gpu_discrete:nvidia:0", "ort-cuda"),
         (UNREACHABLE, "route_missing", "gpu_discrete:nvidia:0", "ort-tensorrt"),
+        (UNREACHABLE, "route_missing", "gpu_discrete:nvidia:0", "ort-plugin:webgpu"),
     ]
     assert [r.evidence["reason_code"] for r in plan.refusals] == [
-        "wrong_os", "ep_not_in_build", "runtime_not_importable"]
+        "wrong_os", "ep_not_in_build", "runtime_not_importable", "ep_library_not_found"]
 
 
 def test_a_device_no_route_can_drive_at_all_is_no_route_not_a_format_problem():

@@ -104,6 +104,7 @@ elif fault in ("abort-on-load", "sigkill-on-warmup", "segv-on-warmup") or fault.
     else:
         worker.Worker.on_run = die
         worker.Worker.on_shm_call = die
+    worker.main(args)
 elif fault == "stop-on-run":
     # The real worker (ort runtime), made to stop itself (SIGSTOP) as it starts computing its
     # run number XSTAGE_FAULT_AT (1-based; inline and region calls alike, a request withdrawn

@@ -200,12 +200,10 @@ class WorkerClient:
         if transport == "tcp":
             self.shm_mode = "off"  # tensors travel inline across kernels
         self._env = dict(os.environ if env is None else env)
-        #: The process that made this client; True in a forked child (``_forked_away``).
-        self._owner = os.getpid()
-        self._forked = False
+        self._owner, self._forked = os.getpid(), False  # its maker; True in a forked child
         _LIVE.add(self)
         self.state = WorkerState.UNSTARTED
-        self.hello: dict[str, Any] | None = None
+        self.hello: dict[str, Any] | None = None  # the worker's hello, then its load's answer
         self.loaded: dict[str, Any] | None = None
         self.last_timing: dict[str, int] = {}
         self.log_path: Path | None = None

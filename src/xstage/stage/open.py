@@ -140,22 +140,19 @@ def open_stage(
         device=device, prefer=prefer, route=route, offload=offload, min_placement=min_placement,
         tolerance=tolerance, ep_options=ep_options, threads=threads,
         graph_opt_level=graph_opt_level, inputs=inputs, seed=SEED)
-    _check_numbers(min_placement, threads, depth)
-    _check_restart(restart, max_restarts, restart_window)
+    _check_numbers(min_placement, threads, depth), _check_restart(restart, max_restarts, restart_window)
     art: Artifact | None = None
     held: list[Path] = []  # the snapshots this stage reads (released on failure, or at close)
     try:
         art = inspect_artifact(artifact, fmt=fmt, component=component)
-        if art.snapshot is not None:
-            held.append(art.snapshot.folder)
+        held += [art.snapshot.folder] if art.snapshot is not None else []
         nodes = graph_nodes(art)
         feeds, pairs, init = _feeds_and_state(art, request, inputs, shapes, dims)
         report = report or device_report()
         _check_pools(ledger, report)
         session = _session_options(threads, graph_opt_level)
         ref = make_reference(art, reference, session, report)
-        if ref.snapshot is not None:
-            held.append(ref.snapshot)
+        held += [ref.snapshot] if ref.snapshot is not None else []
         ref.precheck({**feeds, **init})  # ONNX: bad inputs fail before any worker starts
         plan = make_plan(report, art.format, device=device, prefer=prefer, route=route,
                          offload=offload)
@@ -169,16 +166,11 @@ def open_stage(
         return _first_admitted(plan, setup, on_event or _quiet, {
             "restart": restart, "max_restarts": max_restarts, "restart_window": restart_window,
             "record_on_close": record_on_close})
-    except (errors.UsageError, errors.Refused):
+    except BaseException as exc:
         _release(held)
-        raise
-    except errors.XstageError as exc:  # the run ended in an error: it still has its record
-        _release(held)
-        exc.record = build_record(argv=(), started=started, request=request, status="error",
-                                  error=exc, artifact=art)
-        raise
-    except BaseException:
-        _release(held)
+        if isinstance(exc, errors.XstageError) and not isinstance(exc, errors.UsageError | errors.Refused):
+            exc.record = build_record(argv=(), started=started, request=request, status="error",
+                                      error=exc, artifact=art)  # an error still has its record
         raise
 
 
