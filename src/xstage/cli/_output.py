@@ -152,6 +152,24 @@ class Output:
         self.wrote_json = self.json_target
         self.log(f"JSON written to {self.json_target}")
 
+    def emit_record(self, doc: Any, text: str, home_copy: Any) -> None:
+        """A record already written to ``home_copy`` (under ``XSTAGE_HOME``): say where, then
+        ``emit`` it; a ``--json`` that cannot be written names the copy that was.
+
+        Raises:
+            UsageError: the ``--json`` path breaks ``write_output``'s rules.
+            XstageError: the ``--json`` file could not be written.
+        """
+        if self.verbosity >= 0:
+            self.err.print(f"record written to {home_copy}", markup=False, highlight=False)
+        try:
+            self.emit(doc, text=text)
+        except errors.UsageError:
+            raise
+        except errors.XstageError as exc:
+            raise errors.XstageError(exc.message, remedy=f"the record is at {home_copy}; choose a "
+                                     "writable --json path") from None
+
     @contextlib.contextmanager
     def progress(self, label: str, *, total: int | None = None, unit: str = "") -> Iterator[Task]:
         """A progress indicator for the block (quiet: none); see ``Task``."""

@@ -73,15 +73,7 @@ def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> Path:
         XstageError: ``--json`` could not be written (the home record already was).
     """
     path = write_bisect_record(doc, records_path(f"{Path(args.graph).stem}-bisect"))
-    if out.verbosity >= 0:
-        out.err.print(f"record written to {path}", markup=False, highlight=False)
-    try:
-        out.emit(doc, text=dumps_record(doc))
-    except errors.UsageError:
-        raise
-    except errors.XstageError as exc:
-        raise errors.XstageError(exc.message, remedy=f"the record is at {path}; choose a writable "
-                                 "--json path") from None
+    out.emit_record(doc, dumps_record(doc), path)
     return path
 
 

@@ -160,15 +160,7 @@ def _write(doc: dict[str, Any], args: argparse.Namespace, out: Output) -> Path:
     path = write_record(doc, records_path(
         (doc.get("artifact") or {}).get("component"), args.graph or "builtin"))
     out.log(f"record: {path}")
-    if out.verbosity >= 0:
-        out.err.print(f"record written to {path}", markup=False, highlight=False)
-    try:
-        out.emit(doc, text=dumps_record(doc))
-    except errors.UsageError:
-        raise
-    except errors.XstageError as exc:
-        raise errors.XstageError(exc.message, remedy=f"the record is at {path}; choose a writable "
-                                 "--json path") from None
+    out.emit_record(doc, dumps_record(doc), path)
     return path
 
 
