@@ -60,6 +60,7 @@ class Exports:
             return self["onnx:fp16"][:1]
         if fmt not in self.reports:
             out = self.root / fmt.replace(":", "-") / self.component
+            out.parent.mkdir(parents=True, exist_ok=True)  # --out never makes a missing folder
             _export(self.python, self.component, *self.args, "--format", fmt, "--out", str(out),
                     "--json", str(out) + ".report.json")
             self.reports[fmt] = json.loads(Path(str(out) + ".report.json").read_text())

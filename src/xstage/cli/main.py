@@ -11,7 +11,6 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from xstage import errors
 from xstage._version import __version__
@@ -52,20 +51,6 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(EXIT_USAGE)
-
-
-def _made_by_the_command(args: argparse.Namespace, target: str) -> bool:
-    """The ``--json`` file goes into the folder the command's own ``--out`` creates (``export
-    --out d/tower --json d/tower.report.json``): checked when it is written, once the folder
-    exists (``Output.emit``), not before. That folder's parent must exist (``--out``'s rule)."""
-    out = getattr(args, "out", None)
-    if not isinstance(out, str) or out in ("", "-"):
-        return False
-    folder = Path(os.path.abspath(target)).parent
-    made = Path(os.path.abspath(out))
-    if folder == made:  # --out a folder to make, the record in it
-        return made.parent.is_dir()
-    return folder == made.parent and made.parent.parent.is_dir()  # --out a file in a folder to make
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Cheap checks first: the --json path (never one of the command's own files, its folder
         # there), then the runtime, then the command.
         check_json_target(args)
-        if out.json_target not in (None, "-") and not _made_by_the_command(args, out.json_target):
+        if out.json_target not in (None, "-"):
             check_output(out.json_target, flag="--json")
         with contextlib.ExitStack() as stack:
             if args.project_config:

@@ -245,8 +245,9 @@ def load_failed(cand: Candidate, art: Artifact, exc: errors.WorkerRaised, log: o
         version = hello["worker"]["versions"].get("onnxruntime") if hello else None
         remedy = (f"check the graph loads in that route's onnxruntime ({version}); the full "
                   f"message is in the worker log {log}")
+    said = exc.message.replace(str(art.path), str(art.origin))  # the user's file, not the snapshot
     return errors.ArtifactError(
-        f"{cand.route.name} could not load or run {art.path.name}: {_first_line(exc.message)}",
+        f"{cand.route.name} could not load or run {art.path.name}: {_first_line(said)}",
         remedy=remedy)
 
 
