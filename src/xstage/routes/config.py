@@ -124,18 +124,26 @@ class ConfigFile:
         return value
 
 
+def _read(path: Path) -> bytes | ConfigFile:
+    """A config file's bytes, or the ``ConfigFile`` that says it is absent or unreadable."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return ConfigFile(path=path, exists=False)
+    except OSError as exc:
+        return ConfigFile(path=path, exists=True, error=f"cannot read {path}: {exc.strerror}")
+
+
 def load(path: Path, raw: bytes | None = None) -> ConfigFile:
     """Read one config file (or parse ``raw``, its bytes already read); never raises.
 
     A broken file is reported in ``error``.
     """
     if raw is None:
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return ConfigFile(path=path, exists=False)
-        except OSError as exc:
-            return ConfigFile(path=path, exists=True, error=f"cannot read {path}: {exc.strerror}")
+        read = _read(path)
+        if isinstance(read, ConfigFile):
+            return read
+        raw = read
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -243,12 +251,9 @@ def project_config(cwd: str | os.PathLike[str] | None = None) -> ConfigFile:
     if _NAMED:
         return load(_NAMED[-1])
     path = project_config_path(cwd)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return ConfigFile(path=path, exists=False)
-    except OSError as exc:
-        return ConfigFile(path=path, exists=True, error=f"cannot read {path}: {exc.strerror}")
+    raw = _read(path)
+    if isinstance(raw, ConfigFile):
+        return raw
     real = Path(os.path.realpath(path))
     digest = _digest(raw)
     problem = _own_file_problem(real)
