@@ -213,3 +213,28 @@ def test_the_same_sequences_under_python310(routes: None, tmp_path: Path) -> Non
     _placed_checks(doc["placed"])
     _missing_npu_checks(doc["missing_npu"])
     _backend_checks(doc["backend"])
+
+
+@pytest.mark.parametrize("with_source", [True, False], ids=["fp32-source", "no-source"])
+def test_quantized_artifact_note_names_the_reference(routes: None, tmp_path: Path, with_source: bool) -> None:
+    """An A16W8 graph is gated as xstage gates it: against its fp32 source when its manifest
+    names one, else against itself on the CPU; the report's note says which."""
+    from xstage import builtin_graphs
+    from xstage.export.quantize import quantize_a16w8
+
+    fp32 = builtin_graphs.write(builtin_graphs.mlp(width=64, depth=2, batch=4), tmp_path / "mlp.onnx")
+    quantized = tmp_path / "mlp.a16w8.onnx"
+    quantize_a16w8(fp32, quantized, synthetic=8)
+    if not with_source:
+        manifests = list(tmp_path.glob("*.manifest.json"))
+        assert manifests
+        for manifest in manifests:
+            manifest.unlink()
+    row = dataclasses.replace(calls.simulated_igpu_row(vo), weight_formats=frozenset({"onnx:a16w8"}))
+    artifact = vo.build_graph_artifact(str(quantized), fmt="onnx:a16w8", opset=21, source_model="-",
+                                       component="mlp", exporter="xstage.export.quantize")
+    plan = vo.plan_external_stage(artifact, [row])
+    with vo.ExternalStage(plan) as stage:
+        report = stage.open(calls.synthetic_inputs(artifact.input_spec))
+    reference = "fp32_source" if with_source else "same_graph_cpu"
+    assert f"reference {reference} at onnx:a16w8/{reference}" in report.note, report.note
