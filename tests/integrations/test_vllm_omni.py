@@ -238,3 +238,22 @@ def test_quantized_artifact_note_names_the_reference(routes: None, tmp_path: Pat
         report = stage.open(calls.synthetic_inputs(artifact.input_spec))
     reference = "fp32_source" if with_source else "same_graph_cpu"
     assert f"reference {reference} at onnx:a16w8/{reference}" in report.note, report.note
+
+
+def test_example_swaps_the_backend(routes: None) -> None:
+    """``examples/vllm_omni_backend.py``: the engine's scope refused here (exit 2), widened to the CPU
+    placed (exit 0), and the backend's worker drained."""
+    example = REPO / "examples" / "vllm_omni_backend.py"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+
+    def run(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(example), *flags], capture_output=True, text=True,
+                              env=env, timeout=600, stdin=subprocess.DEVNULL)
+
+    refused = run()
+    assert refused.returncode == 2 and "device_unreachable_from_this_process" in refused.stdout
+    placed = run("--kinds", "gpu_integrated,npu,cpu", "--runs", "2")
+    assert placed.returncode == 0, placed.stdout + placed.stderr
+    assert "-> cpu via" in placed.stdout and "2 runs: device" in placed.stdout
+    worker = run("--backend")
+    assert worker.returncode == 0 and "drained: True" in worker.stdout, worker.stdout + worker.stderr
