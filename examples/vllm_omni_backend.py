@@ -65,7 +65,8 @@ def external(graph: str, kinds: tuple[str, ...], runs: int) -> int:
         print(f"\n  {runs} runs: device {worker * 1e3:.3f} ms median, round trip {trip * 1e3:.3f} ms, "
               f"transport {transport * 1e3:.3f} ms")
         stats = stage.stats()
-        print(f"  worker rss {stats['rss_bytes'] / 2**20:.0f} MiB, peak {stats['peak_rss_bytes'] / 2**20:.0f} MiB")
+        rss, peak = stats["rss_bytes"] / 2**20, stats["peak_rss_bytes"] / 2**20
+        print(f"  worker rss {rss:.0f} MiB, peak {peak:.0f} MiB")
     except PlacementRefused as exc:
         print(f"\nREFUSED [{exc.refusal.code}] {exc.refusal.message}\n  remedy: {exc.refusal.remedy}")
         return 2

@@ -174,7 +174,8 @@ def test_backend_refuses_a_bundle_that_does_not_hash_the_graph(routes: None, tmp
 
 
 def test_backend_payload_limit(routes: None) -> None:
-    worker = vo.ExternalWorker(vo.resolve_route("ort-openvino"), start_timeout_s=120.0, max_payload_bytes=1024)
+    worker = vo.ExternalWorker(vo.resolve_route("ort-openvino"), start_timeout_s=120.0,
+                               max_payload_bytes=1024)
     worker.start()
     with pytest.raises(vo.WorkerStartError):
         worker.start()

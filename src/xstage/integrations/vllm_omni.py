@@ -742,7 +742,7 @@ class ExternalStage:
             ValueError: no ``example_inputs`` (placement is measured from a profiled run).
             PlacementRefused: xstage refused the stage (any of its five codes).
         """
-        from xstage import open_stage
+        from xstage.stage import open_stage
         from xstage.stage.ledger import Ledger
 
         if not example_inputs:
@@ -954,8 +954,9 @@ class ExternalWorker:
             ValueError: a graph file outside ``artifact_files``; ``device_id`` off DirectML.
             PlacementRefused: xstage refused the stage.
         """
-        from xstage import Deadlines, open_stage
         from xstage.artifact import inspect_artifact
+        from xstage.client import Deadlines
+        from xstage.stage import open_stage
 
         if not self._started or self._drained:
             raise WorkerStartError("worker is not running; call start() first")
