@@ -51,6 +51,7 @@ def _placed_checks(record: dict) -> None:
     assert plan["admitted"] and plan["device"]["device_id"] == "gpu_integrated:intel"
     assert plan["route"]["name"] == "ort-openvino" and plan["xstage_device"] == "cpu"
     assert report["fraction_on_target"] == 1.0 and report["target_nodes"] == report["total_nodes"] > 0
+    assert report["session_create_s"] > 0 and report["warmup_s"] > 0
     assert report["device_name"] == "cpu"  # what ran it, not what the row is called
     assert "time fraction" in report["note"] and "reference same_graph_cpu" in report["note"]
     assert record["outputs"] == {"embeds": [4, 48]} and len(record["timings"]) == 3
@@ -94,6 +95,14 @@ def test_missing_npu_is_refused_with_the_seeds_code(routes: None) -> None:
     with pytest.raises(vo.PlacementRefused) as refused:
         vo.ExternalStage(plan)
     assert refused.value.refusal.code == "device_unreachable_from_this_process"
+    # The engine's own row for an NPU it found and cannot reach (its enumerate_devices makes one).
+    npu = vo.DeviceCapability(device_id="npu:amd", kind="npu", vendor="amd", name="XDNA2", backend=None,
+                              runnable=False, memory_pool="host_ram", memory_bytes=0, compute_capability=None,
+                              weight_formats=frozenset(), evidence="D", reason="ort-vitisai: no interpreter")
+    plan = vo.plan_external_stage(artifact, [npu], require="npu:amd")
+    (refusal,) = plan.refusals
+    assert (refusal.code, refusal.cause, refusal.message) == (
+        "device_unreachable_from_this_process", "route_missing", "ort-vitisai: no interpreter")
 
 
 def test_engine_scope_refuses_the_cpu(routes: None) -> None:

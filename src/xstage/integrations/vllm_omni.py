@@ -276,7 +276,9 @@ class LoadReport:
     """What the worker did when it opened the graph, and where it put it.
 
     ``fraction_on_target`` is the proof's fraction (rule 2); ``None`` only when nothing was
-    measured. ``note`` says what xstage decided beyond the engine's node count.
+    measured. ``note`` says what xstage decided beyond the engine's node count. ``warmup_s``
+    is the rest of the admission after the session was created (the profiled runs, the proof,
+    the gate).
     """
 
     ep: str
@@ -752,6 +754,7 @@ class ExternalStage:
         assert plan.device is not None and plan.route is not None
         capacity = plan.xstage.get("capacity")
         ledger = Ledger({plan.xstage["pool"]: capacity}) if capacity is not None else None
+        started = time.perf_counter()
         try:
             stage = open_stage(art.path, device=plan.xstage["device"], route=plan.xstage["route"],
                                min_placement=plan.min_fraction_on_target, inputs=example_inputs,
@@ -766,7 +769,8 @@ class ExternalStage:
         record = stage.record()
         prefix = Path(profile_dir) / f"{art.component}_" if profile_dir else None
         report = _report(record, plan.route.ep, art.path, io=stage.artifact)
-        report = _with(report, profile_path=_write_profile(record, prefix))
+        report = _with(report, profile_path=_write_profile(record, prefix),
+                       warmup_s=_after_session(report, started))
         plan.report = report
         refusal = verify_placement(plan, report)
         if refusal is not None:  # xstage admitted it, so this is the same threshold: never expected
@@ -813,6 +817,12 @@ class ExternalStage:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _after_session(report: LoadReport, started: float) -> float:
+    """``warmup_s``: the admission's wall time after the session was created (the profiled
+    runs, the proof, the numeric gate, the measured peak)."""
+    return max(0.0, time.perf_counter() - started - report.session_create_s)
 
 
 def _with(report: LoadReport, **changes: Any) -> LoadReport:
@@ -974,6 +984,7 @@ class ExternalWorker:
                 raise ValueError(f"the graph reads files the bundle does not hash: {outside}")
         deadlines = Deadlines(spawn=self.start_timeout_s, hello=self.start_timeout_s,
                               call=self.call_timeout_s)
+        started = time.perf_counter()
         try:
             stage = open_stage(graph_path, route=self.route.name, min_placement=self.min_fraction_on_target,
                                inputs=example_inputs, threads=intra_op_num_threads, deadlines=deadlines,
@@ -987,6 +998,7 @@ class ExternalWorker:
         note = "" if example_inputs else "example inputs synthesized by xstage (seeded)"
         report = _report(record, self.route.ep, str(graph_path), note, io=stage.artifact)
         self.report = _with(report, ep_directory=str(ep_dir or ""), device_id_requested=device_id,
+                            warmup_s=_after_session(report, started),
                             profile_path=_write_profile(record, profile_prefix) if profile else "")
         return self.report
 
