@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import xstage
 from xstage import device_table
 from xstage.builtin_graphs import builtin_artifact
 from xstage.host import hardware as hw
@@ -113,6 +114,10 @@ def test_engine_scope_refuses_the_cpu(routes: None) -> None:
     assert not vo.plan_external_stage(artifact, rows).admitted
     wide = vo.plan_external_stage(artifact, rows, kinds=("gpu_integrated", "npu", "cpu"))
     assert wide.admitted and wide.device.device_id == "cpu" and wide.budget_bytes > 0
+    # xstage's own selectors say the same scope: prefer the two classes, nothing else is tried.
+    scoped = xstage.plan(GRAPH, prefer=list(vo.ENGINE_KINDS))
+    assert scoped.candidates == () and scoped.considered == vo.ENGINE_KINDS
+    assert {r.code.value for r in scoped.refusals} == {"device_unreachable_from_this_process"}
 
 
 def test_budget_is_checked_at_planning(routes: None) -> None:
