@@ -195,6 +195,8 @@ def test_backend_payload_limit(routes: None) -> None:
         worker.start()
     worker.load(GRAPH)  # no example inputs: xstage synthesizes them (the note says so)
     assert "synthesized" in worker.report.note
+    with pytest.raises(vo.WorkerStartError, match="already holds a graph"):
+        worker.load(GRAPH)
     with pytest.raises(vo.PayloadTooLarge):
         worker.run({"patches": np.zeros((16, 1536), np.float32)})
     assert worker.terminate() is True

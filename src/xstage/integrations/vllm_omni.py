@@ -960,7 +960,8 @@ class ExternalWorker:
         through its route (docs/routes.md); it is kept in ``ep_directory``, not used.
 
         Raises:
-            WorkerStartError: ``start()`` was not called, or the worker was terminated.
+            WorkerStartError: ``start()`` was not called, the worker was terminated, or it
+                already holds a graph.
             ValueError: a graph file outside ``artifact_files``; ``device_id`` off DirectML.
             PlacementRefused: xstage refused the stage.
         """
@@ -970,6 +971,8 @@ class ExternalWorker:
 
         if not self._started or self._drained:
             raise WorkerStartError("worker is not running; call start() first")
+        if self._stage is not None:
+            raise WorkerStartError("this worker already holds a graph; one worker serves one stage")
         if device_id is not None and (self.route.ep != "dml" or device_id < 0):
             raise ValueError("device_id requires a nonnegative DirectML route")
         if artifact_files is not None:
