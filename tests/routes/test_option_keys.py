@@ -6,7 +6,8 @@ import pytest
 
 from xstage import errors
 from xstage.routes import RouteStatus, get_spec
-from xstage.routes.launch import check_option_keys, load_options, option_keys
+from xstage.routes.hooks import check_option_keys, option_keys
+from xstage.routes.launch import load_options
 from xstage.routes.specs import OPENVINO_EP_KEYS
 
 _OV_BUILTIN = {"kind": "builtin", "ep_name": "OpenVINOExecutionProvider", "options": {"device_type": "CPU"},

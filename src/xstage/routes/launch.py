@@ -18,12 +18,11 @@ from xstage.client.tools import run_tool
 from xstage.host import wsl as wsl_mod
 from xstage.host.wsl import WslInfo
 from xstage.routes import RouteStatus
-from xstage.routes.hooks import ep_options_for
+from xstage.routes.hooks import ep_options_for, options_taken
 from xstage.routes.option_hooks import DeviceOverride
 from xstage.routes.specs import OPT_IN_SWITCHES, ROUTES, SWITCH_OFF
 
-__all__ = ["check_option_keys", "load_options", "open_worker", "option_keys", "serving_switches",
-           "windows_side_options"]
+__all__ = ["load_options", "open_worker", "serving_switches", "windows_side_options"]
 
 
 def _missing(status: RouteStatus) -> errors.RouteMissing:
@@ -58,7 +57,7 @@ def load_options(
     if status.spec.runtime != "onnxruntime":
         raise errors.UsageError(f"route {status.name} runs {status.spec.runtime}, not ONNX graphs")
     ep_options = {k: v for k, v in (ep_options or {}).items() if k not in OPT_IN_SWITCHES}
-    ep_options, dropped = _only_taken(status, ep_options)
+    ep_options, dropped = options_taken(status, ep_options)
     device = device or (status.devices[0] if status.devices else None)
     if device is not None and status.devices and device not in status.devices:
         raise errors.UsageError(
@@ -127,68 +126,6 @@ def _override_error(status: RouteStatus, info: Mapping[str, Any],
         f"{', '.join(over.selects)}, but the plan put the stage on {over.planned}: the record, "
         "budget and proof would name a device that did not run it",
         remedy=f"drop --ep-option {over.option}, or ask for that device with {choice}")
-
-
-def option_keys(status: RouteStatus) -> frozenset[str] | None:
-    """The ``--ep-option`` keys ``status``'s route takes, or None where xstage cannot know them.
-
-    A torch route takes its serving switches; an onnxruntime route the keys its spec lists
-    (``RouteSpec.ep_option_keys``), except through a plugin library, whose options are its own.
-    """
-    spec = status.spec
-    if spec.runtime == "torch":
-        return frozenset(spec.serving_switches)
-    if (status.ep_plugin or {}).get("kind") == "plugin":
-        return None
-    return spec.ep_option_keys
-
-
-def _switch_names() -> frozenset[str]:
-    """xstage's own ``on``/``off`` options, checked by ``serving_switches``/``_check_opt_in``."""
-    return frozenset(OPT_IN_SWITCHES).union(*(r.serving_switches for r in ROUTES))
-
-
-def _only_taken(status: RouteStatus, given: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """``given`` less the keys this route does not take (another route of the run does), with
-    a note for each; unchanged where the route's keys are unknown, with a note saying so."""
-    keys = option_keys(status)
-    user = {k: v for k, v in given.items() if k not in _switch_names()}
-    if not user:
-        return dict(given), []
-    if keys is None:
-        return dict(given), [f"--ep-option {', '.join(sorted(user))}: passed to {status.spec.ep} "
-                             f"unchecked (xstage does not know the keys {status.name} takes)"]
-    dropped = sorted(k for k in user if k not in keys)
-    return ({k: v for k, v in given.items() if k not in dropped},
-            [f"--ep-option {k} is not an option of {status.name}: not passed to it" for k in dropped])
-
-
-def check_option_keys(routes: Sequence[RouteStatus], given: Mapping[str, str] | None, *,
-                      pinned: bool = False) -> None:
-    """Every ``--ep-option`` key must be one that a route of this run takes (before any worker).
-
-    ``routes`` are the plan's candidates (``pinned``: the one route the user named). A key that
-    some route takes goes to that route and is left out of the others (``load_options`` notes
-    it); a route whose keys xstage cannot know (``option_keys`` is None) takes any key. The
-    serving switches keep their own checks (``serving_switches``).
-
-    Raises:
-        UsageError: a key no route of the run takes, naming each route's keys.
-    """
-    user = sorted(k for k in (given or {}) if k not in _switch_names())
-    seen = list({s.name: s for s in routes}.values())
-    keys = {s.name: option_keys(s) for s in seen}
-    if not user or not seen or any(k is None for k in keys.values()):
-        return
-    for key in user:
-        if any(key in k for k in keys.values() if k is not None):
-            continue
-        takes = "; ".join(f"{name}: {', '.join(sorted(k)) if k else 'none'}"
-                          for name, k in keys.items() if k is not None)
-        where = f"route {seen[0].name} has no such option" if pinned or len(seen) == 1 else \
-            f"no route of this run ({', '.join(keys)}) takes it"
-        raise errors.UsageError(f"--ep-option {key}: {where}",
-                                remedy=f"options taken: {takes} (docs/routes.md, \"EP options\")")
 
 
 _ON = ("on", "1", "true", "yes")

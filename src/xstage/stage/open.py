@@ -36,11 +36,10 @@ from xstage.cluster import open_on_cluster
 from xstage.device_table import DeviceReport
 from xstage.device_table import devices as device_report
 from xstage.inputs import SEED, resolve_feeds
-from xstage.planner import Candidate, Plan, make_plan
+from xstage.planner import Candidate, Plan, check_ep_options, make_plan
 from xstage.record.build import build_record
 from xstage.record.io import utc_now
 from xstage.refusal import Refusal
-from xstage.routes.launch import check_option_keys
 from xstage.signature import check_inputs
 from xstage.snapshot import release
 from xstage.stage import refusals
@@ -157,7 +156,7 @@ def open_stage(
         ref.precheck({**feeds, **init})  # ONNX: bad inputs fail before any worker starts
         plan = make_plan(report, art.format, device=device, prefer=prefer, route=route,
                          offload=offload)
-        check_option_keys([c.route for c in plan.candidates], ep_options, pinned=route is not None)
+        check_ep_options(plan, ep_options, pinned=route is not None)  # before any worker
         setup = Setup(artifact=art, feeds=feeds, reference=ref, nodes=nodes,
                       min_placement=min_placement, tolerance=tolerance,
                       ep_options=dict(ep_options or {}), session=session, deadlines=deadlines,
