@@ -40,7 +40,7 @@ each way) is met. ``benchmarks/channel_timeline.py`` takes one 1 MiB round trip 
 ``--together`` puts every arm's two ends on one CPU, the one the measuring process runs on
 (the echo processes pin themselves there, the xstage worker inherits it): on a virtual
 machine whose idle vCPUs halt, a wake-up on another CPU costs tens of µs that every arm pays
-alike (docs/benchmarks.md); on one CPU each arm's time is its CPU work. ``--compare`` times
+alike (docs/performance.md#channel); on one CPU each arm's time is its CPU work. ``--compare`` times
 the ``tcp`` and ``chan-fast`` arms in the same rounds as the two trees' whole calls, and
 prints the whole call's ratio to ``tcp``.
 

@@ -10,7 +10,7 @@ not already in this core's cache (in the client they were last touched by the wo
 Every copy here is split, whatever the machine's load (the client wakes helpers only onto free
 CPUs, ``copies.free_helpers``; here that check is off, so the figures are the split's own).
 The size where the split starts to pay on a machine is what ``copies.MIN_BYTES`` is set from
-(docs/benchmarks.md, "Copies on several CPUs"). Run:
+(docs/performance.md#copies). Run:
 ``python benchmarks/copies.py [--threads 1,2,4] [--rounds N] [--json]``. Not a test.
 """
 

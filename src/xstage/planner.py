@@ -15,7 +15,7 @@ says so: ``plan.on_reference_arm``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +24,9 @@ from xstage.device_table import DeviceReport, DeviceRow
 from xstage.ledger import HOST_POOL
 from xstage.refusal import Refusal, RefusalCode
 from xstage.routes import DEVICE_PREFERENCE, ROUTE_NAMES, RouteStatus, get_spec
+from xstage.routes.hooks import check_option_keys
 
-__all__ = ["Candidate", "Plan", "make_plan", "match_device", "plan"]
+__all__ = ["Candidate", "Plan", "check_ep_options", "make_plan", "match_device", "plan"]
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,18 @@ def _check_device_class(wanted: str) -> None:
             f"unknown device class {kind!r} (in {wanted!r})",
             remedy=f"device classes: {', '.join(DEVICE_PREFERENCE)}; xstage devices lists this "
             "machine's devices")
+
+
+def check_ep_options(plan: Plan, ep_options: Mapping[str, str] | None, *, pinned: bool) -> None:
+    """Every ``--ep-option`` key must be one a route of ``plan`` takes, before any worker starts.
+
+    ``routes.hooks.check_option_keys`` on the plan's candidates; ``pinned``: the user named the
+    route.
+
+    Raises:
+        UsageError: a key no candidate route takes, naming the keys each takes.
+    """
+    check_option_keys([c.route for c in plan.candidates], ep_options, pinned=pinned)
 
 
 def make_plan(

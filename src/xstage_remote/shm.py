@@ -269,8 +269,8 @@ LONG_CALL_SECONDS = _env_number("XSTAGE_LONG_CALL_SECONDS", 0.0002, float, "0.00
 #: Beside busy neighbours a yield hands the CPU to one of them for a scheduler slice (EEVDF
 #: moves the yielder's deadline a slice later), so a spin that yielded on every check was
 #: preempted at once and the policy blocked instead; a 64 B call's answer comes within ~10-20 µs,
-#: before the first yield. Measured on the 2-vCPU VM beside 2 busy loops (issue 14, "busy64"
-#: in docs/benchmarks.md): half round trip 8.4-10.4 against 20.2-24.2 µs yielding on every check,
+#: before the first yield. Measured on the 2-vCPU VM beside 2 busy loops
+#: (docs/performance.md#hotpath): half round trip 8.4-10.4 against 20.2-24.2 µs yielding on every check,
 #: quiet unchanged. A yield every 50 µs still lets a peer that shares this CPU run (a spin never
 #: holds it longer), and a spin preempted between two checks still stops at once.
 #: 0: yield on every check (as before).
@@ -282,8 +282,8 @@ PREEMPTED_SECONDS = _env_number("XSTAGE_PREEMPTED_SECONDS", 0.0002, float, "0.00
 #: ``XSTAGE_CROWD_BLOCKS=1``: a waiter blocks whenever the machine has more runnable tasks than
 #: CPUs (+1), even where its spins pay (waitpolicy rule 6): less CPU taken from busy neighbours
 #: (0.56-0.92x per 64 B call on the 2-vCPU VM beside 2 loops), for a half round trip that was
-#: 0.75-1.25x in seven interleaved runs (docs/benchmarks.md, issue 14 third pass). Off by default:
-#: the issue's target is latency, and the least loaded run lost it.
+#: 0.75-1.25x in seven interleaved runs (docs/performance.md#hotpath). Off by default: the
+#: target is latency, and the least loaded run lost it.
 CROWD_BLOCKS = bool(_env_number("XSTAGE_CROWD_BLOCKS", 0, int, "1"))
 #: How often a waiter re-reads the machine's runnable tasks (waitpolicy rule 5): ~3.6 µs a
 #: read here, so at most every 10 ms costs nothing measurable and follows a load that changes.

@@ -2,7 +2,7 @@
 
 A blocked receive sleeps in the kernel, and the reply then wakes it: on a virtual machine
 whose idle vCPUs halt (guest halt-polling off) that wake-up costs tens of µs, more than a
-64 B call's whole CPU work (docs/benchmarks.md, "Spinning on the socket path"). A receive
+64 B call's whole CPU work (docs/performance.md#sockwait). A receive
 that polls the socket (``MSG_DONTWAIT``) for a bounded time first takes the reply on a CPU
 that never slept.
 
@@ -45,7 +45,7 @@ AVAILABLE = _DONTWAIT != 0
 
 #: A spin yields its CPU (``sched_yield``) every this many polls: where the peer shares this
 #: CPU the yield hands it over; a yield on every poll slowed the polls themselves (measured:
-#: docs/benchmarks.md).
+#: docs/performance.md#sockwait).
 YIELD_EVERY = 4
 
 #: Load samples (``LOAD_SAMPLE_SECONDS`` apart) whose fewest runnable tasks the policy is told.
@@ -254,7 +254,7 @@ class SocketSpin:
         """The load the policy is told: the fewest runnable tasks of the last ``STEADY``
         samples. onnxruntime's pool threads spin a while after each run, so one sample on a
         quiet 2-CPU machine often shows a task or two beyond the CPUs; neighbours that never
-        sleep show in every sample (measured: docs/benchmarks.md)."""
+        sleep show in every sample (measured: docs/performance.md#sockwait)."""
         recent = self._recent
         if load is None:
             recent.clear()

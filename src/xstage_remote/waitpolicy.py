@@ -71,7 +71,7 @@ Rules, in order; a decision names the rule that made it:
    yields only once every ``hold`` seconds, ``shm.SPIN_YIELD_SECONDS``) is not handed to a
    neighbour by a yield before a small call's answer comes, so beside busy neighbours it pays
    and a crowded sample holds no probe back: its own outcomes decide (rule 4). Measured on the
-   2-vCPU VM beside 2 busy loops (``benchmarks/hotpath.py``, issue 14 "busy64"): with rule 5
+   2-vCPU VM beside 2 busy loops (``benchmarks/hotpath.py``, docs/performance.md#hotpath): with rule 5
    holding back the probes of held spins, both sides stayed blocked in most waits and the 64 B
    half round trip was 14.8 and 28.7 µs (1.39x and 2.72x the TCP echo); without, 11.9 and
    11.4 µs (1.11x and 1.08x), quiet unchanged.

@@ -1242,7 +1242,7 @@ def send_parts(sock, parts):
 
     One ``sendmsg`` (gather, no joined copy) instead of one ``sendall`` per part: each
     separate send can wake the reader for a partial frame, and on a virtual machine a
-    wake-up of a sleeping peer costs tens of microseconds (docs/benchmarks.md).
+    wake-up of a sleeping peer costs tens of microseconds (docs/performance.md#doorbell).
     """
     views = [memoryview(p).cast("B") for p in parts if len(p)]
     while views:
@@ -1270,7 +1270,7 @@ def send_parts(sock, parts):
 # counter | bytes). A frame of at most SMALL_FRAME bytes is one record; a larger one is
 # prefix + header, then its payload in CHUNK_BYTES records, each checked as it arrives.
 
-#: The MAC of every record, by name (docs/security.md, docs/benchmarks.md).
+#: The MAC of every record, by name (docs/security.md, docs/performance.md#channel).
 MAC_NAME = "HMAC-SHA256"
 TAG_BYTES = 32
 COUNTER = struct.Struct("<Q")
@@ -1316,7 +1316,7 @@ def record_bytes_default(threads):
     per MiB than 256 KiB or 1 MiB ones; on the 16-core host, where records are hashed on
     threads, 1 MiB went 1.10 GB/s each way in 256 KiB records against 0.83 in 512 KiB ones
     (two records leave two of four threads idle) (``benchmarks/channel.py``,
-    ``channel_timeline.py``, docs/benchmarks.md).
+    ``channel_timeline.py``, docs/performance.md#channel_timeline).
     """
     return 1 << 18 if threads else 1 << 19
 
@@ -1477,7 +1477,7 @@ class Channel:
         record's bytes as they arrive, under the counter it expects, while this end computes
         the same tag (on two CPUs, the two MACs overlap instead of following each other); the
         trailer follows, in one ``sendmsg`` with the next record's bytes (one system call and
-        one wake-up of the reader per record, docs/benchmarks.md).
+        one wake-up of the reader per record, docs/performance.md#channel_timeline).
         """
         _, hlen, plen = PREFIX.unpack_from(parts[0])  # what the encoder wrote: the sizes
         if PREFIX.size + hlen + plen <= SMALL_FRAME:  # one record, one send

@@ -30,6 +30,7 @@ _EPILOG = f"""environment:
   XSTAGE_ARTIFACT_CACHE_BYTES  the artifact snapshots' cap (default 20GiB; xstage cache list)
   XSTAGE_PYTHON_<ROUTE>  interpreter for one route, e.g. XSTAGE_PYTHON_ORT_OPENVINO
   XSTAGE_CONFIG    the user config file (interpreters, plugin tables, trusted project files)
+  every variable and config key, with its default and range: docs/configuration.md
 
 ./xstage.toml is used only once trusted (xstage config trust); --project-config PATH names
 a project file for one run.

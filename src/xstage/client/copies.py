@@ -19,8 +19,7 @@ the counter, the GIL), and a helper's wake-up ~5-30 µs (an idle CPU is halted);
 copy moves ~5-10 GB/s. Alone, a split 1 MiB copy pays on the 16-core H200 host (``benchmarks/
 copies.py``: 0.60x with two helpers), but inside a call it did not: ``transport.py``'s 1 MiB + 1
 MiB overhead was 1.09x the TCP echo's with the split from 1 MiB against 0.82x without it, while
-4.8 + 4.0 MB went 0.64x -> 0.46x (both copies split). Measured in ``docs/benchmarks.md``
-("Copies on several CPUs").
+4.8 + 4.0 MB went 0.64x -> 0.46x (both copies split). Measured: ``docs/performance.md#copies``.
 """
 
 from __future__ import annotations

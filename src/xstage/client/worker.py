@@ -116,7 +116,7 @@ def dma_reads_region(loaded: Mapping[str, Any] | None) -> bool:
     Why: on the H200, with a 4.8 MB input (``benchmarks/gpu_stage.py``'s conv-224, helpers
     on against off in the same run, four runs), the split copy never made the caller faster
     (0 to 55 µs slower) and the worker's DMA and compute took 32-145 µs longer every time
-    (docs/benchmarks.md); why is not known (the ORT path, which the CPU reads, gains).
+    (docs/performance.md#copies); why is not known (the ORT path, which the CPU reads, gains).
     """
     acc = ((loaded or {}).get("info") or {}).get("accelerator")
     pinned = acc.get("pinned_region") if isinstance(acc, dict) else None
@@ -653,7 +653,7 @@ class WorkerClient:
             # Spin only for the reply to a call sent as one record: a reply other than a
             # call's is long (long_call), and where a large frame's transfer takes a
             # millisecond a spin saves one wake-up and takes the CPU the peer's copies,
-            # MACs and runtime threads want (measured: docs/benchmarks.md, "sockspin").
+            # MACs and runtime threads want (measured: docs/performance.md#sockwait).
             _, hlen, plen = wire.PREFIX.unpack_from(parts[0])
             small = header["op"] == "run" and wire.PREFIX.size + hlen + plen <= wire.SMALL_FRAME
             self._spin.expected = self._spin_expected if small else 60.0

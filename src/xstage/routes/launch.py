@@ -18,7 +18,7 @@ from xstage.client.tools import run_tool
 from xstage.host import wsl as wsl_mod
 from xstage.host.wsl import WslInfo
 from xstage.routes import RouteStatus
-from xstage.routes.hooks import ep_options_for
+from xstage.routes.hooks import ep_options_for, options_taken
 from xstage.routes.option_hooks import DeviceOverride
 from xstage.routes.specs import OPT_IN_SWITCHES, ROUTES, SWITCH_OFF
 
@@ -57,6 +57,7 @@ def load_options(
     if status.spec.runtime != "onnxruntime":
         raise errors.UsageError(f"route {status.name} runs {status.spec.runtime}, not ONNX graphs")
     ep_options = {k: v for k, v in (ep_options or {}).items() if k not in OPT_IN_SWITCHES}
+    ep_options, dropped = options_taken(status, ep_options)
     device = device or (status.devices[0] if status.devices else None)
     if device is not None and status.devices and device not in status.devices:
         raise errors.UsageError(
@@ -86,6 +87,7 @@ def load_options(
     except DeviceOverride as over:
         raise _override_error(status, info, over) from None
     ep["options"] = merged
+    notes = [*dropped, *notes]
     adapter = (ep.get("plugin") or {}).get("adapter")
     if adapter:
         notes = [*notes, f"adapter chosen by identity: {adapter.get('description')} (DXGI adapter "

@@ -28,6 +28,7 @@ __all__ = [
     "DEVICE_CLASSES",
     "DEVICE_PREFERENCE",
     "FORMATS",
+    "OPENVINO_EP_KEYS",
     "PLUGIN_PREFIX",
     "ROUTES",
     "ROUTE_NAMES",
@@ -126,6 +127,13 @@ class PluginEP:
     formats: tuple[str, ...] = ("onnx:fp32", "onnx:fp16")
 
 
+#: The provider options the built-in OpenVINO EP takes: onnxruntime-openvino 1.24.1 refuses any
+#: other key ("Invalid OpenVINO EP option"), measured key by key on this project's machine
+#: (docs/routes.md, "EP options").
+OPENVINO_EP_KEYS = frozenset({
+    "cache_dir", "context", "device_id", "device_luid", "device_type", "disable_dynamic_shapes",
+    "enable_causallm", "enable_opencl_throttling", "enable_qdq_optimizer", "layout", "load_config",
+    "model_priority", "num_of_threads", "num_streams", "precision", "reshape_input"})
 #: The values that turn a serving switch off (``--ep-option cuda_graphs=off``).
 SWITCH_OFF = ("off", "0", "false", "no")
 #: The serving switches that are off unless asked for (``--ep-option device_tensors=on``); asked
@@ -191,6 +199,10 @@ class RouteSpec:
             the pinned region); any other option is a usage error.
         graph_pool: the worker captures the program in a CUDA graph, whose private memory
             pool the ledger reserves beside the activations (unless ``cuda_graphs=off``).
+        ep_option_keys: the ``--ep-option`` keys its EP takes, as measured on the onnxruntime
+            build the route was verified with (``launch.check_option_keys``); None where xstage
+            cannot know them (a route not run here, a plugin EP's library), so they go to the EP
+            unchecked. A torch route's keys are its ``serving_switches``.
     """
 
     name: str
@@ -225,6 +237,7 @@ class RouteSpec:
     adapter_by_identity: bool = False
     serving_switches: Mapping[str, str] = field(default_factory=_frozen, hash=False)
     graph_pool: bool = False
+    ep_option_keys: frozenset[str] | None = field(default=None, hash=False)
 
     def captures_graph(self, ep_options: Mapping[str, str] | None) -> bool:
         """Whether this route's worker will serve from a captured CUDA graph.
@@ -383,6 +396,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         docs="https://onnxruntime.ai/docs/execution-providers/",
         reference_arm=True,
         devices_from="cpu",
+        ep_option_keys=frozenset(),  # onnxruntime's CPU EP takes none (it ignores any it is given)
         cost=RouteCost(
             64 * MiB, 1.7,
             "measured: a worker on onnxruntime 1.32 holding a 16-float Slice peaks at 63.0 MiB; "
@@ -420,6 +434,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         docs="https://onnxruntime.ai/docs/execution-providers/OpenVINO-ExecutionProvider.html",
         devices_from="openvino_device_ids",
         ep_hook=option_hooks.openvino,
+        ep_option_keys=OPENVINO_EP_KEYS,
         variant_policy=_openvino_variant,
         cost=RouteCost(
             120 * MiB, 3.2,

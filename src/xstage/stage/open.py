@@ -36,7 +36,7 @@ from xstage.cluster import open_on_cluster
 from xstage.device_table import DeviceReport
 from xstage.device_table import devices as device_report
 from xstage.inputs import SEED, resolve_feeds
-from xstage.planner import Candidate, Plan, make_plan
+from xstage.planner import Candidate, Plan, check_ep_options, make_plan
 from xstage.record.build import build_record
 from xstage.record.io import utc_now
 from xstage.refusal import Refusal
@@ -156,6 +156,7 @@ def open_stage(
         ref.precheck({**feeds, **init})  # ONNX: bad inputs fail before any worker starts
         plan = make_plan(report, art.format, device=device, prefer=prefer, route=route,
                          offload=offload)
+        check_ep_options(plan, ep_options, pinned=route is not None)  # before any worker
         setup = Setup(artifact=art, feeds=feeds, reference=ref, nodes=nodes,
                       min_placement=min_placement, tolerance=tolerance,
                       ep_options=dict(ep_options or {}), session=session, deadlines=deadlines,

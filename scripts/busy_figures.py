@@ -1,4 +1,4 @@
-"""Issue 14's figures in one command: the transport quiet and busy, the stage overhead, the soak.
+"""The call path quiet and beside busy neighbours, in one command: transport, stage overhead, soak, doorbell.
 
 Runs, one after another (never two at once), with one busy-looping process per CPU for the
 busy halves:
@@ -11,11 +11,11 @@ busy halves:
 4. ``benchmarks/doorbell.py --busy N --json``: the wake-up itself, eventfds against the
    socketpair (and a futex), bare and through a worker with both sides forced to block.
 
-Each JSON document is kept in ``--out``, and the tables for docs/benchmarks.md are printed with
-each target marked met or missed. Only the repository, numpy and onnxruntime (and the client's
+Each JSON document is kept in ``--out``, and the tables are printed with each target
+(docs/performance.md) marked met or missed. Only the repository, numpy and onnxruntime (and the client's
 own pure-Python dependencies) are needed: nothing is downloaded.
 
-Run: ``PYTHONPATH=src python3 scripts/issue14_figures.py [--out DIR] [--quick]``.
+Run: ``PYTHONPATH=src python3 scripts/busy_figures.py [--out DIR] [--quick]``.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def doorbell_table(doc: dict) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("issue14-figures"))
+    parser.add_argument("--out", type=Path, default=Path("busy-figures"))
     parser.add_argument("--busy", type=int, default=os.cpu_count() or 1,
                         help="busy-looping processes for the busy halves (default: one per CPU)")
     parser.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
