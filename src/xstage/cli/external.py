@@ -31,6 +31,7 @@ from xstage.routes import ROUTE_NAMES
 from xstage.stage import open_stage
 from xstage.stage.ledger import Ledger
 from xstage.stage.request import check_criteria
+from xstage.timings import DEFAULT_PERCENTILES, parse_percentiles
 
 __all__ = ["MAX_RUNS", "MAX_WARMUP", "register"]
 
@@ -86,6 +87,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"timed runs, 1 to {MAX_RUNS} (default 20)")
     p.add_argument("--warmup", type=bounded_int(0, MAX_WARMUP, WARMUP_WHY), default=3, metavar="K",
                    help=f"unprofiled runs after the profiled one, 0 to {MAX_WARMUP} (default 3)")
+    p.add_argument("--percentiles", type=_percentiles, default=DEFAULT_PERCENTILES, metavar="Q,Q,...",
+                   help="latency percentiles to report, e.g. 50,90,99,99.9 (default 50,90,99); one "
+                   "the runs cannot resolve prints n/a and the runs it needs (p99 needs 100)")
     p.add_argument("--compare-cpu", action="store_true", help="time the reference arm too")
     p.add_argument("--save-outputs", metavar="OUT.npz", help="save one run's outputs")
     p.add_argument("--pool", action="append", default=[], metavar="NAME=SIZE",
@@ -103,6 +107,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a worker deadline (repeatable): spawn, hello, load, warmup, call, "
                         "shutdown; a worker past one is killed")
     p.set_defaults(func=run)
+
+
+def _percentiles(text: str) -> tuple[float, ...]:
+    try:
+        return parse_percentiles(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (e.g. --percentiles 50,90,99,99.9)") from None
 
 
 def _ep_options(items: list[str]) -> dict[str, str]:
@@ -203,7 +214,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     with stage:
         with out.progress("timing", total=args.runs, unit="runs") as bar:
             stage.measure(runs=args.runs, warmup=args.warmup, compare_cpu=args.compare_cpu,
-                          progress=lambda n: bar.update(completed=n))
+                          progress=lambda n: bar.update(completed=n), percentiles=args.percentiles)
         if out.verbosity > 0:  # the doorbell's spin-or-block decisions over the timed runs
             for side, summary in stage.waits().items():
                 if summary.get("line"):

@@ -25,7 +25,7 @@ from xstage.snapshot import release
 from xstage.stage.admit import Admission, admit
 from xstage.stage.ledger import Holding
 from xstage.stage.state import state_bytes
-from xstage.timings import summarize
+from xstage.timings import DEFAULT_PERCENTILES, summarize
 
 __all__ = ["RESTART_POLICIES", "Stage"]
 
@@ -441,8 +441,11 @@ class Stage(Requests):
         return self._record_path or None
 
     def measure(self, *, runs: int = 20, warmup: int = 3, compare_cpu: bool = False,
-                progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                progress: Callable[[int], None] | None = None,
+                percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
         """Unprofiled warm-ups, then ``runs`` timed calls on the checked inputs.
+
+        ``percentiles`` are reported each with the runs it needs (``xstage.timings``).
 
         Raises:
             UsageError: ``runs`` < 1 or ``warmup`` < 0.
@@ -472,7 +475,8 @@ class Stage(Requests):
         self._calls = calls
         reference = self._admission.setup.reference
         ref = reference.time(feeds, runs) if compare_cpu else None
-        self.timings = summarize(compute, round_trip, warmup=warmup, reference_s=ref)
+        self.timings = summarize(compute, round_trip, warmup=warmup, reference_s=ref,
+                                 percentiles=percentiles)
         self._request.update(runs=runs, warmup=warmup)
         return self.timings
 
