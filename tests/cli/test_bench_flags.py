@@ -3,6 +3,8 @@ throughput at a depth, sweeps. Real workers on the built-in MLP through ort-cpu.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import subprocess
@@ -47,3 +49,77 @@ def test_percentiles_print_and_the_record_carries_them(xstage_home, tmp_path):
     assert "p99.9 n/a (needs ≥ 1000 runs)" in ran.stdout and "p90 " in ran.stdout
     entries = {p["key"]: p for p in json.loads(rec.read_text())["timings"]["percentiles"]}
     assert entries["p90"]["round_trip_ms"] > 0 and entries["p99.9"]["round_trip_ms"] is None
+
+
+def test_per_op_csv_on_stdout_is_the_csv_alone_and_matches_the_record(xstage_home, tmp_path):
+    """``--per-op csv=-``: stdout holds the CSV and nothing else (the summary moved to stderr);
+    its rows are the record's timed profiled kernels, sorted by time, shares summing to 1."""
+    rec = tmp_path / "r.json"
+    ran = _external("--runs", "2", "--per-op", "csv=-", f"--json={rec}")
+    assert ran.code == 0, ran.stderr
+    rows = list(csv.DictReader(io.StringIO(ran.stdout)))
+    assert rows and list(rows[0]) == ["node", "op", "provider", "kind", "time_us", "share", "count"]
+    assert "xstage external" in ran.stderr  # the summary, on stderr
+    times = [float(r["time_us"]) for r in rows]
+    assert times == sorted(times, reverse=True)
+    assert sum(float(r["share"]) for r in rows) == pytest.approx(1.0, abs=1e-4)
+    record = json.loads(rec.read_text())
+    assert {r["node"] for r in rows} == {k["node"] for k in record["detail"]["placement"]["kernels"]
+                                         if k["run"] in record["detail"]["placement"]["timed_runs"]}
+    assert {r["provider"] for r in rows} == {"CPUExecutionProvider"}
+
+
+def test_per_op_table_and_file(xstage_home, tmp_path):
+    target = tmp_path / "ops.csv"
+    ran = _external("--runs", "1", "--per-op")
+    assert ran.code == 0, ran.stderr
+    assert "Per op (mean per run over the profiled runs [2, 3, 4]" in ran.stdout and "share" in ran.stdout
+    ran = _external("--runs", "1", f"--per-op=csv={target}")
+    assert ran.code == 0, ran.stderr
+    assert target.read_text().startswith("node,op,provider,kind,time_us,share,count\n")
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (("--per-op=xml",), "--per-op 'xml' is neither empty nor csv=PATH"),
+    (("--per-op=csv=-", "--json"), "--per-op csv=- and --json both want stdout alone")])
+def test_a_bad_per_op_is_a_usage_error(xstage_home, args, why):
+    assert why in _usage_error(_external(*args))
+
+
+_MLP_PT2 = """
+import sys, torch
+from pathlib import Path
+from xstage.manifest import write_manifest
+path = Path(sys.argv[1])
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+module = M().eval()
+torch.export.save(torch.export.export(module, (torch.randn(4, 32),), strict=False), str(path))
+write_manifest(path, component="mlp", fmt="pt:fp32", files=[path], source={"kind": "test"},
+               exporter={"torch": torch.__version__},
+               inputs=[{"name": "x", "dtype": "float32", "shape": [4, 32]}],
+               outputs=[{"name": "y", "dtype": "float32", "shape": [4, 8]}])
+"""
+
+
+def test_per_op_of_a_torch_stage_is_by_op(xstage_home, tmp_path, export_python, torch_python, monkeypatch):
+    """torch-cpu: the op log the proof judged, by op (addmm, relu), with host time and counts."""
+    path = tmp_path / "mlp.pt2"
+    subprocess.run([str(export_python), "-c", _MLP_PT2, str(path)], check=True, timeout=600)
+    monkeypatch.setenv("XSTAGE_PYTHON_TORCH_CPU", str(torch_python))
+    env = {k: v for k, v in os.environ.items() if k != "XSTAGE_DEBUG"}
+    proc = subprocess.run([sys.executable, "-m", "xstage", "external", "--graph", str(path), "--route",
+                           "torch-cpu", "--runs", "1", "--per-op=csv=-"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert list(rows[0]) == ["op", "devices", "time_us", "device_time_us", "share", "count"]
+    by_op = {r["op"]: r for r in rows}
+    assert by_op["addmm"]["count"] == "2" and by_op["addmm"]["devices"] == "cpu"
+    assert by_op["relu"]["count"] == "1"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.markup import escape
 
 from xstage import errors
 from xstage.cli._flags import add_input_flags, add_json_flag, bounded_int
@@ -27,6 +28,7 @@ from xstage.home import check_output, write_output
 from xstage.inputs import parse_dims, parse_shapes
 from xstage.ledger import parse_pool_arg
 from xstage.record import dumps_record, records_path, write_record
+from xstage.record.per_op import per_op, to_csv
 from xstage.routes import ROUTE_NAMES
 from xstage.stage import open_stage
 from xstage.stage.ledger import Ledger
@@ -90,6 +92,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--percentiles", type=_percentiles, default=DEFAULT_PERCENTILES, metavar="Q,Q,...",
                    help="latency percentiles to report, e.g. 50,90,99,99.9 (default 50,90,99); one "
                    "the runs cannot resolve prints n/a and the runs it needs (p99 needs 100)")
+    p.add_argument("--per-op", nargs="?", const="table", default=None, metavar="csv=PATH",
+                   help="the profiled warm-up's kernel time by node (provider, time, share, count; "
+                   "torch stages: by op), sorted by time: a table, or csv=PATH (csv=- on stdout, "
+                   "then nothing else there)")
     p.add_argument("--compare-cpu", action="store_true", help="time the reference arm too")
     p.add_argument("--save-outputs", metavar="OUT.npz", help="save one run's outputs")
     p.add_argument("--pool", action="append", default=[], metavar="NAME=SIZE",
@@ -192,10 +198,71 @@ def _save_outputs(stage: Any, target: str, record: Path) -> None:
             remedy=f"the record is at {record}; choose a writable --save-outputs path") from None
 
 
+def _check_per_op(args: argparse.Namespace, out: Output) -> str | None:
+    """``--per-op``'s CSV target (``-`` for stdout), None for the table; checked before any run.
+
+    Raises:
+        UsageError: a value other than ``csv=PATH``, or ``csv=-`` beside ``--json`` on stdout.
+    """
+    value = args.per_op
+    if value in (None, "table"):
+        return None
+    kind, sep, target = value.partition("=")
+    if kind != "csv" or not sep or not target:
+        raise errors.UsageError(f"--per-op {value!r} is neither empty nor csv=PATH",
+                                remedy="--per-op for the table, --per-op csv=PATH (or csv=-) for CSV")
+    if target == "-":
+        if out.json_mode:
+            raise errors.UsageError("--per-op csv=- and --json both want stdout alone",
+                                    remedy="write one of them to a file: --json=PATH or --per-op csv=PATH")
+        out.out = out.err  # stdout holds the CSV alone: the summary goes to stderr
+    else:
+        check_output(target, flag="--per-op")
+    return target
+
+
+def _show_per_op(doc: dict[str, Any], target: str | None, out: Output) -> None:
+    """The per-op table or CSV (``xstage.record.per_op``)."""
+    table = per_op(doc)
+    if table is None:
+        out.warning("--per-op: this record holds no profile of the stage's kernels")
+        return
+    if target is None:
+        torch_table = "devices" in table.columns
+        out.table(f"Per op ({escape(table.basis)}; total {table.total_us:.1f} µs)",
+                  [c.replace("_us", " (µs)") for c in table.columns],
+                  [[_cell(r.get(c), c) for c in table.columns] for r in table.rows])
+        if torch_table:
+            out.hint("torch: host times; on a device each op's launch (device_time_us: its kernels)")
+        return
+    text = to_csv(table)
+    if target == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        write_output(target, text.encode("utf-8"), flag="--per-op")
+    except OSError as exc:
+        raise errors.XstageError(f"could not write --per-op csv={target}: {exc.strerror or exc}",
+                                 remedy="choose a writable --per-op csv=PATH") from None
+    out.log(f"per-op CSV written to {target}")
+
+
+def _cell(value: Any, column: str) -> str:
+    if value is None:
+        return "-"
+    if column == "share":
+        return f"{value * 100:.1f}%"
+    if isinstance(value, float):
+        return f"{value:.1f}" if column.endswith("_us") else f"{value:g}"
+    return escape(str(value))
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
     argv = ["xstage", *sys.argv[1:]]
     if args.save_outputs:
         check_output(args.save_outputs, flag="--save-outputs")
+    per_op_target = _check_per_op(args, out)
     # Imported here: builtin_graphs imports onnx (~0.7 s), which `xstage --help` need not pay.
     from xstage.builtin_graphs import builtin_artifact, builtin_stage
 
@@ -222,6 +289,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
         doc = stage.record(argv=argv)
         path = _write(doc, args, out)  # the record first: a failed --save-outputs keeps it
         show_summary(doc, out, title="xstage external")
+        if args.per_op is not None:
+            _show_per_op(doc, per_op_target, out)
         if args.save_outputs:
             _save_outputs(stage, args.save_outputs, path)
     return EXIT_OK

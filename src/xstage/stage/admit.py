@@ -384,10 +384,13 @@ def _detail(cand: Candidate, setup: Setup, warm: WarmUp) -> dict[str, Any]:
     clock = {"client": "perf_counter", "origin": "spawn + hello began",
              "profile_offset_us": offset, "profile_offset_uncertainty_us": uncertainty,
              "method": "cristian: the warm-up call's worker compute centred in its round trip"}
-    return {"device": cand.device, "route": cand.route.name, "clock": clock, "phases": phases,
-            "calls": [],
-            "warmup_worker_us": worker_ns / 1e3 if isinstance(worker_ns, int) else None,
-            "placement": placement}
+    doc = {"device": cand.device, "route": cand.route.name, "clock": clock, "phases": phases,
+           "calls": [],
+           "warmup_worker_us": worker_ns / 1e3 if isinstance(worker_ns, int) else None,
+           "placement": placement}
+    if setup.artifact.format.startswith("pt:") and isinstance(warm.info.get("ops"), list):
+        doc["ops"] = warm.info["ops"]  # the op log the proof judged: the per-op table's (torch)
+    return doc
 
 
 def _attest(cand: Candidate, setup: Setup, warm: WarmUp,
