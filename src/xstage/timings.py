@@ -84,15 +84,18 @@ def _percentiles(series: dict[str, Sequence[float]], qs: Sequence[float]) -> lis
 
 
 def throughput_block(*, depth: int, requests: int, wall_s: float, batch: int | None = None,
+                     concurrency: int | None = None,
                      latency_s: Sequence[float] = (), percentiles: Sequence[float] = DEFAULT_PERCENTILES,
                      note: str | None = None) -> dict[str, Any]:
     """The record's ``timings.throughput``: ``requests`` completed in ``wall_s`` at ``depth``.
 
     ``latency_s`` are each request's submit-to-result times; ``batch`` (a batch sweep's) turns
-    requests/s into items/s too.
+    requests/s into items/s too; ``concurrency``: how many of the ``depth`` the worker computed
+    at once.
     """
     rps = requests / wall_s if wall_s > 0 else None
-    return {"depth": depth, "requests": requests, "wall_s": wall_s, "requests_per_s": rps,
+    return {"depth": depth, "concurrency": concurrency, "requests": requests, "wall_s": wall_s,
+            "requests_per_s": rps,
             "items_per_s": rps * batch if rps is not None and batch else None, "batch": batch,
             "latency": _stats(latency_s),
             "percentiles": _percentiles({"latency": latency_s}, percentiles), "note": note}

@@ -123,3 +123,21 @@ def test_per_op_of_a_torch_stage_is_by_op(xstage_home, tmp_path, export_python, 
     by_op = {r["op"]: r for r in rows}
     assert by_op["addmm"]["count"] == "2" and by_op["addmm"]["devices"] == "cpu"
     assert by_op["relu"]["count"] == "1"
+
+
+def test_throughput_at_a_depth_prints_requests_per_second_and_records_it(xstage_home, tmp_path):
+    rec = tmp_path / "r.json"
+    ran = _external("--runs", "1", "--throughput", "--depth", "2", "--requests", "10", f"--json={rec}")
+    assert ran.code == 0, ran.stderr
+    assert "requests/s at depth 2, 2 computed at once (10 requests in" in " ".join(ran.stdout.split())
+    record = json.loads(rec.read_text())
+    tp = record["timings"]["throughput"]
+    assert tp["requests"] == 10 and tp["depth"] == 2 and tp["concurrency"] == 2 and tp["requests_per_s"] > 0
+    assert record["serving"]["depth"] == 2 and record["serving"]["concurrency"] == 2
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (("--depth", "2"), "--depth sets up --throughput, which was not asked for"),
+    (("--throughput", "--duration", "0"), "--duration 0.0 must be a positive number of seconds")])
+def test_throughput_flags_without_throughput_are_usage_errors(xstage_home, args, why):
+    assert why in _usage_error(_external(*args))

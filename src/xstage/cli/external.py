@@ -32,6 +32,7 @@ from xstage.record.per_op import per_op, to_csv
 from xstage.routes import ROUTE_NAMES
 from xstage.stage import open_stage
 from xstage.stage.ledger import Ledger
+from xstage.stage.open import MAX_DEPTH
 from xstage.stage.request import check_criteria
 from xstage.timings import DEFAULT_PERCENTILES, parse_percentiles
 
@@ -41,6 +42,10 @@ __all__ = ["MAX_RUNS", "MAX_WARMUP", "register"]
 #: percentiles and the record; a longer soak is a benchmark's job (benchmarks/).
 MAX_RUNS = 100_000
 RUNS_WHY = "each timed run is kept for the percentiles and the record; soak longer with benchmarks/"
+#: ``--depth``'s bound: the region's slot sets (``open_stage(depth=...)``).
+DEPTH_WHY = "the shared region holds one slot set per request in flight"
+#: ``--throughput``'s default depth.
+THROUGHPUT_DEPTH = 4
 #: ``--warmup``'s bound: warm-up runs are untimed; past a thousand they only delay the timing.
 MAX_WARMUP = 1_000
 WARMUP_WHY = "warm-up runs are untimed; more than a thousand only delays the timed runs"
@@ -92,6 +97,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--percentiles", type=_percentiles, default=DEFAULT_PERCENTILES, metavar="Q,Q,...",
                    help="latency percentiles to report, e.g. 50,90,99,99.9 (default 50,90,99); one "
                    "the runs cannot resolve prints n/a and the runs it needs (p99 needs 100)")
+    p.add_argument("--throughput", action="store_true",
+                   help="after the timed runs, keep --depth requests in flight (Stage.map's depth) "
+                   "and report requests/s with their latency percentiles")
+    p.add_argument("--depth", type=bounded_int(1, MAX_DEPTH, DEPTH_WHY), default=None, metavar="K",
+                   help=f"requests in flight for --throughput, 1 to {MAX_DEPTH} (default 4): the "
+                   "stage's region gets K slot sets; a stage with state pairs runs at depth 1")
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument("--requests", type=bounded_int(1, MAX_RUNS, RUNS_WHY), default=None, metavar="N",
+                        help="--throughput's requests (default 100)")
+    amount.add_argument("--duration", type=float, default=None, metavar="S",
+                        help="--throughput for S seconds instead of --requests")
     p.add_argument("--per-op", nargs="?", const="table", default=None, metavar="csv=PATH",
                    help="the profiled warm-up's kernel time by node (provider, time, share, count; "
                    "torch stages: by op), sorted by time: a table, or csv=PATH (csv=- on stdout, "
@@ -198,6 +214,21 @@ def _save_outputs(stage: Any, target: str, record: Path) -> None:
             remedy=f"the record is at {record}; choose a writable --save-outputs path") from None
 
 
+def _check_throughput(args: argparse.Namespace) -> None:
+    """``--depth``, ``--requests`` and ``--duration`` belong to ``--throughput``.
+
+    Raises:
+        UsageError: one of them without ``--throughput``, or a duration that is not positive.
+    """
+    given = [f for f, v in (("--depth", args.depth), ("--requests", args.requests),
+                            ("--duration", args.duration)) if v is not None]
+    if given and not args.throughput:
+        raise errors.UsageError(f"{given[0]} sets up --throughput, which was not asked for",
+                                remedy=f"add --throughput, or drop {given[0]}")
+    if args.duration is not None and not 0 < args.duration < float("inf"):
+        raise errors.UsageError(f"--duration {args.duration} must be a positive number of seconds")
+
+
 def _check_per_op(args: argparse.Namespace, out: Output) -> str | None:
     """``--per-op``'s CSV target (``-`` for stdout), None for the table; checked before any run.
 
@@ -263,6 +294,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.save_outputs:
         check_output(args.save_outputs, flag="--save-outputs")
     per_op_target = _check_per_op(args, out)
+    _check_throughput(args)
     # Imported here: builtin_graphs imports onnx (~0.7 s), which `xstage --help` need not pay.
     from xstage.builtin_graphs import builtin_artifact, builtin_stage
 
@@ -282,6 +314,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
         with out.progress("timing", total=args.runs, unit="runs") as bar:
             stage.measure(runs=args.runs, warmup=args.warmup, compare_cpu=args.compare_cpu,
                           progress=lambda n: bar.update(completed=n), percentiles=args.percentiles)
+        if args.throughput:
+            with out.progress(f"throughput at depth {args.depth or THROUGHPUT_DEPTH}"):
+                stage.timings = {**(stage.timings or {}), "throughput": stage.measure_throughput(
+                    stage.inputs, depth=args.depth or THROUGHPUT_DEPTH, requests=args.requests,
+                    duration=args.duration, percentiles=args.percentiles)}
         if out.verbosity > 0:  # the doorbell's spin-or-block decisions over the timed runs
             for side, summary in stage.waits().items():
                 if summary.get("line"):
@@ -308,7 +345,9 @@ def _open(args: argparse.Namespace, graph: Path, prefer: list[str] | None, out: 
         ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None,
         deadlines=parse_timeouts(args.timeout), record_on_close=False,  # it writes its own
         cluster=args.cluster, resources=parse_resources(args.resource),
-        placement_timeout=args.placement_timeout)
+        placement_timeout=args.placement_timeout,
+        **({"depth": args.depth or THROUGHPUT_DEPTH, "concurrency": args.depth or THROUGHPUT_DEPTH}
+           if args.throughput else {}))
 
 
 def _refused_or_raise(exc: errors.XstageError, args: argparse.Namespace, argv: list[str], out: Output) -> int:

@@ -292,7 +292,10 @@ def _throughput_text(t: Mapping[str, Any]) -> str:
     text = (f"{rps:.1f} requests/s" if isinstance(rps, int | float) else "-")
     if isinstance(t.get("items_per_s"), int | float):
         text += f" ({t['items_per_s']:.1f} items/s at batch {t.get('batch')})"
-    text += f" at depth {t.get('depth')} ({t.get('requests')} requests in {fmt(t.get('wall_s'))} s)"
+    text += f" at depth {t.get('depth')}"
+    if isinstance(t.get("concurrency"), int):
+        text += f", {t['concurrency']} computed at once"
+    text += f" ({t.get('requests')} requests in {fmt(t.get('wall_s'))} s)"
     if _is_percentiles(t.get("percentiles"), "latency"):
         text += "; latency " + _percentile_text(t["percentiles"], "latency")
     if t.get("note"):

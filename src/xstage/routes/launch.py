@@ -257,11 +257,12 @@ def _output(argv: list[str]) -> str:
 
 
 def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None, depth: int = 1,
-                generation: int = 1, first_id: int = 1) -> WorkerClient:
+                generation: int = 1, first_id: int = 1, concurrency: int = 1) -> WorkerClient:
     """A started worker in the route's interpreter (the caller closes it).
 
-    ``depth`` slot sets (requests in flight); ``generation`` and ``first_id`` continue a
-    stage's count when a worker replaces another.
+    ``depth`` slot sets (requests in flight), up to ``concurrency`` of them computed at once
+    where the runtime can; ``generation`` and ``first_id`` continue a stage's count when a
+    worker replaces another.
     """
     if not status.resolved or not status.interpreter:
         raise _missing(status)
@@ -275,6 +276,6 @@ def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None, dept
             kill=lambda argv: run_tool(argv, 30, check=False),
         )
     client = WorkerClient(status.interpreter, route=status.name, deadlines=deadlines, depth=depth,
-                          generation=generation, first_id=first_id, **extra)
+                          generation=generation, first_id=first_id, concurrency=concurrency, **extra)
     client.start()
     return client

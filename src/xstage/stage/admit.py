@@ -101,6 +101,7 @@ class Setup:
     started: str
     details: list[dict[str, Any]] = field(default_factory=list)
     depth: int = 2
+    concurrency: int = 1
     generation: int = 1
     first_id: int = 1
     state: tuple[StatePair, ...] = ()
@@ -250,7 +251,8 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
         options["state"] = [pair.option() for pair in setup.state]
     t_spawn = time.perf_counter_ns()
     client = open_worker(cand.route, deadlines=setup.deadlines, depth=setup.depth,
-                         generation=setup.generation, first_id=setup.first_id)
+                         generation=setup.generation, first_id=setup.first_id,
+                         concurrency=setup.concurrency)
     cleanup.callback(client.close)
     phase = "loading"
     try:
