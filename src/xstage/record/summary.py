@@ -137,6 +137,15 @@ def _worker(doc: Mapping[str, Any]) -> Rows:
     if worker.get("log"):
         rows.append(("worker log", str(worker["log"])))
     rows.extend(("route hook", note) for note in worker.get("notes") or [])
+    cache = worker.get("compile_cache")
+    if isinstance(cache, Mapping) and cache.get("status"):
+        text = str(cache["status"])
+        if cache.get("status") in ("hit", "miss", "rebuilt"):
+            text += (f" ({fmt_bytes(cache.get('bytes'))} in {cache.get('files')} files, "
+                     f"key {str(cache.get('key'))[:12]})")
+        if cache.get("reason"):
+            text += f": {cache['reason']}"
+        rows.append(("compile cache", text))
     return rows
 
 

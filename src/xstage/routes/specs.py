@@ -191,6 +191,8 @@ class RouteSpec:
             the pinned region); any other option is a usage error.
         graph_pool: the worker captures the program in a CUDA graph, whose private memory
             pool the ledger reserves beside the activations (unless ``cuda_graphs=off``).
+        compile_cache: the EP options that point the runtime's own compile cache at a folder
+            (``{dir}``: the entry's, ``xstage.compile_cache``); empty: the route has none.
     """
 
     name: str
@@ -225,6 +227,7 @@ class RouteSpec:
     adapter_by_identity: bool = False
     serving_switches: Mapping[str, str] = field(default_factory=_frozen, hash=False)
     graph_pool: bool = False
+    compile_cache: tuple[tuple[str, str], ...] = ()
 
     def captures_graph(self, ep_options: Mapping[str, str] | None) -> bool:
         """Whether this route's worker will serve from a captured CUDA graph.
@@ -406,6 +409,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         verified=True,
         ep="OpenVINOExecutionProvider",
         ep_options=_frozen({"device_type": "CPU"}),
+        compile_cache=(("cache_dir", "{dir}"),),
         plugin_module="onnxruntime_ep_openvino",
         packages=_frozen(
             {
@@ -499,6 +503,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         verified=False,
         ep="TensorrtExecutionProvider",
         ep_options=_frozen({"device_id": 0}),
+        compile_cache=(("trt_engine_cache_enable", "1"), ("trt_engine_cache_path", "{dir}")),
         packages=_frozen({"default": ("onnxruntime-gpu", "tensorrt", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/TensorRT-ExecutionProvider.html",
         ep_hook=option_hooks.cuda,

@@ -246,9 +246,12 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     art = setup.artifact
     options = load_options(cand.route, device=cand.device, ep_options=setup.ep_options,
                            session=setup.session, fmt=art.format, profile=True,
-                           output_names=[o.name for o in art.outputs])
+                           output_names=[o.name for o in art.outputs], compile_cache_of=art)
+    cache = options.pop("compile_cache")  # the runtime's own, verified (xstage.compile_cache)
     if setup.state:
         options["state"] = [pair.option() for pair in setup.state]
+    cleanup.callback(lambda: cache.discard() if not sealed else None)
+    sealed = False
     t_spawn = time.perf_counter_ns()
     client = open_worker(cand.route, deadlines=setup.deadlines, depth=setup.depth,
                          generation=setup.generation, first_id=setup.first_id,
@@ -274,8 +277,10 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
             raise _CompileFailed(refusals.compile_refusal(cand, art, exc, client.log_path,
                                                           worker)) from exc
         raise refusals.load_failed(cand, art, exc, client.log_path, client.hello) from exc
+    cache.seal()
+    sealed = True
     worker = {"hello": client.hello, "runtime": dict((client.loaded or {}).get("info") or {}),
-              "evidence_sha256": _digest(info, profile)}
+              "evidence_sha256": _digest(info, profile), "compile_cache": cache.to_dict()}
     target = options["device"] if art.format.startswith("pt:") else options["ep"]["name"]
     phases = (("spawn + hello", t_spawn, t_ready), ("load", t_ready, t_loaded),
               ("warm-up", t_loaded, t_warm), ("evidence", t_warm, t_evidence))

@@ -547,6 +547,8 @@ class Stage(Requests):
                   "log": str(client.log_path) if client.log_path else None, "notes": self.notes,
                   "runtime": dict((client.loaded or {}).get("info") or {}),
                   "evidence_sha256": self._admission.warm.worker["evidence_sha256"]}
+        if self._admission.warm.worker.get("compile_cache"):  # the runtime's compile cache
+            worker["compile_cache"] = dict(self._admission.warm.worker["compile_cache"])
         accelerator = self._admission.warm.info.get("accelerator")
         if isinstance(accelerator, dict):  # torch-cuda: stream, pinned region, CUDA graph
             worker["accelerator"] = accelerator
