@@ -12,6 +12,10 @@ For each graph and route, in one run, interleaved in rounds so machine noise lan
   call takes numpy in and gives numpy out, as a stage call does.
 * ``in-proc 1 thread``: the same session, one thread (context for the K-thread figure).
 
+The in-process helper runs in a session of its own, as xstage's worker does: on a Linux host
+that schedules by autogroup, a process's CPU share depends on its session (measured here under
+load: the same session at 13-48 calls/s in this script's session, 48-60 in its own).
+
 The ratio printed is ``xstage dK / in-proc K threads``, per round, then its median. The runtime's
 own benchmark tool (OpenVINO's ``benchmark_app``) is run where the worker's interpreter has it.
 
@@ -153,8 +157,11 @@ class InProc:
     """The helper process: one session (or program) in the worker's interpreter."""
 
     def __init__(self, python: str, cfg: dict) -> None:
+        # A session of its own, as xstage starts its worker: where the kernel schedules by
+        # autogroup (Linux, sched_autogroup_enabled=1) CPU time is shared between sessions
+        # first, and a helper in this script's session would get another share than the worker.
         self.proc = subprocess.Popen([python, "-c", _HELPER, json.dumps(cfg)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
         self.version = self._read()["ready"]
 
     def _read(self) -> dict:

@@ -141,3 +141,37 @@ def test_throughput_at_a_depth_prints_requests_per_second_and_records_it(xstage_
     (("--throughput", "--duration", "0"), "--duration 0.0 must be a positive number of seconds")])
 def test_throughput_flags_without_throughput_are_usage_errors(xstage_home, args, why):
     assert why in _usage_error(_external(*args))
+
+
+def test_a_batch_sweep_admits_each_shape_and_writes_one_record_each(xstage_home, tmp_path):
+    """``--batch 1,3`` over a graph with a free batch dimension: one admission per shape (the
+    proof and the gate of each), one table, ``--json`` = {"shapes": [record, record]}, and each
+    record under the home too."""
+    import onnx
+
+    from xstage import builtin_graphs
+
+    model = builtin_graphs.mlp(width=16, depth=1, batch=1)
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    graph = tmp_path / "mlp-batch.onnx"
+    onnx.save(model, str(graph))
+    out = tmp_path / "sweep.json"
+    ran = _external("--graph", str(graph), "--runs", "2", "--batch", "1,3", f"--json={out}")
+    assert ran.code == 0, ran.stderr
+    text = " ".join(ran.stdout.split())
+    assert "xstage external: 2 shapes" in text and "batch 3" in text and "items/s" in text
+    doc = json.loads(out.read_text())
+    assert [r["request"]["inputs"]["tensors"]["x"]["shape"] for r in doc["shapes"]] == [[1, 16], [3, 16]]
+    assert {(r["proof"]["verdict"], r["parity"]["verdict"]) for r in doc["shapes"]} == {("placed", "passed")}
+    assert len(list((xstage_home / "records").glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (("--batch", "1,2"), "--batch: no input of this graph has a free first dimension"),
+    (("--batch", "1,x"), "--batch '1,x': 'x' is not a whole number >= 1"),
+    (("--sweep", "x=64x512;abc"), "--sweep x: 'abc' is not D1xD2x…"),
+    (("--sweep", "x=64x512", "--per-op"), "--per-op takes one stage; a sweep opens one per shape"),
+    (("--sweep", "x=64x512", "--batch", "1"), "not allowed with argument")])
+def test_a_bad_sweep_is_a_usage_error(xstage_home, args, why):
+    assert why in _usage_error(_external(*args))

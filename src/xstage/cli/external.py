@@ -21,6 +21,7 @@ from xstage import errors
 from xstage.cli._flags import add_input_flags, add_json_flag, bounded_int
 from xstage.cli._output import Output
 from xstage.cli._summary import show_summary
+from xstage.cli._sweep import SWEEP_COLUMNS, Point, batch_points, parse_batches, sweep_points, sweep_rows
 from xstage.client.deadlines import parse_timeouts
 from xstage.cluster import parse_resources
 from xstage.exit_codes import EXIT_OK, EXIT_REFUSED
@@ -108,6 +109,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="--throughput's requests (default 100)")
     amount.add_argument("--duration", type=float, default=None, metavar="S",
                         help="--throughput for S seconds instead of --requests")
+    sweep = p.add_mutually_exclusive_group()
+    sweep.add_argument("--sweep", action="append", default=[], metavar="NAME=DIMS;DIMS…",
+                       help="one admission per shape of input NAME, e.g. x=1x8;4x8;16x8 "
+                       "(repeatable for several inputs, the same count each): one table, one "
+                       "record per shape, --json gets {\"shapes\": [record, …]}")
+    sweep.add_argument("--batch", metavar="B,B,…",
+                       help="a sweep over the free first dimension of the inputs, e.g. 1,2,4,8")
     p.add_argument("--per-op", nargs="?", const="table", default=None, metavar="csv=PATH",
                    help="the profiled warm-up's kernel time by node (provider, time, share, count; "
                    "torch stages: by op), sorted by time: a table, or csv=PATH (csv=- on stdout, "
@@ -303,6 +311,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     prefer = [p for p in args.prefer.split(",") if p] if args.prefer else None
     if args.resource and not args.cluster:
         raise errors.UsageError("--resource needs --cluster", remedy="add --cluster ray")
+    if args.sweep or args.batch:
+        return _run_sweep(args, graph, prefer, argv, out)
     try:
         with out.progress("proving and gating"):
             stage = _open(args, graph, prefer, out)
@@ -311,19 +321,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     except errors.XstageError as exc:  # refused or failed: the API's record, with the timing plan
         return _refused_or_raise(exc, args, argv, out)
     with stage:
-        with out.progress("timing", total=args.runs, unit="runs") as bar:
-            stage.measure(runs=args.runs, warmup=args.warmup, compare_cpu=args.compare_cpu,
-                          progress=lambda n: bar.update(completed=n), percentiles=args.percentiles)
-        if args.throughput:
-            with out.progress(f"throughput at depth {args.depth or THROUGHPUT_DEPTH}"):
-                stage.timings = {**(stage.timings or {}), "throughput": stage.measure_throughput(
-                    stage.inputs, depth=args.depth or THROUGHPUT_DEPTH, requests=args.requests,
-                    duration=args.duration, percentiles=args.percentiles)}
-        if out.verbosity > 0:  # the doorbell's spin-or-block decisions over the timed runs
-            for side, summary in stage.waits().items():
-                if summary.get("line"):
-                    out.log(f"doorbell ({side}): {summary['line']}")
-        doc = stage.record(argv=argv)
+        doc = _measured(stage, args, argv, out)
         path = _write(doc, args, out)  # the record first: a failed --save-outputs keeps it
         show_summary(doc, out, title="xstage external")
         if args.per_op is not None:
@@ -333,15 +331,84 @@ def run(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
-def _open(args: argparse.Namespace, graph: Path, prefer: list[str] | None, out: Output) -> Any:
-    """``open_stage`` with the command's flags."""
+def _measured(stage: Any, args: argparse.Namespace, argv: list[str], out: Output,
+              batch: int | None = None) -> dict[str, Any]:
+    """The timed runs, ``--throughput``'s run, then the stage's record."""
+    with out.progress("timing", total=args.runs, unit="runs") as bar:
+        stage.measure(runs=args.runs, warmup=args.warmup, compare_cpu=args.compare_cpu,
+                      progress=lambda n: bar.update(completed=n), percentiles=args.percentiles)
+    if args.throughput:
+        with out.progress(f"throughput at depth {args.depth or THROUGHPUT_DEPTH}"):
+            stage.timings = {**(stage.timings or {}), "throughput": stage.measure_throughput(
+                stage.inputs, depth=args.depth or THROUGHPUT_DEPTH, requests=args.requests,
+                duration=args.duration, batch=batch, percentiles=args.percentiles)}
+    if out.verbosity > 0:  # the doorbell's spin-or-block decisions over the timed runs
+        for side, summary in stage.waits().items():
+            if summary.get("line"):
+                out.log(f"doorbell ({side}): {summary['line']}")
+    return dict(stage.record(argv=argv))
+
+
+def _sweep_points(args: argparse.Namespace, graph: Path) -> list[Point]:
+    """``--sweep``'s or ``--batch``'s points (``xstage.cli._sweep``), checked before any run.
+
+    Raises:
+        UsageError: a malformed sweep, or a flag a sweep cannot take.
+    """
+    for flag, value in (("--save-outputs", args.save_outputs), ("--per-op", args.per_op),
+                        ("--cluster", args.cluster)):
+        if value:
+            raise errors.UsageError(f"{flag} takes one stage; a sweep opens one per shape",
+                                    remedy=f"run {flag} on the shape you want, without the sweep")
+    if args.sweep:
+        return sweep_points(args.sweep)
+    from xstage.artifact import inspect_artifact
+
+    art = inspect_artifact(graph, fmt=args.fmt, component=args.component)
+    try:
+        return batch_points(parse_batches(args.batch), [(i.name, i.shape) for i in art.inputs])
+    finally:
+        art.release()
+
+
+def _run_sweep(args: argparse.Namespace, graph: Path, prefer: list[str] | None, argv: list[str],
+               out: Output) -> int:
+    """One admission per shape, one record each under the home, one table; ``--json`` gets
+    ``{"shapes": [record, ...]}``. Exit 2 when any shape was refused, else 0."""
+    points = _sweep_points(args, graph)
+    docs: list[dict[str, Any]] = []
+    for point in points:
+        try:
+            with out.progress(f"{point.label}: proving and gating"):
+                stage = _open(args, graph, prefer, out, point=point)
+        except errors.Refused as exc:
+            doc = {**(exc.record or {}), "argv": argv}
+        else:
+            with stage:
+                doc = _measured(stage, args, argv, out, batch=point.batch)
+        path = write_record(doc, records_path((doc.get("artifact") or {}).get("component"),
+                                              args.graph or "builtin"))
+        out.log(f"record ({point.label}): {path}")
+        docs.append(doc)
+    out.table(f"xstage external: {len(points)} shapes", list(SWEEP_COLUMNS),
+              [[escape(c) for c in row] for row in sweep_rows(points, docs)])
+    out.emit({"shapes": docs})
+    return EXIT_REFUSED if any(d["outcome"]["status"] == "refused" for d in docs) else EXIT_OK
+
+
+def _open(args: argparse.Namespace, graph: Path, prefer: list[str] | None, out: Output,
+          point: Point | None = None) -> Any:
+    """``open_stage`` with the command's flags (a sweep's point over ``--shape``/``--dim``)."""
+    shapes, dims = parse_shapes(args.shape), parse_dims(args.dim)
+    if point is not None:
+        shapes, dims = {**shapes, **point.shapes}, {**dims, **point.dims}
     return open_stage(
         graph, device=args.device, prefer=prefer, route=args.route, offload=args.offload,
         min_placement=args.min_placement, inputs=args.inputs,
         reference=args.reference or "auto", tolerance=parse_tolerance(args.tolerance),
         ep_options=_ep_options(args.ep_option), threads=args.threads,
         graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
-        shapes=parse_shapes(args.shape), dims=parse_dims(args.dim), on_event=out.log,
+        shapes=shapes, dims=dims, on_event=out.log,
         ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None,
         deadlines=parse_timeouts(args.timeout), record_on_close=False,  # it writes its own
         cluster=args.cluster, resources=parse_resources(args.resource),
