@@ -8,8 +8,9 @@ For each graph and route, in one run, interleaved in rounds so machine noise lan
 * ``in-proc K threads``: the runtime's own session, in the interpreter the stage's worker ran
   (the same onnxruntime or torch build), built with the options the route gives it (ort-cpu: the
   CPU EP; ort-openvino: ``device_type=CPU`` and the f32 precision hint; torch: the program moved
-  to the device), called by K threads over the same inputs until N requests are done. Each
-  call takes numpy in and gives numpy out, as a stage call does.
+  to the device), called by K threads over the same inputs until N requests are done. ONNX:
+  each thread runs its own I/O binding over preallocated outputs (the worker's slot sets do the
+  same; ``sess.run`` would allocate every output every call); torch: numpy in, numpy out.
 * ``in-proc 1 thread``: the same session, one thread (context for the K-thread figure).
 
 The in-process helper runs in a session of its own, as xstage's worker does: on a Linux host
@@ -61,8 +62,22 @@ if cfg["kind"] == "onnx":
     import onnxruntime as ort
     providers = [(cfg["ep"], cfg["ep_options"])]
     sess = ort.InferenceSession(cfg["graph"], ort.SessionOptions(), providers=providers)
+    sample = sess.run(None, feeds)
+    local = threading.local()
     def call():
-        return sess.run(None, feeds)
+        # Each thread its own I/O binding over preallocated outputs, as the worker's slot sets
+        # have: no allocation per call (sess.run allocates every output every call).
+        binding = getattr(local, "binding", None)
+        if binding is None:
+            binding, keep = sess.io_binding(), []
+            for name, arr in feeds.items():
+                binding.bind_cpu_input(name, arr)
+            for o, v in zip(sess.get_outputs(), sample):
+                keep.append(np.empty_like(v))
+                binding.bind_output(o.name, "cpu", 0, keep[-1].dtype, list(keep[-1].shape),
+                                    keep[-1].__array_interface__["data"][0])
+            local.binding, local.keep = binding, keep
+        sess.run_with_iobinding(binding)
     version = "onnxruntime " + ort.__version__
 else:
     import torch
