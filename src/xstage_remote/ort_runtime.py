@@ -480,6 +480,16 @@ class OrtRuntime:
         self._memory_read = False
         self.source = None  # (path, load options): a profiled load's, to build it unprofiled
 
+    #: ``run_into`` may run for several slot sets at once (onnxruntime's run is thread-safe,
+    #: each set has its own I/O binding): the worker's concurrent runs.
+    concurrent_runs = True
+
+    @property
+    def settled(self):
+        """True once the warm-up's one-time work is done (the profile ended, the session built
+        again unprofiled, the memory read): only then may runs overlap."""
+        return self._profile_dir is None and self._memory_read
+
     def run(self, feeds):
         """Outputs by name, in graph order, for inputs by name."""
         names = self._names
@@ -577,44 +587,45 @@ class OrtRuntime:
         """
         # A set's slot addresses never move while a region lives, so the set and the shapes
         # key its binding.
+        # The binding is this call's own (a local): concurrent runs use other sets' at once.
         key = tuple((n, a.shape) for n, a in feeds.items())
         bound = self._bindings.get(slot_set)
         if bound is None or key != bound[1]:
-            io = self.session.io_binding()
+            binding = self.session.io_binding()
             for name, arr in feeds.items():
-                io.bind_input(name, "cpu", 0, arr.dtype, list(arr.shape),
-                              arr.__array_interface__["data"][0])
+                binding.bind_input(name, "cpu", 0, arr.dtype, list(arr.shape),
+                                   arr.__array_interface__["data"][0])
             for o in self.outputs:
                 view = out_views.get(o["name"])
                 if view is not None and view.size:
-                    io.bind_output(o["name"], "cpu", 0, view.dtype, list(view.shape),
-                                   view.__array_interface__["data"][0])
+                    binding.bind_output(o["name"], "cpu", 0, view.dtype, list(view.shape),
+                                        view.__array_interface__["data"][0])
                 else:
-                    io.bind_output(o["name"], "cpu")
-            self._bindings[slot_set] = (io, key)
-            self._binding = io
+                    binding.bind_output(o["name"], "cpu")
+            self._bindings[slot_set] = (binding, key)
         else:
-            self._binding = bound[0]
+            binding = bound[0]
             # After a run the binding holds the value ORT allocated for each unbound output;
             # a data-dependent one must be unallocated again or the next size is refused.
             for o in self.outputs:
                 view = out_views.get(o["name"])
                 if view is None or not view.size:
-                    self._binding.bind_output(o["name"], "cpu")
+                    binding.bind_output(o["name"], "cpu")
+        self._binding = binding
         for _ in range(self._extra_profiled_runs()):
-            self.session.run_with_iobinding(self._binding)
-        self.session.run_with_iobinding(self._binding)
+            self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding)
         rest = {}
         values = None
         for i, o in enumerate(self.outputs):
             view = out_views.get(o["name"])
             if view is None or not view.size:
                 if values is None:
-                    values = self._binding.get_outputs()
+                    values = binding.get_outputs()
                 rest[o["name"]] = values[i].numpy()
         if self._profile_dir is not None or not self._memory_read:
             # nothing here may keep the profiled session alive (serve_unprofiled frees it)
-            io = bound = values = None
+            binding = bound = values = None
             self._after_first_run(feeds)
         return rest
 

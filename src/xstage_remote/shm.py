@@ -1185,6 +1185,12 @@ class Doorbell:
         if self.policy is not None and self._next is None and not region._closed:
             self._next = self._decide(expected)
 
+    def wake(self):
+        """A ring from a thread other than this side's waiter (concurrent runs): always
+        written, it decides nothing for this side's next wait and reads no flag, so it is safe
+        beside the waiter's ``wait``; the peer re-checks what was published."""
+        self._wake()
+
     def _wake(self):
         """One ring: a write to the peer's eventfd, or a byte on the socketpair."""
         if self._ring_fd is not None:

@@ -659,18 +659,28 @@ class TorchRuntime(object):
                     result = self.module(*args)
                 torch.cuda.synchronize()
             kernels = {"device_kernels": 0, "device_time_us": 0.0}
+            by_op = {}  # aten op -> the device time of the kernels it launched (the per-op table)
             for event in prof.key_averages():
                 t = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
                 if t and getattr(event, "device_type", None) is not None \
                         and "CUDA" in str(event.device_type):
                     kernels["device_kernels"] += int(event.count)
                     kernels["device_time_us"] += float(t)
+                name = str(getattr(event, "key", ""))
+                if t and name.startswith("aten::"):
+                    by_op[name[len("aten::"):]] = float(t)
             self.evidence["device_memory"] = _device_memory(torch, self.device)
         else:
             with log.mode:
                 result = self.module(*args)
         values = result if isinstance(result, (list, tuple)) else [result]
-        self.evidence["ops"] = log.records()
+        ops = log.records()
+        if kernels is not None:
+            names = [r["op"] for r in ops]
+            for r in ops:  # an op logged under one (devices) key only: its device time is its own
+                if names.count(r["op"]) == 1 and r["op"] in by_op:
+                    r["device_time_us"] = round(by_op[r["op"]], 3)
+        self.evidence["ops"] = ops
         self.evidence["output_devices"] = [str(v.device) for v in values]
         self.evidence["kernels"] = kernels
         return result

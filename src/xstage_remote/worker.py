@@ -144,21 +144,27 @@ class Worker:
         self._expect = None
         self._out_lane = None
         self.spin = getattr(channel, "spin", None)  # the TCP channel's spin (sockspin)
+        self.send_lock = threading.Lock()  # one frame at a time on the control stream
+        self.pool = None  # concurrent runs (``_concurrent``): their threads, else None
+        self.busy = []  # per slot set: the future of its request a thread runs, or None
+        self.concurrent = 1
 
     # ---------------------------------------------------------------- replies
     def send(self, header, arrays=None):
         header = wire.with_generation(header, self.generation)
-        if self.channel is not None:
-            self.channel.send(header, arrays)
-        else:
-            wire.send_frame(self.sock, header, arrays)
+        with self.send_lock:  # concurrent runs answer from their threads ("Concurrent runs")
+            if self.channel is not None:
+                self.channel.send(header, arrays)
+            else:
+                wire.send_frame(self.sock, header, arrays)
 
     def send_parts(self, parts):
         """Send a frame already encoded (a binary ``result``)."""
-        if self.channel is not None:
-            self.channel.send_parts(parts)
-        else:
-            wire.send_encoded(self.sock, parts)
+        with self.send_lock:
+            if self.channel is not None:
+                self.channel.send_parts(parts)
+            else:
+                wire.send_encoded(self.sock, parts)
 
     def recv(self):
         if self.channel is not None:
@@ -282,8 +288,36 @@ class Worker:
                 else:
                     views[name] = None
             self.out_views.append(views)
+        self._concurrent(spec.get("concurrent", 1), n_sets)
         self.send({"op": "attached", "id": frame.id,
-                   "info": {"kind": self.region.kind, "bell": self.bell.kind}})
+                   "info": {"kind": self.region.kind, "bell": self.bell.kind,
+                            "concurrent": self.concurrent}})
+
+    def _concurrent(self, want, n_sets):
+        """Concurrent runs: up to ``want`` requests of the region's sets computed at once, on
+        threads over the one session, where the runtime can (``concurrent_runs``: onnxruntime's
+        ``run`` is thread-safe, each set has its own I/O binding) and the stage has no state
+        (its calls are ordered by the state). Otherwise one at a time, as before.
+
+        The serve loop still takes requests in the sets' cyclic order, and waits for set k's
+        last request to be answered before it looks for set k's next one: a set is never run
+        twice at once. Each thread publishes its own set's response and wakes the client
+        (``Doorbell.wake``: a ring that decides nothing, safe beside the loop's wait); the
+        loop blocks in its waits (a spin would take a CPU the runs want).
+        """
+        if type(want) is not int or not 1 <= want <= max(1, n_sets):
+            raise wire.ProtocolError("attach: concurrent %r is outside 1..%d" % (want, n_sets))
+        for busy in self.busy:
+            if busy is not None:
+                busy.result()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        self.pool, self.busy, self.concurrent = None, [None] * n_sets, 1
+        if want > 1 and getattr(self.runtime, "concurrent_runs", False) and self.state is None:
+            import concurrent.futures
+
+            self.pool = concurrent.futures.ThreadPoolExecutor(want, thread_name_prefix="xstage-run")
+            self.concurrent = want
 
     def on_device_slots(self, frame):
         """Device tensors (torch-cuda, ``device_slots.py``): one device slot set per region slot
@@ -434,13 +468,14 @@ class Worker:
     def on_shm_call(self, seq, s=0):
         """Serve request ``seq`` published in slot set ``s`` (docs/wire.md, shm.py's table)."""
         region = self.region
+        ring = self.bell.wake if self.pool is not None else self.bell.ring
         gen, req_flags = region.request_head(s)
         if gen != self.generation:
             raise wire.ProtocolError("shared-region request #%d carries gen %d, this worker is "
                                      "generation %d" % (seq, gen, self.generation))
         if not region.take(seq, s):  # withdrawn before it started: never run
             region.publish_response(seq, shm_mod.STATUS_CANCELLED, 0, s=s)
-            self.bell.ring()
+            ring()
             return
         out_views = self.out_views[s]
         start = end = flags = 0
@@ -455,7 +490,7 @@ class Worker:
                 rss, peak = memory.read_cached()
                 region.publish_response(seq, shm_mod.STATUS_OK, end - start, rss, peak, s,
                                         start, end, 0)
-                self.bell.ring()
+                ring()
                 return
             feeds = region.inputs(s, self.in_names)
             if state is not None:
@@ -502,7 +537,7 @@ class Worker:
             self.send_error(seq, exc)
             region.publish_response(seq, shm_mod.STATUS_ERROR, 0, s=s, start_ns=start,
                                     end_ns=end)
-        self.bell.ring()
+        ring()
 
     def _prefetching(self, ready, k):
         """``ready`` that also hands the runtime each new ``fill`` of set ``k`` while the
@@ -528,6 +563,11 @@ class Worker:
             if self.region is not None:
                 # Requests come in the sets' cyclic order: wait on the next set only.
                 region, k = self.region, self.next_set
+                if self.pool is not None and getattr(self.runtime, "settled", True):
+                    code = self._serve_concurrent(region, k)
+                    if code is not None:
+                        return code
+                    continue
                 ready = region.request_check(region.resp_id(k), k)
                 if getattr(self.runtime, "streams_inputs", False):
                     ready = self._prefetching(ready, k)
@@ -542,6 +582,24 @@ class Worker:
             code = self.turn()
             if code is not None:
                 return code
+
+    def _serve_concurrent(self, region, k):
+        """One step of the serve loop with concurrent runs (``_concurrent``): set k's request
+        handed to a thread, or one control frame served; the exit status where the worker
+        ends, else None."""
+        busy = self.busy[k]
+        if busy is not None:
+            busy.result()  # set k's last request is answered before its next is looked for
+            self.busy[k] = None
+        state = self.bell.wait(region.request_check(region.resp_id(k), k), None,
+                               watch=(self.sock,), spin=0)
+        if state == "ready":
+            self.next_set = (k + 1) % region.n_sets
+            self.busy[k] = self.pool.submit(self.on_shm_call, region.req_id(k), k)
+            return None
+        if state == "closed":
+            return EXIT_ORPHANED
+        return self.turn()
 
     def turn(self):
         """Read and serve one frame of the control stream; the exit status where the worker

@@ -57,7 +57,8 @@ def test_clear_keeps_what_a_live_stage_reads(tmp_path, capsys):
     a, b = _two(tmp_path)
     assert main(["cache", "clear", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc == {"kind": "xstage.cache.clear", "removed": [a.sha256], "kept_in_use": [b.sha256]}
+    assert doc == {"kind": "xstage.cache.clear", "removed": [a.sha256], "kept_in_use": [b.sha256],
+                   "removed_compiled": []}
     b.release()
     assert main(["cache", "clear"]) == 0
     captured = capsys.readouterr()

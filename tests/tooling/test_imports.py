@@ -49,7 +49,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "xstage.bisect.search", "xstage.bisect.cost")),
     ("foundation", ("xstage.artifact", "xstage.manifest", "xstage.inputs", "xstage.signature",
                     "xstage.errors", "xstage.refusal", "xstage.home", "xstage._version",
-                    "xstage.exit_codes", "xstage.graph_precision", "xstage.snapshot")),
+                    "xstage.exit_codes", "xstage.graph_precision", "xstage.snapshot",
+                    "xstage.compile_cache")),
     ("wire", ("xstage_remote",)),
 )
 PURE = LAYERS[[name for name, _ in LAYERS].index("pure")][1]

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.markup import escape
 
 from xstage import errors
 from xstage.cli._flags import add_input_flags, add_json_flag, bounded_int
 from xstage.cli._output import Output
 from xstage.cli._summary import show_summary
+from xstage.cli._sweep import SWEEP_COLUMNS, Point, batch_points, parse_batches, sweep_points, sweep_rows
 from xstage.client.deadlines import parse_timeouts
 from xstage.cluster import parse_resources
 from xstage.exit_codes import EXIT_OK, EXIT_REFUSED
@@ -27,10 +29,13 @@ from xstage.home import check_output, write_output
 from xstage.inputs import parse_dims, parse_shapes
 from xstage.ledger import parse_pool_arg
 from xstage.record import dumps_record, records_path, write_record
+from xstage.record.per_op import per_op, to_csv
 from xstage.routes import ROUTE_NAMES
 from xstage.stage import open_stage
 from xstage.stage.ledger import Ledger
+from xstage.stage.open import MAX_DEPTH
 from xstage.stage.request import check_criteria
+from xstage.timings import DEFAULT_PERCENTILES, parse_percentiles
 
 __all__ = ["MAX_RUNS", "MAX_WARMUP", "register"]
 
@@ -38,6 +43,10 @@ __all__ = ["MAX_RUNS", "MAX_WARMUP", "register"]
 #: percentiles and the record; a longer soak is a benchmark's job (benchmarks/).
 MAX_RUNS = 100_000
 RUNS_WHY = "each timed run is kept for the percentiles and the record; soak longer with benchmarks/"
+#: ``--depth``'s bound: the region's slot sets (``open_stage(depth=...)``).
+DEPTH_WHY = "the shared region holds one slot set per request in flight"
+#: ``--throughput``'s default depth.
+THROUGHPUT_DEPTH = 4
 #: ``--warmup``'s bound: warm-up runs are untimed; past a thousand they only delay the timing.
 MAX_WARMUP = 1_000
 WARMUP_WHY = "warm-up runs are untimed; more than a thousand only delays the timed runs"
@@ -86,6 +95,31 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"timed runs, 1 to {MAX_RUNS} (default 20)")
     p.add_argument("--warmup", type=bounded_int(0, MAX_WARMUP, WARMUP_WHY), default=3, metavar="K",
                    help=f"unprofiled runs after the profiled one, 0 to {MAX_WARMUP} (default 3)")
+    p.add_argument("--percentiles", type=_percentiles, default=DEFAULT_PERCENTILES, metavar="Q,Q,...",
+                   help="latency percentiles to report, e.g. 50,90,99,99.9 (default 50,90,99); one "
+                   "the runs cannot resolve prints n/a and the runs it needs (p99 needs 100)")
+    p.add_argument("--throughput", action="store_true",
+                   help="after the timed runs, keep --depth requests in flight (Stage.map's depth) "
+                   "and report requests/s with their latency percentiles")
+    p.add_argument("--depth", type=bounded_int(1, MAX_DEPTH, DEPTH_WHY), default=None, metavar="K",
+                   help=f"requests in flight for --throughput, 1 to {MAX_DEPTH} (default 4): the "
+                   "stage's region gets K slot sets; a stage with state pairs runs at depth 1")
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument("--requests", type=bounded_int(1, MAX_RUNS, RUNS_WHY), default=None, metavar="N",
+                        help="--throughput's requests (default 100)")
+    amount.add_argument("--duration", type=float, default=None, metavar="S",
+                        help="--throughput for S seconds instead of --requests")
+    sweep = p.add_mutually_exclusive_group()
+    sweep.add_argument("--sweep", action="append", default=[], metavar="NAME=DIMS;DIMS…",
+                       help="one admission per shape of input NAME, e.g. x=1x8;4x8;16x8 "
+                       "(repeatable for several inputs, the same count each): one table, one "
+                       "record per shape, --json gets {\"shapes\": [record, …]}")
+    sweep.add_argument("--batch", metavar="B,B,…",
+                       help="a sweep over the free first dimension of the inputs, e.g. 1,2,4,8")
+    p.add_argument("--per-op", nargs="?", const="table", default=None, metavar="csv=PATH",
+                   help="the profiled warm-up's kernel time by node (provider, time, share, count; "
+                   "torch stages: by op), sorted by time: a table, or csv=PATH (csv=- on stdout, "
+                   "then nothing else there)")
     p.add_argument("--compare-cpu", action="store_true", help="time the reference arm too")
     p.add_argument("--save-outputs", metavar="OUT.npz", help="save one run's outputs")
     p.add_argument("--pool", action="append", default=[], metavar="NAME=SIZE",
@@ -103,6 +137,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a worker deadline (repeatable): spawn, hello, load, warmup, call, "
                         "shutdown; a worker past one is killed")
     p.set_defaults(func=run)
+
+
+def _percentiles(text: str) -> tuple[float, ...]:
+    try:
+        return parse_percentiles(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (e.g. --percentiles 50,90,99,99.9)") from None
 
 
 def _ep_options(items: list[str]) -> dict[str, str]:
@@ -181,10 +222,87 @@ def _save_outputs(stage: Any, target: str, record: Path) -> None:
             remedy=f"the record is at {record}; choose a writable --save-outputs path") from None
 
 
+def _check_throughput(args: argparse.Namespace) -> None:
+    """``--depth``, ``--requests`` and ``--duration`` belong to ``--throughput``.
+
+    Raises:
+        UsageError: one of them without ``--throughput``, or a duration that is not positive.
+    """
+    given = [f for f, v in (("--depth", args.depth), ("--requests", args.requests),
+                            ("--duration", args.duration)) if v is not None]
+    if given and not args.throughput:
+        raise errors.UsageError(f"{given[0]} sets up --throughput, which was not asked for",
+                                remedy=f"add --throughput, or drop {given[0]}")
+    if args.duration is not None and not 0 < args.duration < float("inf"):
+        raise errors.UsageError(f"--duration {args.duration} must be a positive number of seconds")
+
+
+def _check_per_op(args: argparse.Namespace, out: Output) -> str | None:
+    """``--per-op``'s CSV target (``-`` for stdout), None for the table; checked before any run.
+
+    Raises:
+        UsageError: a value other than ``csv=PATH``, or ``csv=-`` beside ``--json`` on stdout.
+    """
+    value = args.per_op
+    if value in (None, "table"):
+        return None
+    kind, sep, target = value.partition("=")
+    if kind != "csv" or not sep or not target:
+        raise errors.UsageError(f"--per-op {value!r} is neither empty nor csv=PATH",
+                                remedy="--per-op for the table, --per-op csv=PATH (or csv=-) for CSV")
+    if target == "-":
+        if out.json_mode:
+            raise errors.UsageError("--per-op csv=- and --json both want stdout alone",
+                                    remedy="write one of them to a file: --json=PATH or --per-op csv=PATH")
+        out.out = out.err  # stdout holds the CSV alone: the summary goes to stderr
+    else:
+        check_output(target, flag="--per-op")
+    return target
+
+
+def _show_per_op(doc: dict[str, Any], target: str | None, out: Output) -> None:
+    """The per-op table or CSV (``xstage.record.per_op``)."""
+    table = per_op(doc)
+    if table is None:
+        out.warning("--per-op: this record holds no profile of the stage's kernels")
+        return
+    if target is None:
+        torch_table = "devices" in table.columns
+        out.table(f"Per op ({escape(table.basis)}; total {table.total_us:.1f} µs)",
+                  [c.replace("_us", " (µs)") for c in table.columns],
+                  [[_cell(r.get(c), c) for c in table.columns] for r in table.rows])
+        if torch_table:
+            out.hint("torch: host times; on a device each op's launch (device_time_us: its kernels)")
+        return
+    text = to_csv(table)
+    if target == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        write_output(target, text.encode("utf-8"), flag="--per-op")
+    except OSError as exc:
+        raise errors.XstageError(f"could not write --per-op csv={target}: {exc.strerror or exc}",
+                                 remedy="choose a writable --per-op csv=PATH") from None
+    out.log(f"per-op CSV written to {target}")
+
+
+def _cell(value: Any, column: str) -> str:
+    if value is None:
+        return "-"
+    if column == "share":
+        return f"{value * 100:.1f}%"
+    if isinstance(value, float):
+        return f"{value:.1f}" if column.endswith("_us") else f"{value:g}"
+    return escape(str(value))
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
     argv = ["xstage", *sys.argv[1:]]
     if args.save_outputs:
         check_output(args.save_outputs, flag="--save-outputs")
+    per_op_target = _check_per_op(args, out)
+    _check_throughput(args)
     # Imported here: builtin_graphs imports onnx (~0.7 s), which `xstage --help` need not pay.
     from xstage.builtin_graphs import builtin_artifact, builtin_stage
 
@@ -193,6 +311,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     prefer = [p for p in args.prefer.split(",") if p] if args.prefer else None
     if args.resource and not args.cluster:
         raise errors.UsageError("--resource needs --cluster", remedy="add --cluster ray")
+    if args.sweep or args.batch:
+        return _run_sweep(args, graph, prefer, argv, out)
     try:
         with out.progress("proving and gating"):
             stage = _open(args, graph, prefer, out)
@@ -201,34 +321,100 @@ def run(args: argparse.Namespace, out: Output) -> int:
     except errors.XstageError as exc:  # refused or failed: the API's record, with the timing plan
         return _refused_or_raise(exc, args, argv, out)
     with stage:
-        with out.progress("timing", total=args.runs, unit="runs") as bar:
-            stage.measure(runs=args.runs, warmup=args.warmup, compare_cpu=args.compare_cpu,
-                          progress=lambda n: bar.update(completed=n))
-        if out.verbosity > 0:  # the doorbell's spin-or-block decisions over the timed runs
-            for side, summary in stage.waits().items():
-                if summary.get("line"):
-                    out.log(f"doorbell ({side}): {summary['line']}")
-        doc = stage.record(argv=argv)
+        doc = _measured(stage, args, argv, out)
         path = _write(doc, args, out)  # the record first: a failed --save-outputs keeps it
         show_summary(doc, out, title="xstage external")
+        if args.per_op is not None:
+            _show_per_op(doc, per_op_target, out)
         if args.save_outputs:
             _save_outputs(stage, args.save_outputs, path)
     return EXIT_OK
 
 
-def _open(args: argparse.Namespace, graph: Path, prefer: list[str] | None, out: Output) -> Any:
-    """``open_stage`` with the command's flags."""
+def _measured(stage: Any, args: argparse.Namespace, argv: list[str], out: Output,
+              batch: int | None = None) -> dict[str, Any]:
+    """The timed runs, ``--throughput``'s run, then the stage's record."""
+    with out.progress("timing", total=args.runs, unit="runs") as bar:
+        stage.measure(runs=args.runs, warmup=args.warmup, compare_cpu=args.compare_cpu,
+                      progress=lambda n: bar.update(completed=n), percentiles=args.percentiles)
+    if args.throughput:
+        with out.progress(f"throughput at depth {args.depth or THROUGHPUT_DEPTH}"):
+            stage.timings = {**(stage.timings or {}), "throughput": stage.measure_throughput(
+                stage.inputs, depth=args.depth or THROUGHPUT_DEPTH, requests=args.requests,
+                duration=args.duration, batch=batch, percentiles=args.percentiles)}
+    if out.verbosity > 0:  # the doorbell's spin-or-block decisions over the timed runs
+        for side, summary in stage.waits().items():
+            if summary.get("line"):
+                out.log(f"doorbell ({side}): {summary['line']}")
+    return dict(stage.record(argv=argv))
+
+
+def _sweep_points(args: argparse.Namespace, graph: Path) -> list[Point]:
+    """``--sweep``'s or ``--batch``'s points (``xstage.cli._sweep``), checked before any run.
+
+    Raises:
+        UsageError: a malformed sweep, or a flag a sweep cannot take.
+    """
+    for flag, value in (("--save-outputs", args.save_outputs), ("--per-op", args.per_op),
+                        ("--cluster", args.cluster)):
+        if value:
+            raise errors.UsageError(f"{flag} takes one stage; a sweep opens one per shape",
+                                    remedy=f"run {flag} on the shape you want, without the sweep")
+    if args.sweep:
+        return sweep_points(args.sweep)
+    from xstage.artifact import inspect_artifact
+
+    art = inspect_artifact(graph, fmt=args.fmt, component=args.component)
+    try:
+        return batch_points(parse_batches(args.batch), [(i.name, i.shape) for i in art.inputs])
+    finally:
+        art.release()
+
+
+def _run_sweep(args: argparse.Namespace, graph: Path, prefer: list[str] | None, argv: list[str],
+               out: Output) -> int:
+    """One admission per shape, one record each under the home, one table; ``--json`` gets
+    ``{"shapes": [record, ...]}``. Exit 2 when any shape was refused, else 0."""
+    points = _sweep_points(args, graph)
+    docs: list[dict[str, Any]] = []
+    for point in points:
+        try:
+            with out.progress(f"{point.label}: proving and gating"):
+                stage = _open(args, graph, prefer, out, point=point)
+        except errors.Refused as exc:
+            doc = {**(exc.record or {}), "argv": argv}
+        else:
+            with stage:
+                doc = _measured(stage, args, argv, out, batch=point.batch)
+        path = write_record(doc, records_path((doc.get("artifact") or {}).get("component"),
+                                              args.graph or "builtin"))
+        out.log(f"record ({point.label}): {path}")
+        docs.append(doc)
+    out.table(f"xstage external: {len(points)} shapes", list(SWEEP_COLUMNS),
+              [[escape(c) for c in row] for row in sweep_rows(points, docs)])
+    out.emit({"shapes": docs})
+    return EXIT_REFUSED if any(d["outcome"]["status"] == "refused" for d in docs) else EXIT_OK
+
+
+def _open(args: argparse.Namespace, graph: Path, prefer: list[str] | None, out: Output,
+          point: Point | None = None) -> Any:
+    """``open_stage`` with the command's flags (a sweep's point over ``--shape``/``--dim``)."""
+    shapes, dims = parse_shapes(args.shape), parse_dims(args.dim)
+    if point is not None:
+        shapes, dims = {**shapes, **point.shapes}, {**dims, **point.dims}
     return open_stage(
         graph, device=args.device, prefer=prefer, route=args.route, offload=args.offload,
         min_placement=args.min_placement, inputs=args.inputs,
         reference=args.reference or "auto", tolerance=parse_tolerance(args.tolerance),
         ep_options=_ep_options(args.ep_option), threads=args.threads,
         graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
-        shapes=parse_shapes(args.shape), dims=parse_dims(args.dim), on_event=out.log,
+        shapes=shapes, dims=dims, on_event=out.log,
         ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None,
         deadlines=parse_timeouts(args.timeout), record_on_close=False,  # it writes its own
         cluster=args.cluster, resources=parse_resources(args.resource),
-        placement_timeout=args.placement_timeout)
+        placement_timeout=args.placement_timeout,
+        **({"depth": args.depth or THROUGHPUT_DEPTH, "concurrency": args.depth or THROUGHPUT_DEPTH}
+           if args.throughput else {}))
 
 
 def _refused_or_raise(exc: errors.XstageError, args: argparse.Namespace, argv: list[str], out: Output) -> int:

@@ -162,6 +162,7 @@ class WorkerClient:
         generation: int = 1,
         depth: int = 1,
         first_id: int = 1,
+        concurrency: int = 1,
     ) -> None:
         """Set up a client; the worker starts in ``start()`` (or on entering ``with``).
 
@@ -185,9 +186,18 @@ class WorkerClient:
             depth: slot sets in the shared region, i.e. requests in flight at once (``submit``
                 queues the rest in the client).
             first_id: the first request id (a replacement worker continues its stage's ids).
+            concurrency: requests of the region's sets the worker may compute at once (1 to
+                ``depth``), where its runtime can (docs/serving.md, "Concurrent runs");
+                ``concurrent`` says what the worker granted once the region is attached.
         """
         self.shm_mode = _checked_settings(generation, depth, shm_mode, transport)
+        if type(concurrency) is not int or not 1 <= concurrency <= depth:
+            raise errors.UsageError(f"concurrency {concurrency!r} is outside 1..{depth} (the depth)",
+                                    remedy="compute at most as many requests at once as are in flight")
         self.depth = depth
+        self.concurrency = concurrency
+        #: Requests the worker computes at once, as it granted them (1 until a region is attached).
+        self.concurrent = 1
         self.generation = generation
         self.interpreter = interpreter
         self.route = route
@@ -1027,6 +1037,8 @@ class WorkerClient:
         region = shm.Region.create(size, slots, kind, generation=self.generation,
                                    n_sets=self.depth)
         spec: dict[str, Any] = {"kind": kind, "size": size, "slots": slots, "sets": self.depth}
+        if self.concurrency > 1:  # an older worker ignores the key: it runs one at a time
+            spec["concurrent"] = self.concurrency
         if kind == "named":
             spec["name"] = region.name
         # The doorbell: a pair of eventfds sent with the memfd where both ends can (shm.Doorbell).
@@ -1040,7 +1052,9 @@ class WorkerClient:
             if kind == "memfd":
                 assert self._ctl is not None
                 socket.send_fds(self._ctl, [b"\0"], [region.fd, *(events or ())])
-            self._expect(self._recv("load", self.deadlines.load), "attached", rid)
+            attached = self._expect(self._recv("load", self.deadlines.load), "attached", rid)
+            granted = (attached.header.get("info") or {}).get("concurrent", 1)
+            self.concurrent = granted if type(granted) is int and 1 <= granted <= self.depth else 1
         except BaseException:
             region.close()
             for fd in events or ():

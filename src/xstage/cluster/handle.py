@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +22,7 @@ from xstage.client.pipeline import USE_DEADLINE
 from xstage.cluster.actor import remote_error
 from xstage.record.io import records_path, utc_now, write_record
 from xstage.stage.handle import RESTART_POLICIES, Requests
-from xstage.timings import summarize
+from xstage.timings import DEFAULT_PERCENTILES, summarize
 
 if TYPE_CHECKING:
     from xstage.cluster.place import Placement
@@ -295,7 +295,8 @@ class ClusterStage(Requests):
             return doc
 
     def measure(self, *, runs: int = 20, warmup: int = 3, compare_cpu: bool = False,
-                progress: Any = None) -> dict[str, Any]:
+                progress: Any = None,
+                percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
         """Timed calls through Ray (round trip here; compute from the node's stamps).
 
         ``compare_cpu`` is not available through a cluster (the reference arm is the node's).
@@ -321,7 +322,7 @@ class ClusterStage(Requests):
             compute.append(max(0, stamps.get("end_ns", 0) - stamps.get("start_ns", 0)) / 1e9)
             if progress:
                 progress(i + 1)
-        self.timings = summarize(compute, round_trip, warmup=warmup)
+        self.timings = summarize(compute, round_trip, warmup=warmup, percentiles=percentiles)
         return self.timings
 
     # ------------------------------------------------------------------ closing

@@ -137,6 +137,15 @@ def _worker(doc: Mapping[str, Any]) -> Rows:
     if worker.get("log"):
         rows.append(("worker log", str(worker["log"])))
     rows.extend(("route hook", note) for note in worker.get("notes") or [])
+    cache = worker.get("compile_cache")
+    if isinstance(cache, Mapping) and cache.get("status"):
+        text = str(cache["status"])
+        if cache.get("status") in ("hit", "miss", "rebuilt"):
+            text += (f" ({fmt_bytes(cache.get('bytes'))} in {cache.get('files')} files, "
+                     f"key {str(cache.get('key'))[:12]})")
+        if cache.get("reason"):
+            text += f": {cache['reason']}"
+        rows.append(("compile cache", text))
     return rows
 
 
@@ -263,10 +272,44 @@ def _timings(doc: Mapping[str, Any]) -> Rows:
         return [("timings", scalars(t))]  # case 4
     rows = [("timings", f"compute {_ms(t['compute'])} · round trip {_ms(t['round_trip'])} · transport "
                         f"{_ms(t['transport'])} (p50 of {t['runs']} runs after {t['warmup']} warm-ups)")]
+    for series, label in (("round_trip", "round trip"), ("compute", "compute")):
+        if _is_percentiles(t.get("percentiles"), series):
+            rows.append((f"{label} pctl", _percentile_text(t["percentiles"], series)))
+    if isinstance(t.get("throughput"), Mapping):
+        rows.append(("throughput", _throughput_text(t["throughput"])))
     if t.get("speedup_vs_reference"):
         rows.append(("vs CPU", f"reference {_ms(t.get('reference'))} → "
                                f"{t['speedup_vs_reference']:.2f}× speedup"))
     return rows
+
+
+def _is_percentiles(value: Any, series: str) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(p, Mapping) and {"key", "needs_runs", f"{series}_ms"} <= p.keys() for p in value)
+
+
+def _percentile_text(entries: list[Mapping[str, Any]], series: str) -> str:
+    """Case 3: ``p50 1.200 ms · p99 n/a (needs ≥ 100 runs)``."""
+    return " · ".join(
+        f"{p['key']} {p[f'{series}_ms']:.3f} ms" if p[f"{series}_ms"] is not None
+        else f"{p['key']} n/a (needs ≥ {p['needs_runs']} runs)" for p in entries)
+
+
+def _throughput_text(t: Mapping[str, Any]) -> str:
+    """Case 3: requests/s at a depth, then the latency percentiles of those requests."""
+    rps = t.get("requests_per_s")
+    text = (f"{rps:.1f} requests/s" if isinstance(rps, int | float) else "-")
+    if isinstance(t.get("items_per_s"), int | float):
+        text += f" ({t['items_per_s']:.1f} items/s at batch {t.get('batch')})"
+    text += f" at depth {t.get('depth')}"
+    if isinstance(t.get("concurrency"), int):
+        text += f", {t['concurrency']} computed at once"
+    text += f" ({t.get('requests')} requests in {fmt(t.get('wall_s'))} s)"
+    if _is_percentiles(t.get("percentiles"), "latency"):
+        text += "; latency " + _percentile_text(t["percentiles"], "latency")
+    if t.get("note"):
+        text += f"; {t['note']}"
+    return text
 
 
 def _memory(doc: Mapping[str, Any]) -> Rows:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from xstage import errors
+from xstage import compile_cache, errors
 from xstage.client import Deadlines, WorkerClient
 from xstage.client.tools import run_tool
 from xstage.host import wsl as wsl_mod
@@ -42,18 +42,25 @@ def load_options(
     fmt: str = "onnx:fp32",
     profile: bool = False,
     output_names: Sequence[str] = (),
+    compile_cache_of: Any = None,
 ) -> dict[str, Any]:
     """The worker's ``load`` options for ``status`` driving ``device`` (default: its first).
 
     The route's hook (``xstage.routes.hooks``) fills what the user left unsaid for this format;
     its notes travel in ``notes``. ``profile`` makes the first run the profiled warm-up.
+    ``compile_cache_of``: the artifact whose compile cache to prepare (``xstage.compile_cache``):
+    its EP options then point at the entry, and ``compile_cache`` holds the ``Entry`` (the
+    caller takes it out before the options travel, and seals it after the warm-up).
     """
     if not status.resolved:
         raise _missing(status)
     _check_opt_in(status.spec, ep_options or {})
     if status.spec.runtime == "torch":
-        return _torch_options(status, device=device, profile=profile, output_names=output_names,
-                              fmt=fmt, switches=ep_options or {})
+        options = _torch_options(status, device=device, profile=profile, output_names=output_names,
+                                 fmt=fmt, switches=ep_options or {})
+        if compile_cache_of is not None:  # none for a torch program (the entry says so)
+            options["compile_cache"] = compile_cache.prepare(status, compile_cache_of, options)
+        return options
     if status.spec.runtime != "onnxruntime":
         raise errors.UsageError(f"route {status.name} runs {status.spec.runtime}, not ONNX graphs")
     ep_options = {k: v for k, v in (ep_options or {}).items() if k not in OPT_IN_SWITCHES}
@@ -93,8 +100,11 @@ def load_options(
         notes = [*notes, f"adapter chosen by identity: {adapter.get('description')} (DXGI adapter "
                  f"{adapter.get('dxgi_adapter_number')}, PCI {adapter.get('pci_id')}, matched by "
                  f"{adapter.get('matched_by')}), bound with add_provider_for_devices"]
-    return {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device,
-            "profile": profile, "notes": notes}
+    options = {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device,
+               "profile": profile, "notes": notes}
+    if compile_cache_of is not None:
+        options["compile_cache"] = compile_cache.prepare(status, compile_cache_of, options)
+    return options
 
 
 def _override_error(status: RouteStatus, info: Mapping[str, Any],
@@ -259,11 +269,12 @@ def _output(argv: list[str]) -> str:
 
 
 def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None, depth: int = 1,
-                generation: int = 1, first_id: int = 1) -> WorkerClient:
+                generation: int = 1, first_id: int = 1, concurrency: int = 1) -> WorkerClient:
     """A started worker in the route's interpreter (the caller closes it).
 
-    ``depth`` slot sets (requests in flight); ``generation`` and ``first_id`` continue a
-    stage's count when a worker replaces another.
+    ``depth`` slot sets (requests in flight), up to ``concurrency`` of them computed at once
+    where the runtime can; ``generation`` and ``first_id`` continue a stage's count when a
+    worker replaces another.
     """
     if not status.resolved or not status.interpreter:
         raise _missing(status)
@@ -277,6 +288,6 @@ def open_worker(status: RouteStatus, *, deadlines: Deadlines | None = None, dept
             kill=lambda argv: run_tool(argv, 30, check=False),
         )
     client = WorkerClient(status.interpreter, route=status.name, deadlines=deadlines, depth=depth,
-                          generation=generation, first_id=first_id, **extra)
+                          generation=generation, first_id=first_id, concurrency=concurrency, **extra)
     client.start()
     return client

@@ -203,6 +203,8 @@ class RouteSpec:
             build the route was verified with (``launch.check_option_keys``); None where xstage
             cannot know them (a route not run here, a plugin EP's library), so they go to the EP
             unchecked. A torch route's keys are its ``serving_switches``.
+        compile_cache: the EP options that point the runtime's own compile cache at a folder
+            (``{dir}``: the entry's, ``xstage.compile_cache``); empty: the route has none.
     """
 
     name: str
@@ -238,6 +240,7 @@ class RouteSpec:
     serving_switches: Mapping[str, str] = field(default_factory=_frozen, hash=False)
     graph_pool: bool = False
     ep_option_keys: frozenset[str] | None = field(default=None, hash=False)
+    compile_cache: tuple[tuple[str, str], ...] = ()
 
     def captures_graph(self, ep_options: Mapping[str, str] | None) -> bool:
         """Whether this route's worker will serve from a captured CUDA graph.
@@ -420,6 +423,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         verified=True,
         ep="OpenVINOExecutionProvider",
         ep_options=_frozen({"device_type": "CPU"}),
+        compile_cache=(("cache_dir", "{dir}"),),
         plugin_module="onnxruntime_ep_openvino",
         packages=_frozen(
             {
@@ -514,6 +518,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         verified=False,
         ep="TensorrtExecutionProvider",
         ep_options=_frozen({"device_id": 0}),
+        compile_cache=(("trt_engine_cache_enable", "1"), ("trt_engine_cache_path", "{dir}")),
         packages=_frozen({"default": ("onnxruntime-gpu", "tensorrt", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/TensorRT-ExecutionProvider.html",
         ep_hook=option_hooks.cuda,

@@ -101,6 +101,7 @@ class Setup:
     started: str
     details: list[dict[str, Any]] = field(default_factory=list)
     depth: int = 2
+    concurrency: int = 1
     generation: int = 1
     first_id: int = 1
     state: tuple[StatePair, ...] = ()
@@ -245,12 +246,16 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     art = setup.artifact
     options = load_options(cand.route, device=cand.device, ep_options=setup.ep_options,
                            session=setup.session, fmt=art.format, profile=True,
-                           output_names=[o.name for o in art.outputs])
+                           output_names=[o.name for o in art.outputs], compile_cache_of=art)
+    cache = options.pop("compile_cache")  # the runtime's own, verified (xstage.compile_cache)
     if setup.state:
         options["state"] = [pair.option() for pair in setup.state]
+    cleanup.callback(lambda: cache.discard() if not sealed else None)
+    sealed = False
     t_spawn = time.perf_counter_ns()
     client = open_worker(cand.route, deadlines=setup.deadlines, depth=setup.depth,
-                         generation=setup.generation, first_id=setup.first_id)
+                         generation=setup.generation, first_id=setup.first_id,
+                         concurrency=setup.concurrency)
     cleanup.callback(client.close)
     phase = "loading"
     try:
@@ -272,8 +277,10 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
             raise _CompileFailed(refusals.compile_refusal(cand, art, exc, client.log_path,
                                                           worker)) from exc
         raise refusals.load_failed(cand, art, exc, client.log_path, client.hello) from exc
+    cache.seal()
+    sealed = True
     worker = {"hello": client.hello, "runtime": dict((client.loaded or {}).get("info") or {}),
-              "evidence_sha256": _digest(info, profile)}
+              "evidence_sha256": _digest(info, profile), "compile_cache": cache.to_dict()}
     target = options["device"] if art.format.startswith("pt:") else options["ep"]["name"]
     phases = (("spawn + hello", t_spawn, t_ready), ("load", t_ready, t_loaded),
               ("warm-up", t_loaded, t_warm), ("evidence", t_warm, t_evidence))
@@ -384,10 +391,13 @@ def _detail(cand: Candidate, setup: Setup, warm: WarmUp) -> dict[str, Any]:
     clock = {"client": "perf_counter", "origin": "spawn + hello began",
              "profile_offset_us": offset, "profile_offset_uncertainty_us": uncertainty,
              "method": "cristian: the warm-up call's worker compute centred in its round trip"}
-    return {"device": cand.device, "route": cand.route.name, "clock": clock, "phases": phases,
-            "calls": [],
-            "warmup_worker_us": worker_ns / 1e3 if isinstance(worker_ns, int) else None,
-            "placement": placement}
+    doc = {"device": cand.device, "route": cand.route.name, "clock": clock, "phases": phases,
+           "calls": [],
+           "warmup_worker_us": worker_ns / 1e3 if isinstance(worker_ns, int) else None,
+           "placement": placement}
+    if setup.artifact.format.startswith("pt:") and isinstance(warm.info.get("ops"), list):
+        doc["ops"] = warm.info["ops"]  # the op log the proof judged: the per-op table's (torch)
+    return doc
 
 
 def _attest(cand: Candidate, setup: Setup, warm: WarmUp,

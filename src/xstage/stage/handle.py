@@ -25,7 +25,7 @@ from xstage.snapshot import release
 from xstage.stage.admit import Admission, admit
 from xstage.stage.ledger import Holding
 from xstage.stage.state import state_bytes
-from xstage.timings import summarize
+from xstage.timings import DEFAULT_PERCENTILES, summarize, throughput_block
 
 __all__ = ["RESTART_POLICIES", "Stage"]
 
@@ -79,6 +79,54 @@ class Requests:
                 "requests in flight" if isinstance(depth, int) and not isinstance(depth, bool)
                 and depth > self.depth else "give a whole number of requests in flight")
         return self._map(iter(inputs), k, timeout)
+
+    def measure_throughput(self, inputs: Mapping[str, Any], *, depth: int, requests: int | None = None,
+                           duration: float | None = None, batch: int | None = None,
+                           percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
+        """``depth`` requests of ``inputs`` in flight: the record's ``timings.throughput``.
+
+        It runs ``requests`` requests or for ``duration`` seconds (whichever is given; default
+        100 requests); the block is ``xstage.timings.throughput_block``'s.
+
+        Each request's latency runs from its ``submit`` to its result (stamped when the result
+        arrives, not when this loop collects it). A depth above the stage's runs at the stage's
+        depth and says so (a stage with state pairs is served at depth 1).
+
+        Raises:
+            UsageError: ``depth`` below 1, or ``requests``/``duration`` not positive.
+        """
+        if depth < 1 or (requests is not None and requests < 1) \
+                or (duration is not None and duration <= 0):
+            raise errors.UsageError("--depth and --requests must be >= 1 and --duration > 0")
+        k, note = min(depth, self.depth), None
+        if k < depth:
+            note = (f"depth {depth} asked, served at {k}: "
+                    + ("a stage with state pairs runs one request at a time" if k == 1
+                       else f"the stage's depth is {k}"))
+        total = requests if requests is not None else (None if duration is not None else 100)
+        latency: list[float] = []
+        window: deque[concurrent.futures.Future[dict[str, np.ndarray]]] = deque()
+
+        def stamp(t0: float) -> Callable[[concurrent.futures.Future[Any]], None]:
+            return lambda _fut: latency.append(time.perf_counter() - t0)
+
+        start = time.perf_counter()
+        end = start + duration if duration is not None else None
+        sent = 0
+        while (total is None or sent < total) and (end is None or time.perf_counter() < end):
+            t0 = time.perf_counter()
+            fut = self.submit(inputs)
+            fut.add_done_callback(stamp(t0))
+            window.append(fut)
+            sent += 1
+            if len(window) >= k:
+                window.popleft().result()
+        while window:
+            window.popleft().result()
+        wall = time.perf_counter() - start
+        return throughput_block(depth=k, requests=sent, wall_s=wall, batch=batch, latency_s=latency,
+                                concurrency=getattr(self, "concurrency", None), percentiles=percentiles,
+                                note=note)
 
     def _map(self, items: Iterator[Mapping[str, Any]], k: int,
              timeout: Any) -> Iterator[dict[str, np.ndarray]]:
@@ -159,6 +207,11 @@ class Stage(Requests):
     def depth(self) -> int:
         """Requests in flight at once in the worker (``open_stage(depth=...)``)."""
         return self._client.depth
+
+    @property
+    def concurrency(self) -> int:
+        """Requests the worker computes at once, as it granted them (``open_stage(concurrency=...)``)."""
+        return self._client.concurrent
 
     @property
     def device(self) -> str:
@@ -441,8 +494,11 @@ class Stage(Requests):
         return self._record_path or None
 
     def measure(self, *, runs: int = 20, warmup: int = 3, compare_cpu: bool = False,
-                progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                progress: Callable[[int], None] | None = None,
+                percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
         """Unprofiled warm-ups, then ``runs`` timed calls on the checked inputs.
+
+        ``percentiles`` are reported each with the runs it needs (``xstage.timings``).
 
         Raises:
             UsageError: ``runs`` < 1 or ``warmup`` < 0.
@@ -472,7 +528,8 @@ class Stage(Requests):
         self._calls = calls
         reference = self._admission.setup.reference
         ref = reference.time(feeds, runs) if compare_cpu else None
-        self.timings = summarize(compute, round_trip, warmup=warmup, reference_s=ref)
+        self.timings = summarize(compute, round_trip, warmup=warmup, reference_s=ref,
+                                 percentiles=percentiles)
         self._request.update(runs=runs, warmup=warmup)
         return self.timings
 
@@ -490,6 +547,8 @@ class Stage(Requests):
                   "log": str(client.log_path) if client.log_path else None, "notes": self.notes,
                   "runtime": dict((client.loaded or {}).get("info") or {}),
                   "evidence_sha256": self._admission.warm.worker["evidence_sha256"]}
+        if self._admission.warm.worker.get("compile_cache"):  # the runtime's compile cache
+            worker["compile_cache"] = dict(self._admission.warm.worker["compile_cache"])
         accelerator = self._admission.warm.info.get("accelerator")
         if isinstance(accelerator, dict):  # torch-cuda: stream, pinned region, CUDA graph
             worker["accelerator"] = accelerator
@@ -513,7 +572,8 @@ class Stage(Requests):
 
     def _serving_block(self) -> dict[str, Any]:
         """The record's ``serving`` block: depth, restart policy, generations."""
-        return {"depth": self.depth, "restart": self.restart, "max_restarts": self.max_restarts,
+        return {"depth": self.depth, "concurrency": self.concurrency, "restart": self.restart,
+                "max_restarts": self.max_restarts,
                 "restart_window_s": self.restart_window, "generation": self.generation,
                 "restarts": [dict(r) for r in self.restarts],
                 "closed_cause": self._closed_cause, "state": self._state_block()}

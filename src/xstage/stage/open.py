@@ -67,7 +67,8 @@ def open_stage(
     ep_options: Mapping[str, str] | None = None, threads: int | None = None,
     graph_opt_level: str | None = None, deadlines: Deadlines | None = None,
     report: DeviceReport | None = None, ledger: Ledger | None = None,
-    on_event: Callable[[str], None] | None = None, depth: int = 2, restart: str = "never",
+    on_event: Callable[[str], None] | None = None, depth: int = 2, concurrency: int = 1,
+    restart: str = "never",
     max_restarts: int = 3, restart_window: float = 60.0, record_on_close: bool = True,
     cluster: str | None = None, resources: Mapping[str, float] | None = None, placement_timeout: float = 60.0,
 ) -> Stage:
@@ -109,6 +110,9 @@ def open_stage(
             a pool it names must be one of this machine's.
         on_event: called with one line per step (what ``--verbose`` prints).
         depth: requests in flight at once (``Stage.submit``, ``Stage.map``), 1 to 64.
+        concurrency: of those, how many the worker computes at once, 1 to ``depth``: threads
+            over the one session where the runtime can (onnxruntime); one at a time for a stage
+            with state or a runtime that cannot (``Stage.concurrency`` says what was granted).
         restart: ``"never"`` or ``"on_death"`` (a dead worker is replaced by the next
             generation, proven and gated again).
         max_restarts: with ``"on_death"``, the most restarts within ``restart_window``.
@@ -140,7 +144,8 @@ def open_stage(
         device=device, prefer=prefer, route=route, offload=offload, min_placement=min_placement,
         tolerance=tolerance, ep_options=ep_options, threads=threads,
         graph_opt_level=graph_opt_level, inputs=inputs, seed=SEED)
-    _check_numbers(min_placement, threads, depth), _check_restart(restart, max_restarts, restart_window)
+    _check_numbers(min_placement, threads, depth, concurrency)
+    _check_restart(restart, max_restarts, restart_window)
     art: Artifact | None = None
     held: list[Path] = []  # the snapshots this stage reads (released on failure, or at close)
     try:
@@ -163,6 +168,7 @@ def open_stage(
                       ledger=ledger, devices=tuple(row.device for row in report.devices),
                       request=request, started=started,
                       depth=1 if pairs else depth,  # state carries from call to call: one at a time
+                      concurrency=1 if pairs else concurrency,
                       state=pairs, state_init=init, report=report, snapshots=tuple(held))
         return _first_admitted(plan, setup, on_event or _quiet, {
             "restart": restart, "max_restarts": max_restarts, "restart_window": restart_window,
@@ -250,19 +256,25 @@ def _block(evidence: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
     return value if isinstance(value, Mapping) else None
 
 
-def _check_numbers(min_placement: float, threads: int | None, depth: int = 2) -> None:
+def _check_numbers(min_placement: float, threads: int | None, depth: int = 2,
+                   concurrency: int = 1) -> None:
     """The numeric arguments checked before anything runs.
 
     Raises:
         UsageError: ``min_placement`` outside [0, 1]; ``threads`` below 0 (0: the runtime's
             default) or above this machine's CPU count (more threads than CPUs only slows a
-            stage: 2048 took 76 s); ``depth`` not a whole number in 1..64.
+            stage: 2048 took 76 s); ``depth`` not a whole number in 1..64; ``concurrency``
+            not a whole number in 1..``depth``.
     """
     if not 0.0 <= min_placement <= 1.0:
         raise errors.UsageError(f"--min-placement {min_placement} is outside [0, 1]")
     if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
         raise errors.UsageError(f"depth={depth!r} is outside 1..{MAX_DEPTH}",
                                 remedy="give the number of requests to keep in flight, e.g. 2")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) \
+            or not 1 <= concurrency <= depth:
+        raise errors.UsageError(f"concurrency={concurrency!r} is outside 1..{depth} (the depth)",
+                                remedy="compute at most as many requests at once as are in flight")
     if threads is None:
         return
     cpus = os.cpu_count() or 1

@@ -1,0 +1,239 @@
+"""Compile caches: a route's own runtime cache, kept under ``XSTAGE_HOME/cache/compiled/<key>/``.
+
+A route that names its runtime's cache options (``RouteSpec.compile_cache``: OpenVINO's
+``cache_dir``, TensorRT's engine cache) gets a folder of its own per compilation, and the runtime
+reads and writes its cache there. Never a different graph file (onnxruntime's EP-context models):
+the bytes that run stay the bytes the record hashes, and the proof and the numeric gate run on
+every open, hit or miss — a cache changes how long compiling takes, never the evidence.
+
+Rules:
+
+1. **Key.** The sha256 of a canonical JSON of: the artifact's sha256 (its snapshot), the route,
+   the device, the format, the runtime's versions as the route's probe reported them (python and
+   numpy left out), the EP, its options as merged (the cache's own options left out) and the
+   session options. Anything else that changes compilation changes one of those.
+2. **Manifest.** A sealed entry holds ``files/`` (the runtime's folder) and ``manifest.json``:
+   the key's inputs and each file's relative path, size and sha256.
+3. **Verify before handing over.** An entry is handed to the runtime only when every file the
+   manifest lists is there with its size and hash and no other file is (``hit``). Anything else —
+   a file changed, missing or added, a manifest that does not parse or names another key — and
+   the entry is emptied and built again (``rebuilt``, with the reason); no entry is ``miss``.
+4. **Seal after a successful warm-up.** The runtime's files are hashed into the manifest once
+   the stage's worker has loaded and warmed up (its compilations done); a candidate that failed
+   leaves no entry. Entries are 0700 folders of the user's home; processes meet under
+   ``locks/compiled.lock`` to prepare and to seal.
+5. **Off.** ``XSTAGE_COMPILE_CACHE=off`` (``off``), or the user's own cache option among the
+   EP options (``user``: their folder, as given, unmanaged), or a route without one (no entry).
+
+.. versionadded:: 0.2
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xstage.home import atomic_write, cache_dir, locked, locks_dir, owned_dir
+
+__all__ = ["ENV", "CompiledEntry", "Entry", "clear", "compiled_dir", "list_entries", "prepare"]
+
+#: ``XSTAGE_COMPILE_CACHE=off`` turns the compile caches off.
+ENV = "XSTAGE_COMPILE_CACHE"
+_MANIFEST = "manifest.json"
+_KIND = "xstage.compiled"
+_DIR_TOKEN = "{dir}"
+
+
+def compiled_dir() -> Path:
+    """``XSTAGE_HOME/cache/compiled/`` (made 0700 when missing)."""
+    return owned_dir(cache_dir() / "compiled", parents=True)
+
+
+def _lock() -> Path:
+    return locks_dir() / "compiled.lock"
+
+
+def _hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every regular file under ``folder``: relative path → size and sha256 (links refused)."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink():
+            out[path.relative_to(folder).as_posix()] = {"bytes": -1, "sha256": "symlink"}
+        elif path.is_file():
+            out[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size, "sha256": _hash(path)}
+    return out
+
+
+@dataclass
+class Entry:
+    """One compilation's cache folder, prepared for a worker and sealed after its warm-up.
+
+    ``status``: ``hit``, ``miss``, ``rebuilt``, ``user`` or ``off`` (rule 5); ``options``: the EP
+    options that point the runtime at the folder (empty unless hit, miss or rebuilt).
+    """
+
+    status: str
+    key: str | None = None
+    folder: Path | None = None
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    options: dict[str, str] = field(default_factory=dict)
+    reason: str | None = None
+    files: int = 0
+    bytes: int = 0
+
+    def seal(self) -> None:
+        """Rule 4: hash what the runtime wrote into the manifest (a hit whose files are as
+        listed is left as it is)."""
+        if self.folder is None or self.key is None:
+            return
+        with locked(_lock()):
+            files = _files(self.folder / "files")
+            self.files, self.bytes = len(files), sum(max(0, f["bytes"]) for f in files.values())
+            manifest = self.folder / _MANIFEST
+            if self.status == "hit" and _read(manifest, self.key, files) is None:
+                return
+            doc = {"kind": _KIND, "key": self.key, "inputs": dict(self.inputs), "files": files,
+                   "sealed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            atomic_write(manifest, json.dumps(doc, indent=1, sort_keys=True).encode("utf-8"))
+
+    def discard(self) -> None:
+        """A candidate that failed: an entry it started is removed (rule 4)."""
+        if self.folder is not None and self.status in ("miss", "rebuilt"):
+            with locked(_lock()):
+                shutil.rmtree(self.folder, ignore_errors=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's ``worker.compile_cache``."""
+        return {"status": self.status, "key": self.key,
+                "folder": str(self.folder) if self.folder else None, "reason": self.reason,
+                "files": self.files, "bytes": self.bytes}
+
+
+def _read(manifest: Path, key: str, files: Mapping[str, Any] | None = None) -> str | None:
+    """Why a sealed entry cannot be handed over (rule 3), or None when it verifies."""
+    try:
+        doc = json.loads(manifest.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"its manifest does not read ({type(exc).__name__})"
+    if not isinstance(doc, dict) or doc.get("kind") != _KIND or doc.get("key") != key:
+        return "its manifest names another key"
+    listed = doc.get("files")
+    if not isinstance(listed, dict):
+        return "its manifest lists no files"
+    found = files if files is not None else _files(manifest.parent / "files")
+    for name in sorted(set(listed) | set(found)):
+        if name not in found:
+            return f"{name} is missing"
+        if name not in listed:
+            return f"{name} is not in the manifest"
+        if found[name] != listed[name]:
+            return f"{name} is not the file that was sealed"
+    return None
+
+
+def _key_inputs(route: Any, artifact: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    cache_keys = {k for k, _ in route.spec.compile_cache}
+    ep = options.get("ep") or {}
+    return {"artifact_sha256": artifact.sha256, "route": route.name, "device": options.get("device"),
+            "format": artifact.format,
+            "runtime": {k: v for k, v in (route.versions or {}).items() if k not in ("python", "numpy")},
+            "ep": ep.get("name"),
+            "ep_options": {k: v for k, v in sorted((ep.get("options") or {}).items()) if k not in cache_keys},
+            "session": dict(options.get("session") or {})}
+
+
+def prepare(route: Any, artifact: Any, options: dict[str, Any]) -> Entry:
+    """The entry for this compilation, verified or emptied (rule 3), its folder written into
+    ``options``' EP options; ``off``/``user``/no entry as rule 5 says."""
+    spec_keys = tuple(route.spec.compile_cache)
+    if not spec_keys or artifact.format.startswith("pt:") or artifact.sha256 is None:
+        return Entry(status="off", reason="the route names no runtime cache")
+    ep_options = (options.get("ep") or {}).get("options")
+    if not isinstance(ep_options, dict):
+        return Entry(status="off", reason="no EP options")
+    if os.environ.get(ENV, "").strip().lower() in ("off", "0", "no", "false"):
+        return Entry(status="off", reason=f"{ENV}=off")
+    if any(k in ep_options for k, _ in spec_keys):
+        return Entry(status="user", reason="the EP options name the runtime's cache themselves")
+    inputs = _key_inputs(route, artifact, options)
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+    root = compiled_dir()
+    folder = root / key
+    with locked(_lock()):
+        status, reason = "miss", None
+        if folder.is_dir():
+            reason = _read(folder / _MANIFEST, key)
+            status = "hit" if reason is None else "rebuilt"
+            if status == "rebuilt":
+                shutil.rmtree(folder, ignore_errors=True)
+        owned_dir(folder)
+        owned_dir(folder / "files")
+        os.utime(folder)  # last use
+    opts = {k: v.replace(_DIR_TOKEN, str(folder / "files")) for k, v in spec_keys}
+    ep_options.update(opts)
+    return Entry(status=status, key=key, folder=folder, inputs=inputs, options=opts, reason=reason)
+
+
+@dataclass(frozen=True)
+class CompiledEntry:
+    """One entry as ``xstage cache list`` shows it."""
+
+    key: str
+    route: str | None
+    artifact_sha256: str | None
+    files: int
+    bytes: int
+    last_used: float
+    sealed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "route": self.route, "artifact_sha256": self.artifact_sha256,
+                "files": self.files, "bytes": self.bytes, "last_used": self.last_used,
+                "sealed": self.sealed}
+
+
+def list_entries() -> list[CompiledEntry]:
+    """Every entry, least recently used first."""
+    root = cache_dir() / "compiled"
+    out = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        if not folder.is_dir():
+            continue
+        try:
+            doc = json.loads((folder / _MANIFEST).read_text("utf-8"))
+        except (OSError, ValueError):
+            doc = None
+        inputs = (doc or {}).get("inputs") or {}
+        sizes = [p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink()]
+        out.append(CompiledEntry(key=folder.name, route=inputs.get("route"),
+                                 artifact_sha256=inputs.get("artifact_sha256"), files=len(sizes),
+                                 bytes=sum(sizes), last_used=folder.stat().st_mtime,
+                                 sealed=doc is not None))
+    return sorted(out, key=lambda e: e.last_used)
+
+
+def clear() -> list[str]:
+    """Remove every entry; the keys removed."""
+    root = cache_dir() / "compiled"
+    removed = []
+    with locked(_lock()):
+        for folder in sorted(root.iterdir()) if root.is_dir() else []:
+            if folder.is_dir():
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder.name)
+    return removed

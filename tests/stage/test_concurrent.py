@@ -1,0 +1,61 @@
+"""Concurrent runs (docs/serving.md, "Concurrent runs"): up to ``concurrency`` of a stage's
+requests in flight computed at once in its worker, on threads over one onnxruntime session.
+
+Results are checked against sequential calls, never against the clock: whether the threads
+overlapped on a given machine is the scheduler's business, what each request gets back is not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xstage
+from tests.stage.test_state import X, _accumulator
+from xstage import builtin_graphs, errors
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """Milliseconds per call, so requests are in the worker together."""
+    return builtin_graphs.write(builtin_graphs.mlp(width=512, depth=6, batch=64, seed=5),
+                                tmp_path_factory.mktemp("g") / "wide.onnx")
+
+
+def test_each_request_gets_its_own_outputs_when_runs_overlap(wide):
+    """Twelve different inputs through four slot sets computed four at a time: every result is
+    what a call of its own input alone returns (a shared I/O binding, the bug this guards
+    against, handed one set's outputs to another's request)."""
+    rng = np.random.default_rng(11)
+    xs = [rng.standard_normal((64, 512)).astype(np.float32) for _ in range(12)]
+    with xstage.open_stage(wide, route="ort-cpu", depth=4, concurrency=4, record_on_close=False) as stage:
+        assert stage.concurrency == 4
+        want = [stage({"x": x})["y"] for x in xs]
+        for _ in range(3):
+            got = list(stage.map(({"x": x} for x in xs), depth=4))
+            for y, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(y["y"], w)
+        assert stage.record()["serving"]["concurrency"] == 4
+        tp = stage.measure_throughput({"x": xs[0]}, depth=4, requests=8)
+        assert tp["requests"] == 8 and tp["depth"] == 4 and tp["concurrency"] == 4
+
+
+def test_concurrency_defaults_to_one_at_a_time(wide):
+    with xstage.open_stage(wide, route="ort-cpu", depth=3, record_on_close=False) as stage:
+        assert stage.concurrency == 1 and stage.record()["serving"]["concurrency"] == 1
+
+
+@pytest.mark.parametrize("concurrency", [0, 3, 1.5, True])
+def test_concurrency_outside_one_to_the_depth_is_a_usage_error(wide, concurrency):
+    with pytest.raises(errors.UsageError, match=r"concurrency=.* is outside 1\.\.2 \(the depth\)"):
+        xstage.open_stage(wide, route="ort-cpu", depth=2, concurrency=concurrency)
+
+
+def test_a_stage_with_state_computes_one_at_a_time(tmp_path):
+    """State carries from call to call: its stage runs at depth 1, so one at a time, and its
+    throughput says it was asked for more."""
+    with xstage.open_stage(_accumulator(tmp_path), route="ort-cpu", depth=4, concurrency=4,
+                           record_on_close=False) as stage:
+        assert stage.depth == 1 and stage.concurrency == 1
+        tp = stage.measure_throughput({"x": X}, depth=4, requests=3)
+        assert tp["depth"] == 1 and "state pairs runs one request at a time" in tp["note"]
