@@ -159,7 +159,8 @@ def open_stage(
         session = _session_options(threads, graph_opt_level)
         book = ledger if ledger is not None else Ledger.default()
         ref = make_reference(art, reference, session, report, where=reference_arm, ledger=book,
-                             shapes={n: tuple(a.shape) for n, a in {**feeds, **init}.items()})
+                             shapes={n: tuple(a.shape) for n, a in {**feeds, **init}.items()},
+                             deadlines=deadlines)
         held += [ref.snapshot] if ref.snapshot is not None else []
         first = _reference_first(ref, feeds, pairs, init)  # ONNX: bad inputs fail here
         plan = make_plan(report, art.format, device=device, prefer=prefer, route=route,

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from xstage.stage.ledger import Ledger
 
 __all__ = ["REFERENCE_ARMS", "OnnxReference", "OnnxWorkerReference", "ReferenceOverBudget",
-           "TorchReference", "make_reference", "quantized_outputs"]
+           "TorchReference", "make_reference", "quantized_outputs", "transient"]
 
 #: Where an ONNX stage's reference arm runs: ``worker`` (the default: the ort-cpu route's
 #: worker, the tie-break in a child process) or ``in_process`` (this process's onnxruntime).
@@ -91,7 +91,11 @@ def transient(book: Ledger | None, held: Sequence[ledger_mod.Reservation], what:
 
 
 class OnnxReference:
-    """The reference arm: the fp32 graph on onnxruntime's CPU EP, in this process."""
+    """The reference arm in this process (``reference_arm="in_process"``).
+
+    The fp32 graph on onnxruntime's CPU EP, its session alive as long as the arm (the stage's
+    setup holds it): the caller's onnxruntime and memory, in no budget.
+    """
 
     def __init__(self, path: Path, kind: str, session_opts: Mapping[str, Any],
                  shown: Path | None = None) -> None:
@@ -114,10 +118,6 @@ class OnnxReference:
                 remedy="check the graph (or --reference)") from exc
         self.names = [o.name for o in self.session.get_outputs()]
         self._outputs: dict[str, np.ndarray] | None = None
-
-    def precheck(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Run the reference now: inputs it cannot run fail before any worker starts."""
-        self.outputs(feeds)
 
     def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The reference outputs for ``feeds``, computed once.
@@ -168,6 +168,7 @@ class _WorkerArm:
     """What the worker arms share: the route's worker, started per use and charged to the ledger.
 
     ``report`` is the device table the route is found in (None: ``xstage.devices()``);
+    ``deadlines`` the stage's per-phase deadlines (a worker's first call is its warm-up);
     ``footprint_of`` is the reference graph as the ledger sizes it (the artifact itself, or the
     separate reference graph's snapshot), ``shapes`` the gate's input shapes.
     """
@@ -177,13 +178,15 @@ class _WorkerArm:
     def __init__(self, report: DeviceReport | None, path: Path, kind: str,
                  output_names: Sequence[str], *, footprint_of: Artifact | None = None,
                  shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 ledger: Ledger | None = None, session: Mapping[str, Any] | None = None) -> None:
+                 ledger: Ledger | None = None, session: Mapping[str, Any] | None = None,
+                 deadlines: Deadlines | None = None) -> None:
         self.path, self.kind = path, kind
         self.snapshot: Path | None = None  # a separate reference graph's snapshot (make_reference)
         self._report = report
         self._names = list(output_names)
         self._footprint, self._shapes = footprint_of, dict(shapes or {})
         self._ledger, self._session = ledger, dict(session or {})
+        self._deadlines = deadlines
         self._outputs: Outputs | None = None
 
     def _status(self) -> RouteStatus:
@@ -227,7 +230,7 @@ class _WorkerArm:
         """
         status = self._status()
         with transient(self._ledger, self._held(status), f"reference arm ({status.name} worker)"):
-            client = open_worker(status, deadlines=deadlines)
+            client = open_worker(status, deadlines=deadlines or self._deadlines)
             try:
                 options = {**self._options(status), **extra}
                 client.load(path or self.path, runtime=options.get("runtime", "ort"),
@@ -240,13 +243,13 @@ class _WorkerArm:
         """The reference outputs for ``feeds``, computed once."""
         if self._outputs is None:
             with self._worker() as client:
-                self._outputs = client.run(feeds)
+                self._outputs = client.run(feeds, phase="warmup")
         return self._outputs
 
     def call(self, feeds: Mapping[str, np.ndarray]) -> Outputs:
         """The reference outputs for ``feeds``, not cached (a stateful stage's later calls)."""
         with self._worker() as client:
-            return client.run(feeds)
+            return client.run(feeds, phase="warmup")
 
     @contextmanager
     def runner(self) -> Iterator[Callable[[Mapping[str, np.ndarray]], Outputs]]:
@@ -256,7 +259,14 @@ class _WorkerArm:
         starting again from its seed in a fresh worker.
         """
         with self._worker() as client:
-            yield client.run
+            calls = 0
+
+            def run(feeds: Mapping[str, np.ndarray]) -> Outputs:
+                nonlocal calls
+                calls += 1  # the worker's first call is its warm-up (its deadline)
+                return client.run(feeds, phase="warmup" if calls == 1 else "call")
+
+            yield run
 
     def time(self, feeds: Mapping[str, np.ndarray], runs: int) -> list[float]:
         """Seconds per call of a fresh reference worker, ``runs`` times after one warm call.
@@ -264,7 +274,7 @@ class _WorkerArm:
         For ``Stage.measure(compare_cpu=True)``; the worker is charged to the ledger meanwhile.
         """
         with self._worker() as client:
-            client.run(feeds)
+            client.run(feeds, phase="warmup")
             times = []
             for _ in range(runs):
                 t0 = time.perf_counter()
@@ -283,15 +293,6 @@ class OnnxWorkerReference(_WorkerArm):
                  shown: Path | None = None, **kwargs: Any) -> None:
         super().__init__(report, path, kind, (), **kwargs)
         self._shown = shown or path
-
-    def precheck(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Run the reference once in a worker: inputs it cannot run fail before any candidate.
-
-        Raises:
-            ArtifactError: the reference graph does not load on the route's CPU EP.
-            InputError: the inputs do not run on it.
-        """
-        self.outputs(feeds)
 
     @contextmanager
     def _worker(self, path: Path | None = None, deadlines: Deadlines | None = None,
@@ -328,16 +329,13 @@ class OnnxWorkerReference(_WorkerArm):
 
 
 class TorchReference(_WorkerArm):
-    """The fp32 program on a ``torch-cpu`` worker, started per use and closed at once."""
+    """The fp32 program on a ``torch-cpu`` worker, started per use and closed at once.
+
+    ``open_stage`` does not run it before the candidates (as it does an ONNX reference): a torch
+    worker starts only when a gate needs it, after a candidate has run, never for nothing.
+    """
 
     runtime = "torch"
-
-    def precheck(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Nothing to run early: the torch reference needs a worker.
-
-        It starts when the gate needs it (after a candidate has run), so this arm never starts
-        one for nothing.
-        """
 
     def _options(self, status: RouteStatus) -> dict[str, Any]:
         return load_options(status, output_names=self._names)
@@ -367,7 +365,7 @@ class TorchReference(_WorkerArm):
 def make_reference(art: Artifact, reference: str | os.PathLike[str], session: Mapping[str, Any],
                    report: DeviceReport | None, *, where: str = "worker", ledger: Ledger | None = None,
                    shapes: Mapping[str, tuple[int, ...]] | None = None,
-                   ) -> OnnxReference | OnnxWorkerReference | TorchReference:
+                   deadlines: Deadlines | None = None) -> OnnxReference | OnnxWorkerReference | TorchReference:
     """The reference arm for ``art``.
 
     ``auto`` takes the manifest's fp32 source where the artifact is not fp32 itself, else the
@@ -377,7 +375,8 @@ def make_reference(art: Artifact, reference: str | os.PathLike[str], session: Ma
 
     ``where``: one of :data:`REFERENCE_ARMS` (an ONNX stage's; a torch program's reference is
     always a worker). A worker arm charges ``ledger`` (None: nothing charged) for the route's
-    footprint of the reference graph at input ``shapes`` while it runs.
+    footprint of the reference graph at input ``shapes`` while it runs, and its worker has the
+    stage's ``deadlines``.
 
     Raises:
         UsageError: ``where`` is not one of :data:`REFERENCE_ARMS`.
@@ -399,7 +398,8 @@ def make_reference(art: Artifact, reference: str | os.PathLike[str], session: Ma
     path = snap.graph if snap is not None else art.path
     try:
         arm: OnnxReference | OnnxWorkerReference | TorchReference
-        sized = {"footprint_of": _sized(art, snap), "shapes": shapes, "ledger": ledger}
+        sized = {"footprint_of": _sized(art, snap), "shapes": shapes, "ledger": ledger,
+             "deadlines": deadlines}
         if art.format.startswith("pt:"):
             arm = TorchReference(report, path, "torch_cpu" if kind == "same_graph_cpu" else kind,
                                  [o.name for o in art.outputs], **sized)
