@@ -365,7 +365,8 @@ class TorchReference(_WorkerArm):
 def make_reference(art: Artifact, reference: str | os.PathLike[str], session: Mapping[str, Any],
                    report: DeviceReport | None, *, where: str = "worker", ledger: Ledger | None = None,
                    shapes: Mapping[str, tuple[int, ...]] | None = None,
-                   deadlines: Deadlines | None = None) -> OnnxReference | OnnxWorkerReference | TorchReference:
+                   deadlines: Deadlines | None = None,
+                   ) -> OnnxReference | OnnxWorkerReference | TorchReference:
     """The reference arm for ``art``.
 
     ``auto`` takes the manifest's fp32 source where the artifact is not fp32 itself, else the
