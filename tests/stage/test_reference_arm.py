@@ -139,6 +139,7 @@ def test_the_reference_worker_is_held_in_the_ledger_only_while_it_runs(mlp):
     book = RecordingLedger()
     with xstage.open_stage(mlp, route="ort-cpu", ledger=book, record_on_close=False) as stage:
         assert stage.parity.passed and stage.parity.reference_kind == "same_graph_cpu"
+        assert stage.record()["request"]["reference_arm"] == "worker"
         first = book.events[:3]
         assert [e[:2] for e in first[:2]] == [("reserve", REF_LABEL), ("release", REF_LABEL)]
         assert first[2][0] == "reserve" and "ort-cpu" in first[2][1]
@@ -192,6 +193,7 @@ def test_the_in_process_arm_stays_available_and_a_bad_name_is_a_usage_error(mlp)
     with xstage.open_stage(mlp, route="ort-cpu", reference_arm="in_process",
                            record_on_close=False) as stage:
         assert stage.parity.passed and isinstance(stage._admission.setup.reference, OnnxReference)
+        assert stage.record()["request"]["reference_arm"] == "in_process"
     with pytest.raises(errors.UsageError, match="reference_arm='here' is not one of worker, in_process"):
         xstage.open_stage(mlp, route="ort-cpu", reference_arm="here")
 

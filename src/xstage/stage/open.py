@@ -47,7 +47,7 @@ from xstage.stage.admit import Admission, Setup, admit
 from xstage.stage.gate import reference_runs
 from xstage.stage.handle import RESTART_POLICIES, Stage
 from xstage.stage.ledger import Ledger
-from xstage.stage.reference import ReferenceOverBudget, TorchReference, make_reference
+from xstage.stage.reference import OnnxReference, ReferenceOverBudget, TorchReference, make_reference
 from xstage.stage.request import build_request, describe_feeds
 from xstage.stage.state import declared_state, initial_values
 
@@ -162,6 +162,7 @@ def open_stage(
                              shapes={n: tuple(a.shape) for n, a in {**feeds, **init}.items()},
                              deadlines=deadlines)
         held += [ref.snapshot] if ref.snapshot is not None else []
+        request["reference_arm"] = "in_process" if isinstance(ref, OnnxReference) else "worker"
         first = _reference_first(ref, feeds, pairs, init)  # ONNX: bad inputs fail here
         plan = make_plan(report, art.format, device=device, prefer=prefer, route=route,
                          offload=offload)
