@@ -272,3 +272,15 @@ def test_the_tiebreak_child_is_charged_to_the_ledger_and_refused_when_it_does_no
     refused = tiebreak.settle(gate, art, {"x": x}, stage, reference, small)
     assert refused.tiebreak["status"] == "unavailable" and refused.tiebreak["reason_code"] == "memory"
     assert "float64 tie-break (a child process) does not fit" in refused.tiebreak["reason"]
+
+
+def test_the_cli_flag_picks_the_arm_and_the_record_says_which():
+    """``xstage external --reference-arm in_process``: placed, and the record names the arm."""
+    out = subprocess.run([sys.executable, "-m", "xstage", "external", "--route", "ort-cpu",
+                          "--reference-arm", "in_process", "--runs", "1", "--warmup", "0",
+                          "--json", "-"], capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["request"]["reference_arm"] == "in_process"
+    bad = subprocess.run([sys.executable, "-m", "xstage", "external", "--reference-arm", "here"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert bad.returncode == 64 and "Traceback" not in bad.stderr and "--reference-arm" in bad.stderr
