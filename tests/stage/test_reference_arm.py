@@ -24,7 +24,7 @@ from xstage import builtin_graphs, errors
 from xstage.artifact import inspect_artifact
 from xstage.parity import compare
 from xstage.stage import tiebreak
-from xstage.stage.reference import OnnxReference, OnnxWorkerReference
+from xstage.stage.reference import OnnxReference, OnnxWorkerReference, ReferenceOverBudget
 
 REF_LABEL = "the numeric gate's reference arm (ort-cpu worker)"
 F64_LABEL = "the numeric gate's float64 tie-break (a child process)"
@@ -284,3 +284,16 @@ def test_the_cli_flag_picks_the_arm_and_the_record_says_which():
     bad = subprocess.run([sys.executable, "-m", "xstage", "external", "--reference-arm", "here"],
                          capture_output=True, text=True, timeout=600, check=False)
     assert bad.returncode == 64 and "Traceback" not in bad.stderr and "--reference-arm" in bad.stderr
+
+
+def test_compare_cpu_with_no_room_beside_the_stage_says_so_and_holds_nothing(mlp):
+    """measure(compare_cpu=True)'s fresh reference worker is budgeted: in a pool with room for
+    the stage or that worker, not both, it is an error naming the pool, and nothing starts."""
+    book = RecordingLedger(capacity={"host_ram": "150MiB"})
+    with xstage.open_stage(mlp, route="ort-cpu", ledger=book, record_on_close=False) as stage:
+        ref_bytes, stage_bytes = book.events[0][2], book.holdings()[0].budget.budget_bytes
+        assert ref_bytes + stage_bytes > 150 * 2**20 >= max(ref_bytes, stage_bytes)
+        with pytest.raises(ReferenceOverBudget, match="reference arm .ort-cpu worker. does not fit") as over:
+            stage.measure(runs=1, warmup=0, compare_cpu=True)
+        assert "pool host_ram" in over.value.message and over.value.remedy
+        assert [h.budget.budget_bytes for h in book.holdings()] == [stage_bytes]
