@@ -215,7 +215,8 @@ def test_pool_flag_admits_a_small_stage_and_refuses_a_larger_one_before_any_work
     assert small.record["ledger"]["pool"] == {"name": "host_ram", "capacity_bytes": 120 * MiB,
                                               "source": "set by the user"}
     logs_before = sorted((home / "logs").iterdir())
-    assert len(logs_before) == 1  # the small stage's one worker
+    # the gate's reference worker (ort-cpu, run alone first, docs/memory.md) and the stage's
+    assert len(logs_before) == 2
 
     large = external("--graph", str(ledger_graphs["large"]), "--route", "ort-cpu",
                      "--pool", "host_ram=120MiB")

@@ -4,7 +4,9 @@ Every onnxruntime distribution (``onnxruntime``, ``onnxruntime-openvino``, ``onn
 ``onnxruntime-directml``, …) ships the same ``onnxruntime`` module, so xstage depends on none of
 them: the user picks one through an extra (``xstage[cpu]``, ``[openvino]``, ``[gpu]``,
 ``[directml]``) or already has one, and xstage uses it as it is (README, "Install"). The client
-needs it for the numeric gate's reference arm and for the graph tools; this module says, in one
+needs it for the ``ort-cpu`` route's worker in this interpreter (where the numeric gate's
+reference arm runs, unless ``XSTAGE_PYTHON_ORT_CPU`` names another), for the in-process reference
+arm and for the graph tools; this module says, in one
 line and before anything else runs, that none is installed or that the one installed is older
 than the supported minimum, and which extra to install. It reads package metadata only: it never
 imports onnxruntime.

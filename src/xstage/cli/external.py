@@ -80,6 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "take (default 0.5)")
     add_input_flags(p, npz_help="inputs (no pickle); default: synthesized")
     p.add_argument("--reference", metavar="PATH", help="fp32 graph to check against")
+    p.add_argument("--reference-arm", choices=["worker", "in_process"], default="worker",
+                   help="where an ONNX stage's reference runs: the ort-cpu route's worker, "
+                   "charged to the ledger while the gate runs (default), or in_process "
+                   "(onnxruntime in this process, for the stage's life)")
     p.add_argument("--tolerance", metavar="F|K=V,...",
                    help="the numeric gate's criteria: a number sets rel_l2; or any of "
                    "rel_l2=X,abs_rms=Y,cosine=Z,elem=B (and elem_a=A,elem_rtol=R); the rest keep "
@@ -405,7 +409,8 @@ def _open(args: argparse.Namespace, graph: Path, prefer: list[str] | None, out: 
     return open_stage(
         graph, device=args.device, prefer=prefer, route=args.route, offload=args.offload,
         min_placement=args.min_placement, inputs=args.inputs,
-        reference=args.reference or "auto", tolerance=parse_tolerance(args.tolerance),
+        reference=args.reference or "auto", reference_arm=args.reference_arm,
+        tolerance=parse_tolerance(args.tolerance),
         ep_options=_ep_options(args.ep_option), threads=args.threads,
         graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
         shapes=shapes, dims=dims, on_event=out.log,

@@ -49,6 +49,7 @@ from xstage.routes.launch import load_options, open_worker
 from xstage.stage import crash, refusals, tiebreak
 from xstage.stage import gate as gate_mod
 from xstage.stage.ledger import Holding, Ledger
+from xstage.stage.reference import ReferenceOverBudget
 from xstage.stage.state import StatePair, state_bytes
 
 __all__ = ["Admission", "Setup", "WarmUp", "admit"]
@@ -84,6 +85,9 @@ class Setup:
             found when a candidate's worker dies (``xstage.stage.crash``); None: not known.
         snapshots: the folder of each snapshot the stage reads (``xstage.snapshot``: the
             artifact's, a separate reference's), pinned while it is open.
+        reference_calls: the reference arm's gate calls, computed twice before any candidate
+            (``xstage.stage.gate.reference_runs``), or None: the gate computes them itself
+            (a torch program; a reference worker that did not fit the pool then).
     """
 
     artifact: Artifact
@@ -108,6 +112,7 @@ class Setup:
     state_init: Mapping[str, np.ndarray] = field(default_factory=dict)
     report: DeviceReport | None = None
     snapshots: tuple[Path, ...] = ()
+    reference_calls: tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -198,7 +203,11 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
             return refusals.attestation_refusal(cand, attested, conflict, proof, warm.worker)
         if proof.verdict != "placed":
             return refusals.declined_refusal(cand, proof, warm.worker, attested)
-        gate, reference = _gate(setup, warm)
+        try:
+            gate, reference = _gate(setup, warm)
+        except ReferenceOverBudget as over:  # its worker would not fit beside this one
+            return refusals.reference_budget_refusal(cand, over, measured.record_block(
+                over.budget, over.fit, None, spots=spots))
         if gate.verdict != "passed" and not setup.state:  # float criteria: the tie-break decides
             gate = tiebreak.settle(gate, setup.artifact, setup.feeds, warm.outputs, reference,
                                    setup.reference)

@@ -100,9 +100,13 @@ def judge(setup: Any, calls: Sequence[Mapping[str, np.ndarray]],
 
     Returns:
         The verdict, and the reference's outputs as the gate named them.
+
+    Raises:
+        ReferenceOverBudget: the reference arm's worker, started here, does not fit the pool.
     """
     art = setup.artifact
-    first, second = reference_runs(setup.reference, setup.feeds, setup.state, setup.state_init)
+    first, second = setup.reference_calls or reference_runs(setup.reference, setup.feeds,
+                                                            setup.state, setup.state_init)
     ours, theirs = named(calls), named(first)
     declared = {o.name: o.shape for o in art.outputs}
     quant = quantized_outputs(art)

@@ -7,7 +7,9 @@ so the stages it holds are never counted twice — once in "used RAM", once as r
 
 A reservation is taken *before* its worker starts (two threads opening stages at once cannot
 both squeeze into the same room) and released when the stage closes, its worker dies, or
-opening it fails.
+opening it fails. The numeric gate's own processes (its reference worker, its float64
+tie-break's child) hold theirs in the same way, only while they run
+(``xstage.stage.reference.transient``; docs/memory.md, "The gate's transient reservations").
 """
 
 from __future__ import annotations

@@ -44,9 +44,10 @@ from xstage.signature import check_inputs
 from xstage.snapshot import release
 from xstage.stage import refusals
 from xstage.stage.admit import Admission, Setup, admit
+from xstage.stage.gate import reference_runs
 from xstage.stage.handle import RESTART_POLICIES, Stage
 from xstage.stage.ledger import Ledger
-from xstage.stage.reference import make_reference
+from xstage.stage.reference import OnnxReference, ReferenceOverBudget, TorchReference, make_reference
 from xstage.stage.request import build_request, describe_feeds
 from xstage.stage.state import declared_state, initial_values
 
@@ -60,7 +61,7 @@ def open_stage(
     artifact: str | os.PathLike[str], *, device: str | None = None,
     prefer: Sequence[str] | None = None, route: str | None = None, offload: bool = False,
     min_placement: float = 0.5, tolerance: float | Mapping[str, float] | None = None,
-    reference: str | os.PathLike[str] = "auto",
+    reference: str | os.PathLike[str] = "auto", reference_arm: str = "worker",
     inputs: Mapping[str, np.ndarray] | str | os.PathLike[str] | None = None,
     shapes: Mapping[str, tuple[int, ...]] | None = None, dims: Mapping[str, int] | None = None,
     fmt: str | None = None, component: str | None = None,
@@ -94,6 +95,11 @@ def open_stage(
             names to values, each replacing that criterion's default.
         reference: the graph the gate compares against: ``"auto"`` (the fp32 source the
             manifest names, else the artifact itself) or a path.
+        reference_arm: where an ONNX stage's reference runs: ``"worker"`` (the ort-cpu route's
+            worker, charged to the ledger's host pool while the gate runs, and the float64
+            tie-break in a child process; nothing of it stays in this process) or
+            ``"in_process"`` (onnxruntime in this process, for the stage's life, in no budget).
+            A torch program's reference is always a torch-cpu worker.
         inputs: the warm-up's and the gate's inputs: a mapping of input name to array, an
             ``.npz`` path, or None (synthesized from the signature, seeded).
         shapes: the shape of a synthesized input, by input name.
@@ -156,12 +162,16 @@ def open_stage(
         report = report or device_report()
         _check_pools(ledger, report)
         session = _session_options(threads, graph_opt_level)
-        ref = make_reference(art, reference, session, report)
-        held += [ref.snapshot] if ref.snapshot is not None else []
-        ref.precheck({**feeds, **init})  # ONNX: bad inputs fail before any worker starts
         plan = make_plan(report, art.format, device=device, prefer=prefer, route=route,
                          offload=offload)
         check_ep_options(plan, ep_options, pinned=route is not None)  # before any worker
+        book = ledger if ledger is not None else Ledger.default()
+        ref = make_reference(art, reference, session, report, where=reference_arm, ledger=book,
+                             shapes={n: tuple(a.shape) for n, a in {**feeds, **init}.items()},
+                             deadlines=deadlines)
+        held += [ref.snapshot] if ref.snapshot is not None else []
+        request["reference_arm"] = "in_process" if isinstance(ref, OnnxReference) else "worker"
+        first = _reference_first(ref, feeds, pairs, init)  # ONNX: bad inputs fail here
         setup = Setup(artifact=art, feeds=feeds, reference=ref, nodes=nodes,
                       min_placement=min_placement, tolerance=tolerance,
                       ep_options=dict(ep_options or {}), session=session, deadlines=deadlines,
@@ -169,7 +179,8 @@ def open_stage(
                       request=request, started=started,
                       depth=1 if pairs else depth,  # state carries from call to call: one at a time
                       concurrency=1 if pairs else concurrency,
-                      state=pairs, state_init=init, report=report, snapshots=tuple(held))
+                      state=pairs, state_init=init, report=report, snapshots=tuple(held),
+                      reference_calls=first)
         return _first_admitted(plan, setup, on_event or _quiet, {
             "restart": restart, "max_restarts": max_restarts, "restart_window": restart_window,
             "record_on_close": record_on_close})
@@ -179,6 +190,28 @@ def open_stage(
             exc.record = build_record(argv=(), started=started, request=request, status="error",
                                       error=exc, artifact=art)  # an error still has its record
         raise
+
+
+def _reference_first(ref: Any, feeds: Mapping[str, np.ndarray], pairs: Any,
+                     init: Mapping[str, np.ndarray]) -> Any:
+    """An ONNX stage's reference calls for the gate, computed before any candidate starts.
+
+    They do not depend on the candidate, so the reference arm runs once, alone (its worker
+    charged to the host pool, then closed), and inputs it cannot run fail before any worker of
+    a candidate starts. None for a torch program (its torch-cpu worker starts only when a gate
+    needs it) and where the reference worker does not fit the pool now: the gate runs it beside
+    the candidate's worker then, and its budget is checked again there.
+
+    Raises:
+        ArtifactError: the reference graph does not load on onnxruntime's CPU EP.
+        InputError: the inputs do not run on it.
+    """
+    if isinstance(ref, TorchReference):
+        return None
+    try:
+        return reference_runs(ref, feeds, pairs, init)
+    except ReferenceOverBudget:
+        return None
 
 
 def _release(held: Sequence[Path]) -> None:

@@ -97,6 +97,16 @@ def budget_refusal(cand: Candidate, fit: Fit, ledger_doc: Mapping[str, Any]) -> 
                    remedy=fit.remedy(), evidence={"ledger": dict(ledger_doc)})
 
 
+def reference_budget_refusal(cand: Candidate, over: Any, ledger_doc: Mapping[str, Any]) -> Refusal:
+    """The gate's reference worker does not fit the pool beside the candidate's.
+
+    Refused: its numbers could not be checked within the budget (``xstage.stage.reference``).
+    """
+    return Refusal(code=_BUDGET, cause=over.fit.cause or "over_budget", device=cand.device,
+                   route=cand.route.name, message=f"{_where(cand)}: {over.message}",
+                   remedy=over.remedy or over.fit.remedy(), evidence={"ledger": dict(ledger_doc)})
+
+
 def peak_refusal(cand: Candidate, measured: Measured, ledger_doc: Mapping[str, Any],
                  worker: Mapping[str, Any], proof: PlacementProof, gate: Parity) -> Refusal:
     """The worker's measured peak passed the budget, or nothing measured it.

@@ -20,7 +20,12 @@ transformer here would load; on the MatMul graphs it can load, ReferenceEvaluato
 are already BLAS.
 
 :func:`evaluate_float64` is a function of a file path and input arrays that returns arrays,
-with no state shared with its caller, so it can run in a child process.
+with no state shared with its caller, so it runs in a child process of the client's own
+interpreter (:func:`evaluate_in_child`, what ``open_stage`` does by default): the float64 copy
+of the graph (three times its bytes) is never held by the caller's process, and the ONNX
+reference arm charges the child to the ledger's host pool while it runs
+(:func:`child_reservations`, ``xstage.stage.reference``). With ``reference_arm="in_process"``
+(and for a caller of :func:`settle` without a worker arm) it runs in the caller's process.
 
 The tie-break is ``unavailable`` (the fp32 verdict stands, the record says why, with a
 ``reason_code`` of :data:`xstage.parity.TIEBREAK_UNAVAILABLE`) when:
@@ -60,7 +65,8 @@ import numpy as np
 from xstage import parity
 
 __all__ = [  # and EVALUATOR, computed on first use (``__getattr__``)
-    "MEMORY_FACTOR", "MEMORY_SHARE", "TIME_LIMIT_S", "Unavailable", "evaluate_float64",
+    "CHILD_BASE_BYTES", "CHILD_GRACE_S", "MEMORY_FACTOR", "MEMORY_SHARE", "TIME_LIMIT_S",
+    "Unavailable", "child_main", "child_reservations", "evaluate_float64", "evaluate_in_child",
     "memory_check", "reference_graph", "settle",
 ]
 
@@ -76,6 +82,16 @@ MEMORY_SHARE = 0.5
 #: built-ins under 1 s, a 12-block Qwen3.5 vision tower (512 wide, 183 MiB) 17 s at 196
 #: patches and 62 s at 1024. 120 s is the bound, and a graph that passes it is ``unavailable``.
 TIME_LIMIT_S = 120.0
+
+#: What the tie-break's child holds besides the graph: the interpreter with xstage, numpy, onnx
+#: and onnx.reference imported. Measured 2026-12-06 on the 2-vCPU dev VM (CPython 3.11.7, numpy
+#: 2.4.6, onnx 1.23.2): 110 MiB VmHWM evaluating the built-in MLP (a 6 MiB graph, whose
+#: MEMORY_FACTOR share is 18 MiB of it), so 92 MiB; rounded up.
+CHILD_BASE_BYTES = 96 << 20
+
+#: Seconds the child may take beyond :data:`TIME_LIMIT_S` (start-up, loading and widening the
+#: graph, writing its outputs) before it is killed; its evaluation checks the limit itself.
+CHILD_GRACE_S = 60.0
 
 _FLOATS = {1, 10, 16}  # FLOAT, FLOAT16, BFLOAT16
 _DOUBLE = 11
@@ -270,6 +286,94 @@ def _deadline(op: Any, deadline: float, limit: float) -> None:
     op.run = checked
 
 
+def child_reservations(graph_bytes: int) -> list[Any]:
+    """What the tie-break's child holds in the host pool: its interpreter and the float64 copy.
+
+    Both estimates (``E``): :data:`CHILD_BASE_BYTES`, and :data:`MEMORY_FACTOR` times the graph's
+    bytes (the memory check's own figure); lifetime ``request``: held while the child runs.
+    """
+    from xstage.ledger import HOST_POOL, Reservation
+
+    return [
+        Reservation("runtime", CHILD_BASE_BYTES, HOST_POOL, "request", "E",
+                    "the tie-break's child: this interpreter with numpy, onnx and onnx.reference"),
+        Reservation("float64 copy", MEMORY_FACTOR * int(graph_bytes), HOST_POOL, "request", "E",
+                    f"{MEMORY_FACTOR}x the reference graph's bytes: the parsed fp32 graph and its "
+                    "initializers widened to float64"),
+    ]
+
+
+def evaluate_in_child(path: Path, feeds: Mapping[str, np.ndarray], *, graph_bytes: int,
+                      time_limit_s: float = TIME_LIMIT_S) -> dict[str, np.ndarray]:
+    """:func:`evaluate_float64` in a child process of this interpreter; the same answer.
+
+    The inputs and outputs travel as ``.npz`` files in a private temporary folder (read back
+    with ``allow_pickle=False``), the child's reason for ``unavailable`` as JSON. The child is
+    killed :data:`CHILD_GRACE_S` after ``time_limit_s``.
+
+    Raises:
+        Unavailable: as :func:`evaluate_float64`, and where the child died or was killed at its
+            deadline (the message gives its exit status and last log line).
+    """
+    import json
+    import shutil
+    import tempfile
+
+    from xstage.client.child import run_function
+
+    memory_check(graph_bytes)  # before a process starts for nothing
+    folder = Path(tempfile.mkdtemp(prefix="xstage-f64-"))
+    try:
+        np.savez(folder / "feeds.npz", **{n: np.ascontiguousarray(a) for n, a in feeds.items()})
+        (folder / "request.json").write_text(json.dumps({
+            "path": str(path), "graph_bytes": int(graph_bytes), "time_limit_s": time_limit_s,
+            "dtypes": {n: np.asarray(a).dtype.name for n, a in feeds.items()}}))
+        done = run_function(__name__, "child_main", [str(folder)], folder=folder,
+                          timeout_s=time_limit_s + CHILD_GRACE_S)
+        why = folder / "unavailable.json"
+        if why.is_file():
+            doc = json.loads(why.read_text())
+            raise Unavailable(str(doc["reason"]), str(doc["code"]))
+        out = folder / "outputs.npz"
+        if done.returncode == 0 and out.is_file():
+            with np.load(out, allow_pickle=False) as data:
+                names = json.loads((folder / "outputs.json").read_text())
+                return {n: np.array(data[f"o{i}"]) for i, n in enumerate(names)}
+        if done.timed_out:
+            raise Unavailable(f"the float64 evaluation passed its {time_limit_s:g} s limit "
+                              f"(its process was killed {CHILD_GRACE_S:g} s after it)", "time_limit")
+        last = done.log_tail.splitlines()[-1:] or ["no output"]
+        killed = " (SIGKILL: possibly the out-of-memory killer)" if done.returncode == -9 else ""
+        raise Unavailable(f"the float64 evaluation's process ended with status {done.returncode}"
+                          f"{killed}: {last[0][:300]}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def child_main(argv: list[str]) -> int:
+    """The child's side of :func:`evaluate_in_child` (``argv``: its folder): read, evaluate, write."""
+    import json
+
+    folder = Path(argv[0])
+    request = json.loads((folder / "request.json").read_text())
+    with np.load(folder / "feeds.npz", allow_pickle=False) as data:
+        feeds = {n: np.array(data[n]) for n in data.files}
+    for name, dtype in request["dtypes"].items():
+        if feeds[name].dtype.name != dtype:  # bfloat16 and friends: saved as raw void
+            import ml_dtypes  # noqa: F401 - registers the dtype's name with numpy
+
+            feeds[name] = feeds[name].view(np.dtype(dtype))
+    try:
+        out = evaluate_float64(Path(request["path"]), feeds, graph_bytes=request["graph_bytes"],
+                               time_limit_s=request["time_limit_s"])
+    except Unavailable as exc:
+        (folder / "unavailable.json").write_text(json.dumps({"reason": str(exc), "code": exc.code}))
+        return 0
+    (folder / "outputs.json").write_text(json.dumps(list(out)))
+    np.savez(folder / "outputs.npz", **{f"o{i}": v for i, v in enumerate(out.values())})
+    return 0
+
+
 def _torch_float64(arm: Any, path: Path, graph_bytes: int,
                    feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The torch program at ``path`` evaluated in float64 by the reference arm's torch-cpu worker.
@@ -362,7 +466,8 @@ def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
         reference: the reference arm's outputs.
         arm: the reference arm (:mod:`xstage.stage.reference`): its graph (``path``) is the one
             evaluated (:func:`reference_graph`); a torch program is evaluated in float64 by its
-            ``float64_outputs``.
+            ``float64_outputs``, an ONNX graph by its ``exact_outputs`` (a child process, charged
+            to the ledger) where it has one, else in this process.
 
     Returns:
         The gate, passed or still failed, with its ``tiebreak`` recorded (``unavailable``
@@ -377,8 +482,12 @@ def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
     facts = {"evaluator": evaluator, "graph": {"kind": kind, "name": path.name}}
     started = time.monotonic()
     try:
-        exact = _torch_float64(arm, path, size, feeds) if torch else \
-            evaluate_float64(path, feeds, graph_bytes=size)
+        if torch:
+            exact = _torch_float64(arm, path, size, feeds)
+        elif hasattr(arm, "exact_outputs"):  # the worker arm: a child, charged to its ledger
+            exact = arm.exact_outputs(path, feeds, size)
+        else:  # in-process (``reference_arm="in_process"``, or no arm)
+            exact = evaluate_float64(path, feeds, graph_bytes=size)
     except Unavailable as exc:
         settled = parity.tiebreak_unavailable(gate, str(exc), reason_code=exc.code,
                                               limit_s=TIME_LIMIT_S, **facts,
@@ -415,3 +524,4 @@ def _noise_tier(gate: parity.Parity, outputs: Mapping[str, np.ndarray],
         return gate
     return parity.at_noise_tier(gate, outputs, reference,
                                 f"the float64 tie-break was unavailable: {tb.get('reason')}")
+
