@@ -59,8 +59,14 @@ class OnnxReference:
         self._outputs: dict[str, np.ndarray] | None = None
 
     def precheck(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Run the reference now: inputs it cannot run fail before any worker starts."""
-        self.outputs(feeds)
+        """Run the reference now: inputs it cannot run fail before any worker starts.
+
+        Its outputs are let go at once (the gate computes its own twice): kept, they held the
+        stage's output bytes in the client for the whole open and the stage's life.
+        """
+        if self._outputs is None:
+            with self.runner() as run:
+                run(feeds)
 
     def outputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The reference outputs for ``feeds``, computed once.
