@@ -62,6 +62,18 @@ def _mutated(tmp_path, change):
     (lambda d: d["files"][0].update(path="C:/x.onnx"), "escapes its folder"),
     (lambda d: d.update(fp32_source="../../fp32.onnx"), "fp32_source '../../fp32.onnx' escapes"),
     (lambda d: d.update(inputs=[{"name": "x"}]), "inputs must be"),
+    # dims: whole numbers in [0, 2^40] or a symbolic name; before, -4, [4] and true passed here
+    # and broke later as a raw ValueError or TypeError
+    (lambda d: d["inputs"][0].update(shape=[-4, 256]), r"inputs 'x' has shape \[-4, 256\]: each "
+     r"dim must be a whole number from 0 to 2\^40 or a symbolic name, not -4"),
+    (lambda d: d["inputs"][0].update(shape=[[4], 256]), r"not \[4\]"),
+    (lambda d: d["outputs"][0].update(shape=[True, 256]), r"outputs 'y' .* not true"),
+    (lambda d: d["outputs"][0].update(shape=[8, 2.5]), r"not 2.5"),
+    (lambda d: d["outputs"][0].update(shape=[8, None]), r"not null"),
+    (lambda d: d["inputs"][0].update(shape=[8, ""]), r"not \"\""),
+    (lambda d: d["inputs"][0].update(shape=[8, 1 << 41]), r"not 2199023255552"),
+    (lambda d: d["inputs"][0].update(shape=[1 << 21, 1 << 20]), r"more than 2\^40 elements"),
+    (lambda d: d["inputs"][0].update(shape=[1] * 33), r"rank 33, more than 32"),
     # a windowed decoder's stream block (issue 17): x [8, 256] as 256 frames, y as their audio
     (lambda d: d.update(stream=dict(_STREAM, chunk="256")), "stream needs non-negative integers"),
     (lambda d: d.update(stream=dict(_STREAM, output="wav")), "stream input 'x' and output 'wav'"),
@@ -72,6 +84,17 @@ def test_rejects_bad_manifests_before_using_them(tmp_path, change, message):
     path, _ = _mutated(tmp_path, change)
     with pytest.raises(errors.ArtifactError, match=message):
         inspect_artifact(path)
+
+
+def test_symbolic_and_empty_dims_still_read(tmp_path):
+    """A graph's symbolic names (any spelling, ``?`` for unknown) and a dim of 0 (an empty
+    context) are valid shapes."""
+    def change(d):
+        d["inputs"][0]["shape"] = ["batch size", 256]
+        d["outputs"][0]["shape"] = ["?", 0]
+    _, where = _mutated(tmp_path, change)
+    doc = read_manifest(where)
+    assert doc["inputs"][0]["shape"] == ["batch size", 256] and doc["outputs"][0]["shape"] == ["?", 0]
 
 
 def test_rejects_a_file_that_changed_after_export(tmp_path):

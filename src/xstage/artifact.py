@@ -548,8 +548,34 @@ class GraphFacts:
     error: str | None = None
 
 
+#: The most elements a rank-1 value may have for shape inference to propagate data through
+#: the graph: onnx's data propagation (``data_prop``) of a ``Slice`` holds about 150 bytes per
+#: element of its rank-1 input (8.7 GiB for a 256 MiB float32 input), and a shape is never
+#: that long.
+_DATA_PROP_MAX = 1 << 16
+
+
+def _needs_data_prop(model: Any) -> bool:
+    """Whether shapes inferred without data propagation left a dim unknown, and no rank-1 value
+    is too long for it (:data:`_DATA_PROP_MAX`)."""
+    graph = model.graph
+    unknown = False
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        t = value.type.tensor_type
+        if not t.HasField("shape"):
+            unknown = True
+            continue
+        dims = t.shape.dim
+        if len(dims) == 1 and dims[0].HasField("dim_value") and dims[0].dim_value > _DATA_PROP_MAX:
+            return False
+        unknown = unknown or any(not d.HasField("dim_value") for d in dims)
+    return unknown
+
+
 def _inferred_model(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> Any:
-    """The graph loaded without external data, its inputs fixed to ``shapes``, shapes inferred."""
+    """The graph loaded without external data, its inputs fixed to ``shapes``, shapes inferred
+    (with data propagation only where it can resolve more and costs little, see
+    :func:`_needs_data_prop`)."""
     import onnx
     from onnx import shape_inference
 
@@ -563,7 +589,9 @@ def _inferred_model(path: str | Path, shapes: Mapping[str, tuple[int, ...]]) -> 
             for d, n in zip(dims, shape, strict=True):
                 d.ClearField("dim_param")
                 d.dim_value = int(n)
-    return shape_inference.infer_shapes(model, data_prop=True)
+    inferred = shape_inference.infer_shapes(model)
+    return shape_inference.infer_shapes(model, data_prop=True) if _needs_data_prop(inferred) \
+        else inferred
 
 
 def _graph_value(value: Any) -> GraphValue:

@@ -15,6 +15,7 @@ loud. The CLI maps each class to one line and a hint (``xstage.cli._errors``).
     ├── StageClosed                a call after close() or after the worker died (a RuntimeError too)
     ├── RouteMissing               a route was required and did not resolve
     ├── RuntimeMissing             this interpreter has no onnxruntime, or one too old
+    ├── NoSpace                    a file could not be written for want of space (an OSError too)
     ├── SlotsBusy                  no slot set came free for ``input_slots`` in its timeout
     ├── Refused                    every candidate was refused (``.refusals`` says why)
     ├── ProtocolError              a frame broke the wire spec (docs/wire.md)
@@ -38,7 +39,10 @@ Misuse of an object's lifecycle is also a ``RuntimeError``, apart from operation
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import errno as _errno
+import os
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 __all__ = [
@@ -50,6 +54,7 @@ __all__ = [
     "InputError",
     "LoadTimeout",
     "LocalProtocolError",
+    "NoSpace",
     "ProtocolError",
     "RecordError",
     "Refused",
@@ -123,6 +128,57 @@ class RouteMissing(XstageError):
 
 class RuntimeMissing(XstageError):
     """Raised when this interpreter has no onnxruntime distribution, or one older than supported."""
+
+
+class NoSpace(XstageError, OSError):
+    """Raised when a file could not be written for want of space (``ENOSPC``, ``EDQUOT``).
+
+    An ``OSError`` too (``errno``, ``filename``), so code that caught the raw error still does;
+    the message names the path and the remedy the folder to free or to move ``XSTAGE_HOME`` to.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], cause: OSError, *,
+                 what: str = "write") -> None:
+        where = os.fspath(path) if os.path.isdir(path) else os.path.dirname(os.fspath(path)) or "."
+        XstageError.__init__(
+            self, f"no space left to {what} {os.fspath(path)} "
+            f"({cause.strerror or os.strerror(_errno.ENOSPC)})",
+            remedy=f"free space on the file system that holds {where} (df {where}), or set "
+            "XSTAGE_HOME to a folder on a disk with room")
+        self.errno = cause.errno if cause.errno is not None else _errno.ENOSPC
+        self.strerror = cause.strerror or os.strerror(_errno.ENOSPC)
+        self.filename = os.fspath(path)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+#: The errors that mean "no room": a full file system or a user's quota.
+_FULL = frozenset({_errno.ENOSPC, getattr(_errno, "EDQUOT", _errno.ENOSPC)})
+
+
+def is_full_disk(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write that failed for want of space (``shutil.Error`` included)."""
+    if not isinstance(exc, OSError):
+        return False
+    if exc.errno in _FULL:
+        return True
+    reasons = exc.args[0] if exc.args and isinstance(exc.args[0], list) else ()
+    full = os.strerror(_errno.ENOSPC)
+    return any(isinstance(r, tuple) and full in str(r[-1]) for r in reasons)
+
+
+@contextlib.contextmanager
+def naming_full_disk(path: str | os.PathLike[str], *, what: str = "write") -> Iterator[None]:
+    """Turn a full disk while writing ``path`` into ``NoSpace`` naming it; the rest passes."""
+    try:
+        yield
+    except NoSpace:
+        raise
+    except OSError as exc:
+        if is_full_disk(exc):
+            raise NoSpace(path, exc, what=what) from exc
+        raise
 
 
 class SlotsBusy(XstageError):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import platformdirs
 
-from xstage.errors import UsageError
+from xstage.errors import UsageError, naming_full_disk
 
 __all__ = [
     "LOG_KEEP_DEFAULT", "atomic_write", "cache_dir", "check_output", "check_owned", "envs_dir",
@@ -204,21 +204,23 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int | None 
     file; the last rename wins.
 
     Raises:
+        NoSpace: its file system is full (an ``OSError`` too).
         OSError: the folder cannot be made or written.
     """
     target = Path(path)
-    if make_parents:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, file_mode(target) if mode is None else mode)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with naming_full_disk(target):
+        if make_parents:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.chmod(tmp, file_mode(target) if mode is None else mode)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     return target
 
 

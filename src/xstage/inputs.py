@@ -9,7 +9,7 @@ naming the flag — never a guess.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,13 +145,13 @@ def _memory_bytes() -> int | None:
 def _check_size(spec: IOSpec, shape: tuple[int, ...], data_flag: str) -> None:
     """Refuse, before allocating, an input larger than half this machine's memory.
 
-    Synthesizing needs the array and a float64 draw of the same count, so such an input
-    would end in a raw ``MemoryError`` (or the OOM killer) before any budget is checked.
+    Synthesizing needs the array (and a float64 draw of one block), so such an input would
+    end in a raw ``MemoryError`` (or the OOM killer) before any budget is checked.
     """
     count = 1
     for d in shape:
         count *= int(d)
-    need = count * 8  # the float64 draw, the larger of the two arrays
+    need = count * 8  # up to 8 bytes an element (the limit as it was)
     memory = _memory_bytes()
     limit = memory // 2 if memory else 1 << 40
     if need > limit:
@@ -161,17 +161,31 @@ def _check_size(spec: IOSpec, shape: tuple[int, ...], data_flag: str) -> None:
             remedy=f"give smaller sizes with --shape/--dim, or pass {data_flag}")
 
 
+#: Values drawn at once when synthesizing: a large input is filled block by block, so the
+#: float64 draw never holds more than one block beside the array (the values are the same as
+#: one draw of the whole count: the generator's stream is consumed in the same order).
+_DRAW_BLOCK = 1 << 20
+
+
+def _filled(shape: tuple[int, ...], dtype: Any, draw: Callable[[int], np.ndarray]) -> np.ndarray:
+    out = np.empty(shape, dtype=dtype)
+    flat = out.reshape(-1)
+    for at in range(0, flat.size, _DRAW_BLOCK):
+        flat[at:at + _DRAW_BLOCK] = draw(min(_DRAW_BLOCK, flat.size - at))
+    return out
+
+
 def _random(rng: np.random.Generator, spec: IOSpec, shape: tuple[int, ...], data_flag: str) -> np.ndarray:
     if spec.dtype in ("float32", "float64", "float16"):
-        return rng.standard_normal(shape).astype(spec.dtype)
+        return _filled(shape, spec.dtype, rng.standard_normal)
     if spec.dtype == "bfloat16":
         import ml_dtypes
 
-        return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+        return _filled(shape, ml_dtypes.bfloat16, rng.standard_normal)
     if spec.dtype == "bool":
-        return rng.integers(0, 2, size=shape).astype(bool)
+        return _filled(shape, bool, lambda n: rng.integers(0, 2, size=n))
     if spec.dtype.startswith(("int", "uint")):
-        return rng.integers(0, 8, size=shape).astype(spec.dtype)
+        return _filled(shape, spec.dtype, lambda n: rng.integers(0, 8, size=n))
     raise errors.UsageError(
         f"input {spec.name!r} has dtype {spec.dtype}, which cannot be synthesized",
         remedy=f"pass {data_flag}")

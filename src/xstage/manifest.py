@@ -125,9 +125,39 @@ def validate_manifest(doc: Any, where: Path) -> dict[str, Any]:
             if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
                     or not isinstance(spec.get("dtype"), str) or not isinstance(spec.get("shape"), list):
                 raise bad(f"each of {key} must be {{name, dtype, shape}}")
+            _check_shape(key, spec, bad)
     _check_state(doc, where, bad)
     _check_stream(doc, bad)
     return doc
+
+
+#: A declared shape's bounds, the wire's own (``xstage_remote.wire.MAX_RANK``, ``MAX_DIM``): no
+#: tensor the worker could send or take is larger.
+_MAX_RANK, _MAX_DIM = 32, 1 << 40
+#: A symbolic dimension: a name (``--dim NAME=N`` sets it) or ``?`` (unknown), as the graph
+#: spelled it (an exporter's ``dim_param`` may hold any character).
+_MAX_SYMBOL = 256
+
+
+def _check_shape(key: str, spec: Mapping[str, Any], bad: Any) -> None:
+    """A declared shape: at most ``_MAX_RANK`` dims, each a whole number in ``[0, _MAX_DIM]``
+    (0: an empty tensor, such as a windowed decoder's context of 0 frames) or a symbolic
+    name, and at most ``_MAX_DIM`` elements."""
+    shape = spec["shape"]
+    if len(shape) > _MAX_RANK:
+        raise bad(f"{key} {spec['name']!r} has rank {len(shape)}, more than {_MAX_RANK}")
+    elements = 1
+    for dim in shape:
+        if isinstance(dim, str) and 0 < len(dim) <= _MAX_SYMBOL:
+            continue
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim <= _MAX_DIM:
+            raise bad(f"{key} {spec['name']!r} has shape {json.dumps(shape)[:120]}: each dim must "
+                      f"be a whole number from 0 to 2^40 or a symbolic name, not "
+                      f"{json.dumps(dim)[:40]}")
+        elements *= dim
+    if elements > _MAX_DIM:
+        raise bad(f"{key} {spec['name']!r} has shape {json.dumps(shape)[:120]}: more than 2^40 "
+                  "elements")
 
 
 def _check_state(doc: Mapping[str, Any], where: Path, bad: Any) -> None:

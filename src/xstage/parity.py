@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal, TypedDict
@@ -827,10 +827,27 @@ def _nonfinite_code(a: np.ndarray) -> np.ndarray:
     return code
 
 
+#: Elements judged at once. A larger output is compared block by block, so the comparison's
+#: float64 temporaries stay a few blocks (2 MiB each) whatever the output's size; an output of
+#: one block is compared exactly as a whole array (the sums over blocks are the per-block dot
+#: products added up, which differ from one whole-array dot only in the last bits).
+BLOCK = 1 << 18
+
+
+def _blocks(n: int) -> range:
+    return range(0, max(n, 1), BLOCK)
+
+
 def _compare_integers(name: str, y: np.ndarray, r: np.ndarray) -> OutputMetrics:
     # Rule 4: exact. max_abs is informational, in float64 (exact below 2^53).
-    differ = int(np.count_nonzero(y != r))
-    max_abs = float(np.max(np.abs(y.astype(np.float64) - r.astype(np.float64)))) if y.size else 0.0
+    yv, rv = y.reshape(-1), r.reshape(-1)
+    differ, max_abs = 0, 0.0
+    for at in _blocks(yv.size):
+        yb, rb = yv[at:at + BLOCK], rv[at:at + BLOCK]
+        differ += int(np.count_nonzero(yb != rb))
+        if yb.size:
+            max_abs = max(max_abs, float(np.max(np.abs(yb.astype(np.float64)
+                                                       - rb.astype(np.float64)))))
     if differ == 0:
         return _metrics(name, y, r, size=int(y.size), max_abs=max_abs, passed=True, rule="exact",
                         criterion=f"exact ({y.dtype})")
@@ -838,56 +855,103 @@ def _compare_integers(name: str, y: np.ndarray, r: np.ndarray) -> OutputMetrics:
                     criterion=f"{y.dtype} differs at {differ} of {y.size} positions (max_abs {max_abs:g})")
 
 
+class _Sums:
+    """One output's float metrics, gathered block by block (see :data:`BLOCK`)."""
+
+    def __init__(self, y: np.ndarray, r: np.ndarray) -> None:
+        self.y, self.r = y.reshape(-1), r.reshape(-1)
+        self.counts = {"size": int(self.y.size), "nan_count": 0, "inf_count": 0,
+                       "ref_nan_count": 0, "ref_inf_count": 0, "mismatched_nonfinite": 0}
+        self.n = 0
+        self.scale = 0.0
+        for _, _, yf, rf in self.finite_blocks(count=True):
+            self.n += yf.size
+            if yf.size:
+                self.scale = max(self.scale, float(np.max(np.abs(yf))), float(np.max(np.abs(rf))))
+
+    def finite_blocks(self, count: bool = False) -> Iterator[tuple[int, np.ndarray, np.ndarray,
+                                                                 np.ndarray]]:
+        """Each block: its start, its finite mask, and y and r in float64 where both are finite."""
+        for at in _blocks(self.y.size):
+            y64 = np.asarray(self.y[at:at + BLOCK], dtype=np.float64)
+            r64 = np.asarray(self.r[at:at + BLOCK], dtype=np.float64)
+            cy, cr = _nonfinite_code(y64), _nonfinite_code(r64)
+            if count:
+                c = self.counts
+                c["nan_count"] += int(np.count_nonzero(cy == 1))
+                c["inf_count"] += int(np.count_nonzero(cy >= 2))
+                c["ref_nan_count"] += int(np.count_nonzero(cr == 1))
+                c["ref_inf_count"] += int(np.count_nonzero(cr >= 2))
+                c["mismatched_nonfinite"] += int(np.count_nonzero(cy != cr))
+            finite = (cy == 0) & (cr == 0)
+            yield at, finite, y64[finite], r64[finite]
+
+    def metrics(self) -> dict[str, Any]:
+        """rel_l2, cosine, max_abs and rms_ref over the positions finite in both, scaled by the
+        largest magnitude so that squares of large float64 values cannot overflow."""
+        out: dict[str, Any] = {"rel_l2": None, "cosine": None, "max_abs": None, "rms_ref": None}
+        if not self.n:
+            return out
+        out["max_abs"] = out["rms_ref"] = 0.0
+        if self.scale <= 0:
+            return out
+        rr = yy = dd = yr = 0.0
+        top = 0.0
+        for _, _, yf, rf in self.finite_blocks():
+            ys, rs = yf / self.scale, rf / self.scale
+            d = ys - rs
+            rr, yy, dd, yr = (rr + float(rs.dot(rs)), yy + float(ys.dot(ys)), dd + float(d.dot(d)),
+                              yr + float(np.dot(ys, rs)))
+            if d.size:
+                top = max(top, float(np.max(np.abs(d))))
+        norm_r, norm_y = math.sqrt(rr), math.sqrt(yy)
+        out["max_abs"] = self.scale * top
+        out["rms_ref"] = self.scale * norm_r / math.sqrt(self.n)
+        if norm_r > 0:
+            out["rel_l2"] = math.sqrt(dd) / norm_r
+            if norm_y > 0:
+                out["cosine"] = max(-1.0, min(1.0, yr / (norm_y * norm_r)))
+        return out
+
+    def elementwise(self, base: float, rtol: float) -> tuple[int, tuple[int, float, float, float]]:
+        """Rule 8's count of elements with ``|y − r| > base + rtol·|r|``, and the worst one (its
+        flat position in the output, ``|y − r|``, its limit, ``r``), the first of equals."""
+        n_bad, worst, worst_over = 0, (0, 0.0, 0.0, 0.0), -math.inf
+        for at, finite, yf, rf in self.finite_blocks():
+            if not yf.size:
+                continue
+            err = np.abs(yf - rf)
+            limit = base + rtol * np.abs(rf)
+            over = err - limit
+            n_bad += int(np.count_nonzero(over > 0))
+            k = int(np.argmax(over))
+            if float(over[k]) > worst_over:
+                worst_over = float(over[k])
+                worst = (at + int(np.flatnonzero(finite)[k]), float(err[k]), float(limit[k]),
+                         float(rf[k]))
+        return n_bad, worst
+
+
 def _compare_floats(name: str, y: np.ndarray, r: np.ndarray, tol: Tolerance) -> OutputMetrics:
     # Rule 2's exception lets y and r be different floats: the coarser one sets the floor.
     coarse = y.dtype if abs_floor(y.dtype) >= abs_floor(r.dtype) else r.dtype
-    y64 = np.asarray(y, dtype=np.float64).ravel()
-    r64 = np.asarray(r, dtype=np.float64).ravel()
-    cy, cr = _nonfinite_code(y64), _nonfinite_code(r64)
-    counts = {
-        "size": int(y64.size),
-        "nan_count": int(np.count_nonzero(cy == 1)),
-        "inf_count": int(np.count_nonzero(cy >= 2)),
-        "ref_nan_count": int(np.count_nonzero(cr == 1)),
-        "ref_inf_count": int(np.count_nonzero(cr >= 2)),
-        "mismatched_nonfinite": int(np.count_nonzero(cy != cr)),
-    }
-    finite = (cy == 0) & (cr == 0)
-    yf, rf = y64[finite], r64[finite]
+    sums = _Sums(y, r)
+    counts, n = sums.counts, sums.n
     floor = abs_floor(coarse)
     floor_text = f"floor {ABS_FLOOR_EPS}·eps({coarse})={_e(floor)}"
-
-    # The float metrics over positions finite in both, scaled by the largest magnitude so that
-    # squares of large float64 values cannot overflow.
-    rel_l2: float | None = None
-    cosine: float | None = None
-    max_abs: float | None = None
-    rms_ref: float | None = None
-    n = yf.size
-    if n:
-        max_abs = rms_ref = 0.0
-        scale = float(max(np.max(np.abs(yf)), np.max(np.abs(rf))))
-        if scale > 0:
-            ys, rs = yf / scale, rf / scale
-            norm_r, norm_y = float(np.linalg.norm(rs)), float(np.linalg.norm(ys))
-            max_abs = scale * float(np.max(np.abs(ys - rs)))
-            rms_ref = scale * norm_r / math.sqrt(n)
-            if norm_r > 0:
-                rel_l2 = float(np.linalg.norm(ys - rs)) / norm_r
-                if norm_y > 0:
-                    cosine = max(-1.0, min(1.0, float(np.dot(ys, rs)) / (norm_y * norm_r)))
-    metrics = dict(counts, rel_l2=rel_l2, cosine=cosine, max_abs=max_abs, rms_ref=rms_ref)
+    metrics = dict(counts, **sums.metrics())
+    rel_l2, cosine = metrics["rel_l2"], metrics["cosine"]
 
     # Rule 5: nonfinite values must sit at the same positions, kind for kind.
     if counts["mismatched_nonfinite"]:
         return _metrics(name, y, r, **metrics, passed=False, rule="nonfinite",
                         criterion=f"nonfinite positions differ at {counts['mismatched_nonfinite']} "
-                        f"of {y64.size}")
+                        f"of {counts['size']}")
     if n == 0:
         return _metrics(name, y, r, **metrics, passed=True, rule="all_nonfinite",
-                        criterion=f"all {y64.size} values nonfinite, at the same positions")
+                        criterion=f"all {counts['size']} values nonfinite, at the same positions")
 
-    max_abs, rms_ref = max_abs or 0.0, rms_ref or 0.0  # n > 0: both were computed
+    max_abs, rms_ref = metrics["max_abs"] or 0.0, metrics["rms_ref"] or 0.0  # n > 0: computed
     # Rule 6: an all-zero reference: the absolute criterion alone, against the floor.
     if rms_ref == 0.0:
         ok = max_abs <= floor
@@ -921,20 +985,17 @@ def _compare_floats(name: str, y: np.ndarray, r: np.ndarray, tol: Tolerance) -> 
 
     # Rule 8: element-wise, |y − r| <= max(a·rms(r), floor) + rtol·|r| for all but B·n elements.
     e_floor = elem_floor(coarse)
-    err = np.abs(yf - rf)
-    limit = max(tol.elem_a * rms_ref, e_floor) + tol.elem_rtol * np.abs(rf)
-    over = err - limit
-    n_bad = int(np.count_nonzero(over > 0))
+    n_bad, (at, err, limit, ref) = sums.elementwise(max(tol.elem_a * rms_ref, e_floor),
+                                                     tol.elem_rtol)
     n_allowed = int(math.floor(tol.elem * n))
     if passed and n_bad > n_allowed:
-        worst = int(np.argmax(over))
-        where = np.unravel_index(int(np.flatnonzero(finite)[worst]), y.shape) if y.ndim else ()
+        where = np.unravel_index(at, y.shape) if y.ndim else ()
         passed, rule = False, "elementwise"
         criterion = (
             f"elementwise: {n_bad} of {n} elements outside max({tol.elem_a:.1e}·rms(ref), "
             f"{_e(e_floor)}) + {tol.elem_rtol:.1e}·|r| (allowed {n_allowed}); worst at "
-            f"{list(int(i) for i in where)}: |y−r| {_e(float(err[worst]))} > "
-            f"{_e(float(limit[worst]))} (r {float(rf[worst]):.6g}); {criterion}")
+            f"{list(int(i) for i in where)}: |y−r| {_e(err)} > "
+            f"{_e(limit)} (r {ref:.6g}); {criterion}")
     return _metrics(name, y, r, **metrics, abs_bound=bound, passed=passed, rule=rule, criterion=criterion,
                     n_bad=n_bad, n_allowed=n_allowed)
 

@@ -358,12 +358,15 @@ class Staging:
 
         Raises:
             ArtifactError: see :func:`_copy_hashed`; a name that leaves the folder.
+            NoSpace: the cache's file system is full.
         """
         pure = _check_name(name)
         target = self.folder / pure
         for parent in reversed(target.relative_to(self.folder).parents[:-1]):
             (self.folder / parent).mkdir(mode=0o700, exist_ok=True)
-        digest, size = _copy_hashed(source, target)
+        with errors.naming_full_disk(self.folder.parent,
+                                     what=f"copy {source} into the artifact cache"):
+            digest, size = _copy_hashed(source, target)
         entry = SnapshotFile(pure.as_posix(), source, digest, size)
         self.files.append(entry)
         if self._graph is None:

@@ -138,6 +138,7 @@ abandoned write never stand for a later one. A worker that ignores ``fill`` copi
 """
 
 import atexit
+import errno
 import mmap
 import os
 import platform
@@ -611,6 +612,8 @@ class Region:
             raise ValueError("unknown region kind %r" % kind)
         try:
             os.ftruncate(fd, size)
+            if name:
+                _allocate(fd, name, size)
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -1027,9 +1030,38 @@ class Region:
         return view
 
 
+class RegionSpaceError(OSError):
+    """No room for a named region's bytes where its name lives (a full ``/dev/shm``).
+
+    Raised by ``Region.create`` before anything is mapped: a sparse file there would map, and
+    the first write past the free space would kill the writer with SIGBUS instead.
+    """
+
+
+def _allocate(fd, name, size):
+    """Every byte of a named region allocated up front (``posix_fallocate``): a full
+    ``/dev/shm`` is ``RegionSpaceError`` now, never a SIGBUS at the first write. Where the
+    file system cannot allocate ahead (no ``posix_fallocate``, ``EOPNOTSUPP``), the file stays
+    sparse, as before."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:
+        return
+    try:
+        fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise RegionSpaceError(exc.errno, "no room for a %d-byte shared region in %s (%s)"
+                                   % (size, os.path.dirname(name), os.strerror(exc.errno)),
+                                   name) from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+
+
 def sweep_stale_names():
     """Unlink ``/dev/shm/xstage-<pid>-*`` names whose creator is gone (it died during the
-    hand-over, before either end could unlink); best effort, Linux only."""
+    hand-over, before either end could unlink); best effort, Linux only. A name this user may
+    not remove (another user's, in the sticky ``/dev/shm``) is skipped: a new region's name is
+    random and ``O_EXCL``, so a planted one never stands in for it."""
     if os.name != "posix":
         return
     try:
@@ -1043,7 +1075,10 @@ def sweep_stale_names():
         try:
             os.kill(int(parts[1]), 0)
         except ProcessLookupError:
-            _unlink("/dev/shm/" + entry)
+            try:
+                _unlink("/dev/shm/" + entry)
+            except OSError:  # another user's name in the sticky folder: theirs to remove
+                continue
         except (PermissionError, OverflowError, OSError):
             continue
 

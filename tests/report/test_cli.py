@@ -118,3 +118,60 @@ def test_compare_needs_two_records():
     with pytest.raises(SystemExit) as exc:
         main(["compare", str(RECORDS / "split.json")])
     assert exc.value.code == EXIT_USAGE
+
+
+#: What a hostile record carries in its strings: an OSC title, a CSI clear and colour, a C1 CSI,
+#: backspace and carriage return, a bidirectional override, and rich markup for a hyperlink.
+HOSTILE = ("\x1b]0;pwned\x07\x1b[2J\x1b[31mRED\x1b[0m\x9b31m\x08\r\u202e"
+           "[link=http://evil.example]click[/link]")
+#: Sequences none of which may reach the terminal (rich's own styling is ESC [ … m, no OSC:
+#: it draws a link only from markup).
+ACTED_ON = ("\x1b]", "\x1b[2J", "\x1b[31mRED", "\x9b", "\x07", "\x08", "\r", "\u202e")
+
+
+def _hostile(tmp_path: Path) -> tuple[Path, Path]:
+    refused = json.loads((RECORDS / "refused.json").read_text())
+    first = refused["outcome"]["refusals"][0]
+    first["message"], first["remedy"] = "refused " + HOSTILE, "remedy " + HOSTILE
+    refused["artifact"]["component"] = "comp" + HOSTILE
+    error = json.loads((RECORDS / "error.json").read_text())
+    error["outcome"]["error"]["message"] = "msg " + HOSTILE
+    paths = tmp_path / "refused.json", tmp_path / "error.json"
+    for path, doc in zip(paths, (refused, error), strict=True):
+        path.write_text(json.dumps(doc))
+    return paths
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["piped", "terminal"])
+def test_report_and_compare_escape_control_characters(tmp_path: Path, capsys, monkeypatch,
+                                                      terminal: bool):
+    """A record's strings reach the terminal with every control character as its escape and
+    markup as written (before: ESC, OSC and C1 bytes printed raw; a compare row's markup drew
+    a hyperlink)."""
+    monkeypatch.setenv("COLUMNS", "2000")  # no cell folds across lines
+    if terminal:
+        monkeypatch.setenv("FORCE_COLOR", "1")
+        monkeypatch.setenv("TERM", "xterm-256color")
+    refused, error = _hostile(tmp_path)
+    for args in (["report", str(refused)], ["report", str(error)],
+                 ["compare", str(RECORDS / "refused.json"), str(refused)]):
+        assert main(args) == EXIT_OK
+        got = capsys.readouterr()
+        text = got.out + got.err
+        for seq in ACTED_ON:
+            assert seq not in text, (args, repr(seq))
+        if not terminal:
+            assert "\x1b" not in text
+        assert "\\x1b]0;pwned\\x07\\x1b[2J" in text, args
+        assert "[link=http://evil.example]click[/link]" in text, args
+
+
+def test_the_html_page_writes_control_characters_as_escapes(tmp_path: Path):
+    from xstage.record import read_record
+    from xstage.report import build_view
+    from xstage.report.html import render_report
+
+    refused, _ = _hostile(tmp_path)
+    page = render_report(build_view(read_record(refused)))
+    assert not any(seq in page for seq in ACTED_ON)
+    assert "\\x1b]0;pwned\\x07" in page and "[link=http://evil.example]" in page

@@ -8,6 +8,12 @@ the human view stays on stdout.
 
 Off a terminal, tables print at their full width (no wrapping inside a word: a pipe reads
 whole cells) unless ``COLUMNS`` sets a width.
+
+Text is data: every string a verb prints passes ``visible`` (``xstage.record._text``) first,
+so a record's strings, a path or a worker's log cannot carry a terminal control sequence (ESC,
+OSC, CSI, any other C0 or C1 control, a bidirectional override) to the terminal; each prints
+as its ``\\xNN`` or ``\\uNNNN`` escape instead. Callers escape rich markup in data
+(``rich.markup.escape``), so ``[link=…]`` in a record prints as written, never as a link.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from rich.table import Table
 
 from xstage import errors
 from xstage.home import write_output
+from xstage.record._text import visible
 
 __all__ = ["Output", "Task", "dumps_json"]
 
@@ -161,7 +168,8 @@ class Output:
             XstageError: the ``--json`` file could not be written.
         """
         if self.verbosity >= 0:
-            self.err.print(f"record written to {home_copy}", markup=False, highlight=False)
+            self.err.print(f"record written to {visible(home_copy)}", markup=False,
+                           highlight=False)
         try:
             self.emit(doc, text=text)
         except errors.UsageError:
@@ -206,30 +214,30 @@ class Output:
 
     def result(self, text: str) -> None:
         if self.verbosity >= 0:
-            self.out.print(text)
+            self.out.print(visible(text))
 
     def table(self, title: str, columns: list[str], rows: list[list[Any]]) -> None:
         if self.verbosity < 0:
             return
-        table = Table(title=title, title_justify="left", show_lines=False,
+        table = Table(title=visible(title), title_justify="left", show_lines=False,
                       show_header=any(columns))
         for col in columns:
-            table.add_column(col, overflow="fold")
+            table.add_column(visible(col), overflow="fold")
         for row in rows:
-            table.add_row(*["" if v is None else str(v) for v in row])
+            table.add_row(*["" if v is None else visible(v) for v in row])
         self.out.print(table)
 
     def warning(self, text: str) -> None:
         if self.verbosity >= 0:
-            self.err.print(f"[yellow]warning:[/yellow] {text}")
+            self.err.print(f"[yellow]warning:[/yellow] {visible(text)}")
 
     def error(self, text: str) -> None:
         # Messages are data: "[export]" in a remedy must print as written, not as markup.
-        self.err.print(f"[red]error:[/red] {escape(text)}", markup=True)
+        self.err.print(f"[red]error:[/red] {escape(visible(text))}", markup=True)
 
     def hint(self, text: str) -> None:
-        self.err.print(f"[dim]hint:[/dim] {escape(text)}")
+        self.err.print(f"[dim]hint:[/dim] {escape(visible(text))}")
 
     def log(self, text: str) -> None:
         if self.verbosity > 0:
-            self.err.print(text, markup=False)
+            self.err.print(visible(text), markup=False)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from xstage.cli._flags import add_json_flag
 from xstage.cli._output import Output
 from xstage.cli.report import read_checked, write_output
@@ -50,14 +52,16 @@ def run(args: argparse.Namespace, out: Output) -> int:
         "moved": [{"node": n, "a": pa, "b": pb} for n, pa, pb in cmp.moved],
     })
     if not out.json_mode:
+        # Record text is data, not markup: "[link=…]" in a value must print as written.
         out.table(
-            f"A: {args.a}  ·  B: {args.b}",
+            escape(f"A: {args.a}  ·  B: {args.b}"),
             ["", "A", "B"],
-            [[f"{'* ' if r.changed else ''}{r.section}: {r.label}", r.a, r.b] for r in cmp.rows],
+            [[escape(f"{'* ' if r.changed else ''}{r.section}: {r.label}"), escape(str(r.a)),
+              escape(str(r.b))] for r in cmp.rows],
         )
         out.result("what changed (A → B):")
         for change in cmp.changes or ("nothing",):
-            out.result(f"  {change}")
+            out.result(f"  {escape(change)}")
     if args.html:
         from xstage.report.html import render_compare
 

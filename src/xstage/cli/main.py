@@ -18,7 +18,7 @@ from xstage.cli import _errors
 from xstage.cli._flags import check_json_target
 from xstage.cli._output import Output
 from xstage.exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
-from xstage.home import check_output
+from xstage.home import check_output, home_path
 from xstage.routes.config import named_project_config
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "main"]
@@ -146,6 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.hint(hint)
         if isinstance(exc, _UNEXPECTED):  # not the user's doing: the traceback helps a bug report
             out.hint("set XSTAGE_DEBUG=1 to see the traceback")
+        return EXIT_ERROR
+    except OSError as exc:  # a full disk where no writer named its path: still one line
+        if not errors.is_full_disk(exc) or os.environ.get("XSTAGE_DEBUG") == "1":
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        out.error(f"no space left on device{where} ({exc.strerror or exc})")
+        out.hint(f"free space where xstage writes (XSTAGE_HOME is {home_path()}, and the "
+                 "temporary folder), or set XSTAGE_HOME to a folder on a disk with room")
         return EXIT_ERROR
 
 

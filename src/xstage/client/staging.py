@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import xstage_remote
+from xstage.errors import naming_full_disk
 from xstage.home import cache_dir, locked, owned_dir
 
 __all__ = ["BOOTSTRAP", "local_hash", "staged_root", "worker_argv"]
@@ -128,7 +129,9 @@ def staged_root() -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=".stage-", dir=root.parent))
         src = Path(xstage_remote.__file__).parent
         try:
-            shutil.copytree(src, tmp / "xstage_remote", ignore=shutil.ignore_patterns("__pycache__"))
+            with naming_full_disk(root.parent, what="copy the worker package into"):
+                shutil.copytree(src, tmp / "xstage_remote",
+                                ignore=shutil.ignore_patterns("__pycache__"))
             if root.exists() or root.is_symlink():  # half-made, or not this package: gone
                 if root.is_symlink() or not root.is_dir():
                     root.unlink()

@@ -30,6 +30,7 @@ import struct
 import subprocess
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -1034,8 +1035,14 @@ class WorkerClient:
             else "named"
         self._pipe.drain()
         self._repair()
-        region = shm.Region.create(size, slots, kind, generation=self.generation,
-                                   n_sets=self.depth)
+        try:
+            region = shm.Region.create(size, slots, kind, generation=self.generation,
+                                       n_sets=self.depth)
+        except shm.RegionSpaceError as exc:  # calls go inline (docs/workers.md)
+            warnings.warn(f"{exc.strerror}: this worker's tensors travel inline; free space in "
+                          f"{os.path.dirname(exc.filename)} or leave XSTAGE_SHM at auto (memfd)",
+                          RuntimeWarning, stacklevel=2)
+            return
         spec: dict[str, Any] = {"kind": kind, "size": size, "slots": slots, "sets": self.depth}
         if self.concurrency > 1:  # an older worker ignores the key: it runs one at a time
             spec["concurrent"] = self.concurrency

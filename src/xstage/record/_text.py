@@ -2,7 +2,8 @@
 
 When an object has not the shape the summary's human rows expect (an older record, a layer
 that added or renamed fields), it is shown generically — its scalar facts, then one level of
-nested scalar maps — so the summary never breaks on a valid record.
+nested scalar maps — so the summary never breaks on a valid record. ``visible`` writes a
+record's control characters as escapes, for the terminal (``cli``) and the page (``report``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,21 @@ from typing import Any
 
 from xstage.ledger import format_bytes
 
-__all__ = ["fmt", "fmt_bytes", "scalars", "verdict_text"]
+__all__ = ["fmt", "fmt_bytes", "scalars", "verdict_text", "visible"]
 
 _MAX_ITEMS = 12
+
+#: Characters a terminal acts on instead of showing: C0 but tab and newline, DEL, C1, and the
+#: bidirectional embeddings, overrides and isolates (they reorder what the line shows).
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f,
+                                        *range(0x80, 0xa0))}
+_CONTROLS.update({c: f"\\u{c:04x}" for c in (0x061c, 0x200e, 0x200f, *range(0x202a, 0x202f),
+                                             *range(0x2066, 0x206a))})
+
+
+def visible(text: Any) -> str:
+    """``text`` with every terminal control character written as its escape (see above)."""
+    return str(text).translate(_CONTROLS)
 
 
 def fmt(value: Any) -> str:

@@ -34,7 +34,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from xstage.errors import RecordError
+from xstage.errors import RecordError, naming_full_disk
 from xstage.home import file_mode, records_dir
 from xstage.record._validate import Validator, json_path
 
@@ -220,26 +220,28 @@ def write_record(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
     Raises:
         RecordError: if the document is not valid JSON data or violates the schema; nothing is
             written then.
+        NoSpace: its file system is full (an ``OSError`` too; nothing is left behind).
         OSError: if the folder or file cannot be written.
     """
     text = dumps_record(doc)
     validate_record(json.loads(text))
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, file_mode(target))  # 0600 under XSTAGE_HOME, else 0644
-        os.replace(tmp, target)
-    except BaseException:
+    with naming_full_disk(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, file_mode(target))  # 0600 under XSTAGE_HOME, else 0644
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
     return target
 
 

@@ -3,7 +3,8 @@
 The page is a single file: inline CSS, the plots as inline SVG (:mod:`xstage.report.plots`), no
 script, no font, image or stylesheet from anywhere else, so it opens offline and can be mailed
 or attached to a bug. Every piece of text that came from a record — node names, messages, paths
-— is escaped (``html.escape``); the SVG is matplotlib's, whose text it escapes itself.
+— is escaped (``html.escape``, its control characters written as ``\\xNN`` first); the SVG is
+matplotlib's, whose text it escapes itself.
 
 Order on the page (issue 22): the outcome and the refusals first, then the split by op type,
 the kernel timeline, the round trip and its distribution, parity per output, the ledger against
@@ -18,6 +19,7 @@ import html
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from xstage.record._text import visible
 from xstage.report import plots
 from xstage.report.view import CompareView, ReportView
 
@@ -43,7 +45,7 @@ figure{margin:8px 0}svg{max-width:100%;height:auto}
 
 
 def _e(value: Any) -> str:
-    return html.escape("—" if value is None else str(value), quote=True)
+    return html.escape(visible("—" if value is None else value), quote=True)
 
 
 def _table(

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import xstage_remote
+from xstage import errors
 from xstage._version import __version__
 from xstage.client import staging as remote_pkg
 from xstage.home import atomic_write, cache_dir
@@ -197,12 +198,23 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_probe(request: ProbeRequest, *, timeout: float | None = None) -> ProbeOutcome:
-    """Run one probe now (no cache). Never raises for anything the interpreter does."""
+    """Run one probe now (no cache). Never raises for anything the interpreter does.
+
+    Raises:
+        NoSpace: the worker package could not be staged for want of space (the home's
+            doing, not the interpreter's: never a missing route).
+    """
     limit = _timeout() if timeout is None else timeout
     start = time.monotonic()
     try:
+        argv = request.argv()
+    except errors.NoSpace:
+        raise
+    except OSError as exc:
+        return ProbeOutcome(ok=False, error=f"cannot stage the worker package: {exc}")
+    try:
         proc = subprocess.Popen(
-            request.argv(),
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

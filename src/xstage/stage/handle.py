@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -472,7 +473,9 @@ class Stage(Requests):
 
         The record goes under ``XSTAGE_HOME/records`` (``record_path`` names it) unless the
         stage was opened with ``record_on_close=False`` (the CLI writes its own). In a forked
-        child it does nothing (the worker, the budget and the record are the parent's).
+        child it does nothing (the worker, the budget and the record are the parent's). It
+        never raises for the record: one that cannot be written (a full disk, a folder gone) is
+        a ``RuntimeWarning`` and ``record_path`` stays None.
         """
         if self._client._forked:
             return
@@ -486,7 +489,12 @@ class Stage(Requests):
             if self.record_on_close and self._record_path is None:
                 self._record_path = ""  # once, even when writing fails
                 path = records_path(graph=self.artifact.path)
-                self._record_path = str(write_record(self.record(argv=()), path))
+                try:
+                    self._record_path = str(write_record(self.record(argv=()), path))
+                except OSError as exc:  # closed all the same: the record is what is lost
+                    warnings.warn(f"the stage closed, but its record was not written: "
+                                  f"{getattr(exc, 'message', None) or exc}", RuntimeWarning,
+                                  stacklevel=2)
 
     @property
     def record_path(self) -> str | None:
