@@ -1,6 +1,6 @@
 """Opening a large stage without needless copies in the client (docs/memory.md, "The client's
 peak while opening"): synthesized inputs drawn block by block, shape inference without onnx's
-per-element data propagation,.
+per-element data propagation.
 
 RSS is measured only where the gap is an order of magnitude (a fresh process, ``ru_maxrss``);
 ``benchmarks/open_rss.py`` measures the whole open.
