@@ -115,7 +115,7 @@ def _write_manifest(path, **over):
 def test_manifest_names_format_and_component_and_flags_override_or_conflict(tmp_path):
     path = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "tower.onnx")
     where = _write_manifest(path)
-    assert where.name == "tower.manifest.json"
+    assert where.name == "tower.onnx.manifest.json"
     art = inspect_artifact(path)
     assert art.component == "vision_tower" and art.format == "onnx:fp32"
     assert art.format_source == "manifest"

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from xstage import errors, graph_precision
-from xstage.manifest import check_files, manifest_path, read_manifest
+from xstage.manifest import check_files, find_manifest, manifest_path, read_manifest
 from xstage.snapshot import Snapshot, Staging, release
 from xstage_remote.formats import is_torchscript
 
@@ -124,9 +124,9 @@ class Artifact:
 
 
 def _manifest(graph: Path) -> tuple[dict[str, Any], Path | None]:
-    """``<stem>.manifest.json`` beside the graph, validated (see ``xstage.manifest``), if any."""
-    where = manifest_path(graph)
-    if not where.is_file():
+    """The graph's manifest beside it (``xstage.manifest.find_manifest``), validated, if any."""
+    where = find_manifest(graph)
+    if where is None:
         return {}, None
     return read_manifest(where), where
 
@@ -155,7 +155,7 @@ def _torch_artifact(path: Path, snap: Snapshot, manifest: dict[str, Any], manife
     """The ``.pt2`` artifact of a taken snapshot, checked against its manifest."""
     only = snap.files[0]
     entry = {"path": str(path), "sha256": only.sha256, "bytes": only.bytes}
-    check_files(manifest, manifest_file, hashed={str(path): entry["sha256"]})
+    _check_listed(path, manifest, manifest_file, [entry])
     if not str(manifest["format"]).startswith("pt:"):
         raise errors.ArtifactError(f"manifest {manifest_file} says {manifest['format']} for a .pt2",
                                    remedy="re-export the artifact")

@@ -82,7 +82,7 @@ def test_the_split_is_placed_part_by_part_and_equal_to_the_original(split_run) -
     assert {p["kind"] for p in split["parts"]} == {"region", "cpu"}
     for part in split["parts"]:
         if part["kind"] == "region":
-            assert (split_run["root"] / "split" / part["graph"].replace(".onnx", ".manifest.json")).is_file()
+            assert (split_run["root"] / "split" / part["graph"] + ".manifest.json").is_file()
 
 
 def test_run_split_returns_the_original_outputs_with_each_parts_proof(split_run, monkeypatch) -> None:

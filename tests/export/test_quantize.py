@@ -12,7 +12,7 @@ import pytest
 from xstage import builtin_graphs, errors
 from xstage.artifact import inspect_artifact
 from xstage.export.quantize import quantize_a16w8
-from xstage.manifest import read_manifest
+from xstage.manifest import manifest_path, read_manifest
 
 #: Measured 2026-11-29: the 6-layer 512-wide MLP quantizes to rel_l2 2.7e-2 against fp32 (8
 #: synthetic calibration samples); the bound leaves a 2x margin.
@@ -32,7 +32,7 @@ def test_a16w8_is_qdq_16_bit_activations_and_within_the_bound(mlp, tmp_path):
     assert report["converted_from_opset"] == 17  # the builtin MLP is opset 17: brought to 21
     (out,) = report["parity"]["outputs"]
     assert report["parity"]["verdict"] == "passed" and out["rel_l2"] <= REL_L2_BOUND
-    doc = read_manifest(tmp_path / "mlp-a16w8.manifest.json")
+    doc = read_manifest(tmp_path / "mlp-a16w8.onnx.manifest.json")
     assert doc["format"] == "onnx:a16w8" and doc["fp32_source"] == "mlp.onnx" and doc["opset"] == 21
     assert doc["calibration"]["count"] == 8 and len(doc["calibration"]["sha256"]) == 64
     assert doc["parity"]["outputs"][0]["rel_l2"] == out["rel_l2"]
@@ -101,12 +101,12 @@ def test_a16w8_of_the_tiny_tower_runs_within_its_bound(tmp_path):
     from xstage.builtin_graphs import builtin_artifact
 
     shipped = builtin_artifact("vision-tower-tiny")
-    for f in (shipped, shipped.with_suffix(".manifest.json")):
+    for f in (shipped, manifest_path(shipped)):
         shutil.copy(f, tmp_path / f.name)
     report = quantize_a16w8(tmp_path / shipped.name, tmp_path / "tower-a16w8.onnx", synthetic=16)
     (out,) = report["parity"]["outputs"]
     assert report["parity"]["verdict"] == "passed" and out["rel_l2"] <= TOWER_REL_L2_BOUND
-    assert read_manifest(tmp_path / "tower-a16w8.manifest.json")["component"] == "vision_tower"
+    assert read_manifest(tmp_path / "tower-a16w8.onnx.manifest.json")["component"] == "vision_tower"
     # A format is what the graph computes: every Conv, Gemm and MatMul of the quantized tower
     # takes int8 weights and uint16 activations through Q/DQ, so the graph itself says A16W8
     art = inspect_artifact(tmp_path / "tower-a16w8.onnx", fmt="onnx:a16w8")
