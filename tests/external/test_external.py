@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -308,3 +309,20 @@ def test_compare_cpu_and_save_outputs(external, graphs, tmp_path):
 def test_ep_option_that_is_not_key_value_is_a_usage_error(external):
     r = external("--ep-option", "device_type")
     assert r.code == 64 and "KEY=VALUE" in r.stderr
+
+
+def test_a_stage_placed_on_a_later_preferred_device_keeps_the_earlier_refusals(external, graphs):
+    """``--prefer npu,gpu_integrated,cpu`` on a machine with neither an NPU nor an integrated
+    GPU: placed on the CPU, and the record (``plan.fallthrough``) and the summary still say why
+    each earlier device said no."""
+    r = external("--graph", str(graphs["mlp"]), "--prefer", "npu,gpu_integrated,cpu")
+    assert r.code == 0, r.stderr
+    plan = r.record["plan"]
+    assert plan["chosen"]["device"] == "cpu" and r.record["outcome"]["refusals"] == []
+    fell = {x["device"]: x for x in plan["fallthrough"]}
+    assert {"npu", "gpu_integrated"} <= set(fell)
+    for device in ("npu", "gpu_integrated"):
+        assert fell[device]["code"] == "device_unreachable_from_this_process"
+        assert fell[device]["cause"] == "no_route" and fell[device]["message"]
+        assert re.search(rf"fell through\s*│\s*{device}: device_unreachable_from_this_process "
+                         r"\(no_route\)", r.stdout), r.stdout

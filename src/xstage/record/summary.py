@@ -103,6 +103,18 @@ def _placement(doc: Mapping[str, Any]) -> Rows:
         if cand.get("refusal"):
             text += f" ({cand['refusal']['code']}/{cand['refusal']['cause']})"
         rows.append(("candidate", text))
+    return rows + _fallthrough(doc)
+
+
+def _fallthrough(doc: Mapping[str, Any]) -> Rows:
+    """Each device the plan refused whole (``plan.fallthrough``), unless ``outcome.refusals``
+    (printed as ``refused``) already says it: a placed record's road not taken."""
+    said = [r for r in doc["outcome"].get("refusals") or []]
+    rows: Rows = []
+    for r in (doc.get("plan") or {}).get("fallthrough") or []:
+        if r not in said:
+            where = r["device"] or "-"
+            rows.append(("fell through", f"{where}: {r['code']} ({r['cause']}) {r['message']}"))
     return rows
 
 
