@@ -199,12 +199,9 @@ def _float_format(model: Any) -> str:
 
 
 def _onnx_format(model: Any) -> str:
-    """What the graph computes (``xstage.graph_precision``): a16w8 only where every output's
-    compute ops take 8-bit weights and 16-bit activations through Q/DQ; else its float format.
-
-    Raises:
-        ArtifactError: activations quantized to 8 bits (there is no onnx:a8w8 format).
-    """
+    """What the graph computes (``xstage.graph_precision``): a16w8 (or a8w8) only where every
+    output's compute ops take 8-bit weights and 16-bit (or 8-bit) activations through Q/DQ;
+    else its float format."""
     if any(n.op_type in _QDQ for n in model.graph.node):
         return graph_precision.artifact_format(model, _float_format(model))
     return _float_format(model)
@@ -225,7 +222,7 @@ def _onnx_facts(model: Any) -> tuple[str, str]:
     words = (f"{len(qdq)} QuantizeLinear/DequantizeLinear nodes, float initializers: {inits}, "
              f"float inputs/outputs: {', '.join(io) or 'none'}")
     if qdq:
-        is_fmt = _onnx_format(model)  # a16w8, or an ArtifactError naming the activation types
+        is_fmt = _onnx_format(model)  # a16w8, a8w8, or the float format
     elif floats:
         is_fmt = "onnx:fp16" if floats.get("float16", 0) > sum(floats.values()) / 2 else "onnx:fp32"
     else:

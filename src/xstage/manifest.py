@@ -57,7 +57,7 @@ _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "state": ((list, type(None)), False),
     "stream": ((dict, type(None)), False),
 }
-_FORMAT = re.compile(r"^(onnx:(fp32|fp16|a16w8)|pt:(fp32|fp16))$")
+_FORMAT = re.compile(r"^(onnx:(fp32|fp16|a16w8|a8w8)|pt:(fp32|fp16))$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -142,7 +142,7 @@ def validate_manifest(doc: Any, where: Path) -> dict[str, Any]:
     if doc["manifest_version"] != MANIFEST_VERSION:
         raise bad(f"manifest_version {doc['manifest_version']} (this xstage reads {MANIFEST_VERSION})")
     if not _FORMAT.match(doc["format"]):
-        raise bad(f"format {doc['format']!r} is not one of onnx:fp32|fp16|a16w8, pt:fp32|fp16")
+        raise bad(f"format {doc['format']!r} is not one of onnx:fp32|fp16|a16w8|a8w8, pt:fp32|fp16")
     folder = where.parent
     if not doc["files"]:
         raise bad("lists no files")

@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--device", metavar="ID",
                        help="the device; every probe runs on its first route in the plan")
     p.add_argument("--format", dest="fmt", metavar="FMT",
-                   help="onnx:fp32|onnx:fp16|onnx:a16w8 (inferred when omitted); every region "
+                   help="onnx:fp32|onnx:fp16|onnx:a16w8|onnx:a8w8 (inferred when omitted); every region "
                    "passes the same format check")
     p.add_argument("--max-probes", type=int, metavar="N", help="a hard limit on probes")
     p.add_argument("--deadline", type=float, metavar="S",
