@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import psutil
+import pytest
 
 from xstage.record import read_record
 
@@ -326,3 +327,18 @@ def test_a_stage_placed_on_a_later_preferred_device_keeps_the_earlier_refusals(e
         assert fell[device]["cause"] == "no_route" and fell[device]["message"]
         assert re.search(rf"fell through\s*│\s*{device}: device_unreachable_from_this_process "
                          r"\(no_route\)", r.stdout), r.stdout
+
+
+def test_the_seeds_event_fraction_is_recorded_beside_the_verdicts(external, graphs, openvino_python):
+    """docs/external.md's worked example: at --min-placement 0.7 the seed's metric (2 of 3
+    kernel events on OpenVINO) would refuse the det graph; xstage's node fraction (3 of 4) and
+    time fraction both reach it, so it is placed, and the record and summary carry both."""
+    r = external("--graph", str(graphs["det"]), "--route", "ort-openvino", "--min-placement", "0.7",
+                 env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
+    assert r.code == 0, r.stderr
+    proof = r.record["proof"]
+    assert proof["verdict"] == "placed" and proof["node_fraction"] == 0.75
+    assert proof["event_fraction"] == pytest.approx(2 / 3)
+    assert proof["event_fraction"] < 0.7 <= proof["fraction"]
+    assert proof["time_fraction"] >= proof["fraction"]
+    assert re.search(r"event fraction\s*│\s*66\.7% of the first run's kernel events", r.stdout), r.stdout

@@ -153,6 +153,17 @@ def _worker(doc: Mapping[str, Any]) -> Rows:
 
 
 def _proof(doc: Mapping[str, Any]) -> Rows:
+    """The proof's rows, then the seed's event fraction where the record carries it."""
+    rows = _proof_rows(doc)
+    proof = doc.get("proof")
+    if rows and isinstance(proof, Mapping) and proof.get("event_fraction") is not None:
+        rows.append(("event fraction", f"{proof['event_fraction']:.1%} of the first run's kernel "
+                     f"events on {proof.get('target_ep')} (the seed's metric: recorded, not what "
+                     "decides)"))
+    return rows
+
+
+def _proof_rows(doc: Mapping[str, Any]) -> Rows:
     proof = doc.get("proof")
     if not proof:
         return []
