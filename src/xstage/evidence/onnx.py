@@ -257,12 +257,12 @@ def _execution(events: Sequence[Mapping[str, Any]], names: SessionNames | None,
             if counted:
                 kernels[provider] = kernels.get(provider, 0) + 1
             time_us[provider] = time_us.get(provider, 0) + dur
-    events: dict[str, int] = {}
+    first_run: dict[str, int] = {}
     for event in per_run[0] if per_run else ():
         provider = event["provider"] or _UNKNOWN_PROVIDER
-        events[provider] = events.get(provider, 0) + 1
+        first_run[provider] = first_run.get(provider, 0) + 1
     return _Execution(kernels, time_us, copies, copy_time, control, control_time, control_own, nodes, n_runs,
-                      timed, check, own_unknown, events)
+                      timed, check, own_unknown, first_run)
 
 
 @dataclass(frozen=True)
