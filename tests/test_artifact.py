@@ -54,10 +54,13 @@ def test_fp16_and_a16w8_are_inferred(tmp_path):
     assert inspect_artifact(qdq).format == "onnx:a16w8"
 
 
-def test_a8w8_graph_is_refused_naming_the_scheme(tmp_path):
+def test_a8w8_is_its_own_format(tmp_path):
+    """8-bit activations were an error; A8W8 is now a format of its own (docs/external.md)."""
     path = builtin_graphs.write(_qdq_graph(TensorProto.UINT8), tmp_path / "q8.onnx")
-    with pytest.raises(errors.ArtifactError, match="no onnx:a8w8 format"):
-        inspect_artifact(path)
+    assert inspect_artifact(path).format == "onnx:a8w8"
+    assert inspect_artifact(path, fmt="onnx:a8w8").format_source == "flag"
+    with pytest.raises(errors.UsageError, match="the graph is onnx:a8w8"):
+        inspect_artifact(path, fmt="onnx:a16w8")
 
 
 def test_external_data_is_part_of_the_identity(tmp_path):
@@ -115,7 +118,7 @@ def _write_manifest(path, **over):
 def test_manifest_names_format_and_component_and_flags_override_or_conflict(tmp_path):
     path = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "tower.onnx")
     where = _write_manifest(path)
-    assert where.name == "tower.manifest.json"
+    assert where.name == "tower.onnx.manifest.json"
     art = inspect_artifact(path)
     assert art.component == "vision_tower" and art.format == "onnx:fp32"
     assert art.format_source == "manifest"

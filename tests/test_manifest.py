@@ -8,7 +8,13 @@ import pytest
 
 from xstage import builtin_graphs, errors
 from xstage.artifact import inspect_artifact
-from xstage.manifest import read_manifest, validate_manifest, write_manifest
+from xstage.manifest import (
+    find_manifest,
+    legacy_manifest_path,
+    read_manifest,
+    validate_manifest,
+    write_manifest,
+)
 
 
 def _export(tmp_path, **over):
@@ -158,3 +164,42 @@ def test_fp32_source_from_the_manifest_is_the_reference(tmp_path):
                    fp32_source=fp32.name)
     with open_stage(path, route="ort-cpu") as st:
         assert st.parity.to_dict()["reference_kind"] == "fp32_source"
+
+
+def test_the_manifest_is_named_after_the_whole_file(tmp_path):
+    path, where = _export(tmp_path)
+    assert where.name == "tower.onnx.manifest.json" and find_manifest(path) == where
+
+
+def test_an_earlier_stem_manifest_is_read_only_when_it_lists_this_file(tmp_path):
+    path, where = _export(tmp_path)
+    legacy = legacy_manifest_path(path)
+    where.rename(legacy)  # the earlier layout, listing tower.onnx: still this graph's
+    assert legacy.name == "tower.manifest.json" and find_manifest(path) == legacy
+    assert inspect_artifact(path).format_source == "manifest"
+    doc = json.loads(legacy.read_text())
+    doc["files"] = [{**doc["files"][0], "path": "tower.pt2"}]  # another format's, same stem
+    doc["format"] = "pt:fp32"
+    legacy.write_text(json.dumps(doc))
+    assert find_manifest(path) is None
+    art = inspect_artifact(path)  # opens: the stem's manifest is the .pt2's, not this graph's
+    assert art.format == "onnx:fp32" and art.format_source == "inferred"
+
+
+def test_two_formats_of_one_stem_keep_their_own_manifests(tmp_path):
+    onnx_path, onnx_manifest = _export(tmp_path)
+    pt = tmp_path / "tower.pt2"
+    pt.write_bytes(b"not read here")
+    pt_manifest = write_manifest(pt, component="vision_tower", fmt="pt:fp32", files=[pt],
+                                 source={"kind": "config"}, exporter={"xstage": "test"},
+                                 inputs=[], outputs=[])
+    assert pt_manifest.name == "tower.pt2.manifest.json" and onnx_manifest.is_file()
+    assert find_manifest(onnx_path) == onnx_manifest and find_manifest(pt) == pt_manifest
+    assert inspect_artifact(onnx_path).format_source == "manifest"
+
+
+def test_an_unreadable_stem_manifest_is_an_artifact_error(tmp_path):
+    path = builtin_graphs.write(builtin_graphs.mlp(), tmp_path / "tower.onnx")
+    legacy_manifest_path(path).write_text("{not json")
+    with pytest.raises(errors.ArtifactError, match="tower.manifest.json is not readable JSON"):
+        inspect_artifact(path)

@@ -389,3 +389,29 @@ def test_a_torch_artifact_on_the_recorded_h200_probe():
     plan = make_plan(report, "pt:fp32")
     assert _pairs(plan)[0] == ("gpu_discrete:nvidia:0", "torch-cuda")
     assert all(name.startswith("torch-") for _, name in _pairs(plan))
+
+
+# -- formats a device declines by its documented limit ----------------------------------------------
+
+
+def test_a8w8_on_the_amd_npu_is_refused_by_name_with_the_format_it_takes():
+    """XDNA2 declines A8W8 (ort-vitisai's ``declines``): ``format_not_accepted`` on that
+    (device, route), not ``format_not_run_here``; the CPU routes run it."""
+    report = _report(["cpu", "npu:amd"], {"ort-cpu": ("cpu",), "ort-vitisai": ("npu:amd",)})
+    plan = make_plan(report, "onnx:a8w8")
+    assert _pairs(plan) == [("cpu", "ort-cpu")]
+    assert _refusals(plan)[0] == (NO_GRAPH, "format_not_accepted", "npu:amd", "ort-vitisai")
+    refusal = plan.refusals[0]
+    assert refusal.remedy.startswith("xstage quantize --scheme a16w8")
+    assert refusal.evidence["formats_taken"] == ["onnx:a16w8"] and "A8W8" in refusal.message
+    pinned = make_plan(report, "onnx:a8w8", route="ort-vitisai")
+    assert _refusals(pinned) == [(NO_GRAPH, "format_not_accepted", "npu", "ort-vitisai")]
+    required = make_plan(report, "onnx:a8w8", device="npu:amd")
+    assert required.candidates == () and _refusals(required) == [
+        (NO_GRAPH, "format_not_accepted", "npu:amd", "ort-vitisai")]
+
+
+def test_a8w8_runs_on_the_cpu_ep_and_openvino_only():
+    assert _pairs(make_plan(VM, "onnx:a8w8")) == [("cpu", "ort-openvino"), ("cpu", "ort-cpu")]
+    plan = make_plan(LAPTOP, "onnx:a8w8", route="ort-cuda")
+    assert _refusals(plan) == [(NO_GRAPH, "format_not_run_here", "gpu_discrete", "ort-cuda")]

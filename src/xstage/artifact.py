@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from xstage import errors, graph_precision
-from xstage.manifest import check_files, manifest_path, read_manifest
+from xstage.manifest import check_files, find_manifest, manifest_path, read_manifest
 from xstage.snapshot import Snapshot, Staging, release
 from xstage_remote.formats import is_torchscript
 
@@ -124,9 +124,9 @@ class Artifact:
 
 
 def _manifest(graph: Path) -> tuple[dict[str, Any], Path | None]:
-    """``<stem>.manifest.json`` beside the graph, validated (see ``xstage.manifest``), if any."""
-    where = manifest_path(graph)
-    if not where.is_file():
+    """The graph's manifest beside it (``xstage.manifest.find_manifest``), validated, if any."""
+    where = find_manifest(graph)
+    if where is None:
         return {}, None
     return read_manifest(where), where
 
@@ -155,7 +155,7 @@ def _torch_artifact(path: Path, snap: Snapshot, manifest: dict[str, Any], manife
     """The ``.pt2`` artifact of a taken snapshot, checked against its manifest."""
     only = snap.files[0]
     entry = {"path": str(path), "sha256": only.sha256, "bytes": only.bytes}
-    check_files(manifest, manifest_file, hashed={str(path): entry["sha256"]})
+    _check_listed(path, manifest, manifest_file, [entry])
     if not str(manifest["format"]).startswith("pt:"):
         raise errors.ArtifactError(f"manifest {manifest_file} says {manifest['format']} for a .pt2",
                                    remedy="re-export the artifact")
@@ -199,12 +199,9 @@ def _float_format(model: Any) -> str:
 
 
 def _onnx_format(model: Any) -> str:
-    """What the graph computes (``xstage.graph_precision``): a16w8 only where every output's
-    compute ops take 8-bit weights and 16-bit activations through Q/DQ; else its float format.
-
-    Raises:
-        ArtifactError: activations quantized to 8 bits (there is no onnx:a8w8 format).
-    """
+    """What the graph computes (``xstage.graph_precision``): a16w8 (or a8w8) only where every
+    output's compute ops take 8-bit weights and 16-bit (or 8-bit) activations through Q/DQ;
+    else its float format."""
     if any(n.op_type in _QDQ for n in model.graph.node):
         return graph_precision.artifact_format(model, _float_format(model))
     return _float_format(model)
@@ -225,7 +222,7 @@ def _onnx_facts(model: Any) -> tuple[str, str]:
     words = (f"{len(qdq)} QuantizeLinear/DequantizeLinear nodes, float initializers: {inits}, "
              f"float inputs/outputs: {', '.join(io) or 'none'}")
     if qdq:
-        is_fmt = _onnx_format(model)  # a16w8, or an ArtifactError naming the activation types
+        is_fmt = _onnx_format(model)  # a16w8, a8w8, or the float format
     elif floats:
         is_fmt = "onnx:fp16" if floats.get("float16", 0) > sum(floats.values()) / 2 else "onnx:fp32"
     else:

@@ -12,12 +12,14 @@ is what the graph computes"). For an ONNX graph with Q/DQ nodes:
 * An output with no compute op on its path is *neutral*: it is judged by the artifact's format.
 * Every other output is judged by the float type of the graph (fp16 when most float
   initializers are float16, else fp32; ``xstage.artifact``'s rule for a graph without Q/DQ).
-* A ``QuantizeLinear`` of an activation (anything but a constant) to 8 bits is an
-  ``ArtifactError``: xstage has no ``onnx:a8w8`` format.
+* An output is **A8W8** under the same rule with 8-bit activations: every compute op on its
+  path takes 8-bit weights and activations through Q/DQ (what onnxruntime's ``quantize_static``
+  makes by default), or a mix of A16W8 and A8W8 compute ops (judged by the looser A8W8 rules).
 
-The artifact is ``onnx:a16w8`` when at least one output is A16W8 and none is judged by a float
-type; otherwise it is the float format, and the outputs that are A16W8 in it are listed
-(:func:`onnx_output_formats`) so the gate judges them by A16W8 rules.
+The artifact is ``onnx:a8w8`` when at least one output is A8W8 and none is judged by a float
+type, else ``onnx:a16w8`` when at least one output is A16W8 and none is judged by a float type;
+otherwise it is the float format, and the outputs that are quantized in it are listed
+(:func:`onnx_output_formats`) so the gate judges them by their own format's rules.
 
 Random ops (:func:`onnx_random_ops`, :func:`pt2_random_ops`) are named in a refusal for
 ``nondeterministic``; the verdict itself comes from running each arm twice.
@@ -30,8 +32,6 @@ import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-
-from xstage import errors
 
 __all__ = ["COMPUTE_OPS", "ONNX_RANDOM_OPS", "PT2_RANDOM_FAMILIES", "artifact_format",
            "onnx_output_formats", "onnx_random_ops", "pt2_random_ops"]
@@ -109,18 +109,9 @@ class _Graph:
         return name in self.consts and name not in self.inputs
 
 
-def _eight_bit_activations(g: _Graph) -> list[str]:
-    """The QuantizeLinear nodes that quantize an activation (not a constant) to 8 bits."""
-    found = []
-    for node in g.graph.node:
-        if node.op_type == "QuantizeLinear" and node.input and not g.is_const(node.input[0]) \
-                and g.q_type(node) in _INT8:
-            found.append(f"{node.name or node.output[0]} ({_NAMES.get(g.q_type(node))})")
-    return found
-
-
-def _operand_ok(g: _Graph, name: str, bias: bool) -> bool:
-    """Whether one float operand of a compute op comes through an A16W8 DequantizeLinear."""
+def _operand_ok(g: _Graph, name: str, bias: bool, activations: set[int]) -> bool:
+    """Whether one float operand of a compute op comes through a DequantizeLinear of an 8-bit
+    weight, a 32-bit bias, or an activation of the ``activations`` types."""
     node = g.producer.get(name)
     if node is None or node.op_type != "DequantizeLinear" or not node.input:
         return bias and g.is_const(name) and g.consts.get(name) in _FLOATS  # a float bias
@@ -128,21 +119,26 @@ def _operand_ok(g: _Graph, name: str, bias: bool) -> bool:
     if g.is_const(x):
         kind = g.consts[x]
         return kind in _INT8 or (bias and kind in _INT32)
-    return g.int_type(x) in _INT16
+    return g.int_type(x) in activations
 
 
-def _compute_ok(g: _Graph, node: Any) -> bool:
-    """A compute op that takes 8-bit weights and 16-bit activations, every operand through DQ."""
+def _compute_kind(g: _Graph, node: Any) -> str:
+    """``a16w8`` or ``a8w8`` for a compute op whose every float operand comes through DQ (8-bit
+    weights; 16-bit, or 8-bit, activations), else ``float``."""
     biases = COMPUTE_OPS[(_domain(node), node.op_type)]
+    operands = []
     for i, name in enumerate(node.input):
         if not name:
             continue
         kind = g.int_type(name) if g.producer.get(name) is None else None
         if kind is not None and kind not in _FLOATS:
             continue  # an integer operand (a mask, a length): not a product's operand
-        if not _operand_ok(g, name, i in biases):
-            return False
-    return True
+        operands.append((name, i in biases))
+    if all(_operand_ok(g, name, bias, _INT16) for name, bias in operands):
+        return "a16w8"
+    if all(_operand_ok(g, name, bias, _INT16 | _INT8) for name, bias in operands):
+        return "a8w8"
+    return "float"
 
 
 def _has_compute(graph: Any) -> bool:
@@ -189,44 +185,36 @@ def _outer_names(graph: Any) -> Iterable[str]:
 
 
 def _judge(g: _Graph, output: str) -> str | None:
-    """``a16w8``, ``float``, or None (no compute op on the path: neutral)."""
-    computes = 0
+    """``a16w8``, ``a8w8``, ``float``, or None (no compute op on the path: neutral)."""
+    kinds = set()
     for node in _path(g, output):
         if (_domain(node), node.op_type) in COMPUTE_OPS:
-            computes += 1
-            if not _compute_ok(g, node):
+            kinds.add(_compute_kind(g, node))
+            if "float" in kinds:
                 return "float"
         for attr in node.attribute:
             if any(_has_compute(sub) for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs)):
                 return "float"
-    return "a16w8" if computes else None
+    if not kinds:
+        return None
+    return "a8w8" if "a8w8" in kinds else "a16w8"
 
 
 def _judged(model: Any) -> dict[str, str | None]:
-    """Each graph output's judgement (:func:`_judge`), after the 8-bit activation check.
-
-    Raises:
-        ArtifactError: an activation quantized to 8 bits.
-    """
+    """Each graph output's judgement (:func:`_judge`)."""
     g = _Graph(model)
-    eight = _eight_bit_activations(g)
-    if eight:
-        more = f" and {len(eight) - 3} more" if len(eight) > 3 else ""
-        raise errors.ArtifactError(
-            f"the graph quantizes activations to 8 bits ({', '.join(eight[:3])}{more}): xstage "
-            "has no onnx:a8w8 format, and A16W8 needs 16-bit activations",
-            remedy="quantize with `xstage quantize --scheme a16w8` (16-bit activations, 8-bit weights)")
     return {o.name: _judge(g, o.name) for o in model.graph.output}
 
 
 def artifact_format(model: Any, float_format: str) -> str:
-    """The format of a graph with Q/DQ nodes (module docstring): ``onnx:a16w8`` or ``float_format``.
-
-    Raises:
-        ArtifactError: an activation quantized to 8 bits.
-    """
+    """The format of a graph with Q/DQ nodes (module docstring): ``onnx:a8w8``, ``onnx:a16w8``
+    or ``float_format``."""
     judged = set(_judged(model).values())
-    return "onnx:a16w8" if "a16w8" in judged and "float" not in judged else float_format
+    if "float" in judged:
+        return float_format
+    if "a8w8" in judged:
+        return "onnx:a8w8"
+    return "onnx:a16w8" if "a16w8" in judged else float_format
 
 
 def onnx_output_formats(model: Any, artifact_fmt: str, float_format: str) -> dict[str, str]:
@@ -238,7 +226,8 @@ def onnx_output_formats(model: Any, artifact_fmt: str, float_format: str) -> dic
         return {}
     out = {}
     for name, judged in _judged(model).items():
-        fmt = {"a16w8": "onnx:a16w8", "float": float_format}.get(judged or "", artifact_fmt)
+        fmt = {"a16w8": "onnx:a16w8", "a8w8": "onnx:a8w8", "float": float_format}.get(
+            judged or "", artifact_fmt)
         if fmt != artifact_fmt:
             out[name] = fmt
     return out

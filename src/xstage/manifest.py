@@ -1,4 +1,8 @@
-"""The artifact manifest: ``<graph>.manifest.json`` beside every export. Validated first.
+"""The artifact manifest: ``<file>.manifest.json`` beside every export. Validated first.
+
+One manifest per artifact file (``tower.onnx.manifest.json``, ``tower.pt2.manifest.json``), so
+two formats of one stem share a folder. A manifest of the earlier layout, ``<stem>.manifest.json``,
+is still read, only when it lists this file (``find_manifest``).
 
 A manifest says what an artifact is (component, format, opset), where it came from
 (checkpoint and its hash, or a config), who made it (exporter versions), what it takes and
@@ -26,7 +30,8 @@ from typing import Any
 
 from xstage import errors
 
-__all__ = ["MANIFEST_KIND", "MANIFEST_VERSION", "check_files", "file_entry", "manifest_path",
+__all__ = ["MANIFEST_KIND", "MANIFEST_VERSION", "check_files", "file_entry", "find_manifest",
+           "legacy_manifest_path", "manifest_path",
            "read_manifest", "sha256_file", "state_pairs", "validate_manifest", "write_manifest"]
 
 MANIFEST_KIND = "xstage.artifact"
@@ -52,13 +57,49 @@ _FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "state": ((list, type(None)), False),
     "stream": ((dict, type(None)), False),
 }
-_FORMAT = re.compile(r"^(onnx:(fp32|fp16|a16w8)|pt:(fp32|fp16))$")
+_FORMAT = re.compile(r"^(onnx:(fp32|fp16|a16w8|a8w8)|pt:(fp32|fp16))$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
 
 def manifest_path(graph: str | os.PathLike[str]) -> Path:
-    """Where the manifest of ``graph`` lives: ``tower.onnx`` → ``tower.manifest.json``."""
+    """Where the manifest of ``graph`` is written: ``tower.onnx`` → ``tower.onnx.manifest.json``."""
+    path = Path(graph)
+    return path.with_name(path.name + ".manifest.json")
+
+
+def legacy_manifest_path(graph: str | os.PathLike[str]) -> Path:
+    """The earlier layout's manifest, one per stem: ``tower.onnx`` → ``tower.manifest.json``."""
     return Path(graph).with_suffix(".manifest.json")
+
+
+def find_manifest(graph: str | os.PathLike[str]) -> Path | None:
+    """The manifest that describes ``graph``, or None.
+
+    ``<file>.manifest.json`` when it exists (validated by its reader). Otherwise the earlier
+    ``<stem>.manifest.json``, only when its ``files`` list ``graph`` by name: a stem's manifest
+    written for another format of the same stem (a ``.pt2`` beside an ``.onnx``) is not this
+    file's and is left alone.
+
+    Raises:
+        ArtifactError: the earlier layout's manifest is not readable JSON (it cannot say whether
+            it lists this file).
+    """
+    own = manifest_path(graph)
+    if own.is_file():
+        return own
+    legacy = legacy_manifest_path(graph)
+    if legacy == own or not legacy.is_file():
+        return None
+    try:
+        doc = json.loads(legacy.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise errors.ArtifactError(f"manifest {legacy} is not readable JSON: {exc}",
+                                   remedy="fix or remove the manifest beside the graph") from exc
+    files = doc.get("files") if isinstance(doc, dict) else None
+    name = Path(graph).name
+    if isinstance(files, list) and any(isinstance(e, dict) and e.get("path") == name for e in files):
+        return legacy
+    return None
 
 
 def _inside(folder: Path, rel: str, what: str, where: Path) -> Path:
@@ -101,7 +142,7 @@ def validate_manifest(doc: Any, where: Path) -> dict[str, Any]:
     if doc["manifest_version"] != MANIFEST_VERSION:
         raise bad(f"manifest_version {doc['manifest_version']} (this xstage reads {MANIFEST_VERSION})")
     if not _FORMAT.match(doc["format"]):
-        raise bad(f"format {doc['format']!r} is not one of onnx:fp32|fp16|a16w8, pt:fp32|fp16")
+        raise bad(f"format {doc['format']!r} is not one of onnx:fp32|fp16|a16w8|a8w8, pt:fp32|fp16")
     folder = where.parent
     if not doc["files"]:
         raise bad("lists no files")

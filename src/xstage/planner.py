@@ -23,7 +23,7 @@ from xstage import errors
 from xstage.device_table import DeviceReport, DeviceRow
 from xstage.ledger import HOST_POOL
 from xstage.refusal import Refusal, RefusalCode
-from xstage.routes import DEVICE_PREFERENCE, ROUTE_NAMES, RouteStatus, get_spec
+from xstage.routes import DEVICE_PREFERENCE, ROUTE_NAMES, RouteSpec, RouteStatus, get_spec
 from xstage.routes.hooks import check_option_keys
 
 __all__ = ["Candidate", "Plan", "check_ep_options", "make_plan", "match_device", "plan"]
@@ -108,6 +108,17 @@ def _no_format(device: str, fmt: str, row: DeviceRow | None) -> Refusal:
     )
 
 
+def _format_declined(device: str, fmt: str, spec: RouteSpec) -> Refusal:
+    """A format the route's device declines by its documented limit (``RouteSpec.declines``)."""
+    limit = spec.declines[fmt]
+    return Refusal(
+        code=RefusalCode.NO_EXPORTED_GRAPH, cause="format_not_accepted", device=device,
+        route=spec.name, message=f"{device} does not accept {fmt} through {spec.name}: {limit}",
+        remedy=spec.declines_remedy or f"export the stage as {' or '.join(spec.formats)}",
+        evidence={"format": fmt, "limit": limit, "formats_taken": list(spec.formats)},
+    )
+
+
 def _plan_device(report: DeviceReport, wanted: str, fmt: str, only: str | None
                  ) -> tuple[list[Candidate], list[Refusal]]:
     rows = match_device(report, wanted)
@@ -129,8 +140,12 @@ def _plan_device(report: DeviceReport, wanted: str, fmt: str, only: str | None
                 remedy="xstage devices lists the routes; none is written for this device",
                 evidence={}))
             continue
+        declining = [r.spec for r in row.routes if fmt in r.spec.declines
+                     and (not only or r.name == only)]
+        refusals += [_format_declined(row.device.id, fmt, spec) for spec in declining]
         if not any(fmt in r.spec.formats for r in row.routes if not only or r.name == only):
-            refusals.append(_no_format(row.device.id, fmt, row))
+            if not declining:
+                refusals.append(_no_format(row.device.id, fmt, row))
             continue
         c, r = _routes_for(row, fmt, only)
         cands += c
@@ -236,6 +251,8 @@ def _plan_route(report: DeviceReport, fmt: str, route: str, device: str | None) 
     if route not in known:
         raise errors.UsageError(f"unknown route {route!r}", remedy=f"routes: {', '.join(known)}")
     spec = report.route(route).spec if report.routes else get_spec(route)
+    if fmt in spec.declines:
+        return Plan((), (_format_declined(device or spec.device_class, fmt, spec),), "route", False)
     if fmt not in spec.formats:
         refusal = Refusal(
             code=RefusalCode.NO_EXPORTED_GRAPH, cause="format_not_run_here",

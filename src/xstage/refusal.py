@@ -25,7 +25,7 @@ class RefusalCode(str, enum.Enum):
 
 #: The causes each code admits.
 CAUSES: dict[RefusalCode, tuple[str, ...]] = {
-    RefusalCode.NO_EXPORTED_GRAPH: ("format_not_run_here",),
+    RefusalCode.NO_EXPORTED_GRAPH: ("format_not_run_here", "format_not_accepted"),
     RefusalCode.DEVICE_UNREACHABLE: ("no_route", "route_missing", "no_node"),
     RefusalCode.EP_DECLINED: ("declined", "unmeasured", "provider_swapped", "evidence_conflict",
                               "device_mismatch", "ep_compile_failed", "outputs_off_device"),

@@ -66,4 +66,5 @@ class Replay:
         p = self.verdicts[start, stop]
         names = [n for names in p["off_target"].values() for n in names]
         off = frozenset(self.position[n] for n in names) if p["node_fraction"] is not None else None
-        return Outcome(p["accepted"], p["verdict"], p["reason"], off)
+        return Outcome(p["accepted"], p["verdict"], p["reason"], off,
+                       judged=p.get("fact", "declined") != "not_judged")

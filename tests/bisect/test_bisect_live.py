@@ -82,7 +82,7 @@ def test_the_split_is_placed_part_by_part_and_equal_to_the_original(split_run) -
     assert {p["kind"] for p in split["parts"]} == {"region", "cpu"}
     for part in split["parts"]:
         if part["kind"] == "region":
-            assert (split_run["root"] / "split" / part["graph"].replace(".onnx", ".manifest.json")).is_file()
+            assert (split_run["root"] / "split" / (part["graph"] + ".manifest.json")).is_file()
 
 
 def test_run_split_returns_the_original_outputs_with_each_parts_proof(split_run, monkeypatch) -> None:
@@ -120,3 +120,54 @@ def test_a_graph_declined_everywhere_reports_no_region_and_exits_2(tmp_path, ope
     assert record["regions"] == []
     assert all(not p["accepted"] for p in record["probes"])
     assert record["declined_ops"][0]["op_type"] == "Hardmax"
+
+
+def _alloc_chain() -> onnx.ModelProto:
+    """Sin, Tanh, Hardmax, Neg; then ``alloc`` (ConstantOfShape of the input ``n``: floats no
+    shape inference can size) summed into the chain by ``add``; Sigmoid, Abs. A probe that holds
+    ``alloc`` is placed and passes its gate, then the ledger refuses it (``peak_over_budget``):
+    a fact about the budget, not about what the route's partitioner takes."""
+    from onnx import TensorProto, helper
+
+    one = helper.make_tensor("v", TensorProto.FLOAT, [1], [1e-9])
+    nodes = [helper.make_node("Sin", ["x"], ["v0"], name="n0_Sin"),
+             helper.make_node("Tanh", ["v0"], ["v1"], name="n1_Tanh"),
+             helper.make_node("Hardmax", ["v1"], ["v2"], name="n2_Hardmax"),
+             helper.make_node("Neg", ["v2"], ["v3"], name="n3_Neg"),
+             helper.make_node("ConstantOfShape", ["n"], ["big"], name="alloc", value=one),
+             helper.make_node("ReduceSum", ["big"], ["s"], name="sum", keepdims=0),
+             helper.make_node("Add", ["v3", "s"], ["v4"], name="add"),
+             helper.make_node("Sigmoid", ["v4"], ["v5"], name="n7_Sigmoid"),
+             helper.make_node("Abs", ["v5"], ["y"], name="n8_Abs")]
+    graph = helper.make_graph(
+        nodes, "alloc_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 8)),
+                               helper.make_tensor_value_info("n", TensorProto.INT64, (1,))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4, 8))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_range_the_ledger_refuses_is_not_judged_and_the_split_passes_the_gate(tmp_path) -> None:
+    """Only the partitioner's answer is a decline: on ort-cpu (whose partitioner takes every
+    node) the probes that hold ``alloc`` are refused by the ledger, so their ranges are *not
+    judged* (exit 1, the regions still written), never declined; the split's composed outputs
+    pass the numeric gate's rules."""
+    onnx.save(_alloc_chain(), tmp_path / "alloc.onnx")
+    np.savez(tmp_path / "in.npz", x=np.random.default_rng(5).standard_normal((4, 8)).astype("f4"),
+             n=np.array([64 << 20], np.int64))  # 256 MiB of floats, past a tiny graph's budget
+    done = _cli("--graph", str(tmp_path / "alloc.onnx"), "--route", "ort-cpu",
+                "--inputs", str(tmp_path / "in.npz"), "--out", str(tmp_path / "split"),
+                "--json", str(tmp_path / "r.json"))
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    record = read_bisect_record(tmp_path / "r.json")
+    print(json.dumps({k: record[k] for k in ("outcome", "not_judged", "declined_ops")}, indent=1))
+    print(json.dumps(record["split"]["check"]))
+    alloc = record["order"]["names"].index("alloc")
+    assert record["outcome"]["status"] == "not_judged"
+    assert record["not_judged"] and all(u["start"] <= alloc < u["stop"] for u in record["not_judged"])
+    assert {u["cause"] for u in record["not_judged"]} == {"peak_over_budget"}
+    assert record["declined_ops"] == []  # alloc is not "declined"
+    assert {p["fact"] for p in record["probes"]} == {"accepted", "not_judged"}  # none declined
+    assert all(p["fact"] == "not_judged" for p in record["probes"] if p["code"] == "budget_exceeds_device")
+    assert record["regions"] and record["split"]["check"]["passed"] is True
+    assert "not judged" in done.stdout and "passed the numeric gate" in done.stdout

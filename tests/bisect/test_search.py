@@ -151,3 +151,23 @@ def test_a_limit_reached_while_growing_keeps_the_regions_already_proven() -> Non
     cut = search(12, Chain(12, [3, 8]), max_probes=len(full.probes) - len(grows) + 1)
     assert cut.cut_short == "max_probes"
     assert cut.regions == full.regions == ((0, 3), (4, 8), (9, 12))
+
+
+def test_a_range_refused_by_the_budget_is_not_judged_and_never_a_contradiction() -> None:
+    """A probe refused for another reason than the partitioner's (the ledger's
+    ``peak_over_budget`` here) says nothing about what the target takes: its range is *not
+    judged*, split like a declined one, listed, and never counted in a contradiction."""
+    def oracle(start: int, stop: int) -> Outcome:
+        if start <= 5 < stop:  # node 5 allocates past the budget in any range that holds it
+            return Outcome(False, "budget_peak_over_budget", "over budget", judged=False)
+        if start <= 2 < stop:
+            return Outcome(False, "declined", "left on the CPU", frozenset({2}))
+        return Outcome(True, "accepted")
+
+    found = search(8, oracle)
+    assert found.regions == ((0, 2), (3, 5), (6, 8))
+    assert [p.outcome.fact for p in found.probes][0] == "not_judged"
+    assert found.unjudged and all(p.start <= 5 < p.stop for p in found.unjudged)
+    assert {p.outcome.fact for p in found.probes if p.start <= 2 < p.stop and not p.start <= 5 < p.stop} \
+        == {"declined"}
+    assert not found.contradictions

@@ -476,6 +476,7 @@ def test_golden_to_dict_of_the_det_split():
         "graph_node_count": 5,
         "time_fraction": 1995 / 2038,
         "kernel_fraction": 0.5,
+        "event_fraction": 0.5,
         "kernels_on_target": 1,
         "kernels_total": 2,
         "kernel_time_on_target_us": 1995,

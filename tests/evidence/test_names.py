@@ -126,6 +126,12 @@ def test_nodes_onnxruntime_adds_for_an_fp16_graph_on_the_cpu_ep():
     assert check_names(reshapes, names).passed  # code2wav-tiny on the CPU EP
     gemm = session_names([{"name": "/MatMulAddFusion", "op_type": "Gemm"}], None)
     assert check_names([("/MatMulAddFusion", "MatMulNBits", CPU)], gemm).passed  # the A16W8 MLP
+    assert check_names([("/MatMulAddFusion", "QGemm", CPU)], gemm).passed  # the A8W8 MLP (QDQ fusion)
+    matmul = session_names([{"name": "mm", "op_type": "MatMul"}, {"name": "add", "op_type": "Add"}], None)
+    for event, op in [("mm", "QLinearMatMul"), ("mm", "MatMulIntegerToFloat"), ("add", "QLinearAdd")]:
+        assert check_names([(event, op, CPU)], matmul).passed, (event, op)
+    for event, op in [("mm", "QGemm"), ("add", "QLinearMatMul"), ("add", "QAdd")]:
+        assert not check_names([(event, op, CPU)], matmul).passed, (event, op)
     assert not check_names([("/MatMulAddFusion", "Relu", CPU)], gemm).passed
     assert not check_names([("gemm_input_reshape", "Relu", CPU)], names).passed
     for bad in [("InsertedPrecisionFreeCast_linear", "Relu", CPU),  # not a cast

@@ -14,7 +14,7 @@ import pytest
 
 from xstage.artifact import inspect_artifact
 from xstage.builtin_graphs import SHIPPED, builtin_artifact
-from xstage.manifest import read_manifest
+from xstage.manifest import manifest_path, read_manifest
 
 FORMATS = ["onnx:fp32", "onnx:fp16", "pt:fp32", "pt:fp16"]
 
@@ -111,6 +111,24 @@ def test_fp16_export_writes_its_fp32_source_and_names_it(towers):
     assert inspect_artifact(fp16["path"]).format == "onnx:fp16"
 
 
+def test_onnx_and_pt2_of_one_stem_in_one_folder_both_open(export_python, tmp_path):
+    """Each artifact file has its own manifest (``<file>.manifest.json``): a ``.pt2`` exported
+    beside an ``.onnx`` of the same stem leaves the ONNX artifact's manifest alone."""
+    folder = tmp_path / "vt"
+    folder.mkdir()
+    for fmt, name in (("onnx:fp32", "tower.onnx"), ("pt:fp32", "tower.pt2")):
+        _export(export_python, "vision-tower", "--config", "tiny", "--format", fmt,
+                "--out", str(folder / name))
+    assert {p.name for p in folder.glob("*.manifest.json")} == {"tower.onnx.manifest.json",
+                                                                "tower.pt2.manifest.json"}
+    assert inspect_artifact(folder / "tower.pt2").format == "pt:fp32"
+    for name in ("tower.onnx", "tower.pt2"):
+        done, rec = _external("--graph", str(folder / name), "--json", str(tmp_path / f"{name}.json"),
+                              env={"XSTAGE_PYTHON_TORCH_CPU": str(export_python)})
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert rec["artifact"]["format_source"] == "manifest"
+
+
 @pytest.mark.parametrize("route", ["ort-cpu", "ort-openvino"])
 @pytest.mark.parametrize("fmt", ["onnx:fp32", "onnx:fp16"])
 def test_onnx_towers_pass_external_on_both_routes(towers, openvino_python, tmp_path, fmt, route):
@@ -201,7 +219,7 @@ def test_checkpoint_under_either_prefix_loads_strictly_and_matches(export_python
     n = subprocess.run([str(export_python), "-c", _WRITE_CHECKPOINT, str(ckpt), prefix, "keep"],
                        capture_output=True, text=True, timeout=300, check=True).stdout.strip()
     _export(export_python, "vision-tower", "--checkpoint", str(ckpt), "--out", str(tmp_path / "a"))
-    doc = read_manifest(tmp_path / "a.manifest.json")
+    doc = read_manifest(tmp_path / "a.onnx.manifest.json")
     assert doc["source"]["kind"] == "checkpoint" and doc["source"]["tensors"] == int(n)
     x = np.random.default_rng(0).standard_normal((16, 1536)).astype(np.float32)
     b_onnx = tiny_tower.with_suffix(".onnx")  # the same model from --config tiny
@@ -223,13 +241,13 @@ def test_checkpoint_with_a_missing_tensor_is_refused_by_name(export_python, tmp_
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_shipped_builtins_match_a_fresh_export(export_python, tiny_tower, code2wavs, tmp_path, name):
     shipped = builtin_artifact(name)
-    doc = read_manifest(shipped.with_suffix(".manifest.json"))
+    doc = read_manifest(manifest_path(shipped))
     if name == "vision-tower-tiny":  # --config tiny at the default --image-size 64
-        fresh, manifest = tiny_tower.with_suffix(".onnx"), tiny_tower.with_suffix(".manifest.json")
+        fresh, manifest = tiny_tower.with_suffix(".onnx"), manifest_path(tiny_tower.with_suffix(".onnx"))
     elif name == "code2wav-stream-tiny":
         _export(export_python, "code2wav", "--config", "tiny", "--chunk", "8", "--left-context", "50",
                 "--out", str(tmp_path / name))
-        fresh, manifest = tmp_path / f"{name}.onnx", tmp_path / f"{name}.manifest.json"
+        fresh, manifest = tmp_path / f"{name}.onnx", tmp_path / f"{name}.onnx.manifest.json"
     else:  # code2wav --config tiny --frames 50, in fp32
         (report,) = code2wavs["onnx:fp32"]
         fresh, manifest = Path(report["path"]), Path(report["manifest"])

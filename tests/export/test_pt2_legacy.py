@@ -17,6 +17,7 @@ import pytest
 
 from xstage.export import _torch_schema_5_3 as schema
 from xstage.export.pt2_legacy import LegacySchemaError, project
+from xstage.manifest import manifest_path
 
 
 def _node(**extra):
@@ -86,7 +87,7 @@ def test_the_export_writes_the_flat_archive_and_says_so_in_the_manifest(legacy_t
         doc = json.loads(z.read("serialized_exported_program.json"))
     assert doc["schema_version"] == {"major": 5, "minor": 3} and doc["dialect"] == "ATEN"
     assert "verifiers" not in doc and "torch_version" not in doc
-    manifest = json.loads(legacy_tower.with_suffix(".manifest.json").read_text())
+    manifest = json.loads(manifest_path(legacy_tower).read_text())
     assert manifest["exporter"]["pt2_for_torch"] == "2.4" and manifest["exporter"]["pt2_schema"] == "5.3"
     report = json.loads(Path(str(legacy_tower.with_suffix("")) + ".json").read_text())[0]
     assert report["legacy"]["roundtrip_bitwise"] is True

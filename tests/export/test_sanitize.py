@@ -200,3 +200,123 @@ def test_cli_errors_are_one_line_with_exit_codes(tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     r = _cli(str(bad))
     assert r.returncode == 64
+
+
+def guarded_graph(op: str):
+    """``Where(IsNaN(v), 0, v)`` on ``v = op(x)``: Relu never makes a NaN of a finite input;
+    Log makes one of every negative input, which the guard turns into 0."""
+    nodes = [helper.make_node(op, ["x"], ["v"], name="f"),
+             helper.make_node("IsNaN", ["v"], ["nan"], name="isnan"),
+             helper.make_node("Where", ["nan", "zero", "v"], ["g"], name="guard"),
+             helper.make_node("Identity", ["g"], ["y"], name="out")]
+    return _model(nodes, [_vi("x", [4, 8])], [_vi("y", [4, 8])],
+                  [numpy_helper.from_array(np.zeros((), np.float32), "zero")])
+
+
+def test_assume_finite_removes_a_guard_the_samples_bear_out(tmp_path):
+    src = _save(guarded_graph("Relu"), tmp_path / "in.onnx")
+    default = sanitize_onnx(src, tmp_path / "keep.onnx")
+    (site,) = [s for s in default["sites"] if s["rewrite"] == "RemoveNanGuardPass"]
+    assert site["verdict"] == "skipped" and "may be NaN" in site["reason"]
+    report = sanitize_onnx(src, tmp_path / "out.onnx", assume_finite="all")
+    (site,) = [s for s in report["sites"] if s["rewrite"] == "RemoveNanGuardPass"]
+    assert site["verdict"] == "applied" and site["assumed"] == "v" and "assumed finite" in site["reason"]
+    assert report["assumption"]["status"] == "identical" and report["assumption"]["samples"] == 8
+    assert report["parity"] == report["assumption"]
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node]
+    assert "IsNaN" not in ops and "Where" not in ops
+    named = sanitize_onnx(src, tmp_path / "named.onnx", assume_finite=["v"])
+    assert named["assume_finite"] == ["v"] and named["assumption"]["status"] == "identical"
+
+
+def test_an_assumption_the_samples_refute_is_reverted_and_reported(tmp_path):
+    """Log of the synthesized (standard normal) inputs is NaN at every negative: without the
+    guard the outputs move (NaN where 0 was), so the removal is reverted."""
+    src = _save(guarded_graph("Log"), tmp_path / "in.onnx")
+    report = sanitize_onnx(src, tmp_path / "out.onnx", assume_finite=["v"])
+    (site,) = [s for s in report["sites"] if s["rewrite"] == "RemoveNanGuardPass"]
+    assert site["verdict"] == "reverted" and site["assumed"] == "v"
+    assert "the guard is kept" in site["reason"] and "sample 0" in site["reason"]
+    assert report["assumption"]["status"] == "reverted"
+    assert report["parity"]["status"] == "identical"  # what was written is the provable rewrite
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node]
+    assert "IsNaN" in ops and "Where" in ops
+    x = np.abs(np.random.default_rng(0).standard_normal((4, 8))).astype(np.float32) + 0.1
+    given = sanitize_onnx(src, tmp_path / "given.onnx", assume_finite=["v"], inputs={"x": x})
+    assert given["assumption"]["status"] == "identical" and given["assumption"]["samples"] == 1
+
+
+def test_assume_finite_names_only_guarded_values(tmp_path):
+    src = _save(guarded_graph("Relu"), tmp_path / "in.onnx")
+    with pytest.raises(errors.UsageError, match="no NaN guard of in.onnx reads") as info:
+        sanitize_onnx(src, tmp_path / "out.onnx", assume_finite=["x"])
+    assert "v" in info.value.remedy
+    with pytest.raises(errors.UsageError, match="unknown preset"):
+        sanitize_onnx(src, tmp_path / "out.onnx", preset="coreml")
+
+
+def test_presets_qnn_and_dml(tmp_path):
+    model = guarded_graph("Relu")
+    model.graph.node.extend([helper.make_node("Reshape", ["x", "shape"], ["r"], name="rs", allowzero=1)])
+    model.graph.initializer.extend([_i64("shape", [32])])
+    model.graph.output.extend([_vi("r", [32])])
+    src = _save(model, tmp_path / "in.onnx")
+    dml = sanitize_onnx(src, tmp_path / "dml.onnx", preset="dml")
+    assert {s["rewrite"] for s in dml["sites"]} == {"ClearReshapeAllowzeroPass"}
+    assert dml["assume_finite"] == [] and dml["assumption"] is None
+    qnn = sanitize_onnx(src, tmp_path / "qnn.onnx", preset="qnn")
+    assert qnn["assume_finite"] == "all" and qnn["preset"] == "qnn"
+    by = {s["rewrite"]: s["verdict"] for s in qnn["sites"]}
+    assert by == {"ClearReshapeAllowzeroPass": "applied", "RemoveNanGuardPass": "applied"}
+    r = _cli(str(src), str(tmp_path / "cli.onnx"), "--for", "qnn")
+    assert r.returncode == 0 and "assumption check (identical)" in r.stdout, r.stderr
+
+
+_ATTENTION = r'''
+import sys, torch
+class Attn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(16, 16) for _ in range(3))
+    def forward(self, x, mask):
+        b, s, d = x.shape
+        q, k, v = (f(x).view(b, s, 2, 8).transpose(1, 2) for f in (self.q, self.k, self.v))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+        return o.transpose(1, 2).reshape(b, s, d)
+torch.manual_seed(0)
+mask = torch.ones(2, 8, dtype=torch.bool)
+mask[0, 6:] = False
+torch.onnx.export(Attn().eval(), (torch.randn(2, 8, 16), mask), sys.argv[1], dynamo=True,
+                  input_names=["x", "mask"], output_names=["y"])
+'''
+
+
+def test_a_dynamo_export_of_boolean_mask_attention(export_python, tmp_path):
+    """torch.onnx's dynamo export of scaled_dot_product_attention with a boolean mask guards
+    its Softmax with Where(IsNaN(p), 0, p): kept by default (and said why), removed with
+    --assume-finite all, the outputs bitwise equal on the 8 synthesized samples (random masks
+    included) and on a mask with a row masked out."""
+    src = tmp_path / "attn.onnx"
+    done = subprocess.run([str(export_python), "-c", _ATTENTION, str(src)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = _cli(str(src), str(tmp_path / "keep.onnx"), "--json", str(tmp_path / "keep.json"))
+    assert r.returncode == 0, r.stderr
+    (kept,) = [s for s in json.loads((tmp_path / "keep.json").read_text())["sites"]
+               if s["rewrite"] == "RemoveNanGuardPass"]
+    assert kept["verdict"] == "skipped" and "may be NaN" in kept["reason"]
+    r = _cli(str(src), str(tmp_path / "out.onnx"), "--assume-finite", "all", "--json",
+             str(tmp_path / "out.json"))
+    assert r.returncode == 0, r.stderr
+    print(r.stdout)
+    report = json.loads((tmp_path / "out.json").read_text())
+    (site,) = [s for s in report["sites"] if s["rewrite"] == "RemoveNanGuardPass"]
+    assert site["verdict"] == "applied" and site["assumed"] and site["node"] == kept["node"]
+    assert report["assumption"]["status"] == "identical" and report["assumption"]["samples"] == 8
+    assert "IsNaN" not in {n.op_type for n in onnx.load(str(tmp_path / "out.onnx")).graph.node}
+    mask = np.ones((2, 8), bool)
+    mask[1] = False  # a whole row masked out
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 8, 16)).astype(np.float32), "mask": mask}
+    from xstage.export.sanitize import run_on_cpu
+    a, b = run_on_cpu(src, feeds)["y"], run_on_cpu(tmp_path / "out.onnx", feeds)["y"]
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8))

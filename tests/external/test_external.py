@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
 import numpy as np
 import psutil
+import pytest
 
 from xstage.record import read_record
 
@@ -308,3 +310,35 @@ def test_compare_cpu_and_save_outputs(external, graphs, tmp_path):
 def test_ep_option_that_is_not_key_value_is_a_usage_error(external):
     r = external("--ep-option", "device_type")
     assert r.code == 64 and "KEY=VALUE" in r.stderr
+
+
+def test_a_stage_placed_on_a_later_preferred_device_keeps_the_earlier_refusals(external, graphs):
+    """``--prefer npu,gpu_integrated,cpu`` on a machine with neither an NPU nor an integrated
+    GPU: placed on the CPU, and the record (``plan.fallthrough``) and the summary still say why
+    each earlier device said no."""
+    r = external("--graph", str(graphs["mlp"]), "--prefer", "npu,gpu_integrated,cpu")
+    assert r.code == 0, r.stderr
+    plan = r.record["plan"]
+    assert plan["chosen"]["device"] == "cpu" and r.record["outcome"]["refusals"] == []
+    fell = {x["device"]: x for x in plan["fallthrough"]}
+    assert {"npu", "gpu_integrated"} <= set(fell)
+    for device in ("npu", "gpu_integrated"):
+        assert fell[device]["code"] == "device_unreachable_from_this_process"
+        assert fell[device]["cause"] == "no_route" and fell[device]["message"]
+        assert re.search(rf"fell through\s*│\s*{device}: device_unreachable_from_this_process "
+                         r"\(no_route\)", r.stdout), r.stdout
+
+
+def test_the_seeds_event_fraction_is_recorded_beside_the_verdicts(external, graphs, openvino_python):
+    """docs/external.md's worked example: at --min-placement 0.7 the seed's metric (2 of 3
+    kernel events on OpenVINO) would refuse the det graph; xstage's node fraction (3 of 4) and
+    time fraction both reach it, so it is placed, and the record and summary carry both."""
+    r = external("--graph", str(graphs["det"]), "--route", "ort-openvino", "--min-placement", "0.7",
+                 env={"XSTAGE_PYTHON_ORT_OPENVINO": str(openvino_python)})
+    assert r.code == 0, r.stderr
+    proof = r.record["proof"]
+    assert proof["verdict"] == "placed" and proof["node_fraction"] == 0.75
+    assert proof["event_fraction"] == pytest.approx(2 / 3)
+    assert proof["event_fraction"] < 0.7 <= proof["fraction"]
+    assert proof["time_fraction"] >= proof["fraction"]
+    assert re.search(r"event fraction\s*│\s*66\.7% of the first run's kernel events", r.stdout), r.stdout

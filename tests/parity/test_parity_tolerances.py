@@ -54,7 +54,7 @@ def test_unknown_format_names_the_valid_ones():
         default_tolerance("onnx:int4", "same_graph_cpu")
     assert str(info.value) == (
         "unknown artifact format 'onnx:int4'; valid formats: "
-        "onnx:fp32, onnx:fp16, onnx:a16w8, pt:fp32, pt:fp16"
+        "onnx:fp32, onnx:fp16, onnx:a16w8, onnx:a8w8, pt:fp32, pt:fp16"
     )
 
 

@@ -14,7 +14,7 @@ from xstage.record import load_schema, validate_record
 #: DESIGN §5, the closed table: each code and the causes it allows (kept here by hand, so a
 #: cause added to refusal.CAUSES without the schema, or the other way round, fails below).
 CAUSES = {
-    "no_exported_graph": ["format_not_run_here"],
+    "no_exported_graph": ["format_not_run_here", "format_not_accepted"],
     "device_unreachable_from_this_process": ["no_route", "route_missing", "no_node"],
     "execution_provider_declined_graph": ["declined", "unmeasured", "provider_swapped", "evidence_conflict",
                                           "device_mismatch", "ep_compile_failed", "outputs_off_device"],

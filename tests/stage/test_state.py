@@ -16,7 +16,7 @@ import pytest
 
 import xstage
 from xstage import builtin_graphs, errors
-from xstage.manifest import write_manifest
+from xstage.manifest import manifest_path, write_manifest
 from xstage.record import read_record
 
 X = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
@@ -124,9 +124,9 @@ def test_a_pair_of_two_shapes_is_refused_by_name(tmp_path):
 ])
 def test_malformed_state_declarations_are_refused(tmp_path, pair):
     path = _accumulator(tmp_path)
-    doc = json.loads(path.with_suffix(".manifest.json").read_text())
+    doc = json.loads(manifest_path(path).read_text())
     doc["state"] = [pair]
-    path.with_suffix(".manifest.json").write_text(json.dumps(doc))
+    manifest_path(path).write_text(json.dumps(doc))
     with pytest.raises(errors.ArtifactError, match="state"):
         xstage.open_stage(path, route="ort-cpu")
 

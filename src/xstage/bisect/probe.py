@@ -11,6 +11,10 @@ The verdict of a probe is one word: ``accepted``; else the refusal's cause (``de
 ``budget_`` before a budget's); ``format_mismatch`` when the region fails the parent's format
 check; ``error`` when its worker failed (died, timed out, could not load the region).
 
+Only a refusal coded ``execution_provider_declined_graph`` is the partitioner's answer, a
+*declined* range; every other refusal (the budget, the numeric gate, no exported graph) and
+every error leaves the range *not judged* (``Outcome.judged`` False, docs/bisect.md).
+
 .. versionadded:: 0.3
 """
 
@@ -111,10 +115,10 @@ class Prober:
             return self._refused(refused, time.perf_counter() - t0, kept)
         except errors.UsageError as exc:  # the region fails the parent's format check
             detail = ProbeDetail(time.perf_counter() - t0, None, None, None, {}, kept)
-            return Outcome(False, "format_mismatch", exc.message, None, detail)
+            return Outcome(False, "format_mismatch", exc.message, None, detail, judged=False)
         except (errors.WorkerError, errors.ArtifactError, errors.InputError) as exc:
             detail = ProbeDetail(time.perf_counter() - t0, None, None, None, {}, kept)
-            return Outcome(False, "error", exc.message, None, detail)
+            return Outcome(False, "error", exc.message, None, detail, judged=False)
         with stage:
             proof = stage.proof
         detail = ProbeDetail(time.perf_counter() - t0, None, None, proof.node_fraction, {}, kept)
@@ -139,4 +143,5 @@ class Prober:
                              {op: tuple(sorted(set(names))) for op, names in sorted(off.items())},
                              kept)
         measured = isinstance(fraction, (int, float))  # the plan (or execution) said per node
-        return Outcome(False, verdict, refusal.message, positions if measured else None, detail)
+        return Outcome(False, verdict, refusal.message, positions if measured else None, detail,
+                       judged=refusal.code is RefusalCode.EP_DECLINED)

@@ -10,9 +10,16 @@ The steps, in order (docs/bisect.md has the user's view):
 4. The search (``xstage.bisect.search``, pure) asks the prober (``xstage.bisect.probe``) about
    ranges; each probe is a region opened through ``xstage.open_stage``.
 5. The record (``xstage.bisect.record``): regions with their shares, declined ops with the
-   reason of the smallest declined probe that held them, every probe, the contradictions, the
+   reason of the smallest declined probe that held them, the ranges not judged (a probe refused
+   for another reason than the partitioner's, or failed), every probe, the contradictions, the
    budget. With ``out``, the split artifact is written (``xstage.bisect.split``) and run once on
-   the captured inputs, its outputs checked against the whole graph's on the CPU.
+   the captured inputs, its outputs checked against the whole graph's on the CPU by the numeric
+   gate's rules (``xstage.parity``'s tiers, then ``xstage.stage.tiebreak``'s float64 tie-break
+   and noise tier where the tight tier fails).
+
+The exit code: 0 a region accepted and every probe judged; 2 no region and every probe judged;
+1 a range not judged (the regions found are still written) or a failed split check. A search
+cut short by ``max_probes`` or ``deadline`` is recorded (``budget.cut_short``), not an error.
 
 .. versionadded:: 0.3
 """
@@ -41,17 +48,18 @@ from xstage.bisect import cost
 from xstage.bisect.graph import BisectGraph, capture, load_graph
 from xstage.bisect.probe import ProbeDetail, Prober
 from xstage.bisect.record import KIND, SCHEMA_VERSION
-from xstage.bisect.search import Outcome, SearchResult, search
+from xstage.bisect.search import Outcome, Probe, SearchResult, search
 from xstage.bisect.split import SplitRun, run_split, write_split
 from xstage.client import Deadlines
 from xstage.device_table import DeviceReport
 from xstage.device_table import devices as device_report
-from xstage.exit_codes import EXIT_OK, EXIT_REFUSED
+from xstage.exit_codes import EXIT_ERROR, EXIT_OK, EXIT_REFUSED
 from xstage.inputs import SEED, resolve_feeds
 from xstage.planner import make_plan
 from xstage.record import utc_now
 from xstage.signature import check_inputs
 from xstage.snapshot import releasing
+from xstage.stage import tiebreak
 
 __all__ = ["BisectResult", "bisect"]
 
@@ -64,7 +72,8 @@ class BisectResult:
         graph: the graph in its stable order.
         search: the search's result (regions as ``(start, stop)``, every probe).
         record: the ``xstage.bisect`` record (``xstage.bisect.record`` validates and writes it).
-        exit_code: 0 when a region was found (or the whole graph taken), 2 for no region.
+        exit_code: 0 when a region was found (or the whole graph taken), 2 for no region, 1
+            when a range was not judged or the split check failed (module docstring).
         split: the split artifact's check run, with ``out``; else None.
         route: the route every probe ran on.
         device: the device every probe ran on.
@@ -179,12 +188,13 @@ def bisect(
              "placed": next((r.proof.passed for r in split_run.parts
                              if r.name == p["name"] and r.proof is not None), None)}
             for p in written["parts"]],
-            "check": _check_split(split_run, values, g, art.format)}
-    code = EXIT_OK if found.regions else EXIT_REFUSED
+            "check": _check_split(split_run, values, g, art, feeds)}
+    outcome = _outcome(found, len(g), split_doc["check"] if split_doc else None)
     record = _record(argv, started, t0, capture_s, art, g, cuts, request,
                      {"route": cand.route.name, "device": cand.device}, found,
-                     _outcome(found, len(g)), costs=costs, split=split_doc)
-    return BisectResult(graph=g, search=found, record=record, exit_code=code, split=split_run,
+                     outcome, costs=costs, split=split_doc)
+    return BisectResult(graph=g, search=found, record=record, exit_code=outcome["exit_code"],
+                        split=split_run,
                         route=cand.route.name, device=cand.device)
 
 
@@ -223,6 +233,7 @@ def _record(argv: Sequence[str], started: str, t0: float, capture_s: float, art:
                   "names": [n.name for n in g.nodes]},
         "regions": _regions(found, g, costs) if found else [],
         "declined_ops": _declined(found, g) if found else [],
+        "not_judged": [_unjudged_doc(p) for p in found.unjudged] if found else [],
         "probes": [_probe_doc(p) for p in probes],
         "contradictions": [{"kind": c.kind, "probe": c.probe, "earlier": c.earlier}
                            for c in (found.contradictions if found else ())],
@@ -237,7 +248,24 @@ def _record(argv: Sequence[str], started: str, t0: float, capture_s: float, art:
     return doc
 
 
-def _outcome(found: SearchResult, n: int) -> dict[str, Any]:
+def _outcome(found: SearchResult, n: int, check: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The outcome and its exit code (the module docstring's rule)."""
+    found_doc = _found(found, n)
+    if check is not None and not check["passed"]:
+        return {"status": "split_check_failed", "exit_code": EXIT_ERROR,
+                "message": f"{found_doc['message']}; the split's composed outputs failed the "
+                           f"numeric gate against the whole graph on the CPU "
+                           f"(max |diff| {check['max_abs_diff']})"}
+    if found.unjudged:
+        ranges = ", ".join(f"[{p.start}, {p.stop}) {p.outcome.verdict}" for p in found.unjudged)
+        return {"status": "not_judged", "exit_code": EXIT_ERROR,
+                "message": f"{found_doc['message']}; {len(found.unjudged)} range(s) not judged "
+                           f"(refused for another reason than the partitioner's, or failed): "
+                           f"{ranges}"}
+    return found_doc
+
+
+def _found(found: SearchResult, n: int) -> dict[str, Any]:
     short = {"max_probes": " (cut short by --max-probes)", "deadline": " (cut short by --deadline)",
              None: ""}[found.cut_short]
     if found.regions == ((0, n),) and len(found.probes) == 1:
@@ -267,7 +295,11 @@ def _regions(found: SearchResult, g: BisectGraph,
 
 
 def _declined(found: SearchResult, g: BisectGraph) -> list[dict[str, Any]]:
-    """Nodes in no region, by op type, with the reason of the smallest declined probe over them."""
+    """Nodes in no region, by op type, with the reason of the smallest declined probe over them.
+
+    A node whose smallest probe not accepted was not judged (a budget or gate refusal, an
+    error) is not declined: its range is in the record's ``not_judged``.
+    """
     covered = {i for a, b in found.regions for i in range(a, b)}
     by_op: dict[str, dict[str, Any]] = {}
     for node in g.nodes:
@@ -275,6 +307,8 @@ def _declined(found: SearchResult, g: BisectGraph) -> list[dict[str, Any]]:
             continue
         held = [p for p in found.probes if not p.accepted and p.start <= node.position < p.stop]
         best = min(held, key=lambda p: (p.stop - p.start, p.index)) if held else None
+        if best is not None and not best.judged:
+            continue
         entry = by_op.setdefault(node.op_type, {"op_type": node.op_type, "nodes": [],
                                                 "reason": None, "probe": None})
         entry["nodes"].append(node.name)
@@ -289,22 +323,41 @@ def _span(found: SearchResult, index: int) -> int:
     return probe.stop - probe.start
 
 
+def _unjudged_doc(p: Probe) -> dict[str, Any]:
+    """A range the search could not judge: its probe, and the refusal or error it ended in."""
+    detail = p.outcome.detail if isinstance(p.outcome.detail, ProbeDetail) else None
+    return {"start": p.start, "stop": p.stop, "probe": p.index, "verdict": p.outcome.verdict,
+            "code": detail.code if detail else None, "cause": detail.cause if detail else None,
+            "reason": p.outcome.reason}
+
+
 def _probe_doc(p: Any) -> dict[str, Any]:
     detail = p.outcome.detail if isinstance(p.outcome.detail, ProbeDetail) else None
     return {"index": p.index, "start": p.start, "stop": p.stop, "phase": p.phase,
-            "verdict": p.outcome.verdict, "accepted": p.accepted, "reason": p.outcome.reason,
+            "verdict": p.outcome.verdict, "accepted": p.accepted, "fact": p.outcome.fact,
+            "reason": p.outcome.reason,
             "seconds": round(detail.seconds, 3) if detail else 0.0,
             "code": detail.code if detail else None, "cause": detail.cause if detail else None,
             "node_fraction": detail.node_fraction if detail else None,
             "off_target": {k: list(v) for k, v in detail.off_target.items()} if detail else {}}
 
 
-def _check_split(run: SplitRun, values: Mapping[str, Any], g: BisectGraph,
-                 fmt: str) -> dict[str, Any]:
-    """The composed split's outputs against the whole graph's on the CPU (the capture run)."""
+def _check_split(run: SplitRun, values: Mapping[str, Any], g: BisectGraph, art: Artifact,
+                 feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The composed split's outputs against the whole graph's on the CPU (the capture run).
+
+    Judged by the numeric gate's rules: the format's tolerance (each output by its own format),
+    and where that fails, the whole graph's float64 answer (the tie-break) or fp32's noise tier.
+    """
     reference = {n: np.asarray(values[n]) for n in g.outputs}
-    gate = parity.compare(run.outputs, reference, fmt=fmt, reference_kind="same_graph_cpu")
+    gate = parity.compare(run.outputs, reference, fmt=art.format, reference_kind="same_graph_cpu",
+                          formats=art.output_formats)
+    if not gate.passed:
+        gate = tiebreak.settle(gate, art, feeds, run.outputs, reference)
     diffs = [float(np.max(np.abs(run.outputs[n].astype(np.float64) - reference[n].astype(np.float64))))
              for n in g.outputs if run.outputs[n].size and run.outputs[n].dtype.kind in "fiu"]
-    return {"passed": gate.verdict == "passed", "max_abs_diff": max(diffs) if diffs else None,
-            "outputs": len(reference)}
+    tb = gate.tiebreak or {}
+    return {"passed": gate.passed, "max_abs_diff": max(diffs) if diffs else None,
+            "outputs": len(reference), "summary": gate.summary,
+            "tier": (gate.tier or {}).get("decided", "default"),
+            "tiebreak": tb.get("status")}

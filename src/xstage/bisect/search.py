@@ -21,6 +21,13 @@ The phases, in order (each numbered rule is cited in the code as "Rule N"):
    declined range is never assumed declined). Regions that grew until they touch are merged
    once more (Rule 3).
 
+A probe's answer is one of three facts: *accepted*, *declined* (the partitioner's answer: only
+``execution_provider_declined_graph``) or *not judged* (any other refusal of the probe, a
+budget or a gate refusal, or an error: it says nothing about what the partitioner takes).
+The search treats a range not judged as it treats a declined one (split where it can, never
+merged or grown into), never counts it in a contradiction, and lists it
+(:attr:`SearchResult.unjudged`), so the caller can say which ranges it could not judge.
+
 Probes are never repeated (a range already probed reuses its verdict), so the same ``n``,
 cuts, options and oracle always give the same probes in the same order. ``max_probes`` and
 the ``expired`` callable (the ``--deadline``) are hard limits: the search stops before the
@@ -65,11 +72,14 @@ class Outcome:
     Attributes:
         accepted: placed whole on the target and through the numeric gate.
         verdict: the probe's verdict in one word (``accepted``, ``declined``, ``gate_failed``,
-            ``ep_compile_failed``, ``failed``, …); the search reads only ``accepted``.
+            ``ep_compile_failed``, ``failed``, …); the search reads only ``accepted`` and
+            ``judged``.
         reason: the EP's or the gate's own reason, in words, where it gave one.
         off_target: positions (whole-graph numbering) the target left off in this probe, from
             the plan's assignment; None when the probe did not say.
         detail: anything the caller wants kept with the probe (its refusal, its proof).
+        judged: False when the probe neither was accepted nor declined by the partitioner (a
+            budget or gate refusal, an error): the range is *not judged*.
     """
 
     accepted: bool
@@ -77,6 +87,14 @@ class Outcome:
     reason: str | None = None
     off_target: frozenset[int] | None = None
     detail: object = None
+    judged: bool = True
+
+    @property
+    def fact(self) -> Literal["accepted", "declined", "not_judged"]:
+        """What the probe says about the partitioner: accepted, declined or not judged."""
+        if self.accepted:
+            return "accepted"
+        return "declined" if self.judged else "not_judged"
 
 
 @dataclass(frozen=True)
@@ -93,6 +111,11 @@ class Probe:
     def accepted(self) -> bool:
         """Whether the probe accepted its range."""
         return self.outcome.accepted
+
+    @property
+    def judged(self) -> bool:
+        """Whether the probe was accepted or declined (not a refusal of another kind, or an error)."""
+        return self.outcome.accepted or self.outcome.judged
 
 
 @dataclass(frozen=True)
@@ -131,6 +154,11 @@ class SearchResult:
     cut_short: CutShort | None
     min_region: int
     max_probes: int | None = None
+
+    @property
+    def unjudged(self) -> tuple[Probe, ...]:
+        """The probes whose range was not judged (a refusal other than declined, an error)."""
+        return tuple(p for p in self.probes if not p.judged)
 
 
 class _Stop(Exception):
@@ -185,6 +213,8 @@ class _Search:
             raise _Stop("deadline")
         made = Probe(len(self.probes), start, stop, phase, self.oracle(start, stop))
         for other in self.probes:  # the assumptions the search does not make, checked
+            if not (made.judged and other.judged):
+                continue  # a range not judged says nothing about the partitioner
             inside = other.start <= start and stop <= other.stop
             around = start <= other.start and other.stop <= stop
             if other.accepted and not made.accepted and inside:

@@ -1,7 +1,7 @@
 """The split artifact: each accepted region as its own graph, the rest on the CPU, run in order.
 
 ``write_split`` writes, into one folder, the graph's nodes in their bisect order as parts:
-``region-<i>.onnx`` (an accepted region, with its ``<graph>.manifest.json``, to open on the
+``region-<i>.onnx`` (an accepted region, with its ``<file>.manifest.json``, to open on the
 bisect's route) and ``cpu-<i>.onnx`` (the nodes between regions: the CPU remainder), and
 ``split.json``, which lists the parts in order with the values each reads and writes, the route
 and device, and the original graph's inputs and outputs.

@@ -1,8 +1,12 @@
 """``xstage bisect``: which contiguous regions of a graph a route's partitioner takes whole.
 
-Exit codes: 0 at least one region accepted (or the whole graph, in one probe); 2 no region of
-at least ``--min-region`` nodes was accepted, or nothing to probe on (a record is still
-written); 1 error (a graph that does not load, inputs that do not run on it); 64 usage error.
+Exit codes: 0 at least one region accepted (or the whole graph, in one probe) and every probe
+judged; 2 no region of at least ``--min-region`` nodes was accepted and every probe judged, or
+nothing to probe on (a record is still written); 1 a range not judged (a probe refused for
+another reason than the partitioner's, or failed: the regions found are still written), a split
+whose composed outputs fail the numeric gate, or an error (a graph that does not load, inputs
+that do not run on it); 64 usage error. A search cut short by --max-probes or --deadline is
+recorded, not an error.
 Every run but a usage error writes an ``xstage.bisect`` record under ``XSTAGE_HOME/records/``
 (and to ``--json PATH``). docs/bisect.md is the user's page.
 """
@@ -41,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--device", metavar="ID",
                        help="the device; every probe runs on its first route in the plan")
     p.add_argument("--format", dest="fmt", metavar="FMT",
-                   help="onnx:fp32|onnx:fp16|onnx:a16w8 (inferred when omitted); every region "
+                   help="onnx:fp32|onnx:fp16|onnx:a16w8|onnx:a8w8 (inferred when omitted); every region "
                    "passes the same format check")
     p.add_argument("--max-probes", type=int, metavar="N", help="a hard limit on probes")
     p.add_argument("--deadline", type=float, metavar="S",
@@ -97,6 +101,11 @@ def show(doc: dict[str, Any], out: Output) -> None:
         out.table("declined (in no region)", ["op", "nodes", "reason (smallest declined probe)"],
                   [[d["op_type"], ", ".join(d["nodes"][:6]) + (" …" if len(d["nodes"]) > 6 else ""),
                     d["reason"] or ""] for d in doc["declined_ops"]])
+    if doc.get("not_judged"):
+        out.table("not judged (refused for another reason, or failed)",
+                  ["nodes", "verdict", "probe", "reason"],
+                  [[f"[{u['start']}, {u['stop']})", u["verdict"], u["probe"], u["reason"] or ""]
+                   for u in doc["not_judged"]])
     if out.verbosity > 0:
         out.table("probes", ["#", "range", "phase", "verdict", "s"],
                   [[p["index"], f"[{p['start']}, {p['stop']})", p["phase"], p["verdict"],
@@ -110,9 +119,12 @@ def show(doc: dict[str, Any], out: Output) -> None:
                f"{budget['seconds']:.1f} s{cut}")
     if doc.get("split"):
         check = doc["split"]["check"] or {}
+        verdict = "passed" if check.get("passed") else "FAILED"
+        tier = f", {check['tier']} tier" if check.get("tier") else ""
+        tb = f", float64 tie-break {check['tiebreak']}" if check.get("tiebreak") else ""
         out.result(f"split written to {doc['split']['dir']} ({len(doc['split']['parts'])} parts); "
-                   f"composed outputs {'equal' if check.get('passed') else 'NOT equal'} to the "
-                   f"whole graph on the CPU (max |diff| {check.get('max_abs_diff')})")
+                   f"composed outputs {verdict} the numeric gate against the whole graph on the "
+                   f"CPU (max |diff| {check.get('max_abs_diff')}{tier}{tb})")
 
 
 def run(args: argparse.Namespace, out: Output) -> int:

@@ -2,7 +2,7 @@
 
 Needs the export extra (torch, transformers >= 5.24): ``pip install -e '.[export]'``. Each
 export checks that its wrapper reproduces the model's own forward bitwise, sanitizes ONNX
-(every site in the manifest), and writes ``<out>.manifest.json``. An fp16 ONNX export also
+(every site in the manifest), and writes ``<out file>.manifest.json``. An fp16 ONNX export also
 writes its fp32 source beside it (``<out>-fp32.onnx``), so ``xstage external`` gates it.
 """
 

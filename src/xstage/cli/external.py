@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="a shipped artifact: vision-tower-tiny, code2wav-tiny, "
                        "code2wav-stream-tiny, mlp-512x6-b64")
     p.add_argument("--format", dest="fmt", metavar="FMT",
-                   help="onnx:fp32|onnx:fp16|onnx:a16w8 (inferred when omitted)")
+                   help="onnx:fp32|onnx:fp16|onnx:a16w8|onnx:a8w8 (inferred when omitted)")
     p.add_argument("--component", metavar="NAME", help="the stage's name (inferred)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--device", metavar="ID", help="require this device; never substitute")

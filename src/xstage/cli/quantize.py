@@ -1,7 +1,9 @@
-"""``xstage quantize IN.onnx OUT.onnx --scheme a16w8 (--calibration DIR | --calibration-synthetic N)``.
+"""``xstage quantize IN.onnx OUT.onnx --scheme a16w8|a8w8 (--calibration DIR | --calibration-synthetic N)``.
 
-onnxruntime's own static QDQ quantization: activations QUInt16, weights QInt8 (opset >= 21;
-an older graph is converted first). DIR holds one .npz per sample keyed by the input names.
+onnxruntime's own static QDQ quantization: weights QInt8; activations QUInt16 for a16w8 (opset
+>= 21; an older graph is converted first), QUInt8 for a8w8 (onnx:a8w8: the CPU EP and OpenVINO
+run it; the XDNA2 NPU declines it, so its route refuses it by name). DIR holds one .npz per
+sample keyed by the input names.
 The output goes beside its fp32 source, with a manifest naming that source (so `xstage
 external` gates the quantized graph against it), the calibration set (count, digest,
 source) and the error against fp32 on onnxruntime's CPU EP.
@@ -23,12 +25,13 @@ __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("quantize", help="A16W8 static quantization (onnxruntime's, QDQ)",
+    p = sub.add_parser("quantize", help="A16W8 or A8W8 static quantization (onnxruntime's, QDQ)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", metavar="IN.onnx")
     p.add_argument("dst", metavar="OUT.onnx",
                    help="the quantized graph: a .onnx file beside IN.onnx, or that folder")
-    p.add_argument("--scheme", choices=["a16w8"], required=True)
+    p.add_argument("--scheme", choices=["a16w8", "a8w8"], required=True,
+                   help="a16w8: 16-bit activations (the NPU's format); a8w8: 8-bit activations")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--calibration", metavar="DIR", help="one .npz per sample")
     src.add_argument("--calibration-synthetic", type=int, metavar="N",
@@ -39,17 +42,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from xstage.export.quantize import quantize_a16w8
+    from xstage.export.quantize import quantize
 
-    dst = resolve_out("OUT.onnx", args.dst, suffixes=(".onnx",), name=f"{Path(args.src).stem}-a16w8.onnx")
+    dst = resolve_out("OUT.onnx", args.dst, suffixes=(".onnx",),
+                      name=f"{Path(args.src).stem}-{args.scheme}.onnx")
     with out.progress("quantizing (calibration, then the error against fp32)"):
-        report = quantize_a16w8(args.src, dst, calibration=args.calibration,
-                                synthetic=args.calibration_synthetic, shapes=parse_shapes(args.shape),
-                                dims=parse_dims(args.dim))
+        report = quantize(args.src, dst, scheme=args.scheme, calibration=args.calibration,
+                          synthetic=args.calibration_synthetic, shapes=parse_shapes(args.shape),
+                          dims=parse_dims(args.dim))
     out.emit(report)
     calib = report["calibration"]
     if report["converted_from_opset"]:
-        out.result(f"converted opset {report['converted_from_opset']} → 21 first")
+        out.result(f"converted opset {report['converted_from_opset']} first")
     out.result(f"calibrated on {calib['count']} {calib['source']['kind']} samples "
                f"(sha256 {calib['sha256'][:12]})")
     out.result(f"vs fp32 on onnxruntime's CPU EP: {escape(report['parity']['summary'])}")

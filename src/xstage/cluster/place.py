@@ -21,7 +21,7 @@ from xstage._version import __version__
 from xstage.artifact import Artifact, inspect_artifact
 from xstage.cluster import _ray
 from xstage.inputs import SEED
-from xstage.manifest import manifest_path
+from xstage.manifest import find_manifest
 from xstage.record.build import build_record
 from xstage.record.io import host_block, utc_now
 from xstage.refusal import Refusal, RefusalCode
@@ -85,8 +85,8 @@ def _bundle(art: Artifact) -> dict[str, bytes]:
             bundle[f.name] = (art.snapshot.folder / f.name).read_bytes()
     else:
         bundle[art.path.name] = art.path.read_bytes()
-    manifest = manifest_path(art.origin)
-    if manifest.is_file():
+    manifest = find_manifest(art.origin)
+    if manifest is not None:
         bundle[manifest.name] = manifest.read_bytes()
     return bundle
 

@@ -55,6 +55,10 @@ turned into a Gemm
 ``<name>`` of a ``Gemm`` or ``MatMul`` node with op    the A16W8 MLP and ``ort132_cpu_qdq``
 ``MatMulNBits`` (onnxruntime's rewrite keeps the      on the CPU EP (1.32)
 node's name)
+``<name>`` of a node with op ``QLinear<op>``, a        ``/MatMulAddFusion`` as ``QGemm``: the
+``Gemm`` with ``QGemm``, a ``MatMul`` with             A8W8 MLP (``xstage quantize --scheme
+``MatMulIntegerToFloat``: onnxruntime's QDQ fusion    a8w8``) on the CPU EP (1.32)
+of an 8-bit DQ -> op -> Q group keeps the op's name
 ``<value>_q`` (op ``QuantizeLinear``) and             ``patches_q``, ``patches_dq``: the A16W8
 ``<value>_dq``/``<value>_dq<k>`` (op                  vision tower on the CPU EP (1.32,
 ``DequantizeLinear``): a Q/DQ pair onnxruntime's      ``ort132_cpu_qdq``); ``<value>`` must be
@@ -97,9 +101,12 @@ _NCHWC = "_nchwc"  # onnxruntime's NCHWc transformer: <output value>_nchwc
 #: The ops the NCHWc transformer runs as a Conv, by the suffix it gives their output.
 _NCHWC_AS_CONV = {"bn": "BatchNormalization", "mul": "Mul", "add": "Add"}
 _INSERTED_CAST = "InsertedPrecisionFreeCast_"  # onnxruntime's InsertCastTransformer: <value>
-_KEPT_NAME_PREFIXES = ("Fused", "Nhwc")  # a rewrite that keeps the node's name: Conv -> FusedConv
+#: A rewrite that keeps the node's name: Conv -> FusedConv, Conv -> NhwcConv, and onnxruntime's
+#: QDQ fusion of an 8-bit DQ -> op -> Q group into the op's quantized kernel (Add -> QLinearAdd).
+_KEPT_NAME_PREFIXES = ("Fused", "Nhwc", "QLinear")
 #: Rewrites to another op that keep the node's name, each as seen in a run (module docstring).
-_KEPT_NAME_REWRITES = {"Gemm": ("MatMulNBits",), "MatMul": ("MatMulNBits",)}
+_KEPT_NAME_REWRITES = {"Gemm": ("MatMulNBits", "QGemm"),
+                       "MatMul": ("MatMulNBits", "MatMulIntegerToFloat")}
 #: Nodes onnxruntime adds with fixed names (and their op): the reshapes of its MatMul -> Gemm.
 _FIXED_INSERTED = {"gemm_input_reshape": "Reshape", "gemm_output_reshape": "Reshape"}
 _NEW_RESHAPE = "_new_reshape"  # onnxruntime's reshape rewrite: <node>_new_reshape

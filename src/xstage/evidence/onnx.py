@@ -110,7 +110,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -151,6 +151,9 @@ class _Execution:
     timed_runs: tuple[int, ...]
     names: NameCheck | None  # rule 1c; None when no names were given to check against
     own_unknown: int = 0  # control-flow events without a timestamp: their time counted off the target
+    #: every kernel event of the first run by provider, copies and control flow included: the
+    #: seed's metric (``event_fraction``), recorded beside the verdict's, never deciding it
+    events: dict[str, int] = field(default_factory=dict)
 
 
 def _kernel_node_name(event_name: str) -> str:
@@ -254,8 +257,12 @@ def _execution(events: Sequence[Mapping[str, Any]], names: SessionNames | None,
             if counted:
                 kernels[provider] = kernels.get(provider, 0) + 1
             time_us[provider] = time_us.get(provider, 0) + dur
+    first_run: dict[str, int] = {}
+    for event in per_run[0] if per_run else ():
+        provider = event["provider"] or _UNKNOWN_PROVIDER
+        first_run[provider] = first_run.get(provider, 0) + 1
     return _Execution(kernels, time_us, copies, copy_time, control, control_time, control_own, nodes, n_runs,
-                      timed, check, own_unknown)
+                      timed, check, own_unknown, first_run)
 
 
 @dataclass(frozen=True)
@@ -743,6 +750,8 @@ def _assemble(args: _Arguments, ort_version: str | None, parsed: ParsedProfile,
         graph_node_count=args.graph_count,
         time_fraction=layers.time_fraction,
         kernel_fraction=layers.kernel_fraction,
+        event_fraction=_fraction(execution.events.get(target, 0), sum(execution.events.values()))
+        if execution else None,
         kernels_on_target=execution.kernels.get(target, 0) if execution else None,
         kernels_total=sum(execution.kernels.values()) if execution else None,
         kernel_time_on_target_us=execution.time_us.get(target, 0) if execution else None,

@@ -61,6 +61,9 @@ class PlacementProof:
         time_fraction: execution: kernel time on the target / all kernel time (copies count as
             not on the target), summed over :attr:`timed_runs`.
         kernel_fraction: execution: compute kernels on the target / all compute kernels.
+        event_fraction: execution: the seed's metric, recorded beside the verdict's (never
+            deciding it): every kernel event of the first profiled run on the target / all of
+            them, copies and control flow included (docs/external.md, "Two placement metrics").
         kernels_on_target: execution: compute kernel events on the target (a fused subgraph is one).
         kernels_total: execution: compute kernel events (copies and control flow excluded).
         kernel_time_on_target_us: execution: their time on the target.
@@ -116,6 +119,7 @@ class PlacementProof:
     graph_node_count: int | None = None
     time_fraction: float | None = None
     kernel_fraction: float | None = None
+    event_fraction: float | None = None
     kernels_on_target: int | None = None
     kernels_total: int | None = None
     kernel_time_on_target_us: int | None = None

@@ -11,6 +11,10 @@ error: it is a place the rewrite could not prove safe, and the report says why.
 * ``RemoveNanGuardPass``: ``Where(IsNaN(x), a, b)`` removed where it cannot change the result:
   both branches the same value, or ``x`` a constant with no NaN (the condition is all false),
   and the output's shape is the kept branch's. The ``IsNaN`` goes only when nothing else uses it.
+  With ``assume_finite`` (value names, or ``ALL``) it also removes the guard on a value the user
+  vouches is never NaN (the condition is then all false: ``b`` is kept), each such site marked
+  with the value's name (``Site.assumed``): an assumption, which the sanitizer then checks on
+  sample inputs and reverts where the outputs move (``xstage.export.sanitize``).
 * ``PromoteScalarAxesPass``: rank-0 ``axes`` constants of ``Squeeze``/``Unsqueeze`` become
   rank 1, where every consumer of the constant is such an ``axes`` input (nothing else can
   depend on its rank).
@@ -24,8 +28,11 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["ClearReshapeAllowzeroPass", "PromoteScalarAxesPass", "RemoveNanGuardPass", "Site",
-           "SitePass"]
+__all__ = ["ALL", "ClearReshapeAllowzeroPass", "PromoteScalarAxesPass", "RemoveNanGuardPass",
+           "Site", "SitePass"]
+
+#: ``assume_finite`` for every guarded value.
+ALL = "all"
 
 
 @dataclass(frozen=True)
@@ -35,12 +42,17 @@ class Site:
     rewrite: str
     node: str
     op_type: str
-    verdict: str  # applied | skipped
+    verdict: str  # applied | skipped | reverted
     reason: str
+    #: the value assumed finite where the site rests on the user's assumption, else None
+    assumed: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rewrite": self.rewrite, "node": self.node, "op_type": self.op_type,
-                "verdict": self.verdict, "reason": self.reason}
+        out = {"rewrite": self.rewrite, "node": self.node, "op_type": self.op_type,
+               "verdict": self.verdict, "reason": self.reason}
+        if self.assumed is not None:
+            out["assumed"] = self.assumed
+        return out
 
 
 class SitePass(ir.passes.InPlacePass):
@@ -50,9 +62,9 @@ class SitePass(ir.passes.InPlacePass):
         super().__init__()
         self.sites: list[Site] = []
 
-    def _site(self, node: ir.Node, verdict: str, reason: str) -> None:
+    def _site(self, node: ir.Node, verdict: str, reason: str, assumed: str | None = None) -> None:
         self.sites.append(Site(type(self).__name__, node.name or "(unnamed)", node.op_type,
-                               verdict, reason))
+                               verdict, reason, assumed))
 
 
 def _nodes(model: ir.Model, op_type: str) -> list[ir.Node]:
@@ -113,6 +125,14 @@ def _broadcast_is(values: list[ir.Value], kept: ir.Value) -> bool:
 
 
 class RemoveNanGuardPass(SitePass):
+    def __init__(self, assume_finite: frozenset[str] | str = frozenset()) -> None:
+        super().__init__()
+        self.assume_finite = assume_finite
+
+    def _assumed(self, x: ir.Value) -> bool:
+        return self.assume_finite == ALL or (not isinstance(self.assume_finite, str)
+                                             and x.name in self.assume_finite)
+
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
         for node in _nodes(model, "Where"):
@@ -123,12 +143,17 @@ class RemoveNanGuardPass(SitePass):
             x, a, b = guard.inputs[0], node.inputs[1], node.inputs[2]
             out = node.outputs[0]
             keep: ir.Value | None = None
+            assumed: str | None = None
             if a is b:
                 keep, why = b, "both branches are the same value"
             else:
                 x_value = _const(x)
                 if x_value is not None and not np.isnan(x_value).any():
                     keep, why = b, "the guarded value is a constant with no NaN"
+                elif x is not None and self._assumed(x):
+                    keep, assumed = b, x.name
+                    why = (f"assumed finite: {x.name!r} is never NaN by the user's word "
+                           "(--assume-finite, or --for qnn), so the condition is all false")
             if keep is None:
                 self._site(node, "skipped", "the guarded value may be NaN at run time and the "
                            "branches differ: removing the guard could change the result")
@@ -149,7 +174,7 @@ class RemoveNanGuardPass(SitePass):
                 guard.graph.remove(guard, safe=True)  # type: ignore[union-attr]
             else:
                 extra = "; the IsNaN stays (other consumers use it)"
-            self._site(node, "applied", why + extra)
+            self._site(node, "applied", why + extra, assumed)
             modified = True
         return ir.passes.PassResult(model, modified)
 

@@ -190,7 +190,8 @@ def reservations(artifact: Artifact, cost: RouteCost, pool: str,
                      f"x{ACTIVATION_FACTOR:g}: measured on PP-OCRv4 det (42 MiB live, 127 MiB held)")
         out.append(Reservation("activations", int(act.live_peak_bytes * ACTIVATION_FACTOR),
                                pool, "request", "E", basis))
-        if artifact.format == "onnx:a16w8" and cost.a16w8 is not None:
+        if artifact.format in ("onnx:a16w8", "onnx:a8w8") and cost.a16w8 is not None:
+            # A8W8's 8-bit activations hold at most what A16W8's 16-bit ones do: the same cost
             out.append(_qdq_reservation(cost.a16w8, act, pool, route))
         io_bytes = act.io_bytes
     else:  # a torch program: its exported graph's tensors, read from the archive

@@ -73,7 +73,7 @@ def build_record(
         "artifact": artifact.to_dict() if artifact else None,
         "request": dict(request),
         "plan": None if plan is None and not tried else {
-            "chosen": chosen, "candidates": candidates, **_plan_mode(plan),
+            "chosen": chosen, "candidates": candidates, **_plan_mode(plan), **_fallthrough(plan),
             # A stage on the reference arm ran where the gate's reference runs: no offload.
             **({"on_reference_arm": chosen_cand.route.spec.reference_arm}
                if chosen_cand is not None else {})},
@@ -112,6 +112,17 @@ def _candidates(plan: Plan | None,
             candidates.append({"device": refusal.device, "route": refusal.route,
                                "status": "refused", "refusal": refusal.to_dict()})
     return candidates
+
+
+def _fallthrough(plan: Plan | None) -> dict[str, Any]:
+    """``plan.fallthrough``: the refusals the planner decided for a whole device (no route, or
+    no device), which have no (device, route) candidate to sit in. Kept in every record, a
+    placed one too, so a stage placed on a later preferred device still says why each earlier
+    one said no (docs/external.md)."""
+    if plan is None:
+        return {}
+    return {"fallthrough": [r.to_dict() for r in plan.refusals
+                            if r.route is None or r.device is None]}
 
 
 def _plan_mode(plan: Plan | None) -> dict[str, Any]:

@@ -103,6 +103,18 @@ def _placement(doc: Mapping[str, Any]) -> Rows:
         if cand.get("refusal"):
             text += f" ({cand['refusal']['code']}/{cand['refusal']['cause']})"
         rows.append(("candidate", text))
+    return rows + _fallthrough(doc)
+
+
+def _fallthrough(doc: Mapping[str, Any]) -> Rows:
+    """Each device the plan refused whole (``plan.fallthrough``), unless ``outcome.refusals``
+    (printed as ``refused``) already says it: a placed record's road not taken."""
+    said = [r for r in doc["outcome"].get("refusals") or []]
+    rows: Rows = []
+    for r in (doc.get("plan") or {}).get("fallthrough") or []:
+        if r not in said:
+            where = r["device"] or "-"
+            rows.append(("fell through", f"{where}: {r['code']} ({r['cause']}) {r['message']}"))
     return rows
 
 
@@ -150,6 +162,17 @@ def _worker(doc: Mapping[str, Any]) -> Rows:
 
 
 def _proof(doc: Mapping[str, Any]) -> Rows:
+    """The proof's rows, then the seed's event fraction where the record carries it."""
+    rows = _proof_rows(doc)
+    proof = doc.get("proof")
+    if rows and isinstance(proof, Mapping) and proof.get("event_fraction") is not None:
+        rows.append(("event fraction", f"{proof['event_fraction']:.1%} of the first run's kernel "
+                     f"events on {proof.get('target_ep')} (the seed's metric: recorded, not what "
+                     "decides)"))
+    return rows
+
+
+def _proof_rows(doc: Mapping[str, Any]) -> Rows:
     proof = doc.get("proof")
     if not proof:
         return []

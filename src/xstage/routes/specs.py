@@ -46,7 +46,7 @@ DEVICE_CLASSES = ("cpu", "gpu_integrated", "gpu_discrete", "npu")
 DEVICE_PREFERENCE = ("npu", "gpu_integrated", "gpu_discrete", "cpu")
 
 #: Artifact formats (DESIGN §1).
-FORMATS = ("onnx:fp32", "onnx:fp16", "onnx:a16w8", "pt:fp32", "pt:fp16")
+FORMATS = ("onnx:fp32", "onnx:fp16", "onnx:a16w8", "onnx:a8w8", "pt:fp32", "pt:fp16")
 
 Runtime = Literal["onnxruntime", "torch"]
 OsSide = Literal["this", "windows"]
@@ -205,6 +205,12 @@ class RouteSpec:
             unchecked. A torch route's keys are its ``serving_switches``.
         compile_cache: the EP options that point the runtime's own compile cache at a folder
             (``{dir}``: the entry's, ``xstage.compile_cache``); empty: the route has none.
+        declines: formats the route's device declines by its own documented limit (not
+            formats the route merely does not run), each with that limit in words: the planner
+            refuses them by name (``no_exported_graph``, cause ``format_not_accepted``) with
+            the format the device takes as the remedy, instead of ``format_not_run_here``.
+        declines_remedy: the remedy of such a refusal (the command that makes the format the
+            device takes).
     """
 
     name: str
@@ -241,6 +247,8 @@ class RouteSpec:
     graph_pool: bool = False
     ep_option_keys: frozenset[str] | None = field(default=None, hash=False)
     compile_cache: tuple[tuple[str, str], ...] = ()
+    declines: Mapping[str, str] = field(default_factory=_frozen, hash=False)
+    declines_remedy: str = ""
 
     def captures_graph(self, ep_options: Mapping[str, str] | None) -> bool:
         """Whether this route's worker will serve from a captured CUDA graph.
@@ -377,6 +385,9 @@ WEBGPU = PluginEP(
 )
 
 _ONNX_ALL = ("onnx:fp32", "onnx:fp16", "onnx:a16w8")
+#: The routes measured running A8W8 (8-bit activations, 8-bit weights, QDQ) here: the CPU EP
+#: and OpenVINO's CPU plugin (docs/external.md, "A8W8").
+_ONNX_QDQ8 = (*_ONNX_ALL, "onnx:a8w8")
 _ONNX_FLOAT = ("onnx:fp32", "onnx:fp16")
 _PT = ("pt:fp32", "pt:fp16")
 _ANY_OS = ("linux", "wsl", "windows", "darwin")
@@ -390,7 +401,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         runtime="onnxruntime",
         device_class="cpu",
         drives=(("cpu", None),),
-        formats=_ONNX_ALL,
+        formats=_ONNX_QDQ8,
         os_side="this",
         platforms=_ANY_OS,
         verified=True,
@@ -417,7 +428,7 @@ ROUTES: tuple[RouteSpec, ...] = (
             ("gpu_discrete", "intel"),
             ("npu", "intel"),
         ),
-        formats=_ONNX_ALL,
+        formats=_ONNX_QDQ8,
         os_side="this",
         platforms=_ANY_OS,
         verified=True,
@@ -453,6 +464,10 @@ ROUTES: tuple[RouteSpec, ...] = (
         device_class="npu",
         drives=(("npu", "amd"),),
         formats=("onnx:a16w8",),
+        declines=_frozen({"onnx:a8w8": "the XDNA2 NPU declines A8W8 graphs (8-bit activations, "
+                          "what quantize_static makes by default) without an error and leaves "
+                          "every node on the CPU: A16W8 is the format it takes"}),
+        declines_remedy="xstage quantize --scheme a16w8 (16-bit activations, 8-bit weights)",
         os_side="windows",
         platforms=_WINDOWS,
         verified=False,

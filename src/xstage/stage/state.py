@@ -17,7 +17,7 @@ import numpy as np
 
 from xstage import errors
 from xstage.artifact import Artifact
-from xstage.manifest import manifest_path, state_pairs
+from xstage.manifest import find_manifest, state_pairs
 
 __all__ = ["StatePair", "declared_state", "initial_values", "state_bytes"]
 
@@ -53,7 +53,7 @@ def declared_state(art: Artifact) -> tuple[StatePair, ...]:
     """
     if not art.manifest.get("state"):
         return ()
-    where = manifest_path(art.origin)
+    where = find_manifest(art.origin)
     ins = {spec.name: spec for spec in art.inputs}
     outs = {spec.name: spec for spec in art.outputs}
     pairs = []
