@@ -16,7 +16,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from xstage import builtin_graphs
 from xstage.artifact import IOSpec, graph_facts
 from xstage.inputs import synthesize
 
