@@ -114,6 +114,15 @@ class StageFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         return True
 
 
+def _snapshot(feeds: Mapping[str, Any]) -> dict[str, Any]:
+    """The inputs of a request that stays queued, copied: ``submit`` reads them only once.
+
+    A caller may refill its buffers as soon as ``submit`` returns (docs/serving.md,
+    "Requests"). Device tensors are the caller's until the request is answered.
+    """
+    return {name: a.copy() if type(a) is np.ndarray else a for name, a in feeds.items()}
+
+
 class _Req:
     """One request: its inputs, who waits for it, its deadline and where it is."""
 
@@ -384,21 +393,31 @@ class Pipeline:
         future = StageFuture(self)
         req = _Req(feeds, future, seconds, "call")
         future._req = req  # type: ignore[attr-defined]
-        with self.mu:
-            if self.closed:
-                raise errors.StageClosed("the stage is closed")
-            req.flags = self.client._take_reset()
-            if self.reserved:
-                req.token = self._token_of(feeds)
-            self.queue.append(req)
         c = self.client
-        if c._lock.acquire(blocking=False):  # nobody drives: publish in this thread
-            try:
-                if c._region is not None and not c._closed_why:
-                    self._publish()
-            except errors.XstageError:
-                pass  # the pump meets the same failure and fails the requests with it
-            finally:
+        # Nobody drives: publish in this thread. Whoever drives publishes only with the
+        # client's lock held, so while this thread holds it no one reads ``req.feeds`` but it.
+        driving = c._lock.acquire(blocking=False)
+        try:
+            with self.mu:
+                if self.closed:
+                    raise errors.StageClosed("the stage is closed")
+                req.flags = c._take_reset()
+                if self.reserved:
+                    req.token = self._token_of(feeds)
+                if not driving and req.token is None:
+                    req.feeds = _snapshot(feeds)  # a driver may publish it any time from now
+                self.queue.append(req)
+            if driving:
+                try:
+                    if c._region is not None and not c._closed_why:
+                        self._publish()
+                except errors.XstageError:
+                    pass  # the pump meets the same failure and fails the requests with it
+                with self.mu:
+                    if req.token is None and req in self.queue:  # not published: queued
+                        req.feeds = _snapshot(feeds)
+        finally:
+            if driving:
                 c._lock.release()
         self._kick()
         return future
