@@ -178,7 +178,13 @@ class WorkerError(XstageError):
 
 
 class WorkerDied(WorkerError):
-    """Raised when the worker exited; ``exit_status``, ``generation`` and ``log_tail`` say how."""
+    """Raised when the worker exited; ``exit_status``, ``generation`` and ``log_tail`` say how.
+
+    ``idle`` is true when the worker had exited before the call that raised it sent anything
+    (it died while idle): that call never reached it, and a restarted stage serves it.
+    """
+
+    idle = False
 
     def __init__(
         self,

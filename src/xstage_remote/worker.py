@@ -49,11 +49,28 @@ ATTACH_FD_SECONDS = _seconds_from_env("XSTAGE_ATTACH_FD_SECONDS", 10.0)
 
 
 def _watchdog(fd):
+    """The death pipe ended (the client is gone): end this worker and everything it started.
+
+    The worker leads a process group of its own (the client starts it in a new session), so
+    a process a runtime started goes with it: nothing outlives a client killed with SIGKILL.
+    """
     try:
         while os.read(fd, 1):
             pass
     except OSError:
         pass
+    _orphaned()
+
+
+def _orphaned():
+    """The client is gone: SIGKILL this worker's process group (itself included), then exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if hasattr(os, "killpg") and os.getpgrp() == os.getpid():
+        try:
+            os.killpg(os.getpid(), 9)
+        except OSError:
+            pass
     os._exit(EXIT_ORPHANED)
 
 
@@ -701,6 +718,8 @@ def main(argv):
         sys.stderr.write("xstage worker: %s: %s\n" % (type(exc).__name__, exc))
         code = 65
     shm_mod.write_traces()  # XSTAGE_WAIT_TRACE only
+    if code == EXIT_ORPHANED:  # the control stream ended first: the same end as the watchdog's
+        _orphaned()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

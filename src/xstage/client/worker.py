@@ -9,6 +9,13 @@ end-of-file and exits. Its fd 1 and fd 2 go to a log file whose tail is attached
 ``WorkerDied``. It runs in a session of its own so ``close()`` can end the whole process
 group, grandchildren included.
 
+Death is seen from the process, not only from the socket: a thread waits on the worker process
+itself (a pidfd where the OS has one, else ``waitid`` without reaping) and, when it exits, ends
+its process group and shuts this side of the control socket and the doorbell down, so a wait
+on either ends at once even while a process the worker started still holds the other end; and
+every call first asks whether the worker has exited (``_exited``), so a call made after an idle
+death is never sent (``WorkerDied`` with ``idle=True``).
+
 A client belongs to the process that made it. In a forked child (``os.fork``, multiprocessing's
 fork start method, a DataLoader worker) every entry point raises ``ForkedStage`` (its requests
 and answers would mix with the parent's in the one region and socket), ``close()`` is a no-op
@@ -24,6 +31,7 @@ import enum
 import hmac
 import os
 import secrets
+import select
 import signal
 import socket
 import struct
@@ -78,6 +86,36 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _watch_exit(client: weakref.ReferenceType[WorkerClient], pid: int, pidfd: int | None,
+                socks: list[socket.socket]) -> None:
+    """Wait for worker ``pid`` to exit; then end its group and wake whoever waits on it.
+
+    ``socks`` are this thread's own duplicates of the control socket and the doorbell:
+    ``shutdown`` on them ends a blocked receive on the client's descriptors (the same
+    sockets) without racing their ``close``. The worker is not reaped here (the pidfd and
+    ``WNOWAIT`` leave it to ``Popen``), so its pid, and its group's id, name it still.
+    """
+    try:
+        if pidfd is not None:
+            select.select([pidfd], [], [])  # readable once the process has exited
+        else:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    except (OSError, ValueError):
+        pass  # reaped already (it exited), or no such child
+    live = client()
+    if live is not None:
+        live._exit_seen = True
+    del live
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)  # what it started, holding its sockets or not
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+    if pidfd is not None:
+        os.close(pidfd)
 
 
 def _describe_exit(code: int | None) -> str:
@@ -246,6 +284,12 @@ class WorkerClient:
         #: Helper threads for large copies into and out of the region (``copies.py``; none
         #: start before the first such copy).
         self._copies = copies.CopyPool()
+        #: The worker's exit as the process tells it (``_watch_exit``): a poll set holding
+        #: its pidfd (None where the OS has none: ``Popen.poll``), and whether the watcher
+        #: saw it exit.
+        self._exit_poll: Any = None
+        self._exit_seen = False
+        self._watch_socks: list[socket.socket] = []
 
     def _forget_signatures(self) -> None:
         """Drop what repeated calls of one signature kept (a new load starts without it).
@@ -279,6 +323,10 @@ class WorkerClient:
         if self._stdin is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._stdin.close()  # the death pipe's write end (its buffer is empty)
+        for sock in self._watch_socks:  # the watcher's duplicates (its thread is not here)
+            with contextlib.suppress(OSError):
+                sock.close()
+        self._exit_poll = None
 
     def _forked_error(self) -> errors.ForkedStage:
         return errors.ForkedStage(
@@ -394,6 +442,42 @@ class WorkerClient:
                 if self._spin is None:
                     sockspin.close_proc_cpu(peer_cpu)
         self._bell = shm.Doorbell(bell_parent) if bell_parent is not None else None
+        self._watch_process()
+
+    def _watch_process(self) -> None:
+        """Start the thread that sees the worker exit (``_watch_exit``) and the call check."""
+        proc = self._proc
+        if proc is None:
+            return
+        pidfd = None
+        if hasattr(os, "pidfd_open"):
+            with contextlib.suppress(OSError):
+                pidfd = os.pidfd_open(proc.pid)
+        if pidfd is not None:
+            poll = select.poll()
+            poll.register(pidfd, select.POLLIN)
+            self._exit_poll = poll
+        socks = [sock.dup() for sock in (self._ctl, self._bell.sock if self._bell else None)
+                 if sock is not None]
+        self._watch_socks = socks
+        threading.Thread(target=_watch_exit, args=(weakref.ref(self), proc.pid, pidfd, socks),
+                         daemon=True, name=f"xstage-exit-{proc.pid}").start()
+
+    def _exited(self) -> bool:
+        """Whether the worker process has exited (a pidfd poll, ~1.4 µs; else ``Popen.poll``)."""
+        if self._exit_seen:
+            return True
+        poll = self._exit_poll
+        if poll is not None:
+            return bool(poll.poll(0))
+        proc = self._proc
+        return proc is not None and proc.poll() is not None
+
+    def _idle_death(self) -> errors.WorkerDied:
+        """``WorkerDied`` for a call that found the worker exited before it sent anything."""
+        exc = self._died()
+        exc.idle = True
+        return exc
 
     def _accept(self, listener: socket.socket) -> socket.socket:
         """The worker's connect-back: the first peer to complete the handshake.
@@ -773,6 +857,11 @@ class WorkerClient:
                 f"the {self.route} worker is {self.state.value}"
                 + ("; it died earlier, open a new one" if self.state is WorkerState.DEAD else "")
             )
+        if self._exited():
+            with self._lock:  # a driver may be finding the same death: one of us reports it
+                if self.state is WorkerState.READY:
+                    raise self._idle_death()
+            self._require_ready()
 
     # ------------------------------------------------------------------ operations
     def ping(self) -> dict[str, Any]:
@@ -1115,6 +1204,8 @@ class WorkerClient:
         if type(inputs) is not dict and not isinstance(inputs, Mapping):
             raise not_a_mapping(inputs, (s["name"] for s in (self.loaded or {}).get("inputs", ())))
         with self._lock:
+            if self._exited() and self.state is WorkerState.READY:
+                raise self._idle_death()  # nothing sent: a restarted stage serves this call
             lane = self._lane
             if lane is not None and out is None and phase == "call" and self._pending is None \
                     and not self._reset_next and type(inputs) is dict and self._region is None \
