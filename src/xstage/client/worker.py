@@ -269,6 +269,10 @@ class WorkerClient:
         #: The state pairs the worker keeps (``load``'s ``options["state"]``).
         self.state_pairs: list[dict[str, Any]] = []
         self._reset_next = False
+        #: An interrupted request of a stage with state that may have moved the state
+        #: (``Pipeline._uncertain``): calls raise ``StateUncertain`` until ``reset_state()``,
+        #: unless its answer says it never ran.
+        self._state_uncertain: Any = None
         # The request whose reply has not been read yet: ("frame" | "shm", id). Set once the
         # request is wholly sent, cleared when its reply is read; a call interrupted between
         # the two leaves it set and the next request first reads and discards that reply.
@@ -758,9 +762,10 @@ class WorkerClient:
         """Read one frame within ``seconds``.
 
         ``fresh=False`` goes on with the deadline the request's ``_send`` started (one
-        deadline per call). An interrupt while waiting (no byte of the frame read yet) leaves
-        the stream whole; one while reading the frame closes the stage (its position is
-        unknown).
+        deadline per call). An interrupt (Ctrl-C) inside the read closes the stage at once,
+        whether or not a byte of the frame had arrived: a signal handler runs between two
+        bytecodes, so bytes taken from the socket may not be counted yet, and the next call
+        must never read from the middle of a frame (it raises ``StageClosed`` saying why).
         """
         io = self._io
         if io is None:
@@ -776,10 +781,15 @@ class WorkerClient:
         except self._LOWER as exc:
             raise self._translate(exc, phase, seconds) from exc
         except BaseException as exc:
-            if io.got and not isinstance(exc, (OSError, EOFError)):
-                self._break(f"a call was interrupted ({type(exc).__name__}) while its reply "
-                            "was being read; the stream's position is unknown")
+            if not isinstance(exc, (OSError, EOFError)):
+                self._interrupted(exc)
             raise
+
+    def _interrupted(self, exc: BaseException) -> None:
+        """A call was interrupted between its request and its whole reply: close the stage."""
+        if self._closed_why is None and self.state is WorkerState.READY:
+            self._break(f"a call was interrupted ({type(exc).__name__}) before its reply was "
+                        "read whole; the stream's position is unknown")
 
     def _check_generation(self, frame: wire.Frame) -> None:
         gen = frame.header.get(wire.GEN_FIELD)
@@ -842,10 +852,17 @@ class WorkerClient:
         self._pending = ("frame", rid)  # before the send: no window where it is sent, unmarked
         try:
             self._send(header, arrays, phase)
-        except BaseException:
+        except BaseException as exc:
             self._pending = None  # not sent, or half sent and the worker ended (_break)
+            if not isinstance(exc, (OSError, errors.XstageError, errors.StageClosed)):
+                self._interrupted(exc)  # or sent whole as the interrupt came: it will answer
             raise
-        frame = self._recv(phase, getattr(self.deadlines, phase), fresh=False)
+        try:
+            frame = self._recv(phase, getattr(self.deadlines, phase), fresh=False)
+        except BaseException as exc:
+            if not isinstance(exc, (OSError, EOFError, errors.XstageError, errors.StageClosed)):
+                self._interrupted(exc)  # before the read began, too: the stage closes
+            raise
         self._pending = None
         return self._expect(frame, reply, rid)
 
@@ -1206,6 +1223,8 @@ class WorkerClient:
         with self._lock:
             if self._exited() and self.state is WorkerState.READY:
                 raise self._idle_death()  # nothing sent: a restarted stage serves this call
+            if self._state_uncertain is not None:
+                self._settle_state()
             lane = self._lane
             if lane is not None and out is None and phase == "call" and self._pending is None \
                     and not self._reset_next and type(inputs) is dict and self._region is None \
@@ -1311,21 +1330,22 @@ class WorkerClient:
                             "being sent; the worker holds part of a frame")
             raise
         reply = self._reply
-        if reply is None or channel is None:
-            frame = self._recv("call", seconds, fresh=False)
-        else:
-            # The reply this call's signature makes (``_recv``, with the channel checking
-            # it in fewer steps): any other frame comes back as a Frame, checked below.
-            reply.rid = rid
-            try:
-                frame = channel.recv(codec=self._fast, expect=reply)
-            except self._LOWER as exc:
-                raise self._translate(exc, "call", seconds) from exc
-            except BaseException as exc:
-                if io.got and not isinstance(exc, (OSError, EOFError)):
-                    self._break(f"a call was interrupted ({type(exc).__name__}) while its "
-                                "reply was being read; the stream's position is unknown")
-                raise
+        try:
+            if reply is None or channel is None:
+                frame = self._recv("call", seconds, fresh=False)
+            else:
+                # The reply this call's signature makes (``_recv``, with the channel checking
+                # it in fewer steps): any other frame comes back as a Frame, checked below.
+                reply.rid = rid
+                try:
+                    frame = channel.recv(codec=self._fast, expect=reply)
+                except self._LOWER as exc:
+                    raise self._translate(exc, "call", seconds) from exc
+        except BaseException as exc:
+            if not isinstance(exc, (OSError, EOFError, errors.XstageError, errors.StageClosed)):
+                self._interrupted(exc)  # inside the read or before it began: the stage closes
+            raise
+        if reply is not None and channel is not None:
             if frame is reply:
                 self._pending = None
                 _, worker_ns, rss, peak = reply.fields
@@ -1421,13 +1441,44 @@ class WorkerClient:
             raise errors.UsageError("submit() before load()")
         if not isinstance(inputs, Mapping):
             raise not_a_mapping(inputs, (s["name"] for s in self.loaded.get("inputs", ())))
+        if self._state_uncertain is not None:
+            with self._lock:
+                self._settle_state()
         return self._pipe.submit(self._check_inputs(inputs), seconds)
 
     def reset_state(self) -> None:
-        """The next request (submitted after this) runs from the initial state."""
+        """The next request (submitted after this) runs from the initial state.
+
+        It also ends the doubt an interrupted call left (``StateUncertain``).
+        """
         if self._forked:
             raise self._forked_error()
         self._reset_next = True
+        self._state_uncertain = None
+
+    def _state_settled(self, req: Any) -> None:
+        """The interrupted request ``req`` never ran (its answer says so): the state stands."""
+        if self._state_uncertain is req:
+            self._state_uncertain = None
+
+    def _settle_state(self) -> None:
+        """Before a call that follows an interrupted one of a stage with state (lock held).
+
+        The interrupted request's answer is collected first (it says whether it ran); if it
+        ran, or may have, the call is refused.
+
+        Raises:
+            StateUncertain: the interrupted call may have moved the state.
+        """
+        if self._pipe.inflight:
+            self._pipe.drain()
+        if self._state_uncertain is not None:
+            raise errors.StateUncertain(
+                f"request #{self._state_uncertain.rid} to the {self.route} worker was "
+                "interrupted after the worker took it: the state it keeps may have moved by "
+                "that call, so the next call would run on a state you cannot know",
+                remedy="call reset_state() to run the next call from the initial state "
+                "(docs/serving.md, \"State that stays in the worker\")")
 
     def _take_reset(self) -> int:
         if not self._reset_next:
