@@ -16,6 +16,7 @@ loud. The CLI maps each class to one line and a hint (``xstage.cli._errors``).
     ├── RouteMissing               a route was required and did not resolve
     ├── RuntimeMissing             this interpreter has no onnxruntime, or one too old
     ├── SlotsBusy                  no slot set came free for ``input_slots`` in its timeout
+    ├── StateUncertain             a call after an interrupted one may have moved the state
     ├── Refused                    every candidate was refused (``.refusals`` says why)
     ├── ProtocolError              a frame broke the wire spec (docs/wire.md)
     │   ├── LocalProtocolError     we were about to send a bad frame
@@ -60,6 +61,7 @@ __all__ = [
     "SlotsBusy",
     "SpawnTimeout",
     "StageClosed",
+    "StateUncertain",
     "UsageError",
     "WarmupTimeout",
     "WorkerDied",
@@ -130,6 +132,11 @@ class SlotsBusy(XstageError):
 
     Every set was in flight or reserved by slots handed out before; nothing was reserved.
     """
+
+
+class StateUncertain(XstageError):
+    """Raised when a call of a stage with state follows an interrupted call that may have
+    moved the state; ``reset_state()`` ends it (the next call runs from the initial state)."""
 
 
 class Refused(XstageError):

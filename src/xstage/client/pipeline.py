@@ -127,7 +127,8 @@ class _Req:
     """One request: its inputs, who waits for it, its deadline and where it is."""
 
     __slots__ = ("deadline", "discard", "done", "error", "feeds", "flags", "future", "out",
-                 "phase", "published", "result", "rid", "seconds", "set", "timing", "token")
+                 "phase", "published", "result", "rid", "seconds", "set", "timing", "token",
+                 "uncertain")
 
     def __init__(self, feeds: Mapping[str, np.ndarray], future: StageFuture | None,
                  seconds: float | None, phase: str,
@@ -149,6 +150,8 @@ class _Req:
         self.timing: dict[str, int] = {}
         #: The reserved slot set its inputs were written in (``input_slots``), else None.
         self.token: Reservation | None = None
+        #: An interrupted request of a stage with state: its answer says whether it ran.
+        self.uncertain = False
 
 
 class Reservation:
@@ -335,13 +338,15 @@ class Pipeline:
         flags |= written
         copy_in = self._copy_in_ns = time.perf_counter_ns() - t0
         rid = c._take_id()  # a fresh id per call: a stale response can never match it
-        region.publish_request(rid, s, flags)
-        self.next_set = (s + 1) % region.n_sets
-        bell.ring(expected=c._expected_s)  # decides the wait below (shm.Doorbell.ring)
-        deadline = None if seconds is None else time.monotonic() + seconds
-        # The doorbell's policy spins only where it can pay (shm.py, waitpolicy.py): told the
-        # worker's recent compute, it blocks for calls expected to be long.
         try:
+            # An interrupt from here on finds the request published or not by its id in the
+            # set (``req_id``), never by where in these lines it landed.
+            region.publish_request(rid, s, flags)
+            self.next_set = (s + 1) % region.n_sets
+            bell.ring(expected=c._expected_s)  # decides the wait below (shm.Doorbell.ring)
+            deadline = None if seconds is None else time.monotonic() + seconds
+            # The doorbell's policy spins only where it can pay (shm.py, waitpolicy.py): told
+            # the worker's recent compute, it blocks for calls expected to be long.
             # The spin checks the id alone (one read); the generation is checked once, after.
             answered = region.answer_check(rid, s)
             state = bell.wait(answered, deadline, watch=(ctl,), expected=c._expected_s)
@@ -357,10 +362,14 @@ class Pipeline:
                     bell.wait(answered, deadline, spin=0)
         except BaseException as exc:
             if not isinstance(exc, (errors.XstageError, errors.StageClosed)) \
-                    and c._region is region:
+                    and c._region is region and region.req_id(s) == rid:
+                self.next_set = (s + 1) % region.n_sets
                 req = _Req(feeds, None, None, phase)
                 req.rid, req.set = rid, s
                 req.discard = True  # interrupted: the next driver collects and drops its answer
+                req.published = True
+                if self.stateful:
+                    self._uncertain(req, region)
                 with self.mu:
                     self.inflight.append(req)
             raise
@@ -884,6 +893,8 @@ class Pipeline:
         status, worker_ns, rss, peak, published, start, end, answer, _ = region.answer(s)
         timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak, **req.timing,
                   "published_ns": published, "start_ns": start, "end_ns": end}
+        if req.uncertain and status == shm.STATUS_CANCELLED:
+            c._state_settled(req)  # withdrawn before it started: the state never moved
         if status == shm.STATUS_CANCELLED:
             return  # withdrawn: its waiter was told when it was withdrawn
         c._expected_s = 0.7 * c._expected_s + 0.3 * worker_ns / 1e9
@@ -956,10 +967,25 @@ class Pipeline:
             for req in queued:
                 self._fail(req, gen_exc)
 
+    def _uncertain(self, req: _Req, region: shm.Region) -> None:
+        """An interrupted request of a stage with state: withdrawn if it has not started.
+
+        Until its answer says it never ran (``STATUS_CANCELLED``), the state the next call
+        would run on is unknown (``WorkerClient._state_uncertain``); a withdraw that loses the
+        race with the worker's take leaves an answer that says it ran.
+        """
+        req.uncertain = True
+        self.client._state_uncertain = req
+        with contextlib.suppress(ValueError):  # a region closed under us: the worker is gone
+            region.withdraw(req.rid, req.set)
+
     def _abandon(self, req: _Req) -> None:
         """The sync caller left (an interrupt): its request, if published, is discarded."""
         with self.mu:
             req.discard = True
+            region = self.client._region
+            if self.stateful and req.published and not req.done and region is not None:
+                self._uncertain(req, region)
             if req in self.queue:
                 self.queue.remove(req)
                 self._give_back(req)
