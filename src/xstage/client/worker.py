@@ -51,7 +51,7 @@ from xstage.client import connect_back, copies, device_slots
 from xstage.client.deadlines import Deadlines, DeadlineSocket
 from xstage.client.pipeline import USE_DEADLINE, Outputs, Pipeline, StageFuture
 from xstage.client.staging import local_hash, worker_argv
-from xstage.home import LOG_KEEP_DEFAULT, logs_dir, prune_logs
+from xstage.home import LOG_KEEP_DEFAULT, hold_log, logs_dir, prune_logs
 from xstage.signature import check_inputs, not_a_mapping, wire_order
 from xstage_remote import PROTOCOL_VERSION, shm, sockspin, wire
 
@@ -396,8 +396,9 @@ class WorkerClient:
         argv = worker_argv(self.interpreter, "worker", *args, path_map=self.worker_path)
         try:
             # 0600: a log may hold what the runtime printed about the caller's data
-            with open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
-                      "wb") as log:
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            hold_log(fd)  # never pruned while the worker (or what it started) holds it open
+            with open(fd, "wb") as log:
                 self._proc = subprocess.Popen(
                     argv,
                     stdin=subprocess.PIPE,
