@@ -135,8 +135,10 @@ class SlotsBusy(XstageError):
 
 
 class StateUncertain(XstageError):
-    """Raised when a call of a stage with state follows an interrupted call that may have
-    moved the state; ``reset_state()`` ends it (the next call runs from the initial state)."""
+    """Raised when a call of a stage with state follows an interrupted call that moved it.
+
+    Or may have moved it; ``reset_state()`` ends it (the next call runs from the initial state).
+    """
 
 
 class Refused(XstageError):

@@ -117,8 +117,8 @@ elif fault in ("orphan-on-run", "child-at-start"):
     keep = [int(fds[k]) for k in ("--ctl-fd", "--bell-fd") if k in fds]
 
     def stamp(what, pid):
-        with open(os.path.join(stamps, "%s-%d" % (what, pid)), "w") as f:
-            f.write("%d\n" % pid)
+        with open(os.path.join(stamps, f"{what}-{pid}"), "w") as f:
+            f.write(f"{pid}\n")
 
     def orphan():
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)",

@@ -3,9 +3,9 @@
 * An interrupted call (SIGINT mid-call) never poisons the next: on the shared region the next
   call discards the stale answer and answers its own request; on the socket, where the
   interrupt lands inside an inline read, the stage is closed at the interrupt and the next
-  call raises ``StageClosed`` saying why (never ``RemoteProtocolError``, never the old outputs). The order is arranged,
-  not raced: the worker stops itself as it takes the call (``fault_worker.py``,
-  "stop-on-run"), so the interrupt always lands before any answer exists.
+  call raises ``StageClosed`` saying why (never ``RemoteProtocolError``, never the old
+  outputs). The order is arranged, not raced: the worker stops itself as it takes the call
+  (``fault_worker.py``, "stop-on-run"), so the interrupt always lands before any answer exists.
 * Big-endian inputs convert at the boundary; every dtype numpy can express converts or is
   refused by name.
 * A stopped worker (SIGSTOP) cannot hold the caller past a deadline, sending included; a
