@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xstage import errors
-from xstage.client import copies
+from xstage.client import copies, device_slots
 from xstage_remote import shm, wire
 
 
@@ -173,9 +173,19 @@ class Reservation:
         """Whether ``feeds`` holds one of this set's views (by address)."""
         for name, addr in self.addrs.items():
             arr = feeds.get(name)
-            if type(arr) is np.ndarray and arr.__array_interface__["data"][0] == addr:
+            if type(arr) is np.ndarray:
+                if arr.__array_interface__["data"][0] == addr:
+                    return True
+            elif arr is not None and device_slots.is_cuda_tensor(arr) and arr.data_ptr() == addr:
                 return True
         return False
+
+
+def _address(view: Any) -> int:
+    """Where a handed-out view starts: a numpy slot's address, or a CUDA tensor's pointer."""
+    if type(view) is np.ndarray:
+        return int(view.__array_interface__["data"][0])
+    return int(view.data_ptr())
 
 
 def _view_dropped(token: Reservation, dropped: deque[Reservation]) -> None:
@@ -328,7 +338,10 @@ class Pipeline:
         assert bell is not None and ctl is not None
         s = self.next_set
         if self.reserved and not self._may_take(s, feeds):
-            return None  # another caller's reserved set, or views of a set not next: inline
+            if not self._device_feeds(feeds):
+                return None  # another caller's reserved set, or views of a set not next: inline
+            if s in self.reserved:  # device tensors cannot go inline around it
+                raise self._device_busy(s)
         if self._copy_in_ns >= self.heads_up_ns > 0:  # wake the worker during the copy
             bell.heads_up(time.monotonic_ns() + self._copy_in_ns)
         t0 = time.perf_counter_ns()
@@ -524,8 +537,8 @@ class Pipeline:
     def hand_out(self, s: int, views: Mapping[str, np.ndarray]) -> None:
         """Set ``s``'s reservation covers ``views``; dropping them all unused gives it back."""
         live = [v for v in views.values() if v.nbytes]
-        token = Reservation(s, {name: v.__array_interface__["data"][0]
-                                for name, v in views.items() if v.nbytes}, len(live))
+        token = Reservation(s, {name: _address(v) for name, v in views.items() if v.nbytes},
+                            len(live))
         with self.mu:
             if s in self.reserved:
                 self.reserved[s] = token
@@ -793,22 +806,31 @@ class Pipeline:
         """Queued requests into free sets, in order (the client's lock held)."""
         c = self.client
         while True:
+            busy: BaseException | None = None
             with self.mu:
                 if not self.queue:
                     return
                 req = self.queue[0]
+                inline = False
                 if req.deadline is not None and req.deadline <= time.monotonic():
-                    self.queue.popleft()
-                    self._give_back(req)
-                    late: _Req | None = req
+                    busy = errors.CallTimeout(req.seconds or 0, pid=c.pid)
                 else:
-                    late = None
                     region = c._region
-                    inline = region is None or not self._fits(region, req.feeds) \
-                        or (bool(self.reserved) and self._blocked(req))
-                    if inline and self.inflight:
+                    blocked = bool(self.reserved) and self._blocked(req)
+                    if blocked and self._device_feeds(req.feeds):
+                        # Device tensors cannot go inline around a reserved set: another
+                        # caller's set next fails the request (in order); views of another
+                        # set of its own are copied into this one.
+                        blocked = False
+                        owner = self.reserved.get(self.next_set)
+                        if owner is not None and owner is not req.token:
+                            if self.inflight:
+                                return
+                            busy = self._device_busy(self.next_set)
+                    inline = region is None or not self._fits(region, req.feeds) or blocked
+                    if busy is None and inline and self.inflight:
                         return  # the inline call follows the region's calls in order
-                    if not inline:
+                    if busy is None and not inline:
                         assert region is not None
                         if len(self.inflight) >= region.n_sets:
                             return
@@ -816,15 +838,28 @@ class Pipeline:
                         req.rid = c._take_id()
                         self.next_set = (self.next_set + 1) % region.n_sets
                         self.inflight.append(req)
-                    self.queue.popleft()
-                if req.token is not None:  # published in its set (``inflight`` holds it now)
-                    self._give_back(req)  # or gone inline: the reservation is over
-            if late is not None:
-                self._fail(late, errors.CallTimeout(late.seconds or 0, pid=c.pid))
+                self.queue.popleft()
+                if req.token is not None:  # published in its set (``inflight`` holds it now),
+                    self._give_back(req)  # gone inline, or failed: the reservation is over
+            if busy is not None:
+                self._fail(req, busy)
             elif inline:
                 self._run_inline(req)
             else:
                 self._publish_one(req)
+
+    def _device_feeds(self, feeds: Mapping[str, Any]) -> bool:
+        """Whether a request's inputs are device tensors (``device_tensors=on``)."""
+        return self.device is not None and bool(feeds) \
+            and device_slots.is_cuda_tensor(next(iter(feeds.values())))
+
+    def _device_busy(self, s: int) -> errors.SlotsBusy:
+        """A device call finds set ``s`` (next) reserved by another ``device_inputs()``."""
+        return errors.SlotsBusy(
+            f"slot set {s}, the next one, is reserved by a device_inputs() call whose tensors "
+            "have not been called with yet; device tensors cannot go around it inline",
+            remedy="call the stage with the tensors device_inputs() gave (or drop them) "
+            "before calling with tensors of your own")
 
     def _publish_one(self, req: _Req) -> None:
         c = self.client

@@ -893,26 +893,44 @@ class WorkerClient:
         with self._lock:
             return self._request({"op": "ping"}, "pong", "call").header.get("info", {})
 
-    def device_inputs(self) -> dict[str, Any]:
-        """The device input slots the next call is published in, to write in place.
+    def device_inputs(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """A device slot set no request owns, reserved for the call given it, to write in place.
 
-        ``device_tensors=on`` only. A call given these tensors copies nothing in this process
-        (``device_slots.DeviceSlots.inputs``); at depth K the next call's set changes each
-        call, so ask again before each call.
+        ``device_tensors=on`` only. CUDA tensors by input name, views of one set's device
+        input slots; a call given these tensors copies nothing in this process
+        (``device_slots.DeviceSlots.inputs``). The set is reserved as ``input_slots`` reserves
+        one: no request is published into it until the call given these tensors takes it;
+        while every set is in flight or reserved this waits (at most ``timeout`` seconds).
+        Ask again before each call. A device call of tensors of its own made while another
+        caller's reserved set is next cannot go around it inline: it raises ``SlotsBusy``.
 
         Raises:
-            UsageError: the stage serves no device tensors.
+            UsageError: the stage serves no device tensors, or a ``timeout`` that is not a
+                number of seconds >= 0.
+            SlotsBusy: no set came free within ``timeout``.
+            StageClosed: the worker was closed or died.
         """
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+                timeout, (int, float)) or not timeout >= 0):
+            raise errors.UsageError(f"device_inputs(timeout={timeout!r}) is not a number of "
+                                    "seconds >= 0", remedy="give seconds, or None to wait")
         if self._forked:
             raise self._forked_error()
-        with self._lock:
-            self._require_ready()
-            if self._pipe.device is None:
-                raise errors.UsageError(
-                    "device_inputs() on a stage opened without device tensors",
-                    remedy="open a torch-cuda stage with --ep-option device_tensors=on "
-                    "(open_stage(..., ep_options={'device_tensors': 'on'}))")
-            return self._pipe.device.inputs(self._pipe.next_set)
+        self._require_ready()
+        device = self._pipe.device
+        if device is None:
+            raise errors.UsageError(
+                "device_inputs() on a stage opened without device tensors",
+                remedy="open a torch-cuda stage with --ep-option device_tensors=on "
+                "(open_stage(..., ep_options={'device_tensors': 'on'}))")
+        region = self._region
+        if region is None:
+            raise errors.StageClosed(f"the {self.route} worker is {self.state.value}")
+        device.open()
+        s = self._reserve_set(region, timeout)
+        views = device.reserved_inputs(s)  # tensors of their own: see hand_out
+        self._pipe.hand_out(s, views)
+        return views
 
     def input_slots(self, shapes: Mapping[str, Sequence[int]] | None = None, *,
                     timeout: float | None = None) -> dict[str, np.ndarray]:

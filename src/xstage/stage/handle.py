@@ -187,14 +187,22 @@ class Stage(Requests):
         """The worker process's pid (None once it is gone)."""
         return self._client.pid
 
-    def device_inputs(self) -> dict[str, Any]:
-        """Where the next call's device inputs go, to write in place (``device_tensors=on``).
+    def device_inputs(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """A device slot set no request owns, reserved for the call it is given to.
 
-        CUDA tensors by input name, views of the worker's device slots of the set the next
-        call is published in: fill them (a producer's ``out=``, ``copy_``) and call the stage
-        with them, and the call copies nothing in this process. Ask again before each call.
+        ``device_tensors=on`` only. CUDA tensors by input name, views of one set of the
+        worker's device input slots: fill them (a producer's ``out=``, ``copy_``) and call the
+        stage with them (``stage(slots)`` or ``submit(slots)``), and the call copies nothing
+        in this process. As with
+        ``input_slots``, no other request is published into the set before that call; while
+        every set is in flight or reserved this waits for one. Ask again before each call.
+
+        Raises:
+            UsageError: the stage serves no device tensors.
+            SlotsBusy: no set came free within ``timeout`` seconds.
+            StageClosed: the stage is closed.
         """
-        return self._serving().device_inputs()
+        return self._serving().device_inputs(timeout=timeout)
 
     def input_slots(self, shapes: Mapping[str, Sequence[int]] | None = None, *,
                     timeout: float | None = None) -> dict[str, np.ndarray]:
