@@ -107,6 +107,7 @@ def _watch_exit(client: weakref.ReferenceType[WorkerClient], pid: int, pidfd: in
     live = client()
     if live is not None:
         live._exit_seen = True
+        live._watch_pidfd = None  # closed below: a later fork's child must not close its number
     del live
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)  # what it started, holding its sockets or not
@@ -291,6 +292,7 @@ class WorkerClient:
         #: Whether the watcher (``_watch_exit``) saw the worker process exit.
         self._exit_seen = False
         self._watch_socks: list[socket.socket] = []
+        self._watch_pidfd: int | None = None  # the watcher's pidfd (closed by its thread)
 
     def _forget_signatures(self) -> None:
         """Drop what repeated calls of one signature kept (a new load starts without it).
@@ -327,6 +329,9 @@ class WorkerClient:
         for sock in self._watch_socks:  # the watcher's duplicates (its thread is not here)
             with contextlib.suppress(OSError):
                 sock.close()
+        if self._watch_pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._watch_pidfd)
 
     def _forked_error(self) -> errors.ForkedStage:
         return errors.ForkedStage(
@@ -456,7 +461,7 @@ class WorkerClient:
                 pidfd = os.pidfd_open(proc.pid)
         socks = [sock.dup() for sock in (self._ctl, self._bell.sock if self._bell else None)
                  if sock is not None]
-        self._watch_socks = socks
+        self._watch_socks, self._watch_pidfd = socks, pidfd
         threading.Thread(target=_watch_exit, args=(weakref.ref(self), proc.pid, pidfd, socks),
                          daemon=True, name=f"xstage-exit-{proc.pid}").start()
 
