@@ -63,15 +63,44 @@ def _watchdog(fd):
 
 
 def _orphaned():
-    """The client is gone: SIGKILL this worker's process group (itself included), then exit."""
+    """The client is gone: SIGKILL what this worker started (its process group), then exit."""
     sys.stdout.flush()
     sys.stderr.flush()
-    if hasattr(os, "killpg") and os.getpgrp() == os.getpid():
-        try:
-            os.killpg(os.getpid(), 9)
-        except OSError:
-            pass
+    _end_group()
     os._exit(EXIT_ORPHANED)
+
+
+def _end_group():
+    """SIGKILL every other member of this worker's process group (it leads one of its own).
+
+    Found in ``/proc`` so the worker itself still exits with ``EXIT_ORPHANED``; a scan repeats
+    while it finds members (one may have started another meanwhile). Without ``/proc`` the
+    whole group is killed, this process included.
+    """
+    me = os.getpid()
+    if not hasattr(os, "killpg") or os.getpgrp() != me:
+        return
+    for _ in range(5):
+        try:
+            pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+        except OSError:
+            try:
+                os.killpg(me, 9)
+            except OSError:
+                pass
+            return
+        found = False
+        for pid in pids:
+            if pid == me:
+                continue
+            try:
+                if os.getpgid(pid) == me:
+                    os.kill(pid, 9)
+                    found = True
+            except OSError:
+                pass
+        if not found:
+            return
 
 
 class State:
