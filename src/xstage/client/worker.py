@@ -99,11 +99,14 @@ def _watch_exit(client: weakref.ReferenceType[WorkerClient], pid: int, pidfd: in
     """
     try:
         if pidfd is not None:
-            select.select([pidfd], [], [])  # readable once the process has exited
+            waiter = select.poll()  # this thread's own (select() would refuse fds past 1024)
+            waiter.register(pidfd, select.POLLIN)
+            while not waiter.poll():  # readable once the process has exited
+                pass
         else:
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-    except (OSError, ValueError):
-        pass  # reaped already (it exited), or no such child
+    except ChildProcessError:
+        pass  # reaped already: it exited
     live = client()
     if live is not None:
         live._exit_seen = True
@@ -275,8 +278,9 @@ class WorkerClient:
         #: unless its answer says it never ran.
         self._state_uncertain: Any = None
         # The request whose reply has not been read yet: ("frame" | "shm", id). Set once the
-        # request is wholly sent, cleared when its reply is read; a call interrupted between
-        # the two leaves it set and the next request first reads and discards that reply.
+        # request is wholly sent, cleared when its reply is read. A call interrupted between
+        # the two closes the stage (``_interrupted``); were one left set, the next request
+        # would first read and discard that reply (``_repair``).
         self._pending: tuple[str, int] | None = None
         self._closed_why: str | None = None  # why the stage was closed under a caller
         self._close_requested = False
