@@ -255,6 +255,16 @@ def _calls(n: int, rate: float, graph: Path, seed: int, transport: str = "local"
     main = threading.get_ident()
     timer: threading.Timer | None = None
     reopened = 0
+
+    def settle() -> None:
+        """The call's timer has fired or never will; a SIGINT it sent late is taken here."""
+        nonlocal timer
+        while timer is not None:
+            try:
+                timer.join()
+                timer = None
+            except KeyboardInterrupt:
+                pass
     for _ in range(n):
         checked = False
         try:
@@ -279,6 +289,7 @@ def _calls(n: int, rate: float, graph: Path, seed: int, transport: str = "local"
                 timer = None
         except (errors.StageClosed, errors.WorkerError) as exc:
             counts[f"stage closed itself: {type(exc).__name__}"] += 1
+            settle()  # not into the reopening: an interrupt there is not a call's
             stage.close()
             stage = open_()
             reopened += 1
