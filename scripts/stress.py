@@ -6,7 +6,7 @@ the command are in docs/reliability.md.
     PYTHONPATH=src python3 scripts/stress.py --frames 2000 --calls 2000 --opens 8 --procs 2
     PYTHONPATH=src python3 scripts/stress.py --transport tcp --only frames --only calls
 
-Three parts, each on its own fresh ``XSTAGE_HOME`` and ``TMPDIR`` (so leftovers are ours):
+Five parts, on one fresh ``XSTAGE_HOME`` and ``TMPDIR`` (so leftovers are ours):
 
 * ``frames``: a live ``ort-cpu`` worker (``WorkerClient``, inline frames) takes N frames:
   pings, runs checked against onnxruntime in this process, well-formed frames the worker must
@@ -25,8 +25,13 @@ Three parts, each on its own fresh ``XSTAGE_HOME`` and ``TMPDIR`` (so leftovers 
 * ``opens``: ``--procs`` processes, ``--opens`` threads in all, released together on a fresh
   home, each ``open_stage`` of the built-in stage (first use of every cached thing), one call,
   close. Each must end placed, refused (its cause), or a timeout or error naming its cause.
+* ``fork``: ``--forks`` children forked from a process that keeps calling its stage; each must
+  be refused the parent's stage (``ForkedStage``) and serve ``--fork-calls`` checked calls from
+  a worker of its own, while the parent's checked calls go on.
+* ``threads``: ``--threads`` threads share one stage at depth 4 for ``--thread-calls`` checked
+  calls (sync, ``submit().result()``, and windows of futures filled from one reused buffer).
 
-After all three: no process left that this run started, no descriptor more than at the start,
+After all parts: no process left that this run started, no descriptor more than at the start,
 no ``/dev/shm/xstage-*`` name from our processes, no ``xstage-profile-*`` folder in our TMPDIR,
 and the caches whole (built-in graph, staged worker package, probes, every record valid).
 Prints one JSON document; exit 0 when every check holds, 1 otherwise.
@@ -250,6 +255,16 @@ def _calls(n: int, rate: float, graph: Path, seed: int, transport: str = "local"
     main = threading.get_ident()
     timer: threading.Timer | None = None
     reopened = 0
+
+    def settle() -> None:
+        """The call's timer has fired or never will; a SIGINT it sent late is taken here."""
+        nonlocal timer
+        while timer is not None:
+            try:
+                timer.join()
+                timer = None
+            except KeyboardInterrupt:
+                pass
     for _ in range(n):
         checked = False
         try:
@@ -274,6 +289,7 @@ def _calls(n: int, rate: float, graph: Path, seed: int, transport: str = "local"
                 timer = None
         except (errors.StageClosed, errors.WorkerError) as exc:
             counts[f"stage closed itself: {type(exc).__name__}"] += 1
+            settle()  # not into the reopening: an interrupt there is not a call's
             stage.close()
             stage = open_()
             reopened += 1
@@ -285,6 +301,127 @@ def _calls(n: int, rate: float, graph: Path, seed: int, transport: str = "local"
         stage.close()
     return {"calls": n, "interrupt_rate": rate, "transport": transport,
             "outcomes": dict(sorted(counts.items())), "reopened": reopened}
+
+
+# ---------------------------------------------------------------------------- fork
+
+
+def _forks(n: int, calls: int, graph: Path, seed: int) -> dict:
+    """``n`` children forked from a process that keeps calling its stage (depth 2) meanwhile.
+
+    Each child must be refused the parent's stage (``ForkedStage``: a call, a ``submit``; its
+    ``close()`` a no-op), then serve ``calls`` checked calls from a ``WorkerClient`` of its own
+    (docs/serving.md, "Processes"). The parent's calls while the children run, and after, are
+    checked too; a child reports through its exit status (0: all as expected).
+    """
+    from xstage import Deadlines, WorkerClient, errors, open_stage
+
+    ref = _reference(graph)
+    nrng = np.random.default_rng(seed)
+    counts: collections.Counter[str] = collections.Counter()
+    stage = open_stage(graph, route="ort-cpu", depth=2, deadlines=Deadlines(call=60.0))
+
+    def parent_call(i: int) -> None:
+        x = nrng.standard_normal((2, 16)).astype(np.float32)
+        got = stage({"x": x}) if i % 2 else stage.submit({"x": x}).result(timeout=120)
+        counts["parent right" if _close_match(list(got.values()), ref({"x": x}))
+               else "WRONG in the parent"] += 1
+
+    for round_ in range(n):
+        parent_call(0)
+        pid = os.fork()
+        if pid == 0:  # the child: nothing of the parent's stage may work or be touched
+            code = 0
+            try:
+                try:
+                    stage({"x": np.zeros((2, 16), np.float32)})
+                    code |= 2  # the parent's stage answered a child
+                except errors.ForkedStage:
+                    pass
+                try:
+                    stage.submit({"x": np.zeros((2, 16), np.float32)})
+                    code |= 2
+                except errors.ForkedStage:
+                    pass
+                stage.close()  # a no-op here: the parent's worker serves on
+                crng = np.random.default_rng(seed * 1000 + round_)
+                with WorkerClient(sys.executable, route="ort-cpu") as own:
+                    own.load(graph)
+                    for _ in range(calls):
+                        x = crng.standard_normal((2, 16)).astype(np.float32)
+                        if not _close_match(list(own.run({"x": x}).values()), ref({"x": x})):
+                            code |= 4
+            except BaseException:  # noqa: BLE001 - the exit status says it
+                code |= 8
+            os._exit(code)
+        _children.append(pid)
+        for i in range(calls):  # the parent calls while the child runs
+            parent_call(i)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        counts["child as expected" if code == 0 else f"CHILD FAILED (status {code})"] += 1
+    for i in range(calls):
+        parent_call(i)
+    stage.close()
+    return {"forks": n, "calls_each": calls, "outcomes": dict(sorted(counts.items()))}
+
+
+# ---------------------------------------------------------------------------- threads
+
+
+def _threads(n: int, threads: int, graph: Path, seed: int) -> dict:
+    """``threads`` threads share one stage at depth 4, ``n`` calls in all, each checked.
+
+    Each thread mixes synchronous calls, ``submit().result()``, and a window of futures
+    collected in order; a buffer each thread reuses is refilled as soon as ``submit`` returns
+    (a request reads its inputs before ``submit`` returns: docs/serving.md).
+    """
+    from xstage import Deadlines, open_stage
+
+    ref = _reference(graph)
+    counts: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+    stage = open_stage(graph, route="ort-cpu", depth=4, deadlines=Deadlines(call=60.0))
+
+    def worker(k: int) -> None:
+        try:
+            serve(k)
+        except Exception as exc:  # noqa: BLE001 - counted: the verdict fails on it
+            with lock:
+                counts[f"THREAD FAILED: {type(exc).__name__}: {str(exc)[:80]}"] += 1
+
+    def serve(k: int) -> None:
+        rng = np.random.default_rng(seed * 100 + k)
+        buf = np.empty((2, 16), np.float32)
+        local: collections.Counter[str] = collections.Counter()
+        done = 0
+        while done < n // threads:
+            way = done % 3
+            if way == 2:  # a window of four futures from one reused buffer
+                sent = []
+                for _ in range(4):
+                    buf[...] = rng.standard_normal((2, 16))
+                    sent.append((buf.copy(), stage.submit({"x": buf})))
+                pairs = [(x, f.result(timeout=120)) for x, f in sent]
+                done += 4
+            else:
+                x = rng.standard_normal((2, 16)).astype(np.float32)
+                got = stage({"x": x}) if way == 0 else stage.submit({"x": x}).result(timeout=120)
+                pairs = [(x, got)]
+                done += 1
+            for x, got in pairs:
+                local["right" if _close_match(list(got.values()), ref({"x": x}))
+                      else "WRONG (another request's output)"] += 1
+        with lock:
+            counts.update(local)
+
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    stage.close()
+    return {"calls": n, "threads": threads, "outcomes": dict(sorted(counts.items()))}
 
 
 # ---------------------------------------------------------------------------- opens
@@ -423,8 +560,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--opens", type=int, default=100)
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--opens-timeout", type=float, default=1200.0)
+    parser.add_argument("--forks", type=int, default=20, help="children forked (fork round)")
+    parser.add_argument("--fork-calls", type=int, default=200,
+                        help="calls by each child, and by the parent while each one runs")
+    parser.add_argument("--thread-calls", type=int, default=20_000)
+    parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--seed", type=int, default=13)
-    parser.add_argument("--only", choices=["frames", "calls", "opens"], action="append")
+    parser.add_argument("--only", choices=["frames", "calls", "opens", "fork", "threads"],
+                        action="append")
     parser.add_argument("--transport", choices=["local", "tcp"], default="local",
                         help="frames and calls over the socketpair (local: calls through the "
                              "shared region) or the TCP connect-back's authenticated records")
@@ -435,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     if args._opener:
         _opener(Path(args._opener[0]), int(args._opener[1]))
         return 0
-    parts = args.only or ["frames", "calls", "opens"]
+    parts = args.only or ["frames", "calls", "opens", "fork", "threads"]
     scratch = Path(tempfile.mkdtemp(prefix="xstage-stress-"))
     home, tmp = scratch / "home", scratch / "tmp"
     tmp.mkdir()
@@ -457,6 +600,10 @@ def main(argv: list[str] | None = None) -> int:
         elif part == "calls":
             report["calls"] = _calls(args.calls, args.interrupt_rate, graph, args.seed,
                                      args.transport)
+        elif part == "fork":
+            report["fork"] = _forks(args.forks, args.fork_calls, graph, args.seed)
+        elif part == "threads":
+            report["threads"] = _threads(args.thread_calls, args.threads, graph, args.seed)
         else:
             report["opens"] = _opens(args.opens, args.procs, args.opens_timeout)
         report[part]["seconds"] = round(time.monotonic() - started, 1)
@@ -477,6 +624,8 @@ def main(argv: list[str] | None = None) -> int:
            or (args.transport == "tcp" and any(  # a changed record must never be acted on
                k.startswith("mutated: answered") for k in report.get("frames", {}).get("outcomes", {})))
            or any("WRONG" in k for k in report.get("calls", {}).get("outcomes", {}))
+           or any(("WRONG" in k or "FAILED" in k) for part in ("fork", "threads")
+                  for k in report.get(part, {}).get("outcomes", {}))
            or any(k.startswith(("UNNAMED", "process")) for k in report.get("opens", {}).get("outcomes", {}))
            or report.get("opens", {}).get("tracebacks"))
     report["verdict"] = "fail" if bad else "pass"

@@ -17,6 +17,7 @@ loud. The CLI maps each class to one line and a hint (``xstage.cli._errors``).
     ├── RuntimeMissing             this interpreter has no onnxruntime, or one too old
     ├── NoSpace                    a file could not be written for want of space (an OSError too)
     ├── SlotsBusy                  no slot set came free for ``input_slots`` in its timeout
+    ├── StateUncertain             a call after an interrupted one may have moved the state
     ├── Refused                    every candidate was refused (``.refusals`` says why)
     ├── ProtocolError              a frame broke the wire spec (docs/wire.md)
     │   ├── LocalProtocolError     we were about to send a bad frame
@@ -65,6 +66,7 @@ __all__ = [
     "SlotsBusy",
     "SpawnTimeout",
     "StageClosed",
+    "StateUncertain",
     "UsageError",
     "WarmupTimeout",
     "WorkerDied",
@@ -188,6 +190,13 @@ class SlotsBusy(XstageError):
     """
 
 
+class StateUncertain(XstageError):
+    """Raised when a call of a stage with state follows an interrupted call that moved it.
+
+    Or may have moved it; ``reset_state()`` ends it (the next call runs from the initial state).
+    """
+
+
 class Refused(XstageError):
     """Raised when no candidate passed; ``refusals`` holds each structured refusal.
 
@@ -234,7 +243,13 @@ class WorkerError(XstageError):
 
 
 class WorkerDied(WorkerError):
-    """Raised when the worker exited; ``exit_status``, ``generation`` and ``log_tail`` say how."""
+    """Raised when the worker exited; ``exit_status``, ``generation`` and ``log_tail`` say how.
+
+    ``idle`` is true when the worker had exited before the call that raised it sent anything
+    (it died while idle): that call never reached it, and a restarted stage serves it.
+    """
+
+    idle = False
 
     def __init__(
         self,

@@ -37,7 +37,7 @@ from xstage.errors import UsageError, naming_full_disk
 
 __all__ = [
     "LOG_KEEP_DEFAULT", "atomic_write", "cache_dir", "check_output", "check_owned", "envs_dir",
-    "file_mode", "home", "home_path", "locked", "locks_dir", "log_keep", "logs_dir", "owned_dir",
+    "file_mode", "hold_log", "home", "home_path", "locked", "locks_dir", "log_keep", "logs_dir", "owned_dir",
     "prune_logs", "records_dir", "write_output",
 ]
 
@@ -372,6 +372,43 @@ LOG_KEEP_DEFAULT = "100,30d"
 _LOG_GRACE_SECONDS = 60.0
 
 
+def hold_log(fd: int) -> None:
+    """Mark the log open on ``fd`` as a live worker's: a shared ``flock`` on its open file.
+
+    The lock belongs to the open file description, which the worker inherits as its fd 1 and
+    2: it holds while the worker (or anything it started) keeps the log open, whatever this
+    process does, and ``prune_logs`` never takes a log so held. On Windows nothing is marked
+    and the one-minute grace alone applies.
+    """
+    if sys.platform != "win32":
+        import fcntl
+
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+
+
+def _unlink_unless_held(path: Path) -> bool:
+    """Delete a log no live worker holds (``hold_log``); False when one does or it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        if sys.platform != "win32":
+            import fcntl
+
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False  # a live worker's (or another pruner's, deleting it now)
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def log_keep(text: str | None = None) -> tuple[int | None, float | None]:
     """``XSTAGE_LOG_KEEP`` (or ``text``) as (count, days); None is "no limit".
 
@@ -409,8 +446,10 @@ def prune_logs(folder: Path | None = None, *, now: float | None = None,
                keep: tuple[int | None, float | None] | None = None) -> list[Path]:
     """Delete worker logs past ``XSTAGE_LOG_KEEP``; return the paths deleted.
 
-    Called at each worker's start. Logs modified in the last minute are kept whatever the
-    limits (they may be a live worker's); a file another process deleted first is skipped.
+    Called at each worker's start. A live worker's log is never deleted, however old: the
+    client holds a shared ``flock`` on it that the worker inherits (``hold_log``), and a log
+    that cannot be locked exclusively is skipped. Logs modified in the last minute are kept
+    too whatever the limits; a file another process deleted first is skipped.
 
     Raises:
         ValueError: a malformed ``XSTAGE_LOG_KEEP`` (see ``log_keep``).
@@ -429,8 +468,6 @@ def prune_logs(folder: Path | None = None, *, now: float | None = None,
     for rank, (mtime, path) in enumerate(logs):
         age = moment - mtime
         over = (count is not None and rank >= count) or (days is not None and age > days * 86400)
-        if over and age > _LOG_GRACE_SECONDS:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                gone.append(path)
+        if over and age > _LOG_GRACE_SECONDS and _unlink_unless_held(path):
+            gone.append(path)
     return gone

@@ -49,12 +49,58 @@ ATTACH_FD_SECONDS = _seconds_from_env("XSTAGE_ATTACH_FD_SECONDS", 10.0)
 
 
 def _watchdog(fd):
+    """The death pipe ended (the client is gone): end this worker and everything it started.
+
+    The worker leads a process group of its own (the client starts it in a new session), so
+    a process a runtime started goes with it: nothing outlives a client killed with SIGKILL.
+    """
     try:
         while os.read(fd, 1):
             pass
     except OSError:
         pass
+    _orphaned()
+
+
+def _orphaned():
+    """The client is gone: SIGKILL what this worker started (its process group), then exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _end_group()
     os._exit(EXIT_ORPHANED)
+
+
+def _end_group():
+    """SIGKILL every other member of this worker's process group (it leads one of its own).
+
+    Found in ``/proc`` so the worker itself still exits with ``EXIT_ORPHANED``; a scan repeats
+    while it finds members (one may have started another meanwhile). Without ``/proc`` the
+    whole group is killed, this process included.
+    """
+    me = os.getpid()
+    if not hasattr(os, "killpg") or os.getpgrp() != me:
+        return
+    for _ in range(5):
+        try:
+            pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+        except OSError:
+            try:
+                os.killpg(me, 9)
+            except OSError:
+                pass
+            return
+        found = False
+        for pid in pids:
+            if pid == me:
+                continue
+            try:
+                if os.getpgid(pid) == me:
+                    os.kill(pid, 9)
+                    found = True
+            except OSError:
+                pass
+        if not found:
+            return
 
 
 class State:
@@ -759,6 +805,8 @@ def main(argv):
         sys.stderr.write("xstage worker: %s: %s\n" % (type(exc).__name__, exc))
         code = 65
     shm_mod.write_traces()  # XSTAGE_WAIT_TRACE only
+    if code == EXIT_ORPHANED:  # the control stream ended first: the same end as the watchdog's
+        _orphaned()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -105,6 +105,41 @@ elif fault in ("abort-on-load", "sigkill-on-warmup", "segv-on-warmup") or fault.
         worker.Worker.on_run = die
         worker.Worker.on_shm_call = die
     worker.main(args)
+elif fault in ("orphan-on-run", "child-at-start"):
+    # A worker that starts a process of its own holding the inherited control socket (and the
+    # death pipe, as any child does): "orphan-on-run" then dies as it takes its first run, so
+    # the socket stays open after its death; "child-at-start" serves on with the child beside
+    # it (a killed client must take both down). Each pid is stamped in XSTAGE_FAULT_STAMPS as
+    # ``pid-<n>`` (the stamps fixture's reaper) and the child's also as ``child-<n>``.
+    import subprocess
+
+    stamps = os.environ["XSTAGE_FAULT_STAMPS"]
+    keep = [int(fds[k]) for k in ("--ctl-fd", "--bell-fd") if k in fds]
+
+    def stamp(what, pid):
+        with open(os.path.join(stamps, f"{what}-{pid}"), "w") as f:
+            f.write(f"{pid}\n")
+
+    def orphan():
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)",
+                                  "fault_worker.py-child"], pass_fds=keep)
+        stamp("pid", child.pid)
+        stamp("child", child.pid)
+
+    stamp("pid", os.getpid())
+    if fault == "child-at-start":
+        orphan()
+    else:
+        def die(self, *a, **k):
+            orphan()
+            print("fault worker: dying with a child holding the socket", flush=True)
+            os._exit(9)
+
+        worker.Worker.on_run = die
+        worker.Worker.on_shm_call = die
+        worker.Worker._run_binary = die
+    sys.argv = [sys.argv[0]] + args
+    worker.main(args)
 elif fault == "stop-on-run":
     # The real worker (ort runtime), made to stop itself (SIGSTOP) as it starts computing its
     # run number XSTAGE_FAULT_AT (1-based; inline and region calls alike, a request withdrawn
@@ -124,6 +159,9 @@ elif fault == "stop-on-run":
     at = int(os.environ.get("XSTAGE_FAULT_AT", "1"))
     every = os.environ.get("XSTAGE_FAULT_EVERY") == "1"
     stops = os.environ.get("XSTAGE_FAULT_STOP", "1") == "1"
+    # XSTAGE_FAULT_GEN: stop only in the worker of that generation (a restart's admission)
+    if os.environ.get("XSTAGE_FAULT_GEN") not in (None, fds.get("--generation", "1")):
+        stops = False
     stamps = os.environ.get("XSTAGE_FAULT_STAMPS")
     runs = {"seen": 0, "depth": 0, "computing": 0}
 

@@ -179,6 +179,52 @@ def test_inputs_written_in_place_are_not_copied_by_the_caller(tmp_path):
     assert "aten::copy_" in names  # the profiler saw the clones: it watched this process
 
 
+def test_device_inputs_hand_out_a_set_no_request_owns(tmp_path):
+    """The attack of ``input_slots`` on ``device_inputs``: at depth 2, with both sets in flight
+    (the worker stopped by SIGSTOP, so nothing is answered), a third ``device_inputs()`` must
+    not return request 1's set: it waits for a free one, and each request answers its own
+    fill. Ordered, not raced: the worker resumes only once the third caller waits (or, before
+    the fix, has already written into request 1's set)."""
+    import os
+    import signal
+    import threading
+
+    path, module = _export(tmp_path)
+    gen = torch.Generator("cuda").manual_seed(5)
+    xs = [torch.randn(32, 256, device="cuda", generator=gen) for _ in range(3)]
+    with xstage.open_stage(path, route="torch-cuda", record_on_close=False, depth=2,
+                           ep_options=ON) as stage:
+        stage({"x": xs[0]})  # the device slots are open
+        client = stage._client
+        os.kill(stage.worker_pid, signal.SIGSTOP)
+        futures, box, done = [], {}, threading.Event()
+        try:
+            for x in xs[:2]:
+                slots = stage.device_inputs()
+                slots["x"].copy_(x)
+                futures.append(stage.submit(slots))
+            with pytest.raises(errors.SlotsBusy):
+                stage.device_inputs(timeout=0)  # both sets in flight: none is free
+
+            def third() -> None:
+                slots = stage.device_inputs()  # waits for a set to come free
+                slots["x"].copy_(xs[2])
+                box["fut"] = stage.submit(slots)
+                done.set()
+
+            threading.Thread(target=third, daemon=True).start()
+            while not (done.is_set() or client._pipe.slot_waiters):
+                threading.Event().wait(0.001)
+        finally:
+            os.kill(stage.worker_pid, signal.SIGCONT)
+        assert done.wait(120)
+        futures.append(box["fut"])
+        for fut, x in zip(futures, xs, strict=True):
+            y, s = _want(module, x)
+            got = fut.result(timeout=120)
+            torch.testing.assert_close(got["y"].clone(), y, rtol=1e-5, atol=1e-5)
+
+
 def test_tensors_on_another_device_or_a_mix_are_usage_errors(tmp_path):
     path, _ = _export(tmp_path)
     with xstage.open_stage(path, route="torch-cuda", record_on_close=False,

@@ -75,3 +75,23 @@ def test_a_worker_start_prunes(monkeypatch):
     left = sorted(folder.glob("worker-*.log"))
     assert [p for p in left if p in old] == old[:3]
     assert len(left) >= 4  # its own (and the reference's, where one ran) beside them
+
+
+def test_a_live_workers_log_is_never_pruned_however_old():
+    """A worker that has run for days: its log is past every limit, and still in use; a dead
+    worker's log of the same age goes, and so does the live one once its worker is gone."""
+    import sys
+
+    from xstage.client import WorkerClient
+
+    with WorkerClient(sys.executable) as w:
+        old = _logs(home.logs_dir(), [10])
+        live = w.log_path
+        assert live is not None
+        past = time.time() - 10 * DAY
+        os.utime(live, (past, past))
+        assert home.prune_logs(keep=(0, 1.0)) == old
+        assert live.exists()
+        w.ping()  # the worker still serves, its log still there
+    os.utime(live, (past, past))
+    assert home.prune_logs(keep=(0, 1.0)) == [live]

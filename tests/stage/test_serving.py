@@ -5,13 +5,18 @@ Order is checked with the worker's stamps (docs/serving.md), never with the wall
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import stat
+import sys
 
 import numpy as np
+import psutil
 import pytest
 
 import xstage
+from tests.client.conftest import HERE, Background, stop_on_run_env, wait_stopped, wait_until
 from xstage import builtin_graphs, errors
 from xstage.record import read_record, validate_record
 
@@ -43,6 +48,14 @@ def _kill(stage) -> None:
     os.kill(stage.worker_pid, signal.SIGKILL)
 
 
+def _kill_idle(stage) -> None:
+    """SIGKILL the worker and wait for its exit (an event, not a clock): it died idle."""
+    pid = stage.worker_pid
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+               is not None, f"worker {pid} exiting")
+
+
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
     """Milliseconds per call: requests are still in flight when the worker is killed."""
@@ -50,16 +63,16 @@ def wide(tmp_path_factory):
                                 tmp_path_factory.mktemp("g") / "wide.onnx")
 
 
-def test_a_dead_worker_is_replaced_by_the_next_generation(mlp):
+@pytest.mark.parametrize("how", ["call", "submit"])
+def test_a_dead_worker_is_replaced_by_the_next_generation(mlp, how):
+    """The worker dies while idle: the next request is served by generation 2, not failed."""
     x = {"x": np.ones((8, 256), np.float32)}
     with xstage.open_stage(mlp, route="ort-cpu", restart="on_death") as stage:
         want = stage(x)["y"]
         first_pid = stage.worker_pid
-        _kill(stage)
-        with pytest.raises(errors.WorkerDied) as info:
-            stage(x)
-        assert info.value.generation == 1
-        np.testing.assert_array_equal(stage(x)["y"], want)  # served by generation 2
+        _kill_idle(stage)
+        got = stage(x) if how == "call" else stage.submit(x).result(timeout=300)
+        np.testing.assert_array_equal(got["y"], want)  # served by generation 2
         health = stage.health()
         assert health["generation"] == 2 and stage.worker_pid != first_pid
         assert health["state"] == "serving" and health["in_flight"] == 0
@@ -68,6 +81,44 @@ def test_a_dead_worker_is_replaced_by_the_next_generation(mlp):
         assert "WorkerDied" in restart["cause"]
         assert stage.proof.verdict == "placed" and stage.parity.passed  # proven and gated again
         assert health["proof_sha256"] == stage.record()["worker"]["evidence_sha256"]
+
+
+def test_health_answers_while_a_restart_admits_and_says_restarting(mlp, tmp_path, monkeypatch):
+    """Generation 2's worker stops itself (SIGSTOP) in its admission's first run: the restart
+    cannot end before the test resumes it, so health() must answer from what the stage holds,
+    not wait for the admission; the call that started the restart is then served by it."""
+    fake = tmp_path / "fakepy"
+    fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "fault_worker.py"}" "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    stamps = tmp_path / "stamps"
+    for key, value in stop_on_run_env(1, stamps=stamps).items():
+        if key.startswith("XSTAGE_FAULT"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("XSTAGE_FAULT_GEN", "2")
+    monkeypatch.setenv("XSTAGE_PYTHON_ORT_CPU", str(fake))
+    x = {"x": np.ones((8, 256), np.float32)}
+    with xstage.open_stage(mlp, route="ort-cpu", restart="on_death") as stage:
+        want = stage(x)["y"]
+        first = stage.worker_pid
+        _kill_idle(stage)
+        box: dict = {}
+        call = Background(lambda: box.update(out=stage(x)))
+        wait_until(lambda: any(int(p.name[4:]) != first for p in stamps.glob("pid-*")),
+                   "generation 2's worker starting")
+        [second] = [int(p.name[4:]) for p in stamps.glob("pid-*") if int(p.name[4:]) != first]
+        try:
+            wait_stopped(second)
+            asked = Background(lambda: box.update(health=stage.health()))
+            assert asked.raised() is None
+            health = box["health"]
+            assert health["state"] == "restarting" and health["generation"] == 1
+        finally:
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                os.kill(second, signal.SIGCONT)
+        assert call.raised() is None
+        np.testing.assert_array_equal(box["out"]["y"], want)
+        health = stage.health()
+        assert health["state"] == "serving" and health["generation"] == 2
 
 
 def test_in_flight_requests_fail_with_the_generation_and_the_queue_moves_on(wide):
@@ -103,13 +154,13 @@ def test_the_restart_limit_closes_the_stage_with_the_last_cause(mlp):
     x = {"x": np.ones((8, 256), np.float32)}
     stage = xstage.open_stage(mlp, route="ort-cpu", restart="on_death", max_restarts=1)
     try:
-        _kill(stage)
-        with pytest.raises(errors.WorkerDied):
-            stage(x)
+        _kill_idle(stage)
+        stage(x)  # served by generation 2
         assert stage.generation == 2
-        _kill(stage)
-        with pytest.raises(errors.WorkerDied):
-            stage(x)
+        _kill_idle(stage)
+        with pytest.raises(errors.WorkerDied) as info:
+            stage(x)  # the limit: no generation 3 serves it
+        assert info.value.idle
         health = stage.health()
         assert health["state"] == "closed"
         assert "1 restarts within 60 s" in health["closed_cause"]

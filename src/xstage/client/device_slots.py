@@ -133,6 +133,15 @@ class DeviceSlots:
         self.open()
         return dict(self.views[s]["in"])
 
+    def reserved_inputs(self, s: int) -> dict[str, Any]:
+        """Set ``s``'s input slots as tensors of their own (``WorkerClient.device_inputs``).
+
+        New tensor objects over the same device memory: the reservation of set ``s`` ends
+        when the caller drops them, which the slots' own tensors (kept here) never are.
+        """
+        self.open()
+        return {name: t.view(t.shape) for name, t in self.views[s]["in"].items()}
+
     # ------------------------------------------------------------------ the slots
     def open(self) -> None:
         """Ask the worker for its slots once and open them here."""
@@ -190,8 +199,8 @@ class DeviceSlots:
         slots = self.views[s]["in"]
         for name, t in feeds.items():
             slot = slots[name]
-            if t is not slot:  # a slot written in place (``inputs``) is not copied onto itself
-                slot.copy_(t)
+            if t is not slot and t.data_ptr() != slot.data_ptr():
+                slot.copy_(t)  # a slot written in place (``inputs``) is not copied onto itself
         # The caller's writes, copies or its own kernels into the slots, finish before the
         # worker reads them: with nothing queued this costs one driver call, no GPU work.
         self._torch.cuda.current_stream(self._base.device).synchronize()

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xstage import errors
-from xstage.client import copies
+from xstage.client import copies, device_slots
 from xstage_remote import shm, wire
 
 
@@ -114,11 +114,21 @@ class StageFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         return True
 
 
+def _snapshot(feeds: Mapping[str, Any]) -> dict[str, Any]:
+    """The inputs of a request that stays queued, copied: ``submit`` reads them only once.
+
+    A caller may refill its buffers as soon as ``submit`` returns (docs/serving.md,
+    "Requests"). Device tensors are the caller's until the request is answered.
+    """
+    return {name: a.copy() if type(a) is np.ndarray else a for name, a in feeds.items()}
+
+
 class _Req:
     """One request: its inputs, who waits for it, its deadline and where it is."""
 
     __slots__ = ("deadline", "discard", "done", "error", "feeds", "flags", "future", "out",
-                 "phase", "published", "result", "rid", "seconds", "set", "timing", "token")
+                 "phase", "published", "result", "rid", "seconds", "set", "timing", "token",
+                 "uncertain")
 
     def __init__(self, feeds: Mapping[str, np.ndarray], future: StageFuture | None,
                  seconds: float | None, phase: str,
@@ -140,6 +150,8 @@ class _Req:
         self.timing: dict[str, int] = {}
         #: The reserved slot set its inputs were written in (``input_slots``), else None.
         self.token: Reservation | None = None
+        #: An interrupted request of a stage with state: its answer says whether it ran.
+        self.uncertain = False
 
 
 class Reservation:
@@ -161,9 +173,19 @@ class Reservation:
         """Whether ``feeds`` holds one of this set's views (by address)."""
         for name, addr in self.addrs.items():
             arr = feeds.get(name)
-            if type(arr) is np.ndarray and arr.__array_interface__["data"][0] == addr:
+            if type(arr) is np.ndarray:
+                if arr.__array_interface__["data"][0] == addr:
+                    return True
+            elif arr is not None and device_slots.is_cuda_tensor(arr) and arr.data_ptr() == addr:
                 return True
         return False
+
+
+def _address(view: Any) -> int:
+    """Where a handed-out view starts: a numpy slot's address, or a CUDA tensor's pointer."""
+    if type(view) is np.ndarray:
+        return int(view.__array_interface__["data"][0])
+    return int(view.data_ptr())
 
 
 def _view_dropped(token: Reservation, dropped: deque[Reservation]) -> None:
@@ -316,7 +338,10 @@ class Pipeline:
         assert bell is not None and ctl is not None
         s = self.next_set
         if self.reserved and not self._may_take(s, feeds):
-            return None  # another caller's reserved set, or views of a set not next: inline
+            if not self._device_feeds(feeds):
+                return None  # another caller's reserved set, or views of a set not next: inline
+            if s in self.reserved:  # device tensors cannot go inline around it
+                raise self._device_busy(s)
         if self._copy_in_ns >= self.heads_up_ns > 0:  # wake the worker during the copy
             bell.heads_up(time.monotonic_ns() + self._copy_in_ns)
         t0 = time.perf_counter_ns()
@@ -326,13 +351,15 @@ class Pipeline:
         flags |= written
         copy_in = self._copy_in_ns = time.perf_counter_ns() - t0
         rid = c._take_id()  # a fresh id per call: a stale response can never match it
-        region.publish_request(rid, s, flags)
-        self.next_set = (s + 1) % region.n_sets
-        bell.ring(expected=c._expected_s)  # decides the wait below (shm.Doorbell.ring)
-        deadline = None if seconds is None else time.monotonic() + seconds
-        # The doorbell's policy spins only where it can pay (shm.py, waitpolicy.py): told the
-        # worker's recent compute, it blocks for calls expected to be long.
         try:
+            # An interrupt from here on finds the request published or not by its id in the
+            # set (``req_id``), never by where in these lines it landed.
+            region.publish_request(rid, s, flags)
+            self.next_set = (s + 1) % region.n_sets
+            bell.ring(expected=c._expected_s)  # decides the wait below (shm.Doorbell.ring)
+            deadline = None if seconds is None else time.monotonic() + seconds
+            # The doorbell's policy spins only where it can pay (shm.py, waitpolicy.py): told
+            # the worker's recent compute, it blocks for calls expected to be long.
             # The spin checks the id alone (one read); the generation is checked once, after.
             answered = region.answer_check(rid, s)
             state = bell.wait(answered, deadline, watch=(ctl,), expected=c._expected_s)
@@ -348,10 +375,14 @@ class Pipeline:
                     bell.wait(answered, deadline, spin=0)
         except BaseException as exc:
             if not isinstance(exc, (errors.XstageError, errors.StageClosed)) \
-                    and c._region is region:
+                    and c._region is region and region.req_id(s) == rid:
+                self.next_set = (s + 1) % region.n_sets
                 req = _Req(feeds, None, None, phase)
                 req.rid, req.set = rid, s
                 req.discard = True  # interrupted: the next driver collects and drops its answer
+                req.published = True
+                if self.stateful:
+                    self._uncertain(req, region)
                 with self.mu:
                     self.inflight.append(req)
             raise
@@ -384,21 +415,31 @@ class Pipeline:
         future = StageFuture(self)
         req = _Req(feeds, future, seconds, "call")
         future._req = req  # type: ignore[attr-defined]
-        with self.mu:
-            if self.closed:
-                raise errors.StageClosed("the stage is closed")
-            req.flags = self.client._take_reset()
-            if self.reserved:
-                req.token = self._token_of(feeds)
-            self.queue.append(req)
         c = self.client
-        if c._lock.acquire(blocking=False):  # nobody drives: publish in this thread
-            try:
-                if c._region is not None and not c._closed_why:
-                    self._publish()
-            except errors.XstageError:
-                pass  # the pump meets the same failure and fails the requests with it
-            finally:
+        # Nobody drives: publish in this thread. Whoever drives publishes only with the
+        # client's lock held, so while this thread holds it no one reads ``req.feeds`` but it.
+        driving = c._lock.acquire(blocking=False)
+        try:
+            with self.mu:
+                if self.closed:
+                    raise errors.StageClosed("the stage is closed")
+                req.flags = c._take_reset()
+                if self.reserved:
+                    req.token = self._token_of(feeds)
+                if not driving and req.token is None:
+                    req.feeds = _snapshot(feeds)  # a driver may publish it any time from now
+                self.queue.append(req)
+            if driving:
+                try:
+                    if c._region is not None and not c._closed_why:
+                        self._publish()
+                except errors.XstageError:
+                    pass  # the pump meets the same failure and fails the requests with it
+                with self.mu:
+                    if req.token is None and req in self.queue:  # not published: queued
+                        req.feeds = _snapshot(feeds)
+        finally:
+            if driving:
                 c._lock.release()
         self._kick()
         return future
@@ -496,8 +537,8 @@ class Pipeline:
     def hand_out(self, s: int, views: Mapping[str, np.ndarray]) -> None:
         """Set ``s``'s reservation covers ``views``; dropping them all unused gives it back."""
         live = [v for v in views.values() if v.nbytes]
-        token = Reservation(s, {name: v.__array_interface__["data"][0]
-                                for name, v in views.items() if v.nbytes}, len(live))
+        token = Reservation(s, {name: _address(v) for name, v in views.items() if v.nbytes},
+                            len(live))
         with self.mu:
             if s in self.reserved:
                 self.reserved[s] = token
@@ -765,22 +806,31 @@ class Pipeline:
         """Queued requests into free sets, in order (the client's lock held)."""
         c = self.client
         while True:
+            busy: BaseException | None = None
             with self.mu:
                 if not self.queue:
                     return
                 req = self.queue[0]
+                inline = False
                 if req.deadline is not None and req.deadline <= time.monotonic():
-                    self.queue.popleft()
-                    self._give_back(req)
-                    late: _Req | None = req
+                    busy = errors.CallTimeout(req.seconds or 0, pid=c.pid)
                 else:
-                    late = None
                     region = c._region
-                    inline = region is None or not self._fits(region, req.feeds) \
-                        or (bool(self.reserved) and self._blocked(req))
-                    if inline and self.inflight:
+                    blocked = bool(self.reserved) and self._blocked(req)
+                    if blocked and self._device_feeds(req.feeds):
+                        # Device tensors cannot go inline around a reserved set: another
+                        # caller's set next fails the request (in order); views of another
+                        # set of its own are copied into this one.
+                        blocked = False
+                        owner = self.reserved.get(self.next_set)
+                        if owner is not None and owner is not req.token:
+                            if self.inflight:
+                                return
+                            busy = self._device_busy(self.next_set)
+                    inline = region is None or not self._fits(region, req.feeds) or blocked
+                    if busy is None and inline and self.inflight:
                         return  # the inline call follows the region's calls in order
-                    if not inline:
+                    if busy is None and not inline:
                         assert region is not None
                         if len(self.inflight) >= region.n_sets:
                             return
@@ -788,15 +838,28 @@ class Pipeline:
                         req.rid = c._take_id()
                         self.next_set = (self.next_set + 1) % region.n_sets
                         self.inflight.append(req)
-                    self.queue.popleft()
-                if req.token is not None:  # published in its set (``inflight`` holds it now)
-                    self._give_back(req)  # or gone inline: the reservation is over
-            if late is not None:
-                self._fail(late, errors.CallTimeout(late.seconds or 0, pid=c.pid))
+                self.queue.popleft()
+                if req.token is not None:  # published in its set (``inflight`` holds it now),
+                    self._give_back(req)  # gone inline, or failed: the reservation is over
+            if busy is not None:
+                self._fail(req, busy)
             elif inline:
                 self._run_inline(req)
             else:
                 self._publish_one(req)
+
+    def _device_feeds(self, feeds: Mapping[str, Any]) -> bool:
+        """Whether a request's inputs are device tensors (``device_tensors=on``)."""
+        return self.device is not None and bool(feeds) \
+            and device_slots.is_cuda_tensor(next(iter(feeds.values())))
+
+    def _device_busy(self, s: int) -> errors.SlotsBusy:
+        """A device call finds set ``s`` (next) reserved by another ``device_inputs()``."""
+        return errors.SlotsBusy(
+            f"slot set {s}, the next one, is reserved by a device_inputs() call whose tensors "
+            "have not been called with yet; device tensors cannot go around it inline",
+            remedy="call the stage with the tensors device_inputs() gave (or drop them) "
+            "before calling with tensors of your own")
 
     def _publish_one(self, req: _Req) -> None:
         c = self.client
@@ -865,6 +928,8 @@ class Pipeline:
         status, worker_ns, rss, peak, published, start, end, answer, _ = region.answer(s)
         timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak, **req.timing,
                   "published_ns": published, "start_ns": start, "end_ns": end}
+        if req.uncertain and status == shm.STATUS_CANCELLED:
+            c._state_settled(req)  # withdrawn before it started: the state never moved
         if status == shm.STATUS_CANCELLED:
             return  # withdrawn: its waiter was told when it was withdrawn
         c._expected_s = 0.7 * c._expected_s + 0.3 * worker_ns / 1e9
@@ -937,10 +1002,25 @@ class Pipeline:
             for req in queued:
                 self._fail(req, gen_exc)
 
+    def _uncertain(self, req: _Req, region: shm.Region) -> None:
+        """An interrupted request of a stage with state: withdrawn if it has not started.
+
+        Until its answer says it never ran (``STATUS_CANCELLED``), the state the next call
+        would run on is unknown (``WorkerClient._state_uncertain``); a withdraw that loses the
+        race with the worker's take leaves an answer that says it ran.
+        """
+        req.uncertain = True
+        self.client._state_uncertain = req
+        with contextlib.suppress(ValueError):  # a region closed under us: the worker is gone
+            region.withdraw(req.rid, req.set)
+
     def _abandon(self, req: _Req) -> None:
         """The sync caller left (an interrupt): its request, if published, is discarded."""
         with self.mu:
             req.discard = True
+            region = self.client._region
+            if self.stateful and req.published and not req.done and region is not None:
+                self._uncertain(req, region)
             if req in self.queue:
                 self.queue.remove(req)
                 self._give_back(req)

@@ -9,6 +9,13 @@ end-of-file and exits. Its fd 1 and fd 2 go to a log file whose tail is attached
 ``WorkerDied``. It runs in a session of its own so ``close()`` can end the whole process
 group, grandchildren included.
 
+Death is seen from the process, not only from the socket: a thread waits on the worker process
+itself (a pidfd where the OS has one, else ``waitid`` without reaping) and, when it exits, ends
+its process group and shuts this side of the control socket and the doorbell down, so a wait
+on either ends at once even while a process the worker started still holds the other end; and
+every call first asks whether the worker has exited (``_exited``: ``waitid`` without reaping),
+so a call made after an idle death is never sent (``WorkerDied`` with ``idle=True``).
+
 A client belongs to the process that made it. In a forked child (``os.fork``, multiprocessing's
 fork start method, a DataLoader worker) every entry point raises ``ForkedStage`` (its requests
 and answers would mix with the parent's in the one region and socket), ``close()`` is a no-op
@@ -24,6 +31,7 @@ import enum
 import hmac
 import os
 import secrets
+import select
 import signal
 import socket
 import struct
@@ -44,7 +52,7 @@ from xstage.client import connect_back, copies, device_slots
 from xstage.client.deadlines import Deadlines, DeadlineSocket
 from xstage.client.pipeline import USE_DEADLINE, Outputs, Pipeline, StageFuture
 from xstage.client.staging import local_hash, worker_argv
-from xstage.home import LOG_KEEP_DEFAULT, logs_dir, prune_logs
+from xstage.home import LOG_KEEP_DEFAULT, hold_log, logs_dir, prune_logs
 from xstage.signature import check_inputs, not_a_mapping, wire_order
 from xstage_remote import PROTOCOL_VERSION, shm, sockspin, wire
 
@@ -79,6 +87,40 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _watch_exit(client: weakref.ReferenceType[WorkerClient], pid: int, pidfd: int | None,
+                socks: list[socket.socket]) -> None:
+    """Wait for worker ``pid`` to exit; then end its group and wake whoever waits on it.
+
+    ``socks`` are this thread's own duplicates of the control socket and the doorbell:
+    ``shutdown`` on them ends a blocked receive on the client's descriptors (the same
+    sockets) without racing their ``close``. The worker is not reaped here (the pidfd and
+    ``WNOWAIT`` leave it to ``Popen``), so its pid, and its group's id, name it still.
+    """
+    try:
+        if pidfd is not None:
+            waiter = select.poll()  # this thread's own (select() would refuse fds past 1024)
+            waiter.register(pidfd, select.POLLIN)
+            while not waiter.poll():  # readable once the process has exited
+                pass
+        else:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:
+        pass  # reaped already: it exited
+    live = client()
+    if live is not None:
+        live._exit_seen = True
+        live._watch_pidfd = None  # closed below: a later fork's child must not close its number
+    del live
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)  # what it started, holding its sockets or not
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+    if pidfd is not None:
+        os.close(pidfd)
 
 
 def _describe_exit(code: int | None) -> str:
@@ -242,9 +284,14 @@ class WorkerClient:
         #: The state pairs the worker keeps (``load``'s ``options["state"]``).
         self.state_pairs: list[dict[str, Any]] = []
         self._reset_next = False
+        #: An interrupted request of a stage with state that may have moved the state
+        #: (``Pipeline._uncertain``): calls raise ``StateUncertain`` until ``reset_state()``,
+        #: unless its answer says it never ran.
+        self._state_uncertain: Any = None
         # The request whose reply has not been read yet: ("frame" | "shm", id). Set once the
-        # request is wholly sent, cleared when its reply is read; a call interrupted between
-        # the two leaves it set and the next request first reads and discards that reply.
+        # request is wholly sent, cleared when its reply is read. A call interrupted between
+        # the two closes the stage (``_interrupted``); were one left set, the next request
+        # would first read and discard that reply (``_repair``).
         self._pending: tuple[str, int] | None = None
         self._closed_why: str | None = None  # why the stage was closed under a caller
         self._close_requested = False
@@ -257,6 +304,10 @@ class WorkerClient:
         #: Helper threads for large copies into and out of the region (``copies.py``; none
         #: start before the first such copy).
         self._copies = copies.CopyPool()
+        #: Whether the watcher (``_watch_exit``) saw the worker process exit.
+        self._exit_seen = False
+        self._watch_socks: list[socket.socket] = []
+        self._watch_pidfd: int | None = None  # the watcher's pidfd (closed by its thread)
 
     def _forget_signatures(self) -> None:
         """Drop what repeated calls of one signature kept (a new load starts without it).
@@ -290,6 +341,12 @@ class WorkerClient:
         if self._stdin is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._stdin.close()  # the death pipe's write end (its buffer is empty)
+        for sock in self._watch_socks:  # the watcher's duplicates (its thread is not here)
+            with contextlib.suppress(OSError):
+                sock.close()
+        if self._watch_pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._watch_pidfd)
 
     def _forked_error(self) -> errors.ForkedStage:
         return errors.ForkedStage(
@@ -355,8 +412,9 @@ class WorkerClient:
         argv = worker_argv(self.interpreter, "worker", *args, path_map=self.worker_path)
         try:
             # 0600: a log may hold what the runtime printed about the caller's data
-            with open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
-                      "wb") as log:
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            hold_log(fd)  # never pruned while the worker (or what it started) holds it open
+            with open(fd, "wb") as log:
                 self._proc = subprocess.Popen(
                     argv,
                     stdin=subprocess.PIPE,
@@ -405,6 +463,48 @@ class WorkerClient:
                 if self._spin is None:
                     sockspin.close_proc_cpu(peer_cpu)
         self._bell = shm.Doorbell(bell_parent) if bell_parent is not None else None
+        self._watch_process()
+
+    def _watch_process(self) -> None:
+        """Start the thread that sees the worker exit (``_watch_exit``) and the call check."""
+        proc = self._proc
+        if proc is None:
+            return
+        pidfd = None
+        if hasattr(os, "pidfd_open"):
+            with contextlib.suppress(OSError):
+                pidfd = os.pidfd_open(proc.pid)
+        socks = [sock.dup() for sock in (self._ctl, self._bell.sock if self._bell else None)
+                 if sock is not None]
+        self._watch_socks, self._watch_pidfd = socks, pidfd
+        threading.Thread(target=_watch_exit, args=(weakref.ref(self), proc.pid, pidfd, socks),
+                         daemon=True, name=f"xstage-exit-{proc.pid}").start()
+
+    def _exited(self) -> bool:
+        """Whether the worker process has exited: ``waitid`` without waiting or reaping.
+
+        ~1.5 µs, and safe from any thread (a ``poll`` object is not: two threads submitting
+        at once made it raise). Its pid names it until ``Popen`` reaps it, which only this
+        client does; reaped, it has exited.
+        """
+        if self._exit_seen:
+            return True
+        proc = self._proc
+        if proc is None:
+            return False
+        if proc.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, proc.pid,
+                             os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:  # reaped meanwhile
+            return True
+
+    def _idle_death(self) -> errors.WorkerDied:
+        """``WorkerDied`` for a call that found the worker exited before it sent anything."""
+        exc = self._died()
+        exc.idle = True
+        return exc
 
     def _accept(self, listener: socket.socket) -> socket.socket:
         """The worker's connect-back: the first peer to complete the handshake.
@@ -685,9 +785,10 @@ class WorkerClient:
         """Read one frame within ``seconds``.
 
         ``fresh=False`` goes on with the deadline the request's ``_send`` started (one
-        deadline per call). An interrupt while waiting (no byte of the frame read yet) leaves
-        the stream whole; one while reading the frame closes the stage (its position is
-        unknown).
+        deadline per call). An interrupt (Ctrl-C) inside the read closes the stage at once,
+        whether or not a byte of the frame had arrived: a signal handler runs between two
+        bytecodes, so bytes taken from the socket may not be counted yet, and the next call
+        must never read from the middle of a frame (it raises ``StageClosed`` saying why).
         """
         io = self._io
         if io is None:
@@ -703,10 +804,15 @@ class WorkerClient:
         except self._LOWER as exc:
             raise self._translate(exc, phase, seconds) from exc
         except BaseException as exc:
-            if io.got and not isinstance(exc, (OSError, EOFError)):
-                self._break(f"a call was interrupted ({type(exc).__name__}) while its reply "
-                            "was being read; the stream's position is unknown")
+            if not isinstance(exc, (OSError, EOFError)):
+                self._interrupted(exc)
             raise
+
+    def _interrupted(self, exc: BaseException) -> None:
+        """A call was interrupted between its request and its whole reply: close the stage."""
+        if self._closed_why is None and self.state is WorkerState.READY:
+            self._break(f"a call was interrupted ({type(exc).__name__}) before its reply was "
+                        "read whole; the stream's position is unknown")
 
     def _check_generation(self, frame: wire.Frame) -> None:
         gen = frame.header.get(wire.GEN_FIELD)
@@ -769,10 +875,17 @@ class WorkerClient:
         self._pending = ("frame", rid)  # before the send: no window where it is sent, unmarked
         try:
             self._send(header, arrays, phase)
-        except BaseException:
+        except BaseException as exc:
             self._pending = None  # not sent, or half sent and the worker ended (_break)
+            if not isinstance(exc, (OSError, errors.XstageError, errors.StageClosed)):
+                self._interrupted(exc)  # or sent whole as the interrupt came: it will answer
             raise
-        frame = self._recv(phase, getattr(self.deadlines, phase), fresh=False)
+        try:
+            frame = self._recv(phase, getattr(self.deadlines, phase), fresh=False)
+        except BaseException as exc:
+            if not isinstance(exc, (OSError, EOFError, errors.XstageError, errors.StageClosed)):
+                self._interrupted(exc)  # before the read began, too: the stage closes
+            raise
         self._pending = None
         return self._expect(frame, reply, rid)
 
@@ -784,6 +897,11 @@ class WorkerClient:
                 f"the {self.route} worker is {self.state.value}"
                 + ("; it died earlier, open a new one" if self.state is WorkerState.DEAD else "")
             )
+        if self._exited():
+            with self._lock:  # a driver may be finding the same death: one of us reports it
+                if self.state is WorkerState.READY:
+                    raise self._idle_death()
+            self._require_ready()
 
     # ------------------------------------------------------------------ operations
     def ping(self) -> dict[str, Any]:
@@ -797,26 +915,44 @@ class WorkerClient:
         with self._lock:
             return self._request({"op": "ping"}, "pong", "call").header.get("info", {})
 
-    def device_inputs(self) -> dict[str, Any]:
-        """The device input slots the next call is published in, to write in place.
+    def device_inputs(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """A device slot set no request owns, reserved for the call given it, to write in place.
 
-        ``device_tensors=on`` only. A call given these tensors copies nothing in this process
-        (``device_slots.DeviceSlots.inputs``); at depth K the next call's set changes each
-        call, so ask again before each call.
+        ``device_tensors=on`` only. CUDA tensors by input name, views of one set's device
+        input slots; a call given these tensors copies nothing in this process
+        (``device_slots.DeviceSlots.inputs``). The set is reserved as ``input_slots`` reserves
+        one: no request is published into it until the call given these tensors takes it;
+        while every set is in flight or reserved this waits (at most ``timeout`` seconds).
+        Ask again before each call. A device call of tensors of its own made while another
+        caller's reserved set is next cannot go around it inline: it raises ``SlotsBusy``.
 
         Raises:
-            UsageError: the stage serves no device tensors.
+            UsageError: the stage serves no device tensors, or a ``timeout`` that is not a
+                number of seconds >= 0.
+            SlotsBusy: no set came free within ``timeout``.
+            StageClosed: the worker was closed or died.
         """
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+                timeout, (int, float)) or not timeout >= 0):
+            raise errors.UsageError(f"device_inputs(timeout={timeout!r}) is not a number of "
+                                    "seconds >= 0", remedy="give seconds, or None to wait")
         if self._forked:
             raise self._forked_error()
-        with self._lock:
-            self._require_ready()
-            if self._pipe.device is None:
-                raise errors.UsageError(
-                    "device_inputs() on a stage opened without device tensors",
-                    remedy="open a torch-cuda stage with --ep-option device_tensors=on "
-                    "(open_stage(..., ep_options={'device_tensors': 'on'}))")
-            return self._pipe.device.inputs(self._pipe.next_set)
+        self._require_ready()
+        device = self._pipe.device
+        if device is None:
+            raise errors.UsageError(
+                "device_inputs() on a stage opened without device tensors",
+                remedy="open a torch-cuda stage with --ep-option device_tensors=on "
+                "(open_stage(..., ep_options={'device_tensors': 'on'}))")
+        region = self._region
+        if region is None:
+            raise errors.StageClosed(f"the {self.route} worker is {self.state.value}")
+        device.open()
+        s = self._reserve_set(region, timeout)
+        views = device.reserved_inputs(s)  # tensors of their own: see hand_out
+        self._pipe.hand_out(s, views)
+        return views
 
     def input_slots(self, shapes: Mapping[str, Sequence[int]] | None = None, *,
                     timeout: float | None = None) -> dict[str, np.ndarray]:
@@ -1136,6 +1272,10 @@ class WorkerClient:
         if type(inputs) is not dict and not isinstance(inputs, Mapping):
             raise not_a_mapping(inputs, (s["name"] for s in (self.loaded or {}).get("inputs", ())))
         with self._lock:
+            if self._exited() and self.state is WorkerState.READY:
+                raise self._idle_death()  # nothing sent: a restarted stage serves this call
+            if self._state_uncertain is not None:
+                self._settle_state()
             lane = self._lane
             if lane is not None and out is None and phase == "call" and self._pending is None \
                     and not self._reset_next and type(inputs) is dict and self._region is None \
@@ -1241,21 +1381,22 @@ class WorkerClient:
                             "being sent; the worker holds part of a frame")
             raise
         reply = self._reply
-        if reply is None or channel is None:
-            frame = self._recv("call", seconds, fresh=False)
-        else:
-            # The reply this call's signature makes (``_recv``, with the channel checking
-            # it in fewer steps): any other frame comes back as a Frame, checked below.
-            reply.rid = rid
-            try:
-                frame = channel.recv(codec=self._fast, expect=reply)
-            except self._LOWER as exc:
-                raise self._translate(exc, "call", seconds) from exc
-            except BaseException as exc:
-                if io.got and not isinstance(exc, (OSError, EOFError)):
-                    self._break(f"a call was interrupted ({type(exc).__name__}) while its "
-                                "reply was being read; the stream's position is unknown")
-                raise
+        try:
+            if reply is None or channel is None:
+                frame = self._recv("call", seconds, fresh=False)
+            else:
+                # The reply this call's signature makes (``_recv``, with the channel checking
+                # it in fewer steps): any other frame comes back as a Frame, checked below.
+                reply.rid = rid
+                try:
+                    frame = channel.recv(codec=self._fast, expect=reply)
+                except self._LOWER as exc:
+                    raise self._translate(exc, "call", seconds) from exc
+        except BaseException as exc:
+            if not isinstance(exc, (OSError, EOFError, errors.XstageError, errors.StageClosed)):
+                self._interrupted(exc)  # inside the read or before it began: the stage closes
+            raise
+        if reply is not None and channel is not None:
             if frame is reply:
                 self._pending = None
                 _, worker_ns, rss, peak = reply.fields
@@ -1351,13 +1492,44 @@ class WorkerClient:
             raise errors.UsageError("submit() before load()")
         if not isinstance(inputs, Mapping):
             raise not_a_mapping(inputs, (s["name"] for s in self.loaded.get("inputs", ())))
+        if self._state_uncertain is not None:
+            with self._lock:
+                self._settle_state()
         return self._pipe.submit(self._check_inputs(inputs), seconds)
 
     def reset_state(self) -> None:
-        """The next request (submitted after this) runs from the initial state."""
+        """The next request (submitted after this) runs from the initial state.
+
+        It also ends the doubt an interrupted call left (``StateUncertain``).
+        """
         if self._forked:
             raise self._forked_error()
         self._reset_next = True
+        self._state_uncertain = None
+
+    def _state_settled(self, req: Any) -> None:
+        """The interrupted request ``req`` never ran (its answer says so): the state stands."""
+        if self._state_uncertain is req:
+            self._state_uncertain = None
+
+    def _settle_state(self) -> None:
+        """Before a call that follows an interrupted one of a stage with state (lock held).
+
+        The interrupted request's answer is collected first (it says whether it ran); if it
+        ran, or may have, the call is refused.
+
+        Raises:
+            StateUncertain: the interrupted call may have moved the state.
+        """
+        if self._pipe.inflight:
+            self._pipe.drain()
+        if self._state_uncertain is not None:
+            raise errors.StateUncertain(
+                f"request #{self._state_uncertain.rid} to the {self.route} worker was "
+                "interrupted after the worker took it: the state it keeps may have moved by "
+                "that call, so the next call would run on a state you cannot know",
+                remedy="call reset_state() to run the next call from the initial state "
+                "(docs/serving.md, \"State that stays in the worker\")")
 
     def _take_reset(self) -> int:
         if not self._reset_next:

@@ -194,6 +194,8 @@ class Stage(Requests):
         self._state_resets = 0
         self._closed_cause: str | None = None
         self._closed = False
+        #: True while a restart's admission runs (``health`` says ``restarting``).
+        self._restarting = False
         self._snapshots = list(admission.setup.snapshots)  # pinned until close (xstage.snapshot)
         self._record_path: str | None = None
         self._say = say or (lambda _m: None)
@@ -239,14 +241,22 @@ class Stage(Requests):
         """The worker process's pid (None once it is gone)."""
         return self._client.pid
 
-    def device_inputs(self) -> dict[str, Any]:
-        """Where the next call's device inputs go, to write in place (``device_tensors=on``).
+    def device_inputs(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """A device slot set no request owns, reserved for the call it is given to.
 
-        CUDA tensors by input name, views of the worker's device slots of the set the next
-        call is published in: fill them (a producer's ``out=``, ``copy_``) and call the stage
-        with them, and the call copies nothing in this process. Ask again before each call.
+        ``device_tensors=on`` only. CUDA tensors by input name, views of one set of the
+        worker's device input slots: fill them (a producer's ``out=``, ``copy_``) and call the
+        stage with them (``stage(slots)`` or ``submit(slots)``), and the call copies nothing
+        in this process. As with
+        ``input_slots``, no other request is published into the set before that call; while
+        every set is in flight or reserved this waits for one. Ask again before each call.
+
+        Raises:
+            UsageError: the stage serves no device tensors.
+            SlotsBusy: no set came free within ``timeout`` seconds.
+            StageClosed: the stage is closed.
         """
-        return self._serving().device_inputs()
+        return self._serving().device_inputs(timeout=timeout)
 
     def input_slots(self, shapes: Mapping[str, Sequence[int]] | None = None, *,
                     timeout: float | None = None) -> dict[str, np.ndarray]:
@@ -300,8 +310,9 @@ class Stage(Requests):
         client = self._serving()
         try:
             return client.submit(inputs, timeout=timeout)
-        except errors.StageClosed:
-            if not self._after_death(client, None):
+        except (errors.StageClosed, errors.WorkerDied) as exc:
+            if not _unsent(exc) or not self._after_death(
+                    client, exc if isinstance(exc, errors.WorkerDied) else None):
                 raise
             return self._serving().submit(inputs, timeout=timeout)
 
@@ -311,7 +322,7 @@ class Stage(Requests):
             out = client.run(inputs, views=views)
         except (errors.WorkerDied, errors.StageClosed, errors.CallTimeout) as exc:
             if client.state.value in ("dead", "closed") and self._after_death(client, exc) \
-                    and isinstance(exc, errors.StageClosed):
+                    and _unsent(exc):
                 return self._run(inputs, views)  # it never reached the dead worker: the next one
             raise
         peak = client.last_timing.get("peak")
@@ -367,7 +378,11 @@ class Stage(Requests):
                 if not self._closed and self.restart == "never":
                     self._closed_cause = f"its worker died: {_cause(exc)}"
                 return False
-            return self._restart_locked(client, _cause(exc), list(queued))
+            self._restarting = True  # health() reads it without the lock held here
+            try:
+                return self._restart_locked(client, _cause(exc), list(queued))
+            finally:
+                self._restarting = False
 
     def _restart_locked(self, client: Any, cause: str, queued: list[Any]) -> bool:
         now = time.monotonic()
@@ -443,24 +458,31 @@ class Stage(Requests):
     def health(self) -> dict[str, Any]:
         """Generation, restarts with their causes, requests in flight, the last proof's digest.
 
-        ``state`` is ``serving`` or ``closed`` (with ``closed_cause``).
+        ``state`` is ``serving``, ``restarting`` (generation n+1's admission is running; the
+        generation and the proof are still the last one's) or ``closed`` (with
+        ``closed_cause``). It never waits for a restart: it reads what the stage holds now,
+        without the lock a restart holds while it admits the next generation.
 
         Raises:
             ForkedStage: this process is a fork of the stage's.
         """
         if self._client._forked:
             raise self._client._forked_error()
-        with self._lock:
-            client = self._client
-            return {
-                "state": "closed" if self._closed or client.state.value in ("dead", "closed")
-                else "serving",
-                "generation": client.generation,
-                "restarts": [dict(r) for r in self.restarts],
-                "in_flight": client.in_flight(),
-                "proof_sha256": self._admission.warm.worker["evidence_sha256"],
-                "closed_cause": self._closed_cause,
-            }
+        client, admission, restarting = self._client, self._admission, self._restarting
+        if restarting:
+            state = "restarting"
+        elif self._closed or client.state.value in ("dead", "closed"):
+            state = "closed"
+        else:
+            state = "serving"
+        return {
+            "state": state,
+            "generation": client.generation,
+            "restarts": [dict(r) for r in list(self.restarts)],
+            "in_flight": client.in_flight(),
+            "proof_sha256": admission.warm.worker["evidence_sha256"],
+            "closed_cause": self._closed_cause,
+        }
 
     def __enter__(self) -> Stage:
         return self
@@ -592,6 +614,11 @@ class Stage(Requests):
             return None
         return {"pairs": [p.to_dict() for p in pairs],
                 "bytes": state_bytes(pairs, self.artifact), "resets": self._state_resets}
+
+
+def _unsent(exc: BaseException) -> bool:
+    """The failed call never reached the dead worker (the next generation may serve it)."""
+    return isinstance(exc, errors.StageClosed) or bool(getattr(exc, "idle", False))
 
 
 def _cause(exc: BaseException | None) -> str:
