@@ -18,6 +18,11 @@ from xstage.manifest import manifest_path, read_manifest
 
 FORMATS = ["onnx:fp32", "onnx:fp16", "pt:fp32", "pt:fp16"]
 
+#: Each test's body may run an export (torch.export + onnx in the export venv: ~25 s quiet); on a
+#: machine whose load is many times its CPUs that passes 300 s. Every export and every external run
+#: has its own subprocess timeout (900 s, 300 s), so a hang still ends.
+pytestmark = pytest.mark.timeout(1800)
+
 
 def _export(python, *args, check=True):
     done = subprocess.run([str(python), "-m", "xstage", "export", *args], capture_output=True,
