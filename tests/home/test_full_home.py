@@ -19,10 +19,11 @@ from xstage import builtin_graphs
 
 HOME = "/mnt/xstage-home"
 
-#: Fill the tmpfs (from Python, so no shell tool's wording matters).
+#: Fill the tmpfs (from Python, so no shell tool's wording matters). Unbuffered: a buffered
+#: file's close would flush the last partial block into the full disk and raise there.
 FILL = textwrap.dedent("""
     def fill():
-        with open("/mnt/fill", "wb") as f:
+        with open("/mnt/fill", "wb", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\\0" * 65536)

@@ -40,8 +40,16 @@ def _openvino(python: str, igpu_device_type: str = "GPU") -> RouteStatus:
                                       IGPU: {"device_type": igpu_device_type}}})
 
 
+def _ort_cpu() -> RouteStatus:
+    from xstage.device_table import devices
+
+    return devices().route("ort-cpu")
+
+
 def _report(status: RouteStatus) -> DeviceReport:
-    statuses = [status if n == status.name else RouteStatus(
+    """Every route missing but ``status`` and ort-cpu, this interpreter's (the gate's reference
+    arm runs in its worker)."""
+    statuses = [status if n == status.name else _ort_cpu() if n == "ort-cpu" else RouteStatus(
         name=n, spec=get_spec(n), status="missing", reason_code=ReasonCode.EP_NOT_IN_BUILD,
         reason=f"{n} is missing", remedy=f"fix {n}", interpreter=None, interpreter_source="none",
         versions={}, verified=get_spec(n).verified) for n in ROUTE_NAMES]
@@ -70,7 +78,8 @@ def test_an_ep_option_for_the_planned_device_is_kept():
 
 
 def test_open_stage_with_the_override_is_a_usage_error_before_any_worker(mlp):
-    """planned gpu_integrated:intel, --ep-option device_type=CPU: exit 64, no record."""
+    """planned gpu_integrated:intel, --ep-option device_type=CPU: exit 64, no record, before any
+    candidate's worker starts (the reference arm's runs first)."""
     report = _report(_openvino("/nonexistent/python"))
     with pytest.raises(errors.UsageError) as caught:
         open_stage(mlp, device=IGPU, ep_options={"device_type": "CPU"}, report=report)

@@ -5,8 +5,9 @@ runs ``open_stage`` on a built-in stage under ``sys.setprofile``, keeps only cal
 frame in ``xstage.stage`` to a function of another xstage module (what that module calls in
 turn counts as that module, so it is not seen), collapses consecutive repeats, and compares the
 sequence with the fenced list under "One artifact through open_stage" in the architecture doc.
-Before the planner the gate's reference arm runs in a worker of its own, through the modules a
-candidate walks; from the planner on, each module is entered once.
+After the planner the gate's reference arm runs in a worker of its own, through the modules a
+candidate walks; from the candidate's budget on (after the reference worker), each module is
+entered once.
 """
 
 from __future__ import annotations
@@ -68,5 +69,5 @@ def test_open_stage_walks_the_documented_modules_once_each():
     path = traced_path(artifact=builtin_artifact("vision-tower-tiny"), route="ort-cpu",
                        ledger=Ledger())
     assert path == documented_path()
-    candidate = path[path.index("xstage.planner"):]  # before it: the reference arm's own worker
+    candidate = path[path.index("xstage.client.worker") + 1:]  # before: the reference's worker
     assert len(candidate) == len(set(candidate)), f"a module is entered twice: {candidate}"

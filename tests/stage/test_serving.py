@@ -97,7 +97,10 @@ def test_health_answers_while_a_restart_admits_and_says_restarting(mlp, tmp_path
     monkeypatch.setenv("XSTAGE_FAULT_GEN", "2")
     monkeypatch.setenv("XSTAGE_PYTHON_ORT_CPU", str(fake))
     x = {"x": np.ones((8, 256), np.float32)}
-    with xstage.open_stage(mlp, route="ort-cpu", restart="on_death") as stage:
+    # The reference arm in process: the fault worker (the ort-cpu route here) stamps only the
+    # stage's own generations.
+    with xstage.open_stage(mlp, route="ort-cpu", restart="on_death",
+                           reference_arm="in_process") as stage:
         want = stage(x)["y"]
         first = stage.worker_pid
         _kill_idle(stage)

@@ -165,13 +165,8 @@ def open_stage(
         plan = make_plan(report, art.format, device=device, prefer=prefer, route=route,
                          offload=offload)
         check_ep_options(plan, ep_options, pinned=route is not None)  # before any worker
-        book = ledger if ledger is not None else Ledger.default()
-        ref = make_reference(art, reference, session, report, where=reference_arm, ledger=book,
-                             shapes={n: tuple(a.shape) for n, a in {**feeds, **init}.items()},
-                             deadlines=deadlines)
-        held += [ref.snapshot] if ref.snapshot is not None else []
-        request["reference_arm"] = "in_process" if isinstance(ref, OnnxReference) else "worker"
-        first = _reference_first(ref, feeds, pairs, init)  # ONNX: bad inputs fail here
+        ref, first = _reference_arm(art, reference, session, report, reference_arm, ledger,
+                                    (feeds, pairs, init), deadlines, request, plan, held)
         setup = Setup(artifact=art, feeds=feeds, reference=ref, nodes=nodes,
                       min_placement=min_placement, tolerance=tolerance,
                       ep_options=dict(ep_options or {}), session=session, deadlines=deadlines,
@@ -190,6 +185,27 @@ def open_stage(
             exc.record = build_record(argv=(), started=started, request=request, status="error",
                                       error=exc, artifact=art)  # an error still has its record
         raise
+
+
+def _reference_arm(art: Artifact, reference: Any, session: Mapping[str, Any], report: Any,
+                   where: str, ledger: Ledger | None, inputs: tuple[Any, Any, Any],
+                   deadlines: Any, request: dict[str, Any], plan: Plan,
+                   held: list[Path]) -> tuple[Any, Any]:
+    """The gate's reference arm and its calls, computed before any candidate starts.
+
+    ``inputs`` is (feeds, state pairs, initial state); the request records which arm runs.
+    A plan with no candidate is refused as planned: no reference worker starts for it. The
+    reference's own snapshot joins ``held``.
+    """
+    feeds, pairs, init = inputs
+    book = ledger if ledger is not None else Ledger.default()
+    ref = make_reference(art, reference, session, report, where=where, ledger=book,
+                         shapes={n: tuple(a.shape) for n, a in {**feeds, **init}.items()},
+                         deadlines=deadlines)
+    held += [ref.snapshot] if ref.snapshot is not None else []
+    request["reference_arm"] = "in_process" if isinstance(ref, OnnxReference) else "worker"
+    run = bool(plan.candidates)
+    return ref, (_reference_first(ref, feeds, pairs, init) if run else None)  # bad inputs fail here
 
 
 def _reference_first(ref: Any, feeds: Mapping[str, np.ndarray], pairs: Any,
