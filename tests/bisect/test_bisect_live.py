@@ -153,7 +153,7 @@ def test_a_range_the_ledger_refuses_is_not_judged_and_the_split_passes_the_gate(
     pass the numeric gate's rules."""
     onnx.save(_alloc_chain(), tmp_path / "alloc.onnx")
     np.savez(tmp_path / "in.npz", x=np.random.default_rng(5).standard_normal((4, 8)).astype("f4"),
-             n=np.array([64 << 20], np.int64))  # 256 MiB of floats, past a tiny graph's budget
+             n=np.array([16 << 20], np.int64))  # 64 MiB of floats, past a tiny graph's budget
     done = _cli("--graph", str(tmp_path / "alloc.onnx"), "--route", "ort-cpu",
                 "--inputs", str(tmp_path / "in.npz"), "--out", str(tmp_path / "split"),
                 "--json", str(tmp_path / "r.json"))
