@@ -20,6 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import xstage
+from tests.stage.test_tiebreak_reference import _reordered_mlp
 from xstage import builtin_graphs, errors
 from xstage.artifact import inspect_artifact
 from xstage.parity import compare
@@ -234,22 +235,7 @@ def test_the_tiebreak_child_is_charged_to_the_ledger_and_refused_when_it_does_no
     model = builtin_graphs.mlp(width=64, depth=3, batch=8, seed=3)
     path = builtin_graphs.write(model, tmp_path / "reference.onnx")
     x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
-    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    prev = x
-    for node in model.graph.node:  # each product one rank-1 update at a time: another order
-        if node.op_type == "MatMul":
-            w = weights[node.input[1]]
-            acc = np.zeros((prev.shape[0], w.shape[1]), np.float32)
-            for k in range(w.shape[0]):
-                acc += np.outer(prev[:, k], w[k]).astype(np.float32)
-            prev = acc
-        elif node.op_type == "Add":
-            prev = prev + weights[node.input[1]]
-        elif node.op_type == "Relu":
-            prev = np.maximum(prev, np.float32(0))
-        elif node.op_type == "Tanh":
-            prev = np.tanh(prev)
-    stage = {"y": prev.astype(np.float32)}
+    stage = {"y": _reordered_mlp(model, x)}  # each product one rank-1 update at a time
     art = inspect_artifact(path)
     book = RecordingLedger()
     arm = OnnxWorkerReference(None, art.path, "same_graph_cpu", footprint_of=art,
