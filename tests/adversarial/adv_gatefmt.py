@@ -19,7 +19,8 @@ Classes (:data:`CLASSES`):
 * ``format``: an fp32 MLP computed with its activations rounded to bf16 before every MatMul
   (``Cast`` to BFLOAT16 and back: a relative error of ~2^-9 a rounding, 1e-3..1e-2 at the output)
   with one 16-bit Q/DQ pair on its output, gated against the exact fp32 MLP (``--reference``):
-  refused (the pair does not make it A16W8: its MatMuls take no quantized operands). Controls:
+  refused (the pair does not make it A16W8: its MatMuls take no quantized operands); the same
+  with one 8-bit pair (A8W8's looser tolerance would admit bf16's error): refused too. Controls:
   the same without the pair (refused), and the fp32 MLP through ``xstage quantize --scheme
   a16w8`` (every MatMul quantized: admitted, judged ``onnx:a16w8`` against its fp32 source).
 * ``state``: a stage with two state pairs, a shift register: ``p_out = r(x·w)``, ``q_out = p_in``,
@@ -135,6 +136,7 @@ def _format(rng: random.Random, i: int, offset: int) -> Case:
     case = Case("format", i, params, describe=f"MLP {params['depth']}x{params['width']}, batch "
                 f"{params['batch']}, seed {params['seed']}: bf16 activations + one uint16 Q/DQ pair")
     case.runs = [Run("attack", "mlp_bf16_pair", "ort-cpu", reference="mlp", bf16=True),
+                 Run("attack", "mlp_bf16_pair8", "ort-cpu", reference="mlp", bf16=True),
                  Run("control", "mlp_bf16", "ort-cpu", reference="mlp", bf16=True),
                  Run("control", "mlp_a16w8", "ort-cpu", quantized=True)]
     return case
@@ -214,10 +216,11 @@ def _mlp_weights(params: dict[str, Any]) -> list[tuple[np.ndarray, np.ndarray]]:
              (rng.standard_normal(width) * 0.1).astype(np.float32)) for _ in range(params["depth"])]
 
 
-def mlp_graph(params: dict[str, Any], *, bf16: bool, pair: bool) -> ModelProto:
+def mlp_graph(params: dict[str, Any], *, bf16: bool, pair: bool, bits: int = 16) -> ModelProto:
     """The MLP (MatMul + Add + Relu blocks, Tanh); ``bf16``: each MatMul's activation rounded to
     bf16 first; ``pair``: one uint16 Q/DQ pair on the output (scale 2^-15 over Tanh's (-1, 1):
-    a rounding of 1.5e-5 at most, 100x under bf16's at the output)."""
+    a rounding of 1.5e-5 at most, 100x under bf16's at the output); ``bits=8``: a uint8 pair
+    (scale 2^-7: a rounding of 4e-3, an 8-bit activation's)."""
     width, batch = params["width"], params["batch"]
     nodes, inits, prev = [], [], "x"
     for i, (w, b) in enumerate(_mlp_weights(params)):
@@ -233,8 +236,9 @@ def mlp_graph(params: dict[str, Any], *, bf16: bool, pair: bool) -> ModelProto:
         prev = f"r{i}"
     nodes.append(helper.make_node("Tanh", [prev], ["t" if pair else "y"]))
     if pair:
-        inits += [numpy_helper.from_array(np.array(2.0 ** -15, np.float32), "q_scale"),
-                  numpy_helper.from_array(np.array(32768, np.uint16), "q_zero")]
+        zero = np.array(32768, np.uint16) if bits == 16 else np.array(128, np.uint8)
+        inits += [numpy_helper.from_array(np.array(2.0 ** (1 - bits), np.float32), "q_scale"),
+                  numpy_helper.from_array(zero, "q_zero")]
         nodes += [helper.make_node("QuantizeLinear", ["t", "q_scale", "q_zero"], ["tq"]),
                   helper.make_node("DequantizeLinear", ["tq", "q_scale", "q_zero"], ["y"])]
     return _model(nodes, [V("x", TensorProto.FLOAT, [batch, width])],

@@ -118,6 +118,7 @@ def build(case: adv_gatefmt.Case, key: str, folder: Path, request: pytest.Fixtur
         "mlp": lambda: adv_gatefmt.mlp_graph(p, bf16=False, pair=False),
         "mlp_bf16": lambda: adv_gatefmt.mlp_graph(p, bf16=True, pair=False),
         "mlp_bf16_pair": lambda: adv_gatefmt.mlp_graph(p, bf16=True, pair=True),
+        "mlp_bf16_pair8": lambda: adv_gatefmt.mlp_graph(p, bf16=True, pair=True, bits=8),
         "state_bf16": lambda: adv_gatefmt.state_graph(p, bf16=True),
         "state_exact": lambda: adv_gatefmt.state_graph(p, bf16=False),
     }
