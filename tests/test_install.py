@@ -105,12 +105,18 @@ def _python310() -> str:
     return str(found[-1])
 
 
+def py310_venv() -> Path:
+    """The cached CPython 3.10 venv with xstage's dependencies (no xstage): built on first use,
+    whichever test asks first (a cold cache must not skip the others)."""
+    return _cached_venv("py310-cpu", _python310(), ["onnxruntime", "tomli", "numpy", "onnx", "onnx-ir",
+                                                    "psutil", "platformdirs", "rich", "ml_dtypes"],
+                        "import sys, onnxruntime, tomli; assert sys.version_info[:2] == (3, 10)")
+
+
 def test_python310_runs_the_main_job(tmp_path):
     """A venv of CPython 3.10 with ``xstage[cpu]``: ``xstage devices`` and the main job's
     ``xstage external --builtin vision-tower-tiny`` run (tomli stands in for tomllib)."""
-    python = _cached_venv("py310-cpu", _python310(), ["onnxruntime", "tomli", "numpy", "onnx", "onnx-ir",
-                                                      "psutil", "platformdirs", "rich", "ml_dtypes"],
-                          "import sys, onnxruntime, tomli; assert sys.version_info[:2] == (3, 10)")
+    python = py310_venv()
     _install(python, f"{REPO}[cpu]")
     env = _clean_env(tmp_path / "home")
     # A project config naming the route's interpreter: read through tomli on 3.10.

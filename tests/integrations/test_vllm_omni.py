@@ -210,12 +210,10 @@ def test_unavailable_route_raises_at_construction(routes: None) -> None:
 
 
 def _py310() -> Path:
-    cache = Path(os.environ.get("XSTAGE_TEST_CACHE", REPO / ".test-cache"))
-    python = cache / "py310-cpu" / "venv" / "bin" / "python"
-    if not python.is_file():
-        pytest.skip(f"no CPython 3.10 venv at {python}: tests/test_install.py's "
-                    "test_python310_runs_the_main_job builds it")
-    return python
+    """The cached 3.10 venv tests/test_install.py uses, built here when this test runs first."""
+    from tests.test_install import py310_venv
+
+    return py310_venv()
 
 
 def test_the_same_sequences_under_python310(routes: None, tmp_path: Path) -> None:
