@@ -53,6 +53,20 @@ def _mlp(extra: str | None = None) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def _chain() -> onnx.ModelProto:
+    """Nine unary ops with Hardmax (no WebGPU kernel) fifth: regions [0, 4) and [5, 9) around it."""
+    nodes, prev = [], "x"
+    ops = ["Sin", "Tanh", "Neg", "Sigmoid", "Hardmax", "Abs", "Cos", "Neg", "Tanh"]
+    for i, op in enumerate(ops):
+        out = "y" if i == len(ops) - 1 else f"v{i}"
+        nodes.append(helper.make_node(op, [prev], [out], name=f"n{i}_{op}"))
+        prev = out
+    return helper.make_model(
+        helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (64, 256))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, (64, 256))]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def _external(argv: list[str], tmp_path: Path,
               capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
     record = tmp_path / "record.json"
@@ -102,16 +116,7 @@ def test_an_op_the_ep_lacks_is_declined_and_named(gpu: str, tmp_path: Path,
 
 def test_bisect_finds_the_regions_around_a_declined_op(gpu: str, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    nodes, prev = [], "x"
-    ops = ["Sin", "Tanh", "Neg", "Sigmoid", "Hardmax", "Abs", "Cos", "Neg", "Tanh"]
-    for i, op in enumerate(ops):
-        out = "y" if i == len(ops) - 1 else f"v{i}"
-        nodes.append(helper.make_node(op, [prev], [out], name=f"n{i}_{op}"))
-        prev = out
-    model = helper.make_model(
-        helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (64, 256))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, (64, 256))]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = _chain()
     graph = builtin_graphs.write(model, tmp_path / "chain.onnx")
     record = tmp_path / "bisect.json"
     code = cli_main(["bisect", "--graph", str(graph), "--route", ROUTE, "--json", str(record)])
