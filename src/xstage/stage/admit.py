@@ -85,9 +85,10 @@ class Setup:
             found when a candidate's worker dies (``xstage.stage.crash``); None: not known.
         snapshots: the folder of each snapshot the stage reads (``xstage.snapshot``: the
             artifact's, a separate reference's), pinned while it is open.
-        reference_calls: the reference arm's gate calls, computed twice before any candidate
-            (``xstage.stage.gate.reference_runs``), or None: the gate computes them itself
-            (a torch program; a reference worker that did not fit the pool then).
+        reference_calls: the reference arm's gate calls, computed before any candidate, and
+            its second computation's self-agreement (``xstage.stage.gate.reference_runs``), or
+            None: the gate computes them itself (a torch program; a reference worker that did
+            not fit the pool then).
     """
 
     artifact: Artifact
@@ -112,7 +113,7 @@ class Setup:
     state_init: Mapping[str, np.ndarray] = field(default_factory=dict)
     report: DeviceReport | None = None
     snapshots: tuple[Path, ...] = ()
-    reference_calls: tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]] | None = None
+    reference_calls: tuple[list[dict[str, np.ndarray]], parity.Parity | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,11 @@ class WarmUp:
     #: (phase, start, end) in the client's ``perf_counter_ns``: spawn + hello, load, warm-up, evidence
     phases: tuple[tuple[str, int, int], ...] = ()
     #: the gate's calls (the warm-up's; with state, GATE_CALLS from the initial state, state
-    #: outputs included) and the same computed again (``xstage.stage.gate``)
+    #: outputs included), and the verdict of the same computed again against them (None: bit
+    #: for bit the same)
+    #: (``xstage.stage.gate``: checked as each call came back, never held)
     calls: tuple[Mapping[str, np.ndarray], ...] = ()
-    again: tuple[Mapping[str, np.ndarray], ...] = ()
+    again: parity.Parity | None = None
 
 
 @dataclass(frozen=True)
@@ -296,7 +299,7 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     return client, WarmUp(outputs=outputs, timing=timing, info=info, profile=profile,
                           worker=worker, notes=(*options.get("notes", []), *_serving_notes(info)),
                           target=target,
-                          phases=phases, calls=tuple(calls), again=tuple(again))
+                          phases=phases, calls=tuple(calls), again=again)
 
 
 def _serving_notes(info: Mapping[str, Any]) -> tuple[str, ...]:

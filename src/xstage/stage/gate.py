@@ -48,55 +48,108 @@ def named(calls: Sequence[Mapping[str, np.ndarray]]) -> Outputs:
     return out
 
 
+#: Bytes compared at a time when an arm's two computations are checked for identity: the
+#: comparison's temporary stays this small whatever the output's size.
+_CHUNK = 16 << 20
+
+
+def _identical(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same dtype, shape and bytes (NaN payloads included), compared a chunk at a time."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    x = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    y = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    return all(np.array_equal(x[i:i + _CHUNK], y[i:i + _CHUNK]) for i in range(0, x.size, _CHUNK))
+
+
+def _agreement(first: Sequence[Mapping[str, np.ndarray]], again: Any) -> parity.Parity | None:
+    """An arm's second computation, checked call by call as it comes back.
+
+    ``again`` yields each call's outputs (views valid until the next call), so no second copy
+    is ever held. None when every call came back bit for bit the same (the usual case: nothing
+    to weigh, the gate's :func:`judge` names it the same verdict as comparing the first with
+    itself); else :func:`xstage.parity.self_agreement`'s verdict on the first call that differs
+    (named as :func:`named` names it), failed or within :data:`xstage.parity.SELF_TOLERANCE`.
+    """
+    for n, out in enumerate(again, start=1):
+        if all(_identical(v, out[k]) for k, v in first[n - 1].items()):
+            continue
+        tag = "" if n == 1 else f" (call {n})"
+        check = parity.self_agreement({k + tag: v for k, v in first[n - 1].items()},
+                                      {k + tag: out[k] for k in first[n - 1]})
+        if not check.passed:
+            return check
+    return None
+
+
+def _owned(out: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The state outputs fed to the next call, copied out of a view the next call overwrites."""
+    return {k: np.array(out[k]) for k in names}
+
+
 def stage_runs(client: Any, feeds: Mapping[str, np.ndarray], pairs: Sequence[StatePair],
-               first: Mapping[str, np.ndarray]) -> tuple[list[Outputs], list[Outputs]]:
+               first: Mapping[str, np.ndarray]) -> tuple[list[Outputs], parity.Parity | None]:
     """The gate's inputs computed twice on the stage's worker (``first``: its warm-up call).
 
-    With state: :data:`GATE_CALLS` calls from the initial state, each with the state it left,
-    then the same again after a reset; the worker is reset once more before it serves.
+    The first computation is kept (the gate compares it); the second is checked against it as
+    each call's outputs come back, read from the region in place. With state:
+    :data:`GATE_CALLS` calls from the initial state, each with the state it left, then the same
+    again after a reset; the worker is reset once more before it serves.
     """
     if not pairs:
-        return [dict(first)], [dict(client.run(feeds))]
-    runs: list[list[Outputs]] = [[{**first, **client.state_values()}], []]
-    for k, run in enumerate(runs):
-        while len(run) < GATE_CALLS:
-            out = client.run(feeds)
-            run.append({**out, **client.state_values()})
-        if k == 0:
-            client.reset_state()
+        calls = [dict(first)]
+        return calls, _agreement(calls, iter([client.run(feeds, views=True)]))
+    calls = [{**first, **client.state_values()}]
+    while len(calls) < GATE_CALLS:
+        calls.append({**client.run(feeds), **client.state_values()})
+    client.reset_state()
+
+    def again() -> Any:  # copies: the state op may reuse the region the views would read
+        for _ in range(GATE_CALLS):
+            yield {**client.run(feeds), **client.state_values()}
+
+    check = _agreement(calls, again())
     client.reset_state()  # the stage serves from the initial state
-    return runs[0], runs[1]
+    return calls, check
 
 
 def reference_runs(arm: Any, feeds: Mapping[str, np.ndarray], pairs: Sequence[StatePair],
-                   init: Mapping[str, np.ndarray]) -> tuple[list[Outputs], list[Outputs]]:
+                   init: Mapping[str, np.ndarray]) -> tuple[list[Outputs], parity.Parity | None]:
     """The gate's inputs computed twice by the reference arm, in one session (or worker).
 
-    With state: :data:`GATE_CALLS` calls from ``init``, each call's state outputs fed back as
-    the next call's state inputs, as the worker carries them; every output is kept.
+    The first computation is kept; the second is checked against it call by call, as it comes
+    back. With state: :data:`GATE_CALLS` calls from ``init``, each call's state outputs fed back
+    as the next call's state inputs, as the worker carries them.
     """
     calls = GATE_CALLS if pairs else 1
+    fed = [p.output for p in pairs]
     with arm.runner() as run:
-        runs = []
-        for _ in range(2):
+        kept: list[Outputs] = []
+        state = dict(init)
+        for _ in range(calls):
+            out = dict(run({**feeds, **state}))
+            kept.append(out)
+            state = {p.input: out[p.output] for p in pairs}
+
+        def again() -> Any:
             state = dict(init)
-            seq = []
             for _ in range(calls):
-                out = dict(run({**feeds, **state}))
-                seq.append(out)
-                state = {p.input: out[p.output] for p in pairs}
-            runs.append(seq)
-    return runs[0], runs[1]
+                out = run({**feeds, **state}, views=True)
+                yield out
+                state = {p.input: v for p, v in zip(pairs, _owned(out, fed).values(), strict=True)}
+
+        return kept, _agreement(kept, again())
 
 
 def judge(setup: Any, calls: Sequence[Mapping[str, np.ndarray]],
-          again: Sequence[Mapping[str, np.ndarray]]) -> tuple[parity.Parity, Outputs]:
+          again: parity.Parity | None) -> tuple[parity.Parity, Outputs]:
     """The stage's calls against the reference arm's, after each arm against itself.
 
     Args:
         setup: the candidate loop's ``Setup`` (artifact, feeds, reference arm, tolerance, state).
         calls: the stage's gate calls (:func:`stage_runs`' first computation).
-        again: the stage's second computation of the same calls.
+        again: the stage's second computation of the same calls, checked against its first as
+            it came back (None: bit for bit the same).
 
     Returns:
         The verdict, and the reference's outputs as the gate named them.
@@ -116,7 +169,7 @@ def judge(setup: Any, calls: Sequence[Mapping[str, np.ndarray]],
         declared={k: declared[base_name(k)] for k in theirs if base_name(k) in declared},
         quantized={k: quant[base_name(k)] for k in theirs if base_name(k) in quant},
         formats=art.output_formats)
-    checks = {"stage": parity.self_agreement(ours, named(again)),
-              "reference": parity.self_agreement(theirs, named(second))}
+    checks = {arm: check or parity.self_agreement(outputs, outputs)
+              for arm, check, outputs in (("stage", again, ours), ("reference", second, theirs))}
     return parity.nondeterministic(gate, checks, art.random_ops,
                                    named=setup.tolerance is not None), theirs

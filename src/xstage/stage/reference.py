@@ -139,14 +139,14 @@ class OnnxReference:
         return dict(zip(self.names, self.session.run(self.names, dict(feeds)), strict=True))
 
     @contextmanager
-    def runner(self) -> Iterator[Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]]:
+    def runner(self) -> Iterator[Callable[..., dict[str, np.ndarray]]]:
         """Calls in this arm's one session (the gate computes its inputs twice through it).
 
         Raises:
             InputError: the inputs do not run on the reference graph.
         """
-        def run(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-            try:
+        def run(feeds: Mapping[str, np.ndarray], views: bool = False) -> dict[str, np.ndarray]:
+            try:  # owned arrays either way (``views``: the worker arm's read-in-place)
                 return self.call(feeds)
             except Exception as exc:
                 raise errors.InputError(f"the inputs do not run on the reference graph: {exc}",
@@ -252,7 +252,7 @@ class _WorkerArm:
             return client.run(feeds, phase="warmup")
 
     @contextmanager
-    def runner(self) -> Iterator[Callable[[Mapping[str, np.ndarray]], Outputs]]:
+    def runner(self) -> Iterator[Callable[..., Outputs]]:
         """Calls in one reference worker, closed after the block.
 
         The gate computes its inputs twice there, so a random generator runs on rather than
@@ -261,10 +261,11 @@ class _WorkerArm:
         with self._worker() as client:
             calls = 0
 
-            def run(feeds: Mapping[str, np.ndarray]) -> Outputs:
+            def run(feeds: Mapping[str, np.ndarray], views: bool = False) -> Outputs:
+                """``views``: read-only views of the region's slots, valid until the next call."""
                 nonlocal calls
                 calls += 1  # the worker's first call is its warm-up (its deadline)
-                return client.run(feeds, phase="warmup" if calls == 1 else "call")
+                return client.run(feeds, phase="warmup" if calls == 1 else "call", views=views)
 
             yield run
 
