@@ -31,13 +31,12 @@ from xstage.ledger import parse_pool_arg
 from xstage.record import dumps_record, records_path, write_record
 from xstage.record.per_op import per_op, to_csv
 from xstage.routes import ROUTE_NAMES
-from xstage.stage import open_stage
 from xstage.stage.ledger import Ledger
-from xstage.stage.open import MAX_DEPTH
-from xstage.stage.request import check_criteria
+from xstage.stage.open import open_request
+from xstage.stage.request import MAX_DEPTH, StageRequest, check_criteria
 from xstage.timings import DEFAULT_PERCENTILES, parse_percentiles
 
-__all__ = ["MAX_RUNS", "MAX_WARMUP", "register"]
+__all__ = ["MAX_RUNS", "MAX_WARMUP", "register", "stage_request"]
 
 #: ``--runs``' bound: every timed run's compute, round trip and transport are kept for the
 #: percentiles and the record; a longer soak is a benchmark's job (benchmarks/).
@@ -403,10 +402,20 @@ def _run_sweep(args: argparse.Namespace, graph: Path, prefer: list[str] | None, 
 def _open(args: argparse.Namespace, graph: Path, prefer: list[str] | None, out: Output,
           point: Point | None = None) -> Any:
     """``open_stage`` with the command's flags (a sweep's point over ``--shape``/``--dim``)."""
+    return open_request(stage_request(args, graph, prefer, out, point))
+
+
+def stage_request(args: argparse.Namespace, graph: Path, prefer: list[str] | None, out: Output,
+                  point: Point | None = None) -> StageRequest:
+    """The command's flags as the request ``open_stage`` builds from its arguments.
+
+    Raises:
+        UsageError: a malformed flag value, or one ``StageRequest.build`` refuses.
+    """
     shapes, dims = parse_shapes(args.shape), parse_dims(args.dim)
     if point is not None:
         shapes, dims = {**shapes, **point.shapes}, {**dims, **point.dims}
-    return open_stage(
+    return StageRequest.build(
         graph, device=args.device, prefer=prefer, route=args.route, offload=args.offload,
         min_placement=args.min_placement, inputs=args.inputs,
         reference=args.reference or "auto", reference_arm=args.reference_arm,
