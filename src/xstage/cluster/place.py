@@ -102,7 +102,7 @@ def open_on_cluster(open_fn: Callable[..., Any], request: StageRequest) -> Any:
     options["inputs"] = _local_inputs(options["inputs"])
     art = inspect_artifact(request.artifact, fmt=request.fmt, component=request.component)
     ref = options.pop("reference")
-    if ref != "auto":
+    if str(ref) != "auto":
         ref_art = inspect_artifact(ref)
         options["reference_files"] = (_bundle(ref_art), ref_art.sha256, ref_art.path.name)
         ref_art.release()  # its bytes are in the bundle

@@ -114,7 +114,7 @@ class StageRequest:
     tolerance: float | None = None
     #: the criteria named (checked), or None for a bare number or the defaults
     criteria: tuple[tuple[str, float], ...] | None = None
-    reference: str = "auto"
+    reference: str | os.PathLike[str] = "auto"  # as given: "auto", or a path
     reference_arm: str = "worker"
     shapes: tuple[tuple[str, Any], ...] = ()
     dims: tuple[tuple[str, Any], ...] = ()
@@ -186,7 +186,7 @@ class StageRequest:
             min_placement=min_placement,
             tolerance=criteria.get("rel_l2") if criteria is not None else tolerance,  # type: ignore[arg-type]
             criteria=tuple(criteria.items()) if criteria is not None else None,
-            reference=os.fspath(reference), reference_arm=reference_arm,
+            reference=reference, reference_arm=reference_arm,
             shapes=tuple((k, tuple(v) if isinstance(v, list | tuple) else v)
                          for k, v in (shapes or {}).items()),
             dims=tuple((dims or {}).items()), fmt=fmt, component=component,
