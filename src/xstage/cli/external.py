@@ -31,13 +31,12 @@ from xstage.ledger import parse_pool_arg
 from xstage.record import dumps_record, records_path, write_record
 from xstage.record.per_op import per_op, to_csv
 from xstage.routes import ROUTE_NAMES
-from xstage.stage import open_stage
 from xstage.stage.ledger import Ledger
-from xstage.stage.open import MAX_DEPTH
-from xstage.stage.request import check_criteria
+from xstage.stage.open import open_request
+from xstage.stage.request import MAX_DEPTH, StageRequest, check_criteria
 from xstage.timings import DEFAULT_PERCENTILES, parse_percentiles
 
-__all__ = ["MAX_RUNS", "MAX_WARMUP", "register"]
+__all__ = ["MAX_RUNS", "MAX_WARMUP", "register", "stage_request"]
 
 #: ``--runs``' bound: every timed run's compute, round trip and transport are kept for the
 #: percentiles and the record; a longer soak is a benchmark's job (benchmarks/).
@@ -312,14 +311,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
     graph = (Path(args.graph) if args.graph
              else builtin_artifact(args.builtin) if args.builtin else builtin_stage())
-    prefer = [p for p in args.prefer.split(",") if p] if args.prefer else None
     if args.resource and not args.cluster:
         raise errors.UsageError("--resource needs --cluster", remedy="add --cluster ray")
     if args.sweep or args.batch:
-        return _run_sweep(args, graph, prefer, argv, out)
+        return _run_sweep(args, graph, argv, out)
     try:
         with out.progress("proving and gating"):
-            stage = _open(args, graph, prefer, out)
+            stage = _open(args, graph, out)
     except errors.UsageError:
         raise
     except errors.XstageError as exc:  # refused or failed: the API's record, with the timing plan
@@ -375,8 +373,7 @@ def _sweep_points(args: argparse.Namespace, graph: Path) -> list[Point]:
         art.release()
 
 
-def _run_sweep(args: argparse.Namespace, graph: Path, prefer: list[str] | None, argv: list[str],
-               out: Output) -> int:
+def _run_sweep(args: argparse.Namespace, graph: Path, argv: list[str], out: Output) -> int:
     """One admission per shape, one record each under the home, one table; ``--json`` gets
     ``{"shapes": [record, ...]}``. Exit 2 when any shape was refused, else 0."""
     points = _sweep_points(args, graph)
@@ -384,7 +381,7 @@ def _run_sweep(args: argparse.Namespace, graph: Path, prefer: list[str] | None, 
     for point in points:
         try:
             with out.progress(f"{point.label}: proving and gating"):
-                stage = _open(args, graph, prefer, out, point=point)
+                stage = _open(args, graph, out, point=point)
         except errors.Refused as exc:
             doc = {**(exc.record or {}), "argv": argv}
         else:
@@ -400,13 +397,27 @@ def _run_sweep(args: argparse.Namespace, graph: Path, prefer: list[str] | None, 
     return EXIT_REFUSED if any(d["outcome"]["status"] == "refused" for d in docs) else EXIT_OK
 
 
-def _open(args: argparse.Namespace, graph: Path, prefer: list[str] | None, out: Output,
-          point: Point | None = None) -> Any:
+def _open(args: argparse.Namespace, graph: Path, out: Output, point: Point | None = None) -> Any:
     """``open_stage`` with the command's flags (a sweep's point over ``--shape``/``--dim``)."""
+    return open_request(stage_request(args, graph, out, point))
+
+
+def stage_request(args: argparse.Namespace, graph: Path, out: Output,
+                  point: Point | None = None) -> StageRequest:
+    """The command's flags as the request ``open_stage`` builds from its arguments.
+
+    ``--prefer a,b`` is the list ``["a", "b"]``; ``--depth`` (with ``--throughput``) is both
+    the depth and the concurrency; the record is the command's to write (``record_on_close``
+    off); ``--verbose`` lines go to ``out``.
+
+    Raises:
+        UsageError: a malformed flag value, or one ``StageRequest.build`` refuses.
+    """
+    prefer = [p for p in args.prefer.split(",") if p] if args.prefer else None
     shapes, dims = parse_shapes(args.shape), parse_dims(args.dim)
     if point is not None:
         shapes, dims = {**shapes, **point.shapes}, {**dims, **point.dims}
-    return open_stage(
+    return StageRequest.build(
         graph, device=args.device, prefer=prefer, route=args.route, offload=args.offload,
         min_placement=args.min_placement, inputs=args.inputs,
         reference=args.reference or "auto", reference_arm=args.reference_arm,

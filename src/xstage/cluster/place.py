@@ -20,24 +20,18 @@ from xstage import errors
 from xstage._version import __version__
 from xstage.artifact import Artifact, inspect_artifact
 from xstage.cluster import _ray
-from xstage.inputs import SEED
 from xstage.manifest import find_manifest
 from xstage.record.build import build_record
 from xstage.record.io import host_block, utc_now
 from xstage.refusal import Refusal, RefusalCode
-from xstage.stage.request import build_request
+from xstage.stage.request import CLUSTERS, StageRequest, check_resources
 from xstage.stage.state import declared_state
 
 __all__ = ["CLUSTERS", "PLACEMENT_TIMEOUT_S", "Placement", "open_on_cluster", "parse_resources"]
 
-#: The clusters ``open_stage(cluster=...)`` knows.
-CLUSTERS = ("ray",)
 #: How long a request some node could satisfy may wait for one to be free (seconds).
 PLACEMENT_TIMEOUT_S = 60.0
-#: ``open_stage`` arguments that are objects of this process and cannot stand for a node.
-_LOCAL_ONLY = {"report": "the node reads its own device table",
-               "ledger": "each node charges its own ledger (docs/cluster.md)"}
-_SERVING = ("restart", "max_restarts", "restart_window", "record_on_close")
+_SERVING = ("restart", "max_restarts", "restart_window")
 
 
 def parse_resources(items: Sequence[str]) -> dict[str, float]:
@@ -58,22 +52,6 @@ def parse_resources(items: Sequence[str]) -> dict[str, float]:
                                     f"{name} twice)", remedy="e.g. --resource npu=1")
         out[name] = amount
     return check_resources(out)
-
-
-def check_resources(resources: Mapping[str, float] | None) -> dict[str, float]:
-    """Resource names to amounts > 0.
-
-    Raises:
-        UsageError: a name that is not a string, or an amount that is not a number > 0.
-    """
-    out: dict[str, float] = {}
-    for name, amount in (resources or {}).items():
-        if not isinstance(name, str) or not name or isinstance(amount, bool) \
-                or not isinstance(amount, int | float) or not 0 < amount < float("inf"):
-            raise errors.UsageError(f"resources: {name!r}={amount!r} is not a name and an "
-                                    "amount > 0", remedy='e.g. resources={"npu": 1}')
-        out[name] = float(amount)
-    return out
 
 
 def _bundle(art: Artifact) -> dict[str, bytes]:
@@ -103,48 +81,33 @@ def _local_inputs(inputs: Any) -> Any:
                                 remedy="pass an .npz written by numpy.savez") from None
 
 
-def open_on_cluster(open_fn: Callable[..., Any], artifact: str | os.PathLike[str],
-                    cluster: str, resources: Mapping[str, float] | None,
-                    placement_timeout: float, args: Mapping[str, Any]) -> Any:
-    """Place the stage on a node with ``resources``; ``open_fn`` is the node's ``open_stage``.
+def open_on_cluster(open_fn: Callable[..., Any], request: StageRequest) -> Any:
+    """Place the stage on a node with the request's resources; ``open_fn`` is the node's ``open_stage``.
 
-    ``args`` are ``open_stage``'s arguments (its ``locals()``): all but the placement's own go to
-    the node's ``open_stage``.
+    ``request`` was checked when it was built (``StageRequest.build``: the cluster, the
+    resources, the placement timeout, no argument that cannot cross to a node); the node's
+    ``open_stage`` gets its ``node_arguments``, an ``.npz`` of inputs read here.
 
     Raises:
-        UsageError: an unknown cluster, bad resources, an argument that cannot cross to a node,
-            Ray missing or no cluster answering.
+        UsageError: Ray missing or no cluster answering; an ``.npz`` of inputs that cannot be read.
         Refused: no node has the resources (within ``placement_timeout``), or the node's
             ``open_stage`` refused every candidate (its refusals, its record).
         XstageError: the node's ``open_stage`` failed (the same class, message and remedy).
     """
     from xstage.cluster.handle import ClusterStage
 
-    options = {k: v for k, v in args.items()
-               if k not in ("artifact", "cluster", "resources", "placement_timeout")}
-    if cluster not in CLUSTERS:
-        raise errors.UsageError(f"cluster={cluster!r} is not one of {', '.join(CLUSTERS)}")
-    wanted = check_resources(resources)
-    if isinstance(placement_timeout, bool) or not isinstance(placement_timeout, int | float) \
-            or not 0 < placement_timeout < float("inf"):
-        raise errors.UsageError(f"placement_timeout={placement_timeout!r} is not a number of "
-                                "seconds > 0")
-    for key, why in _LOCAL_ONLY.items():
-        if options.pop(key, None) is not None:
-            raise errors.UsageError(f"open_stage({key}=...) does not cross to a node: {why}",
-                                    remedy=f"leave {key} out with cluster={cluster!r}")
-    say = options.pop("on_event", None) or (lambda _m: None)
-    serving = {k: options[k] for k in _SERVING if k in options}  # the node's worker too
-    options.pop("record_on_close", None)  # the record is written here
-    options["inputs"] = _local_inputs(options.get("inputs"))
-    art = inspect_artifact(artifact, fmt=options.get("fmt"), component=options.get("component"))
-    ref = options.pop("reference", "auto")
+    options = request.node_arguments()
+    serving = {**{k: options[k] for k in _SERVING},  # the node's worker too
+               "record_on_close": request.record_on_close}  # the record is written here
+    options["inputs"] = _local_inputs(options["inputs"])
+    art = inspect_artifact(request.artifact, fmt=request.fmt, component=request.component)
+    ref = options.pop("reference")
     if str(ref) != "auto":
         ref_art = inspect_artifact(ref)
         options["reference_files"] = (_bundle(ref_art), ref_art.sha256, ref_art.path.name)
         ref_art.release()  # its bytes are in the bundle
     ray = _ray.connect()
-    placement = Placement(ray, open_fn, art, options, wanted, float(placement_timeout), say)
+    placement = Placement(ray, open_fn, art, options, request, request.on_event or (lambda _m: None))
     return ClusterStage(placement, placement.place(), **serving)
 
 
@@ -152,27 +115,20 @@ class Placement:
     """Everything needed to place the stage again (a restart re-places and re-proves)."""
 
     def __init__(self, ray: Any, open_fn: Callable[..., Any], art: Artifact,
-                 options: dict[str, Any], resources: dict[str, float], timeout: float,
+                 options: dict[str, Any], request: StageRequest,
                  say: Callable[[str], None]) -> None:
         self.ray = ray
         self.open_fn = open_fn
         self.artifact = art
-        self.options = options
-        self.resources = resources
-        self.timeout = timeout
+        self.options = options  # the node's open_stage arguments (inputs read, reference shipped)
+        self.resources = dict(request.resources)
+        self.timeout = float(request.placement_timeout)
         self.say = say
         self.started = utc_now()
         self.files = ray.put(_bundle(art))
-        self.request = build_request(
-            device=options.get("device"), prefer=options.get("prefer"),
-            route=options.get("route"), offload=bool(options.get("offload")),
-            min_placement=options.get("min_placement", 0.5),
-            tolerance=options.get("tolerance"), ep_options=options.get("ep_options"),
-            threads=options.get("threads"), graph_opt_level=options.get("graph_opt_level"),
-            inputs=options.get("inputs"), seed=SEED)
-        self.request.update(cluster="ray", resources=dict(resources))
+        self.request = request.to_record()  # the record's request block (cluster and resources)
         stateful = bool(declared_state(art))
-        self.depth = 1 if stateful else int(options.get("depth", 2))
+        self.depth = 1 if stateful else request.depth
 
     def cluster_block(self, where: Mapping[str, Any] | None, **more: Any) -> dict[str, Any]:
         """The record's ``cluster`` block: the node, the request, the client (``more`` added)."""

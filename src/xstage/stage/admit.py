@@ -50,32 +50,29 @@ from xstage.stage import crash, refusals, tiebreak
 from xstage.stage import gate as gate_mod
 from xstage.stage.ledger import Holding, Ledger
 from xstage.stage.reference import ReferenceOverBudget
+from xstage.stage.request import Resolved, StageRequest
 from xstage.stage.state import StatePair, state_bytes
 
-__all__ = ["Admission", "Setup", "WarmUp", "admit"]
+__all__ = ["Admission", "Attempt", "Setup", "WarmUp", "admit", "attempt"]
 
 
 @dataclass(frozen=True)
 class Setup:
     """What every candidate of one ``open_stage`` is tried with (resolved once, before the loop).
 
+    Nothing in it changes while the candidates are tried: each candidate's outcome, and its
+    record ``detail`` block, come back from :func:`attempt` as an :class:`Attempt`.
+
     Attributes:
+        request: what the caller asked for (``xstage.stage.request.StageRequest``): the proof's
+            bar, the gate's tolerance, the EP and session options, deadlines, the ledger.
+        resolved: what resolving it found (the inputs' dtypes and shapes, the reference arm).
         artifact: the stage's artifact.
         feeds: the checked inputs (the warm-up and the gate run on them).
         reference: the reference arm (``xstage.stage.reference``).
         nodes: the graph's nodes (name, op type), for the ONNX proof; empty for torch.
-        min_placement: the fraction of the stage the target must take.
-        tolerance: the gate's override: a number (rel_l2), a mapping of criteria, or None.
-        ep_options: the user's ``--ep-option`` values (they win over a route's hook).
-        session: onnxruntime session options (threads, graph optimization level).
-        deadlines: per-phase worker deadlines, or None for the defaults.
-        ledger: the memory ledger to hold the stage's budget in (None: the process-wide one).
         devices: the device table's rows (a discrete GPU's pool is read from them).
-        request: the record's request block.
         started: when ``open_stage`` began (UTC, ISO 8601).
-        details: each tried candidate's record ``detail`` block (phases, per-node placement),
-            appended by :func:`admit` once its worker has warmed up; a refused record takes
-            the last one.
         depth: slot sets in the worker's region (requests in flight at once).
         state: the stage's state pairs (``xstage.stage.state``), kept in the worker;
             ``state_init`` their initial values.
@@ -91,20 +88,14 @@ class Setup:
             not fit the pool then).
     """
 
+    request: StageRequest
+    resolved: Resolved
     artifact: Artifact
     feeds: Mapping[str, np.ndarray]
     reference: Any
     nodes: tuple[Mapping[str, str], ...]
-    min_placement: float
-    tolerance: float | Mapping[str, float] | None
-    ep_options: Mapping[str, str]
-    session: Mapping[str, Any]
-    deadlines: Deadlines | None
-    ledger: Ledger | None
     devices: tuple[Any, ...]
-    request: dict[str, Any]
     started: str
-    details: list[dict[str, Any]] = field(default_factory=list)
     depth: int = 2
     concurrency: int = 1
     generation: int = 1
@@ -114,6 +105,36 @@ class Setup:
     report: DeviceReport | None = None
     snapshots: tuple[Path, ...] = ()
     reference_calls: tuple[list[dict[str, np.ndarray]], parity.Parity | None] | None = None
+
+    @property
+    def min_placement(self) -> float:
+        """The fraction of the stage the target must take."""
+        return self.request.min_placement
+
+    @property
+    def tolerance(self) -> float | Mapping[str, float] | None:
+        """The gate's override: a number (rel_l2), a mapping of criteria, or None."""
+        return self.request.gate_tolerance
+
+    @property
+    def ep_options(self) -> dict[str, str]:
+        """The user's ``--ep-option`` values (they win over a route's hook), a fresh dict."""
+        return self.request.ep_option_map()
+
+    @property
+    def session(self) -> dict[str, Any]:
+        """The onnxruntime session options (threads, graph optimization level), a fresh dict."""
+        return self.request.session_options()
+
+    @property
+    def deadlines(self) -> Deadlines | None:
+        """Per-phase worker deadlines, or None for the defaults."""
+        return self.request.deadlines
+
+    @property
+    def ledger(self) -> Ledger | None:
+        """The memory ledger to hold the stage's budget in (None: the process-wide one)."""
+        return self.request.ledger
 
 
 @dataclass(frozen=True)
@@ -155,7 +176,30 @@ class Admission:
     detail: Mapping[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One candidate's outcome, and its record ``detail`` block once its worker warmed up.
+
+    Attributes:
+        outcome: the ``Admission``, or the ``Refusal`` that stopped the candidate.
+        detail: the candidate's phases and per-node placement (``xstage.evidence.detail``);
+            None where no worker warmed up. A refused record takes the last one.
+    """
+
+    outcome: Admission | Refusal
+    detail: Mapping[str, Any] | None = None
+
+
 def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admission | Refusal:
+    """Run ``cand`` through the gates (:func:`attempt`): its outcome alone.
+
+    Raises:
+        ArtifactError, WorkerError: as :func:`attempt`.
+    """
+    return attempt(cand, setup, say).outcome
+
+
+def attempt(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Attempt:
     """Run ``cand`` through the gates (module docstring); see there for the order.
 
     Raises:
@@ -188,36 +232,38 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
         also=(pinned,) if pinned else ())
     spots = ledger_mod.blind_spots(cand.kind, cand.pool)
     if holding is None:  # rule 1: refused before any worker starts
-        return refusals.budget_refusal(cand, fit, measured.record_block(budget, fit, None, spots=spots))
+        return Attempt(refusals.budget_refusal(cand, fit, measured.record_block(budget, fit, None,
+                                                                                spots=spots)))
     with ExitStack() as cleanup:
         cleanup.callback(book.release, holding)
         try:
             client, warm = _start_and_warm_up(cand, setup, cleanup)
         except _CompileFailed as failed:
-            return failed.refusal
+            return Attempt(failed.refusal)
         except crash.CandidateDied as dead:  # rule 2: refused if the reference arm runs it
-            return _crashed(cand, setup, dead)
+            return Attempt(_crashed(cand, setup, dead))
         proof = _prove(setup, warm)
         doc = _detail(cand, setup, warm)
-        setup.details.append(doc)
         attested = _attest(cand, setup, warm, proof)
         conflict = attestation.judge(attested)
         if conflict == "device_mismatch" or (conflict and proof.verdict == "placed"):
-            return refusals.attestation_refusal(cand, attested, conflict, proof, warm.worker)
+            return Attempt(refusals.attestation_refusal(cand, attested, conflict, proof,
+                                                        warm.worker), doc)
         if proof.verdict != "placed":
-            return refusals.declined_refusal(cand, proof, warm.worker, attested)
+            return Attempt(refusals.declined_refusal(cand, proof, warm.worker, attested), doc)
         try:
             gate, reference = _gate(setup, warm)
         except ReferenceOverBudget as over:  # its worker would not fit beside this one
-            return refusals.reference_budget_refusal(cand, over, measured.record_block(
-                over.budget, over.fit, None, spots=spots))
+            return Attempt(refusals.reference_budget_refusal(cand, over, measured.record_block(
+                over.budget, over.fit, None, spots=spots)), doc)
         if gate.verdict != "passed" and not setup.state:  # float criteria: the tie-break decides
             gate = tiebreak.settle(gate, setup.artifact, setup.feeds, warm.outputs, reference,
                                    setup.reference)
         elif gate.verdict != "passed":  # stateful: no tie-break, so fp32's noise tier decides
             gate = tiebreak.settle_stateful(gate, _both_calls(warm), reference)
         if gate.verdict != "passed":
-            return refusals.gate_refusal(cand, gate, proof, setup.reference.kind, warm.worker)
+            return Attempt(refusals.gate_refusal(cand, gate, proof, setup.reference.kind,
+                                                 warm.worker), doc)
         memory, profiled = _stage_memory(warm.info)
         peak = measured.check_measured(
             budget.budget_bytes, _measured_peak(cand.pool, warm.timing, memory, warm.info))
@@ -228,11 +274,13 @@ def admit(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Admissio
             ledger_doc["host_pinned"] = measured.pinned_block(
                 pinned, acc.get("pinned_region") if isinstance(acc, dict) else None)
         if peak.cause:
-            return refusals.peak_refusal(cand, peak, ledger_doc, warm.worker, proof, gate)
+            return Attempt(refusals.peak_refusal(cand, peak, ledger_doc, warm.worker, proof, gate),
+                           doc)
         cleanup.pop_all()  # admitted: the worker and the hold now belong to the Stage
-        return Admission(setup=setup, candidate=cand, client=client, ledger=book, holding=holding,
-                         proof=proof, parity=gate, ledger_doc=ledger_doc, warm=warm,
-                         attestation=attested, notes=warm.notes, detail=doc)
+        return Attempt(Admission(setup=setup, candidate=cand, client=client, ledger=book,
+                                 holding=holding, proof=proof, parity=gate, ledger_doc=ledger_doc,
+                                 warm=warm, attestation=attested, notes=warm.notes, detail=doc),
+                       doc)
 
 
 def _gate(setup: Setup, warm: WarmUp) -> tuple[parity.Parity, Mapping[str, np.ndarray]]:

@@ -25,14 +25,12 @@ from xstage.refusal import Refusal
 from xstage.snapshot import release
 from xstage.stage.admit import Admission, admit
 from xstage.stage.ledger import Holding
+from xstage.stage.request import RESTART_POLICIES
 from xstage.stage.state import state_bytes
 from xstage.timings import DEFAULT_PERCENTILES, summarize, throughput_block
 
 __all__ = ["RESTART_POLICIES", "Stage"]
 
-
-#: ``open_stage(restart=...)``: what a stage does when its worker dies.
-RESTART_POLICIES = ("never", "on_death")
 
 
 class Requests:
@@ -168,7 +166,7 @@ class Stage(Requests):
         self._client = admission.client
         self._ledger = admission.ledger
         self._holding: Holding | None = admission.holding
-        self._request = dict(admission.setup.request)
+        self._timing_plan = (0, 0)  # (runs, warmup) of the last ``measure``: the record's request
         self._lock = threading.RLock()  # the worker swap (a restart); calls take it briefly
         self.candidate: Candidate = admission.candidate
         self.artifact: Artifact = admission.setup.artifact
@@ -560,7 +558,7 @@ class Stage(Requests):
         ref = reference.time(feeds, runs) if compare_cpu else None
         self.timings = summarize(compute, round_trip, warmup=warmup, reference_s=ref,
                                  percentiles=percentiles)
-        self._request.update(runs=runs, warmup=warmup)
+        self._timing_plan = (runs, warmup)
         return self.timings
 
     def record(self, *, argv: Sequence[str] = ()) -> dict[str, Any]:
@@ -589,7 +587,7 @@ class Stage(Requests):
                     "bytes": slots.info["buffer_bytes"]}}
         return build_record(
             serving=self._serving_block(),
-            argv=argv, started=self._admission.setup.started, request=self._request,
+            argv=argv, started=self._admission.setup.started, request=self._request_block(),
             status="placed", artifact=self.artifact, plan=self.plan,
             tried=self.tried, worker=worker, proof=self.proof.to_dict(),
             parity_doc=self.parity.to_dict(), timings=self.timings,
@@ -599,6 +597,12 @@ class Stage(Requests):
                                 if self._admission.attestation else None),
             detail=({**self._admission.detail, "calls": list(self._calls)}
                     if self._admission.detail is not None else None))
+
+    def _request_block(self) -> dict[str, Any]:
+        """The record's ``request`` block: the request, what it resolved to, the timing plan."""
+        setup = self._admission.setup
+        runs, warmup = self._timing_plan
+        return setup.request.to_record(setup.resolved, runs=runs, warmup=warmup)
 
     def _serving_block(self) -> dict[str, Any]:
         """The record's ``serving`` block: depth, restart policy, generations."""

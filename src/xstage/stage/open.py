@@ -35,7 +35,7 @@ from xstage.client import Deadlines
 from xstage.cluster import open_on_cluster
 from xstage.device_table import DeviceReport
 from xstage.device_table import devices as device_report
-from xstage.inputs import SEED, resolve_feeds
+from xstage.inputs import resolve_feeds
 from xstage.planner import Candidate, Plan, check_ep_options, make_plan
 from xstage.record.build import build_record
 from xstage.record.io import utc_now
@@ -43,18 +43,15 @@ from xstage.refusal import Refusal
 from xstage.signature import check_inputs
 from xstage.snapshot import release
 from xstage.stage import refusals
-from xstage.stage.admit import Admission, Setup, admit
+from xstage.stage.admit import Admission, Setup, attempt
 from xstage.stage.gate import reference_runs
-from xstage.stage.handle import RESTART_POLICIES, Stage
+from xstage.stage.handle import Stage
 from xstage.stage.ledger import Ledger
 from xstage.stage.reference import OnnxReference, ReferenceOverBudget, TorchReference, make_reference
-from xstage.stage.request import build_request, describe_feeds
+from xstage.stage.request import MAX_DEPTH, Resolved, StageRequest, describe_feeds
 from xstage.stage.state import declared_state, initial_values
 
-__all__ = ["MAX_DEPTH", "open_stage"]
-
-#: The most slot sets a region holds (``xstage_remote.shm.MAX_SETS``).
-MAX_DEPTH = 64
+__all__ = ["MAX_DEPTH", "open_request", "open_stage"]
 
 
 def open_stage(
@@ -141,71 +138,77 @@ def open_stage(
         InputError: inputs that do not match the stage.
         WorkerError: a worker died or timed out (it is not a refusal: exit 1).
     """
-    if cluster is not None:  # the node's own open_stage decides there (docs/cluster.md)
-        return open_on_cluster(open_stage, artifact, cluster, resources, placement_timeout, locals())
+    return open_request(StageRequest.build(
+        artifact, device=device, prefer=prefer, route=route, offload=offload,
+        min_placement=min_placement, tolerance=tolerance, reference=reference,
+        reference_arm=reference_arm, inputs=inputs, shapes=shapes, dims=dims, fmt=fmt,
+        component=component, ep_options=ep_options, threads=threads,
+        graph_opt_level=graph_opt_level, deadlines=deadlines, report=report, ledger=ledger,
+        on_event=on_event, depth=depth, concurrency=concurrency, restart=restart,
+        max_restarts=max_restarts, restart_window=restart_window,
+        record_on_close=record_on_close, cluster=cluster, resources=resources,
+        placement_timeout=placement_timeout))
+
+
+def open_request(request: StageRequest) -> Stage:
+    """``open_stage`` for a request already built (``StageRequest.build``: the CLI's path too).
+
+    Raises:
+        Refused, UsageError, ArtifactError, InputError, WorkerError: as ``open_stage``.
+    """
+    if request.cluster is not None:  # the node's own open_stage decides there (docs/cluster.md)
+        return open_on_cluster(open_stage, request)
     started = utc_now()
-    # No selector is an offload (the reference arm last): the request says what was planned.
-    offload = offload or (device is None and not prefer and route is None)
-    request = build_request(
-        device=device, prefer=prefer, route=route, offload=offload, min_placement=min_placement,
-        tolerance=tolerance, ep_options=ep_options, threads=threads,
-        graph_opt_level=graph_opt_level, inputs=inputs, seed=SEED)
-    _check_numbers(min_placement, threads, depth, concurrency)
-    _check_restart(restart, max_restarts, restart_window)
     art: Artifact | None = None
+    resolved = Resolved()  # what the record says was found, as far as it got
     held: list[Path] = []  # the snapshots this stage reads (released on failure, or at close)
     try:
-        art = inspect_artifact(artifact, fmt=fmt, component=component)
+        art = inspect_artifact(request.artifact, fmt=request.fmt, component=request.component)
         held += [art.snapshot.folder] if art.snapshot is not None else []
         nodes = graph_nodes(art)
-        feeds, pairs, init = _feeds_and_state(art, request, inputs, shapes, dims)
-        report = report or device_report()
-        _check_pools(ledger, report)
-        session = _session_options(threads, graph_opt_level)
-        plan = make_plan(report, art.format, device=device, prefer=prefer, route=route,
-                         offload=offload)
-        check_ep_options(plan, ep_options, pinned=route is not None)  # before any worker
-        ref, first = _reference_arm(art, reference, session, report, reference_arm, ledger,
-                                    (feeds, pairs, init), deadlines, request, plan, held)
-        setup = Setup(artifact=art, feeds=feeds, reference=ref, nodes=nodes,
-                      min_placement=min_placement, tolerance=tolerance,
-                      ep_options=dict(ep_options or {}), session=session, deadlines=deadlines,
-                      ledger=ledger, devices=tuple(row.device for row in report.devices),
-                      request=request, started=started,
-                      depth=1 if pairs else depth,  # state carries from call to call: one at a time
-                      concurrency=1 if pairs else concurrency,
+        feeds, pairs, init = _feeds_and_state(art, request)
+        resolved = Resolved(tensors=describe_feeds(feeds))
+        report = request.report or device_report()
+        _check_pools(request.ledger, report)
+        plan = make_plan(report, art.format, device=request.device, prefer=request.prefer,
+                         route=request.route, offload=request.offload)
+        check_ep_options(plan, request.ep_option_map(), pinned=request.route is not None)
+        ref = _reference_arm(art, request, report, {**feeds, **init})
+        held += [ref.snapshot] if ref.snapshot is not None else []
+        resolved = Resolved(resolved.tensors, _arm_name(ref))
+        first = _reference_first(ref, feeds, pairs, init) if plan.candidates else None
+        setup = Setup(request=request, resolved=resolved, artifact=art, feeds=feeds,
+                      reference=ref, nodes=nodes,
+                      devices=tuple(row.device for row in report.devices), started=started,
+                      depth=1 if pairs else request.depth,  # state carries from call to call
+                      concurrency=1 if pairs else request.concurrency,
                       state=pairs, state_init=init, report=report, snapshots=tuple(held),
                       reference_calls=first)
-        return _first_admitted(plan, setup, on_event or _quiet, {
-            "restart": restart, "max_restarts": max_restarts, "restart_window": restart_window,
-            "record_on_close": record_on_close})
+        return _first_admitted(plan, setup, request.on_event or _quiet)
     except BaseException as exc:
         _release(held)
         if isinstance(exc, errors.XstageError) and not isinstance(exc, errors.UsageError | errors.Refused):
-            exc.record = build_record(argv=(), started=started, request=request, status="error",
-                                      error=exc, artifact=art)  # an error still has its record
+            exc.record = build_record(argv=(), started=started, request=request.to_record(resolved),
+                                      status="error", error=exc, artifact=art)  # an error's record
         raise
 
 
-def _reference_arm(art: Artifact, reference: Any, session: Mapping[str, Any], report: Any,
-                   where: str, ledger: Ledger | None, inputs: tuple[Any, Any, Any],
-                   deadlines: Any, request: dict[str, Any], plan: Plan,
-                   held: list[Path]) -> tuple[Any, Any]:
-    """The gate's reference arm and its calls, computed before any candidate starts.
+def _reference_arm(art: Artifact, request: StageRequest, report: DeviceReport,
+                   inputs: Mapping[str, np.ndarray]) -> Any:
+    """The gate's reference arm, built before any candidate starts (at ``inputs``' shapes).
 
-    ``inputs`` is (feeds, state pairs, initial state); the request records which arm runs.
-    A plan with no candidate is refused as planned: no reference worker starts for it. The
-    reference's own snapshot joins ``held``.
+    A plan with no candidate is refused as planned: the caller runs no reference call for it.
     """
-    feeds, pairs, init = inputs
-    book = ledger if ledger is not None else Ledger.default()
-    ref = make_reference(art, reference, session, report, where=where, ledger=book,
-                         shapes={n: tuple(a.shape) for n, a in {**feeds, **init}.items()},
-                         deadlines=deadlines)
-    held += [ref.snapshot] if ref.snapshot is not None else []
-    request["reference_arm"] = "in_process" if isinstance(ref, OnnxReference) else "worker"
-    run = bool(plan.candidates)
-    return ref, (_reference_first(ref, feeds, pairs, init) if run else None)  # bad inputs fail here
+    book = request.ledger if request.ledger is not None else Ledger.default()
+    return make_reference(art, request.reference, request.session_options(), report,
+                          where=request.reference_arm, ledger=book,
+                          shapes={n: tuple(a.shape) for n, a in inputs.items()},
+                          deadlines=request.deadlines)
+
+
+def _arm_name(ref: Any) -> str:
+    """Where the reference runs, as the record's request names it."""
+    return "in_process" if isinstance(ref, OnnxReference) else "worker"
 
 
 def _reference_first(ref: Any, feeds: Mapping[str, np.ndarray], pairs: Any,
@@ -252,9 +255,7 @@ def _check_pools(ledger: Ledger | None, report: DeviceReport) -> None:
                                 "lists them)")
 
 
-def _feeds_and_state(art: Artifact, request: dict[str, Any], inputs: Any,
-                     shapes: Mapping[str, tuple[int, ...]] | None,
-                     dims: Mapping[str, int] | None) -> tuple[dict[str, np.ndarray], Any, Any]:
+def _feeds_and_state(art: Artifact, request: StageRequest) -> tuple[dict[str, np.ndarray], Any, Any]:
     """The caller's inputs, resolved and checked, and the state pairs with their initial values.
 
     Big-endian inputs are converted once, for both arms; a state pair's input is the worker's
@@ -263,22 +264,28 @@ def _feeds_and_state(art: Artifact, request: dict[str, Any], inputs: Any,
     pairs = declared_state(art)
     held = {p.input for p in pairs}
     declared = [spec for spec in art.inputs if spec.name not in held]
-    feeds = resolve_feeds(declared, inputs, shapes=shapes, dims=dims)
-    describe_feeds(request, feeds)
+    feeds = resolve_feeds(declared, request.input_value, shapes=dict(request.shapes),
+                          dims=dict(request.dims))
     return check_inputs(feeds, declared), pairs, initial_values(pairs, art)
 
 
-def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None],
-                    serving: Mapping[str, Any]) -> Stage:
+def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None]) -> Stage:
     """Try the plan's candidates in order; the first admission is the stage."""
     tried: list[tuple[Candidate, str, Refusal | None]] = []
     refused: list[Refusal] = list(plan.refusals)
+    detail: Mapping[str, Any] | None = None  # the last warmed-up candidate's (a refused record's)
+    request = setup.request
     for cand in plan.candidates:
         say(f"trying {cand.route.name} on {cand.device}")
-        outcome = admit(cand, setup, say)
+        tries = attempt(cand, setup, say)
+        detail = tries.detail if tries.detail is not None else detail
+        outcome = tries.outcome
         if isinstance(outcome, Admission):
             tried.append((cand, "chosen", None))
-            return Stage(outcome, plan=plan, tried=tried, say=say, **serving)
+            return Stage(outcome, plan=plan, tried=tried, say=say, restart=request.restart,
+                         max_restarts=request.max_restarts,
+                         restart_window=request.restart_window,
+                         record_on_close=request.record_on_close)
         refused.append(outcome)
         tried.append((cand, "refused", outcome))
         say(f"refused: {outcome.message}")
@@ -289,11 +296,10 @@ def _first_admitted(plan: Plan, setup: Setup, say: Callable[[str], None],
     attested = next((r.evidence["device_attestation"] for r in reversed(refused)
                      if "device_attestation" in r.evidence), None)
     last = refused[-1].evidence if refused else {}
-    record = build_record(argv=(), started=setup.started, request=setup.request,
-                          status="refused", refusals=refused,
-                          artifact=setup.artifact, plan=plan, tried=tried, ledger=last_ledger,
-                          device_attestation=attested,
-                          detail=setup.details[-1] if setup.details else None,
+    record = build_record(argv=(), started=setup.started,
+                          request=request.to_record(setup.resolved), status="refused",
+                          refusals=refused, artifact=setup.artifact, plan=plan, tried=tried,
+                          ledger=last_ledger, device_attestation=attested, detail=detail,
                           # a stage refused for its peak was placed and gated: both verdicts stay
                           proof=_block(last, "proof"), parity_doc=_block(last, "parity"))
     raise refusals.refused(refused, setup.artifact, record)
@@ -303,61 +309,6 @@ def _block(evidence: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
     """The last refusal's proof or gate verdict where it carries one (a gate or peak refusal)."""
     value = evidence.get(key)
     return value if isinstance(value, Mapping) else None
-
-
-def _check_numbers(min_placement: float, threads: int | None, depth: int = 2,
-                   concurrency: int = 1) -> None:
-    """The numeric arguments checked before anything runs.
-
-    Raises:
-        UsageError: ``min_placement`` outside [0, 1]; ``threads`` below 0 (0: the runtime's
-            default) or above this machine's CPU count (more threads than CPUs only slows a
-            stage: 2048 took 76 s); ``depth`` not a whole number in 1..64; ``concurrency``
-            not a whole number in 1..``depth``.
-    """
-    if not 0.0 <= min_placement <= 1.0:
-        raise errors.UsageError(f"--min-placement {min_placement} is outside [0, 1]")
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
-        raise errors.UsageError(f"depth={depth!r} is outside 1..{MAX_DEPTH}",
-                                remedy="give the number of requests to keep in flight, e.g. 2")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) \
-            or not 1 <= concurrency <= depth:
-        raise errors.UsageError(f"concurrency={concurrency!r} is outside 1..{depth} (the depth)",
-                                remedy="compute at most as many requests at once as are in flight")
-    if threads is None:
-        return
-    cpus = os.cpu_count() or 1
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= cpus:
-        raise errors.UsageError(
-            f"--threads {threads} is outside 0..{cpus} (this machine's CPU count)",
-            remedy=f"give a whole number from 1 to {cpus}, or 0 for the runtime's default")
-
-
-def _check_restart(restart: str, max_restarts: int, window: float) -> None:
-    """The restart policy checked before anything runs.
-
-    Raises:
-        UsageError: ``restart`` not one of ``RESTART_POLICIES``; ``max_restarts`` not a whole
-            number >= 0; ``restart_window`` not a number of seconds > 0.
-    """
-    if restart not in RESTART_POLICIES:
-        raise errors.UsageError(f"restart={restart!r} is not one of "
-                                f"{', '.join(RESTART_POLICIES)}")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise errors.UsageError(f"max_restarts={max_restarts!r} is not a whole number >= 0")
-    if isinstance(window, bool) or not isinstance(window, (int, float)) \
-            or not 0 < window < float("inf"):
-        raise errors.UsageError(f"restart_window={window!r} is not a number of seconds > 0")
-
-
-def _session_options(threads: int | None, graph_opt_level: str | None) -> dict[str, Any]:
-    """The onnxruntime session options both arms use (the worker's and the reference's)."""
-    session: dict[str, Any] = {}
-    if threads:
-        session["intra_op_num_threads"] = threads
-    if graph_opt_level:
-        session["graph_optimization_level"] = graph_opt_level
-    return session
 
 
 def _quiet(_message: str) -> None:
