@@ -17,6 +17,7 @@ the choice. ``tune`` takes the client's ``TransportTuning`` when ``load`` brings
 Runs under the worker's interpreter (Python >= 3.9, standard library and numpy).
 """
 
+import functools
 import os
 import socket
 
@@ -36,21 +37,12 @@ class InlineStream:
     def __init__(self, sock):
         self.sock = sock
         self.spin = None
-
-        def send(header, arrays=None):
-            wire.send_frame(sock, header, arrays)
-
-        def send_parts(parts):
-            wire.send_encoded(sock, parts)
-
-        def recv(codec=None, expect=None):
-            return wire.recv_frame(sock, codec=codec)
-
-        self.send = send
-        self.send_parts = send_parts
+        self.send = functools.partial(wire.send_frame, sock)
+        self.send_parts = functools.partial(wire.send_encoded, sock)
         #: A lane's frame as it is (``wire.Lane``: its trailer room goes unused here).
         self.send_lane = lambda lane: sock.sendall(lane.frame)
-        self.recv = recv
+        #: ``recv(codec=)``: every frame the long way (no ``expect`` on this stream).
+        self.recv = functools.partial(wire.recv_frame, sock)
 
     def tune(self, tuning):
         """Nothing to tune: a plain stream blocks in ``recv`` (the region's doorbell spins)."""

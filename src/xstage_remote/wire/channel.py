@@ -65,14 +65,15 @@ def default_mac_threads():
     return min(4, cpus // 2) if cpus >= 4 else 0
 
 
-def mac_threads_of(tuning):
-    """The hashing threads ``tuning`` asks for (None, or its ``mac_threads`` None: the default)."""
-    threads = None if tuning is None else tuning.mac_threads
-    return default_mac_threads() if threads is None else threads
-
-
 #: The default of ``Channel.mac_threads`` in this process (its CPUs; no environment variable).
 MAC_THREADS = default_mac_threads()
+
+
+def mac_threads_of(tuning):
+    """The hashing threads ``tuning`` asks for (None, or its ``mac_threads`` None: this
+    process's default, ``MAC_THREADS``)."""
+    threads = None if tuning is None else tuning.mac_threads
+    return MAC_THREADS if threads is None else threads
 #: Record sizes a worker may announce in its hello (``record_bytes``).
 RECORD_BYTES_RANGE = (1 << 16, 1 << 22)
 
@@ -220,7 +221,7 @@ class Channel:
         self.received = 0
         #: Threads that hash a large frame's records at once (``tuning.mac_threads``, None:
         #: ``MAC_THREADS``; 0: this one).
-        self.mac_threads = MAC_THREADS if tuning is None else mac_threads_of(tuning)
+        self.mac_threads = mac_threads_of(tuning)
         #: Payload bytes per record (both ends of a connection must agree: the worker's hello
         #: announces its own, and the client sets it).
         self.chunk_bytes = CHUNK_BYTES if tuning is None else record_bytes_default(self.mac_threads)
