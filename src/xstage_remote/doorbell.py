@@ -408,7 +408,7 @@ class Doorbell:
             self._wake()
         # The decision after the ring, not before: a sleeping peer's wake-up starts ~1 µs
         # earlier (the policy, a clock read, now and then a load sample).
-        if self.policy is not None and self._next is None and not region._closed:
+        if self.policy is not None and self._next is None and not region.closed:
             self._next = self._decide(expected)
 
     def wake(self):
@@ -438,7 +438,7 @@ class Doorbell:
         Not while the last load sample shows more runnable tasks than CPUs: the worker's spin
         would take a CPU the machine's other work (and this copy) is waiting for."""
         region, load = self.region, self._load
-        if region is None or not SPIN or region._closed or not region.flag(self.peer) \
+        if region is None or not SPIN or region.closed or not region.flag(self.peer) \
                 or (load is not None and load[0] > load[1]):
             return False
         region.announce(coming_ns)
@@ -579,7 +579,7 @@ class Doorbell:
         late, self._unlearned = self._unlearned, None
         if late is not None:
             tell, args = late
-            if tell and not self.region._closed:
+            if tell and not self.region.closed:
                 self._tell_cpu()
             self._learn(*args)
 
@@ -682,7 +682,7 @@ class Doorbell:
                 return self._block_eventfd(ready, deadline, watch, fine, early)
             return self._block(ready, deadline, watch, fine, early)
         finally:
-            if not region._closed:
+            if not region.closed:
                 _U32.pack_into(mm, own, 0)
 
     def _block(self, ready, deadline, watch, fine=False, early=None):

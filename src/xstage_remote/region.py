@@ -105,7 +105,8 @@ class Region:
         #: client's, where the worker's device reads the region by DMA.
         self.stream_fill = False
         self._fill_seq = 0
-        self._closed = False
+        #: True once ``close`` ran: a plain attribute (the doorbell reads it on every ring).
+        self.closed = False
 
     # ------------------------------------------------------------------ creation / attach
     @classmethod
@@ -192,9 +193,9 @@ class Region:
             self.fd = None
 
     def close(self):
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         self._views.clear()
         self._writes.clear()
         self.copier, self._copy_min = None, 1 << 62
@@ -205,10 +206,6 @@ class Region:
             self.mm.close()
         except BufferError:  # a numpy view is still alive; the mapping goes with the process
             pass
-
-    @property
-    def closed(self):
-        return self._closed
 
     # ------------------------------------------------------------------ control blocks
     # Every method takes the slot set ``s`` (0 by default: the one set of a depth-1 region).
