@@ -348,3 +348,35 @@ def test_a_worker_records_its_trace_when_asked(tmp_path, monkeypatch) -> None:
     decided = [w for w in doc["waits"] if w["decision"] is not None]
     # Some requests were there before the worker waited (no decision); it waited again after.
     assert 1 <= sum(waits["worker"]["rules"].values()) <= len(decided)
+
+
+def test_a_worker_traces_where_its_loads_tuning_says_not_where_its_environment_does(
+        tmp_path, monkeypatch) -> None:
+    """The worker's knobs come from ``load`` (``TransportTuning``): its trace goes to the
+    folder the load names, with the spin budget the load sets; the folder and the budget in
+    its own environment are not read. (The load's ``tuning`` is added here as the client
+    sends it.)"""
+    from xstage import builtin_graphs
+    from xstage.client import worker as client_worker
+
+    sent, ignored = tmp_path / "sent", tmp_path / "env"
+    sent.mkdir()
+    ignored.mkdir()
+    real_send = client_worker.WorkerClient._send
+
+    def send(self, header, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if header.get("op") == "load":
+            header = dict(header, tuning={"wait_trace": str(sent), "worker_spin_seconds": 0.001})
+        return real_send(self, header, *args, **kwargs)
+
+    monkeypatch.setattr(client_worker.WorkerClient, "_send", send)
+    env = dict(os.environ, XSTAGE_WAIT_TRACE=str(ignored), XSTAGE_WORKER_SPIN_SECONDS="3600")
+    graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 16), tmp_path / "s.onnx")
+    with WorkerClient(sys.executable, env=env) as w:
+        w.load(graph)
+        for _ in range(5):
+            w.run({"x": np.ones(16, np.float32)})
+        pid = w.pid
+    (path,) = sent.glob(f"wait-worker-{pid}-*.json")
+    assert json.loads(path.read_text())["spin_seconds"] == 0.001
+    assert list(ignored.iterdir()) == []
