@@ -65,7 +65,7 @@ import threading
 import time
 
 from . import waitpolicy
-from .region_layout import _U32, CPU_AFTER_FLAG, NUDGE_SECONDS
+from .region_layout import CPU_AFTER_FLAG, NUDGE_SECONDS, U32
 from .tuning import TransportTuning
 
 #: The knobs' defaults (the client sends its own in ``load``; docs/configuration.md).
@@ -401,7 +401,7 @@ class Doorbell:
             # locked instruction orders them (``_fence``, inline: see the wait policy above).
             _FENCE.acquire()
             _FENCE.release()
-            if _U32.unpack_from(region.mm, self.peer)[0]:
+            if U32.unpack_from(region.mm, self.peer)[0]:
                 self._wake()
             # else the peer is spinning and will see the published number
         else:
@@ -513,7 +513,7 @@ class Doorbell:
         cpu = 0
         if tell:
             cpu = _getcpu() + 1
-            _U32.pack_into(region.mm, self.own + CPU_AFTER_FLAG, cpu)
+            U32.pack_into(region.mm, self.own + CPU_AFTER_FLAG, cpu)
         outcome, longest, spun = "blocked", 0.0, 0.0
         near_end = decision.rule == "near_end"
         if budget > 0 and near_end:  # sleep until near the expected answer first (waitpolicy)
@@ -612,7 +612,7 @@ class Doorbell:
             # The side that never moves (the worker) holds no CPU its peer last waited on:
             # the caller preempted there by this side's wake-up must run to send the next
             # request, so this spin yields on every check (as all spins did before holding).
-            if _U32.unpack_from(self.region.mm, self.peer + CPU_AFTER_FLAG)[0] \
+            if U32.unpack_from(self.region.mm, self.peer + CPU_AFTER_FLAG)[0] \
                     == (cpu or _getcpu() + 1):
                 every = 0.0
         last = start
@@ -671,7 +671,7 @@ class Doorbell:
         if region is None:
             return self._block(ready, deadline, watch)
         mm, own = region.mm, self.own
-        _U32.pack_into(mm, own, 1)
+        U32.pack_into(mm, own, 1)
         try:
             # NOTE (ordering): this side's asleep flag is stored before the answer is read,
             # and the poster stores the answer before reading the flag (``ring``): a full
@@ -683,7 +683,7 @@ class Doorbell:
             return self._block(ready, deadline, watch, fine, early)
         finally:
             if not region.closed:
-                _U32.pack_into(mm, own, 0)
+                U32.pack_into(mm, own, 0)
 
     def _block(self, ready, deadline, watch, fine=False, early=None):
         """Sleep on the socketpair (and ``watch``) until ``ready()``: ``select``, then take

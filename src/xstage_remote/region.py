@@ -21,32 +21,32 @@ import time
 import numpy as np
 
 from .region_layout import (
-    _ANSWER,
-    _HEAD,
-    _PUBLISH,
-    _R_CANCEL_ID,
-    _R_FILL,
-    _R_PUB_NS,
-    _R_REQ_FLAGS,
-    _R_REQ_GEN,
-    _R_REQ_ID,
-    _R_RESP_GEN,
-    _R_RESP_ID,
-    _R_STAMPS,
-    _R_STATUS,
-    _R_TAKEN_ID,
-    _RESPONSE,
-    _STAMPS,
-    _U32,
-    _U64,
+    ANSWER,
     CTL_OFF,
     CTL_STRIDE,
     DESC,
+    HEAD,
     IN_PLACE_MIN_BYTES,
     MAGIC,
     OFF_COMING,
+    PUBLISH,
+    R_CANCEL_ID,
+    R_FILL,
+    R_PUB_NS,
+    R_REQ_FLAGS,
+    R_REQ_GEN,
+    R_REQ_ID,
+    R_RESP_GEN,
+    R_RESP_ID,
+    R_STAMPS,
+    R_STATUS,
+    R_TAKEN_ID,
+    RESPONSE,
+    STAMPS,
     STREAM_CHUNK_BYTES,
     STREAM_MIN_BYTES,
+    U32,
+    U64,
     VERSION,
     desc_offset,
     validate_layout,
@@ -138,7 +138,7 @@ class Region:
         region = cls(mm, size, slots, kind, name, creator=True, generation=generation,
                      n_sets=n_sets)
         region.fd = fd
-        _HEAD.pack_into(mm, 0, MAGIC, VERSION, size, len(slots), generation, n_sets)
+        HEAD.pack_into(mm, 0, MAGIC, VERSION, size, len(slots), generation, n_sets)
         return region
 
     @classmethod
@@ -170,7 +170,7 @@ class Region:
         _advise_huge(mm, size)
         if name:
             _unlink(name)  # both ends hold it now: the name has done its job
-        magic, version, got_size, n, gen, got_sets = _HEAD.unpack_from(mm, 0)
+        magic, version, got_size, n, gen, got_sets = HEAD.unpack_from(mm, 0)
         if magic != MAGIC or version != VERSION or got_size != size or n != len(slots) \
                 or got_sets != n_sets:
             mm.close()
@@ -210,28 +210,28 @@ class Region:
     # ------------------------------------------------------------------ control blocks
     # Every method takes the slot set ``s`` (0 by default: the one set of a depth-1 region).
     def req_id(self, s=0):
-        return _U64.unpack_from(self.mm, self._base[s] + _R_REQ_ID)[0]
+        return U64.unpack_from(self.mm, self._base[s] + R_REQ_ID)[0]
 
     def resp_id(self, s=0):
-        return _U64.unpack_from(self.mm, self._base[s] + _R_RESP_ID)[0]
+        return U64.unpack_from(self.mm, self._base[s] + R_RESP_ID)[0]
 
     def req_gen(self, s=0):
-        return _U32.unpack_from(self.mm, self._base[s] + _R_REQ_GEN)[0]
+        return U32.unpack_from(self.mm, self._base[s] + R_REQ_GEN)[0]
 
     def resp_gen(self, s=0):
-        return _U32.unpack_from(self.mm, self._base[s] + _R_RESP_GEN)[0]
+        return U32.unpack_from(self.mm, self._base[s] + R_RESP_GEN)[0]
 
     def answer_check(self, rid, s=0):
         """A function of no arguments, true once set ``s``'s ``resp_id`` is ``rid``: what a
         caller's wait polls (one read per check, no method call; the generation is checked
         once after, ``resp_gen``)."""
-        unpack, mm, off = _U64.unpack_from, self.mm, self._base[s] + _R_RESP_ID
+        unpack, mm, off = U64.unpack_from, self.mm, self._base[s] + R_RESP_ID
         return lambda: unpack(mm, off)[0] == rid
 
     def request_check(self, last, s=0):
         """A function of no arguments, true once set ``s``'s ``req_id`` is no longer ``last``
         (a new request is published): what the worker's idle wait polls."""
-        unpack, mm, off = _U64.unpack_from, self.mm, self._base[s] + _R_REQ_ID
+        unpack, mm, off = U64.unpack_from, self.mm, self._base[s] + R_REQ_ID
         return lambda: unpack(mm, off)[0] != last
 
     def answered(self, rid, s=0):
@@ -242,16 +242,16 @@ class Region:
         # NOTE: inputs and descriptors are already written; the generation, flags and the
         # stamp, then the id last.
         base = self._base[s]
-        _PUBLISH.pack_into(self.mm, base + _R_REQ_GEN, self.generation, flags, time.monotonic_ns())
-        _U64.pack_into(self.mm, base + _R_REQ_ID, rid)
+        PUBLISH.pack_into(self.mm, base + R_REQ_GEN, self.generation, flags, time.monotonic_ns())
+        U64.pack_into(self.mm, base + R_REQ_ID, rid)
 
     def request_head(self, s=0):
         """Set ``s``'s ``(req_gen, req_flags)`` in one read (the worker's, once per request)."""
-        gen, flags, _ = _PUBLISH.unpack_from(self.mm, self._base[s] + _R_REQ_GEN)
+        gen, flags, _ = PUBLISH.unpack_from(self.mm, self._base[s] + R_REQ_GEN)
         return gen, flags
 
     def req_flags(self, s=0):
-        return _U32.unpack_from(self.mm, self._base[s] + _R_REQ_FLAGS)[0]
+        return U32.unpack_from(self.mm, self._base[s] + R_REQ_FLAGS)[0]
 
     def take(self, rid, s=0):
         """The worker's start of request ``rid`` in set ``s``: False when it was withdrawn.
@@ -259,9 +259,9 @@ class Region:
         NOTE (ordering): ``cancel_id`` is read *before* ``taken_id`` is written (see "Cancel").
         """
         base = self._base[s]
-        if _U64.unpack_from(self.mm, base + _R_CANCEL_ID)[0] == rid:
+        if U64.unpack_from(self.mm, base + R_CANCEL_ID)[0] == rid:
             return False
-        _U64.pack_into(self.mm, base + _R_TAKEN_ID, rid)
+        U64.pack_into(self.mm, base + R_TAKEN_ID, rid)
         return True
 
     def withdraw(self, rid, s=0):
@@ -270,48 +270,48 @@ class Region:
         NOTE (ordering): ``cancel_id`` is written *before* ``taken_id`` is read.
         """
         base = self._base[s]
-        _U64.pack_into(self.mm, base + _R_CANCEL_ID, rid)
-        return _U64.unpack_from(self.mm, base + _R_TAKEN_ID)[0] != rid
+        U64.pack_into(self.mm, base + R_CANCEL_ID, rid)
+        return U64.unpack_from(self.mm, base + R_TAKEN_ID)[0] != rid
 
     def started(self, rid, s=0):
         """True once the worker has taken request ``rid`` of set ``s``."""
-        return _U64.unpack_from(self.mm, self._base[s] + _R_TAKEN_ID)[0] == rid
+        return U64.unpack_from(self.mm, self._base[s] + R_TAKEN_ID)[0] == rid
 
     def publish_response(self, rid, status, worker_ns, rss=0, peak=0, s=0, start_ns=0,
                          end_ns=0, flags=0):
         # NOTE: outputs and descriptors first, then status, stats and stamps, the id last.
         base = self._base[s]
-        _RESPONSE.pack_into(self.mm, base + _R_STATUS, status, 0, worker_ns, rss, peak)
-        _STAMPS.pack_into(self.mm, base + _R_STAMPS, start_ns, end_ns, flags)
-        _U32.pack_into(self.mm, base + _R_RESP_GEN, self.generation)
-        _U64.pack_into(self.mm, base + _R_RESP_ID, rid)
+        RESPONSE.pack_into(self.mm, base + R_STATUS, status, 0, worker_ns, rss, peak)
+        STAMPS.pack_into(self.mm, base + R_STAMPS, start_ns, end_ns, flags)
+        U32.pack_into(self.mm, base + R_RESP_GEN, self.generation)
+        U64.pack_into(self.mm, base + R_RESP_ID, rid)
 
     def announce(self, coming_ns):
         """The caller's heads-up: its next request is expected by ``coming_ns``
         (``time.monotonic_ns``; 0: none announced). See "Heads-up"."""
-        _U64.pack_into(self.mm, OFF_COMING, coming_ns)
+        U64.pack_into(self.mm, OFF_COMING, coming_ns)
 
     def coming(self):
         """The announced ``coming_ns`` (0: none)."""
-        return _U64.unpack_from(self.mm, OFF_COMING)[0]
+        return U64.unpack_from(self.mm, OFF_COMING)[0]
 
     def set_flag(self, off, value):
-        _U32.pack_into(self.mm, off, value)
+        U32.pack_into(self.mm, off, value)
 
     def flag(self, off):
-        return _U32.unpack_from(self.mm, off)[0]
+        return U32.unpack_from(self.mm, off)[0]
 
     def response(self, s=0):
         """(status, worker_ns, rss, peak) of set ``s``'s last published response."""
-        status, _, worker_ns, rss, peak = _RESPONSE.unpack_from(self.mm, self._base[s] + _R_STATUS)
+        status, _, worker_ns, rss, peak = RESPONSE.unpack_from(self.mm, self._base[s] + R_STATUS)
         return status, worker_ns, rss, peak
 
     def answer(self, s=0):
         """Set ``s``'s answer in one read: (status, worker_ns, rss, peak, published_ns,
         start_ns, end_ns, flags, resp_gen)."""
         base = self._base[s]
-        f = _ANSWER.unpack_from(self.mm, base + _R_STATUS)
-        return (f[0], f[2], f[3], f[4], _U64.unpack_from(self.mm, base + _R_PUB_NS)[0],
+        f = ANSWER.unpack_from(self.mm, base + R_STATUS)
+        return (f[0], f[2], f[3], f[4], U64.unpack_from(self.mm, base + R_PUB_NS)[0],
                 f[11], f[12], f[13], f[7])
 
     # ------------------------------------------------------------------ descriptors + slots
@@ -385,7 +385,7 @@ class Region:
         dst = view.reshape(-1).view(np.uint8)
         src = arr.reshape(-1).view(np.uint8)
         head = self._announce(s, i, 0)
-        off, mm, pack = self._base[s] + _R_FILL, self.mm, _U64.pack_into
+        off, mm, pack = self._base[s] + R_FILL, self.mm, U64.pack_into
         n = dst.nbytes
         for a in range(0, n, STREAM_CHUNK_BYTES):
             b = min(a + STREAM_CHUNK_BYTES, n)
@@ -399,16 +399,16 @@ class Region:
         way) never stand for this one."""
         self._fill_seq = (self._fill_seq + 1) & 0xFFFF
         head = (self._fill_seq << 48) | (i << 32)
-        _U64.pack_into(self.mm, self._base[s] + _R_FILL, head | done)
+        U64.pack_into(self.mm, self._base[s] + R_FILL, head | done)
         return head
 
     def fill(self, s=0):
         """Set ``s``'s ``fill`` (``seq << 48 | slot << 32 | bytes``; "Streamed inputs")."""
-        return _U64.unpack_from(self.mm, self._base[s] + _R_FILL)[0]
+        return U64.unpack_from(self.mm, self._base[s] + R_FILL)[0]
 
     def fill_check(self, s=0):
         """A function of no arguments reading set ``s``'s ``fill`` (a waiter's poll)."""
-        unpack, mm, off = _U64.unpack_from, self.mm, self._base[s] + _R_FILL
+        unpack, mm, off = U64.unpack_from, self.mm, self._base[s] + R_FILL
         return lambda: unpack(mm, off)[0]
 
     def slot_views(self, role, shapes, s=0):

@@ -130,11 +130,11 @@ STATUS_INLINE = 2
 STATUS_CANCELLED = 3
 
 # Offsets inside one set's control block (see the layout above).
-_R_REQ_ID, _R_REQ_GEN, _R_REQ_FLAGS, _R_PUB_NS, _R_CANCEL_ID = 0, 16, 20, 24, 32
+R_REQ_ID, R_REQ_GEN, R_REQ_FLAGS, R_PUB_NS, R_CANCEL_ID = 0, 16, 20, 24, 32
 #: Set 0's block only: when the client expects to publish its next request (a heads-up).
 OFF_COMING = CTL_OFF + 40
 #: Each set's block: how far the caller has copied its next request's inputs ("Streamed inputs").
-_R_FILL = 48
+R_FILL = 48
 #: ``req_flags``: reset the stage's state to its initial value before this request.
 FLAG_RESET_STATE = 1
 #: ``req_flags``: the inputs are in the worker's device slots of this set, and so go the
@@ -142,7 +142,7 @@ FLAG_RESET_STATE = 1
 FLAG_DEVICE_TENSORS = 2
 #: ``flags`` of an answer: the request ran from the initial state (a reset, or a new worker).
 FLAG_STATE_RESET = 1
-_R_RESP_ID, _R_STATUS, _R_RESP_GEN, _R_TAKEN_ID, _R_STAMPS = 64, 72, 112, 120, 136
+R_RESP_ID, R_STATUS, R_RESP_GEN, R_TAKEN_ID, R_STAMPS = 64, 72, 112, 120, 136
 
 #: "Streamed inputs": inputs at least this large are copied in chunks of ``STREAM_CHUNK_BYTES``,
 #: each followed by its set's ``fill`` (a slot under 4 GiB: ``fill`` holds 32 bits of bytes).
@@ -152,25 +152,27 @@ _R_RESP_ID, _R_STATUS, _R_RESP_GEN, _R_TAKEN_ID, _R_STAMPS = 64, 72, 112, 120, 1
 STREAM_MIN_BYTES = 2 << 20
 STREAM_CHUNK_BYTES = 1 << 20
 
-_U64 = struct.Struct("<Q")
-_U32 = struct.Struct("<I")
-_HEAD = struct.Struct("<4sIQIII")
-_RESPONSE = struct.Struct("<IIQQQ")
-_STAMPS = struct.Struct("<QQI")  # start_ns, end_ns, flags
-#: req_gen, req_flags, pub_ns: side by side in a set's client half (``_R_REQ_GEN`` on).
-_PUBLISH = struct.Struct("<IIQ")
+#: The structs and the control block's offsets ``region`` and ``doorbell`` read and write:
+#: public, because the layout is the contract between them.
+U64 = struct.Struct("<Q")
+U32 = struct.Struct("<I")
+HEAD = struct.Struct("<4sIQIII")
+RESPONSE = struct.Struct("<IIQQQ")
+STAMPS = struct.Struct("<QQI")  # start_ns, end_ns, flags
+#: req_gen, req_flags, pub_ns: side by side in a set's client half (``R_REQ_GEN`` on).
+PUBLISH = struct.Struct("<IIQ")
 #: A set's whole answer in one read, from ``status`` to ``flags``.
-_ANSWER = struct.Struct("<IIQQQIIIIQQQQI")
+ANSWER = struct.Struct("<IIQQQIIIIQQQQI")
 
 
 
 def desc_offset(n_sets):
     """Where the descriptors start in a region of ``n_sets`` slot sets."""
-    return _align(CTL_OFF + CTL_STRIDE * n_sets, DATA_ALIGN)
+    return align(CTL_OFF + CTL_STRIDE * n_sets, DATA_ALIGN)
 
 
 
-def _align(n, a):
+def align(n, a):
     return (n + a - 1) // a * a
 
 
@@ -189,21 +191,21 @@ def plan_layout(inputs, outputs, sets=1, max_bytes=None):
         raise ValueError("sets %r is outside [1, %d]" % (sets, MAX_SETS))
     specs = [(n, "in", t, c) for n, t, c in inputs]
     specs += [(n, "out", t, c) for n, t, c in outputs if c is not None]
-    data_off = _align(desc_offset(sets) + len(specs) * sets * DESC.size, PAGE)
+    data_off = align(desc_offset(sets) + len(specs) * sets * DESC.size, PAGE)
     cursor = data_off
     slots = []
     for s in range(sets):
         for name, role, tag, cap in specs:
             slots.append({"name": name, "role": role, "dtype": tag, "capacity": int(cap),
                           "offset": cursor, "set": s})
-            cursor = _align(cursor + max(int(cap), 1), DATA_ALIGN)
-    size = _align(cursor, PAGE)
+            cursor = align(cursor + max(int(cap), 1), DATA_ALIGN)
+    size = align(cursor, PAGE)
     if size > (MAX_REGION_BYTES if max_bytes is None else max_bytes):
         return None, 0
     return slots, size
 
 
-_SLOT_KEYS = {"name", "role", "dtype", "capacity", "offset", "set"}
+SLOT_KEYS = {"name", "role", "dtype", "capacity", "offset", "set"}
 
 
 def validate_layout(size, slots, n_sets=1, max_bytes=None):
@@ -220,12 +222,12 @@ def validate_layout(size, slots, n_sets=1, max_bytes=None):
         raise ProtocolError("region set count %r is outside [1, %d]" % (n_sets, MAX_SETS))
     if not isinstance(slots, list) or not slots or len(slots) > MAX_SLOTS:
         raise ProtocolError("region slot table must list 1..%d slots" % MAX_SLOTS)
-    data_off = _align(desc_offset(n_sets) + len(slots) * DESC.size, PAGE)
+    data_off = align(desc_offset(n_sets) + len(slots) * DESC.size, PAGE)
     seen = set()
     end = data_off
     for i, s in enumerate(slots):
-        if not isinstance(s, dict) or set(s) != _SLOT_KEYS:
-            raise ProtocolError("region slot %d must have exactly %s" % (i, ", ".join(sorted(_SLOT_KEYS))))
+        if not isinstance(s, dict) or set(s) != SLOT_KEYS:
+            raise ProtocolError("region slot %d must have exactly %s" % (i, ", ".join(sorted(SLOT_KEYS))))
         name, role = s["name"], s["role"]
         if type(s["set"]) is not int or not 0 <= s["set"] < n_sets:
             raise ProtocolError("region slot %r: set %r is outside [0, %d)" % (name, s["set"], n_sets))

@@ -48,8 +48,6 @@ from .region import (  # noqa: F401
     sweep_stale_names,
 )
 from .region_layout import (  # noqa: F401
-    _U32,
-    _U64,
     CPU_AFTER_FLAG,
     CTL_OFF,
     CTL_STRIDE,
@@ -82,6 +80,8 @@ from .region_layout import (  # noqa: F401
     STATUS_OK,
     STREAM_CHUNK_BYTES,
     STREAM_MIN_BYTES,
+    U32,
+    U64,
     VERSION,
     desc_offset,
     plan_layout,
