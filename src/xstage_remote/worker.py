@@ -177,7 +177,7 @@ class Worker:
         self.fed_names = None  # the input names a run's frame carries (check_feeds)
         self.codec = None  # binary run/result frames for the loaded signature (wire.FastCodec)
         self._plan = None  # (checked descriptor list, how to read its arrays): _fed
-        #: The next request as the last binary run's signature makes it (``wire._Expect``,
+        #: The next request as the last binary run's signature makes it (``wire.ExpectedFrame``,
         #: TCP only), read with ``_plan`` (``turn``); and the last result's lane
         #: (``_answer_lean``).
         self._expect = None
@@ -406,7 +406,7 @@ class Worker:
         return feeds
 
     def _answer_lean(self, rid, outputs, worker_ns, rss, peak):
-        """A binary result through its signature's lane (``wire._Lane``): the id and the
+        """A binary result through its signature's lane (``wire.Lane``): the id and the
         timing packed into the kept frame, the outputs copied in, sealed in place. False where
         the outputs take the long way (``encode_fast``). The last lane is kept, and outputs of
         its signature (names in order, numpy arrays, dtypes, shapes: the codec's key) fill it
