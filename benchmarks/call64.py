@@ -82,7 +82,7 @@ def pieces(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict
     """Median-free mean thread-CPU ns per step over ``calls`` calls, driven step by step."""
     clock = time.thread_time_ns
     tot: dict[str, int] = {}
-    ch, wch = c._channel, w.channel
+    ch, wch = c._channel, getattr(w, "channel", None) or w.stream.channel  # (stream: worker_transport)
     assert ch is not None and wch is not None
 
     def add(name: str, ns: int) -> None:
@@ -181,7 +181,7 @@ def floor(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict[
     and the MAC included). The worker's compute is left out, as the half round trip leaves
     it out."""
     clock = time.thread_time_ns
-    ch, wch = c._channel, w.channel
+    ch, wch = c._channel, getattr(w, "channel", None) or w.stream.channel  # (stream: worker_transport)
     assert ch is not None and wch is not None and c._lane is not None
     req = c._lane[1] if isinstance(c._lane, tuple) else c._lane  # (key, lane) before sockdiet
     res = w.codec.lane(wire.FAST_RESULT, 1, {o["name"]: x for o in w.runtime.outputs})

@@ -97,7 +97,7 @@ def _options(sock: socket.socket, opts: dict) -> None:
 
 def _apply(opts: dict) -> None:
     if opts.get("chunk"):
-        wire.CHUNK_BYTES = opts["chunk"]
+        wire.channel.CHUNK_BYTES = opts["chunk"]  # what a Channel made without tuning takes
     if opts.get("cpu") is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {opts["cpu"]})
 

@@ -98,14 +98,14 @@ def _near_end_lead(stage, seconds):
 
 def _with_chunk(fn, nbytes):
     """``fn`` run with the streamed copy's chunk at ``nbytes`` (restored after)."""
-    from xstage_remote import shm
+    from xstage_remote import region  # the module whose copies read it
 
     def call():
-        default, shm.STREAM_CHUNK_BYTES = shm.STREAM_CHUNK_BYTES, nbytes
+        default, region.STREAM_CHUNK_BYTES = region.STREAM_CHUNK_BYTES, nbytes
         try:
             return fn()
         finally:
-            shm.STREAM_CHUNK_BYTES = default
+            region.STREAM_CHUNK_BYTES = default
 
     return call
 

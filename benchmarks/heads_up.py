@@ -33,7 +33,7 @@ import numpy as np
 
 from xstage import builtin_graphs
 from xstage.client import WorkerClient
-from xstage_remote import shm, waitpolicy
+from xstage_remote import doorbell, shm, waitpolicy
 
 PARTS = ("caller", "to worker", "worker", "back", "round trip")
 
@@ -47,7 +47,7 @@ def main() -> None:
                         help="the load reader reports a free CPU (see the docstring)")
     args = parser.parse_args()
     if args.assume_free_cpu:
-        shm._read_load = lambda: waitpolicy.Load(1, 2)
+        doorbell._read_load = lambda: waitpolicy.Load(1, 2)  # the doorbell reads it
     mb_in, mb_out = (float(v) for v in args.mb.split(","))
     n_in, n_out = int(mb_in * 1e6 / 4), int(mb_out * 1e6 / 4)
     arms = {"off": 0, "on": int(shm.HEADS_UP_SECONDS * 1e9)}

@@ -27,7 +27,7 @@ import numpy as np
 
 from xstage import builtin_graphs
 from xstage.client import WorkerClient
-from xstage_remote import shm, waitpolicy
+from xstage_remote import doorbell, shm, waitpolicy
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
                         help="the load reader reports a free CPU (see the docstring)")
     args = parser.parse_args()
     if args.assume_free_cpu:
-        shm._read_load = lambda: waitpolicy.Load(1, 2)
+        doorbell._read_load = lambda: waitpolicy.Load(1, 2)  # the doorbell reads it
     with tempfile.TemporaryDirectory() as tmp:
         graph = builtin_graphs.write(builtin_graphs.mlp(width=512, depth=4, batch=64, seed=3),
                                      Path(tmp) / "g.onnx")

@@ -103,12 +103,13 @@ def close_proc_cpu(cpu):
             pass
 
 
-def install(channel, spin_seconds, poll, peer_cpu=None):
+def install(channel, spin_seconds, poll, peer_cpu=None, tuning=None):
     """Give ``channel`` (a ``wire.Channel``) a ``SocketSpin`` where waits could spin here;
-    return it, or None (the channel then blocks at once, as before)."""
+    return it, or None (the channel then blocks at once, as before). ``tuning``: the
+    ``TransportTuning`` whose policy knobs the spin takes (None: the defaults)."""
     if not AVAILABLE:
         return None
-    spin = SocketSpin(spin_seconds, poll, peer_cpu=peer_cpu)
+    spin = SocketSpin(spin_seconds, poll, peer_cpu=peer_cpu, tuning=tuning)
     if spin.never:
         return None
     channel.spin = spin
@@ -126,20 +127,24 @@ class SocketSpin:
         spinning: False turns every wait into a block (``shm.SPIN`` by default).
         allowed_cpus: CPUs this process may run on (default: its affinity mask).
         load: ``() -> waitpolicy.Load | None`` (default ``shm.read_load``).
+        tuning: the ``TransportTuning`` whose ``long_call_seconds`` and ``preempted_seconds``
+            the policy takes (None: the defaults).
 
     ``expected``: seconds the answer is expected to take (the client sets it from the
     worker's time per call; None for the worker's wait for a request).
     """
 
     def __init__(self, spin_seconds, poll, spinning=None, allowed_cpus=None, load=None,
-                 peer_cpu=None):
+                 peer_cpu=None, tuning=None):
         if spinning is None:
             spinning = shm.SPIN and AVAILABLE
         if allowed_cpus is None:
             allowed_cpus = shm._allowed_cpus()
         self.policy = waitpolicy.WaitPolicy(
-            spin_seconds, allowed_cpus, spinning=spinning, long_call=shm.LONG_CALL_SECONDS,
-            preempted=shm.PREEMPTED_SECONDS, crowd_blocks=True)
+            spin_seconds, allowed_cpus, spinning=spinning,
+            long_call=shm.LONG_CALL_SECONDS if tuning is None else tuning.long_call_seconds,
+            preempted=shm.PREEMPTED_SECONDS if tuning is None else tuning.preempted_seconds,
+            crowd_blocks=True)
         self.poll = poll
         self.expected = None
         self._read_load = shm.read_load if load is None else load

@@ -24,8 +24,10 @@ import traceback
 
 import numpy as np
 
-from . import PROTOCOL_VERSION, memory, package_hash, sockspin, wire
+from . import PROTOCOL_VERSION, memory, package_hash, wire
 from . import shm as shm_mod
+from .tuning import TransportTuning
+from .worker_transport import ChannelStream, InlineStream, receive_region
 
 __all__ = ["main"]
 
@@ -33,19 +35,6 @@ FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin", "evidence", "bell
             "fast-frames", "state-read"]
 #: Exit status when the client vanished (stdin ended or the control stream closed).
 EXIT_ORPHANED = 70
-
-
-def _seconds_from_env(name, default):
-    try:
-        value = float(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if 0 < value < float("inf") else default
-
-
-#: How long ``attach`` waits for the region's descriptor after the frame (it is sent at once).
-ATTACH_FD_SECONDS = _seconds_from_env("XSTAGE_ATTACH_FD_SECONDS", 10.0)
-
 
 
 def _watchdog(fd):
@@ -171,7 +160,11 @@ class Worker:
     def __init__(self, sock, bell, generation=1, channel=None):
         self.sock = sock
         self.generation = generation
-        self.channel = channel  # authenticated records (TCP connect-back), else plain frames
+        #: The client's knobs (``load`` brings them; the defaults until then).
+        self.tuning = TransportTuning()
+        #: The control stream, chosen once: authenticated records over TCP (connect-back),
+        #: else plain frames on the local socketpair (``worker_transport``).
+        self.stream = ChannelStream(sock, channel) if channel is not None else InlineStream(sock)
         self.bell = shm_mod.Doorbell(bell) if bell is not None else None
         self.runtime = None
         self.region = None
@@ -184,12 +177,12 @@ class Worker:
         self.fed_names = None  # the input names a run's frame carries (check_feeds)
         self.codec = None  # binary run/result frames for the loaded signature (wire.FastCodec)
         self._plan = None  # (checked descriptor list, how to read its arrays): _fed
-        #: The next request as the last binary run's signature makes it (``wire._Expect``,
+        #: The next request as the last binary run's signature makes it (``wire.ExpectedFrame``,
         #: TCP only), read with ``_plan`` (``turn``); and the last result's lane
         #: (``_answer_lean``).
         self._expect = None
         self._out_lane = None
-        self.spin = getattr(channel, "spin", None)  # the TCP channel's spin (sockspin)
+        self.spin = self.stream.spin  # the TCP channel's spin (sockspin), else None
         self.send_lock = threading.Lock()  # one frame at a time on the control stream
         self.pool = None  # concurrent runs (``_concurrent``): their threads, else None
         self.busy = []  # per slot set: the future of its request a thread runs, or None
@@ -199,23 +192,15 @@ class Worker:
     def send(self, header, arrays=None):
         header = wire.with_generation(header, self.generation)
         with self.send_lock:  # concurrent runs answer from their threads ("Concurrent runs")
-            if self.channel is not None:
-                self.channel.send(header, arrays)
-            else:
-                wire.send_frame(self.sock, header, arrays)
+            self.stream.send(header, arrays)
 
     def send_parts(self, parts):
         """Send a frame already encoded (a binary ``result``)."""
         with self.send_lock:
-            if self.channel is not None:
-                self.channel.send_parts(parts)
-            else:
-                wire.send_encoded(self.sock, parts)
+            self.stream.send_parts(parts)
 
     def recv(self):
-        if self.channel is not None:
-            return self.channel.recv(codec=self.codec)
-        return wire.recv_frame(self.sock, codec=self.codec)
+        return self.stream.recv(codec=self.codec)
 
     def check_generation(self, frame):
         """A request for another generation is fatal: it was meant for another worker."""
@@ -233,6 +218,7 @@ class Worker:
     def on_load(self, frame):
         options = frame.header.get("options") or {}
         runtime = frame.header["runtime"]
+        self.tune(frame.header.get("tuning"))
         self.codec = None
         if runtime == "ort":
             from . import ort_runtime
@@ -255,53 +241,29 @@ class Worker:
         self.send({"op": "loaded", "id": frame.id, "inputs": self.runtime.inputs,
                    "outputs": self.runtime.outputs, "info": self.runtime.info})
 
+    def tune(self, doc):
+        """Take the ``TransportTuning`` a ``load`` carries (absent: an older client, the
+        defaults); a malformed value is a ``ValueError`` naming the field (the load's error).
+        The stream and the doorbell take it at once; a region attached later, too."""
+        try:
+            tuning = TransportTuning.from_wire(doc)
+        except ValueError as exc:
+            raise ValueError("load: the client's transport tuning is malformed: %s" % exc) from None
+        self.tuning = tuning
+        self.stream.tune(tuning)
+        self.spin = self.stream.spin
+        if self.bell is not None and self.bell.policy is None:  # not yet bound to a region
+            self.bell.tune(tuning)
+
     def on_attach(self, frame):
         spec = frame.header["region"]
-        size, slots = spec.get("size"), spec.get("slots")
+        slots = spec.get("slots")
         if self.bell is None:
             raise wire.ProtocolError("attach: this worker has no doorbell (connected over TCP)")
         # "bell": "eventfd": two eventfds follow the region's memfd (this side's wake-up, then
         # the client's), and replace the socketpair as the doorbell (shm.Doorbell).
-        events = spec.get("bell") == "eventfd"
-        if events and spec.get("kind") != "memfd":
-            raise wire.ProtocolError("attach: an eventfd doorbell comes with a memfd region only")
-        bell_fds = None
-        if spec.get("kind") == "memfd":
-            # The descriptor follows the frame at once; a client that never sends it must not
-            # hold this worker forever.
-            want = 3 if events else 1
-            self.sock.settimeout(ATTACH_FD_SECONDS)
-            try:
-                _, fds, _, _ = socket.recv_fds(self.sock, 1, want)
-            except socket.timeout:
-                raise wire.ProtocolError("attach: no region descriptor within %gs of the frame"
-                                         % ATTACH_FD_SECONDS) from None
-            finally:
-                self.sock.settimeout(None)
-            if len(fds) != want:
-                for fd in fds:
-                    os.close(fd)
-                raise wire.ProtocolError("attach: expected %d descriptors, got %d"
-                                         % (want, len(fds)))
-            target = fds[0]
-            bell_fds = fds[1:] if events else None
-        elif spec.get("kind") == "named":
-            target = spec.get("name")
-            if not isinstance(target, str):
-                raise wire.ProtocolError("attach: named region without a name")
-        else:
-            raise wire.ProtocolError("attach: unknown region kind %r" % (spec.get("kind"),))
-        n_sets = spec.get("sets", 1)
-        if type(n_sets) is not int:
-            if isinstance(target, int):
-                os.close(target)
-            raise wire.ProtocolError("attach: region set count %r is not an integer" % (n_sets,))
-        try:
-            region = shm_mod.Region.attach(target, size, slots, self.generation, n_sets)
-        except BaseException:
-            for fd in bell_fds or ():
-                os.close(fd)
-            raise
+        region, bell_fds = receive_region(self.sock, spec, self.generation, self.tuning)
+        n_sets = region.n_sets
         if self.region is not None:  # a resized region replaces the old one
             self.region.close()
             if hasattr(self.runtime, "unbind"):
@@ -310,7 +272,7 @@ class Worker:
         if hasattr(self.runtime, "attach_region"):  # torch-cuda: the region pinned for DMA
             self.runtime.attach_region(region)
         self.bell.bind(self.region, shm_mod.OFF_WORKER_ASLEEP, shm_mod.OFF_CLIENT_ASLEEP,
-                       spin=shm_mod.WORKER_SPIN_SECONDS)
+                       spin=self.bell.worker_spin_seconds)
         self.in_slots = [s for s in slots if s["role"] == "in" and s["set"] == 0]
         self.in_names = tuple(s["name"] for s in self.in_slots)
         self.described = [False] * n_sets  # a set's fixed-shape output descriptors written
@@ -427,7 +389,7 @@ class Worker:
                 self._plan = (tensors, tuple(
                     (name, shape, arr.dtype, offset)
                     for (name, _, shape, offset, _), arr in zip(tensors, feeds.values())))
-                if self.channel is not None and self.state is None:
+                if self.stream.expects and self.state is None:
                     # the next request of this signature, checked in fewer steps (turn):
                     # this frame passed every check (generation, frame, feeds) to get here
                     self._expect = self.codec.expect(wire.FAST_RUN, self.generation, tensors,
@@ -444,7 +406,7 @@ class Worker:
         return feeds
 
     def _answer_lean(self, rid, outputs, worker_ns, rss, peak):
-        """A binary result through its signature's lane (``wire._Lane``): the id and the
+        """A binary result through its signature's lane (``wire.Lane``): the id and the
         timing packed into the kept frame, the outputs copied in, sealed in place. False where
         the outputs take the long way (``encode_fast``). The last lane is kept, and outputs of
         its signature (names in order, numpy arrays, dtypes, shapes: the codec's key) fill it
@@ -460,10 +422,7 @@ class Worker:
                 lane.fill(rid, outputs, timing)
         except (ValueError, TypeError, BufferError, struct.error):
             return False
-        if self.channel is not None:
-            self.channel.send_sealed(lane)
-        else:
-            self.sock.sendall(lane.frame)
+        self.stream.send_lane(lane)
         return True
 
     def on_run(self, frame):
@@ -618,7 +577,7 @@ class Worker:
                 if getattr(self.runtime, "streams_inputs", False):
                     ready = self._prefetching(ready, k)
                 state = self.bell.wait(ready, None, watch=(self.sock,),
-                                       spin=shm_mod.WORKER_SPIN_SECONDS, heads_up=True)
+                                       spin=self.bell.worker_spin_seconds, heads_up=True)
                 if state == "ready":
                     self.next_set = (k + 1) % region.n_sets
                     self.on_shm_call(region.req_id(k), k)
@@ -658,7 +617,7 @@ class Worker:
         expect = self._expect
         if expect is not None:
             try:
-                frame = self.channel.recv(codec=self.codec, expect=expect)
+                frame = self.stream.recv(codec=self.codec, expect=expect)
             except wire.PeerClosed:
                 return EXIT_ORPHANED
             if frame is expect:
@@ -697,7 +656,7 @@ class Worker:
             info = memory.detail()
             if self.bell is not None and self.bell.policy is not None:
                 info["doorbell"] = self.bell.summary()  # the wait policy's decisions
-            spin = getattr(self.channel, "spin", None)
+            spin = self.stream.spin
             if spin is not None:  # the TCP channel's spins for the next request
                 info["socket_spin"] = spin.summary()
             cuda = getattr(self.runtime, "cuda", None)
@@ -788,10 +747,8 @@ def main(argv):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             channel = handshake(sock, secret, args.generation)  # under the 60 s connect timeout
             sock.settimeout(None)
-            # spin for the next request before blocking (sockspin: the shared region's policy)
-            if sockspin.AVAILABLE:
-                sockspin.install(channel, shm_mod.WORKER_SPIN_SECONDS,
-                                 sockspin.nonblocking_poll(sock))
+            # The stream spins for the next request before blocking (sockspin: the shared
+            # region's policy), by the defaults until ``load`` brings the client's tuning.
             worker = Worker(sock, None, args.generation, channel)
         else:
             sock = socket.socket(fileno=args.ctl_fd)
@@ -804,7 +761,7 @@ def main(argv):
     except (wire.ProtocolError, OSError) as exc:
         sys.stderr.write("xstage worker: %s: %s\n" % (type(exc).__name__, exc))
         code = 65
-    shm_mod.write_traces()  # XSTAGE_WAIT_TRACE only
+    shm_mod.write_traces()  # the doorbells of a tuning with wait_trace only
     if code == EXIT_ORPHANED:  # the control stream ended first: the same end as the watchdog's
         _orphaned()
     sys.stdout.flush()

@@ -15,6 +15,7 @@ import pytest
 
 from tests.client.conftest import stepping_clock
 from xstage.client import WorkerClient
+from xstage_remote import doorbell as doorbell_mod
 from xstage_remote import shm
 
 IO = [("x", "float32", 16)]
@@ -116,10 +117,10 @@ def test_a_preempted_spin_stops_at_once_blocks_and_backs_off(monkeypatch) -> Non
     with _region_and_pair() as (region, a, b):
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
-        clock = stepping_clock(monkeypatch, shm)
-        monkeypatch.setattr(shm, "_yield", lambda: clock.advance(0.005))  # the CPU went elsewhere
-        monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 0.0)  # a yield on every check
-        monkeypatch.setattr(shm, "_read_load", lambda: None)
+        clock = stepping_clock(monkeypatch, doorbell_mod)
+        monkeypatch.setattr(doorbell_mod, "_yield", lambda: clock.advance(0.005))  # the CPU went elsewhere
+        bell.spin_yield_seconds = 0.0  # a yield on every check
+        monkeypatch.setattr(doorbell_mod, "_read_load", lambda: None)
         for _ in range(2):  # one preempted spin alone is no pattern (waitpolicy rule 4); two are
             answers = iter([False, False, True])  # before waiting, after the yield, blocked
             assert bell.wait(lambda a=answers: next(a), time.monotonic() + 5) == "ready"
@@ -139,15 +140,15 @@ def test_a_spin_yields_once_per_interval_not_on_every_check(monkeypatch) -> None
     with _region_and_pair() as (region, a, b):
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
-        stepping_clock(monkeypatch, shm)  # the spin's budget is checks, not the scheduler's time
-        monkeypatch.setattr(shm, "_yield", lambda: yields.append(1))
-        monkeypatch.setattr(shm, "_read_load", lambda: None)
-        monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 60.0)
+        stepping_clock(monkeypatch, doorbell_mod)  # the spin's budget is checks, not the scheduler's time
+        monkeypatch.setattr(doorbell_mod, "_yield", lambda: yields.append(1))
+        monkeypatch.setattr(doorbell_mod, "_read_load", lambda: None)
+        bell.spin_yield_seconds = 60.0
         answers = iter([False] * 50 + [True])
         assert bell.wait(lambda: next(answers), time.monotonic() + 5) == "ready"
         assert yields == []
         assert bell.summary()["outcomes"] == {"answered": 1}
-        monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 0.0)
+        bell.spin_yield_seconds = 0.0
         answers = iter([False] * 50 + [True])
         assert bell.wait(lambda: next(answers), time.monotonic() + 5) == "ready"
         assert len(yields) == 50  # one before each check of the spin (the first is before it)
@@ -161,8 +162,8 @@ def test_an_answered_spin_is_learned_at_the_next_decision_not_before_the_answer(
     with _region_and_pair() as (region, a, b):
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
-        monkeypatch.setattr(shm, "_read_load", lambda: None)
-        stepping_clock(monkeypatch, shm)
+        monkeypatch.setattr(doorbell_mod, "_read_load", lambda: None)
+        stepping_clock(monkeypatch, doorbell_mod)
         real = bell.policy.observe
         monkeypatch.setattr(bell.policy, "observe", lambda *w: seen.append(w[2]) or real(*w))
         answers = iter([False, True])
@@ -185,11 +186,11 @@ def test_a_worker_on_its_callers_cpu_yields_on_every_check(monkeypatch, caller_c
         bell = shm.Doorbell(b)
         bell.bind(region, shm.OFF_WORKER_ASLEEP, shm.OFF_CLIENT_ASLEEP,
                   spin=shm.WORKER_SPIN_SECONDS)
-        monkeypatch.setattr(shm, "_getcpu", lambda: 0)
-        monkeypatch.setattr(shm, "_yield", lambda: yields.append(1))
-        monkeypatch.setattr(shm, "_read_load", lambda: None)
-        monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 60.0)
-        stepping_clock(monkeypatch, shm)
+        monkeypatch.setattr(doorbell_mod, "_getcpu", lambda: 0)
+        monkeypatch.setattr(doorbell_mod, "_yield", lambda: yields.append(1))
+        monkeypatch.setattr(doorbell_mod, "_read_load", lambda: None)
+        bell.spin_yield_seconds = 60.0
+        stepping_clock(monkeypatch, doorbell_mod)
         region.set_flag(shm.OFF_CLIENT_ASLEEP + shm.CPU_AFTER_FLAG, caller_cpu + 1)
         answers = iter([False] * 20 + [True])
         assert bell.wait(lambda: next(answers), time.monotonic() + 5, spin=1.0) == "ready"
@@ -202,9 +203,9 @@ def test_a_spin_preempted_between_two_checks_stops_at_once(monkeypatch) -> None:
     with _region_and_pair() as (region, a, b):
         bell = shm.Doorbell(a)
         bell.bind(region, shm.OFF_CLIENT_ASLEEP, shm.OFF_WORKER_ASLEEP)
-        monkeypatch.setattr(shm, "SPIN_YIELD_SECONDS", 60.0)
-        monkeypatch.setattr(shm, "_read_load", lambda: None)
-        clock = stepping_clock(monkeypatch, shm)
+        bell.spin_yield_seconds = 60.0
+        monkeypatch.setattr(doorbell_mod, "_read_load", lambda: None)
+        clock = stepping_clock(monkeypatch, doorbell_mod)
         checks = iter([False, "late", False, True])  # before waiting, in the spin, blocked
 
         def ready() -> bool:
@@ -225,7 +226,7 @@ def _heads_up_worker_side(region: shm.Region, sock, other, events) -> None:
     bell = shm.Doorbell(sock)
     bell.bind(region, shm.OFF_WORKER_ASLEEP, shm.OFF_CLIENT_ASLEEP, spin=shm.WORKER_SPIN_SECONDS)
     bell.policy.preempted = 60.0
-    shm.HEADS_UP_MAX_SECONDS = 60.0
+    doorbell_mod.HEADS_UP_MAX_SECONDS = 60.0
     if events is not None:
         bell.use_eventfds(events[0], events[1])
     state = bell.wait(lambda: region.req_id() != 0, time.monotonic() + DEADLINE_S,
@@ -317,7 +318,7 @@ def test_a_worker_client_rings_the_doorbell_it_was_given(tmp_path, monkeypatch, 
     ``XSTAGE_DOORBELL=socket``; both ends then use the same kind, and calls are answered."""
     from xstage import builtin_graphs
 
-    monkeypatch.setattr(shm, "EVENTFD_BELL", doorbell == "eventfd")
+    monkeypatch.setattr(doorbell_mod, "EVENTFD_BELL", doorbell == "eventfd")
     graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 16), tmp_path / "s.onnx")
     with WorkerClient(sys.executable) as w:
         w.load(graph)
@@ -347,3 +348,35 @@ def test_a_worker_records_its_trace_when_asked(tmp_path, monkeypatch) -> None:
     decided = [w for w in doc["waits"] if w["decision"] is not None]
     # Some requests were there before the worker waited (no decision); it waited again after.
     assert 1 <= sum(waits["worker"]["rules"].values()) <= len(decided)
+
+
+def test_a_worker_traces_where_its_loads_tuning_says_not_where_its_environment_does(
+        tmp_path, monkeypatch) -> None:
+    """The worker's knobs come from ``load`` (``TransportTuning``): its trace goes to the
+    folder the load names, with the spin budget the load sets; the folder and the budget in
+    its own environment are not read. (The load's ``tuning`` is added here as the client
+    sends it.)"""
+    from xstage import builtin_graphs
+    from xstage.client import worker as client_worker
+
+    sent, ignored = tmp_path / "sent", tmp_path / "env"
+    sent.mkdir()
+    ignored.mkdir()
+    real_send = client_worker.WorkerClient._send
+
+    def send(self, header, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if header.get("op") == "load":
+            header = dict(header, tuning={"wait_trace": str(sent), "worker_spin_seconds": 0.001})
+        return real_send(self, header, *args, **kwargs)
+
+    monkeypatch.setattr(client_worker.WorkerClient, "_send", send)
+    env = dict(os.environ, XSTAGE_WAIT_TRACE=str(ignored), XSTAGE_WORKER_SPIN_SECONDS="3600")
+    graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 16), tmp_path / "s.onnx")
+    with WorkerClient(sys.executable, env=env) as w:
+        w.load(graph)
+        for _ in range(5):
+            w.run({"x": np.ones(16, np.float32)})
+        pid = w.pid
+    (path,) = sent.glob(f"wait-worker-{pid}-*.json")
+    assert json.loads(path.read_text())["spin_seconds"] == 0.001
+    assert list(ignored.iterdir()) == []

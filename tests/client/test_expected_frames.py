@@ -140,14 +140,14 @@ def test_a_reply_off_the_expectation_fails_as_before(pair, attack: str, expectin
     stage is closed."""
     c, w, sess = pair
     _warm(c, w, sess)
-    ch = w.channel
+    ch = w.stream.channel
     last: list[bytes] = []
 
     def keep(lane):  # type: ignore[no-untyped-def]
         last[:] = [bytes(_sealed(ch, lane))]
         ch.sock.sendall(last[0])
 
-    ch.send_sealed = keep  # type: ignore[method-assign]
+    w.stream.send_lane = keep  # the worker's hook for a lane (``ChannelStream.send_lane``)
     c.run({"x": _x(5)})
     rid = c._next_id
     message = {
@@ -164,7 +164,7 @@ def test_a_reply_off_the_expectation_fails_as_before(pair, attack: str, expectin
         data = _attacked(ch, lane, attack, rid)
         ch.sock.sendall(last[0] if attack == "replay" else data)
 
-    ch.send_sealed = answer  # type: ignore[method-assign]
+    w.stream.send_lane = answer
     if not expecting:
         c._reply = None
     with pytest.raises(errors.RemoteProtocolError, match=re.escape(message)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from xstage_remote import region as region_mod
 from xstage_remote import shm
 from xstage_remote.worker import Worker
 
@@ -100,7 +101,7 @@ def test_a_waiting_worker_hands_each_new_fill_to_its_runtime_in_order(monkeypatc
         worker.region, worker.runtime = region, _Recorder()
         published = [False]
         check = worker._prefetching(lambda: published[0], 0)
-        real = shm._U64
+        real = region_mod.U64
 
         class Polled:  # the fill store, then one poll of the waiting worker
             @staticmethod
@@ -110,10 +111,10 @@ def test_a_waiting_worker_hands_each_new_fill_to_its_runtime_in_order(monkeypatc
 
             unpack_from = staticmethod(real.unpack_from)
 
-        monkeypatch.setattr(shm, "_U64", Polled)
+        monkeypatch.setattr(region_mod, "U64", Polled)
         x = np.arange(BIG, dtype=np.float32)
         region.write("in", "x", x, 0)
-        monkeypatch.setattr(shm, "_U64", real)
+        monkeypatch.setattr(region_mod, "U64", real)
         assert not check()  # nothing new: nothing handed over again
         published[0] = True
         assert check()

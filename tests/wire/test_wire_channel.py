@@ -27,7 +27,7 @@ def mac_threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     """Every test on both ways of hashing a large frame's payload records: in the thread that
     sends or receives, and on threads that hash several records at once (the default on a
     machine of 4 CPUs or more); the bytes on the wire and every check are the same."""
-    monkeypatch.setattr(wire, "MAC_THREADS", request.param)
+    monkeypatch.setattr(wire.channel, "MAC_THREADS", request.param)
     return int(request.param)
 
 

@@ -645,7 +645,7 @@ def test_peer_closed_after_one_full_frame():
 
 def test_rejects_bfloat16_without_ml_dtypes(monkeypatch, raw_frame):
     """Decoding bfloat16 where ml_dtypes is missing names ml_dtypes and how to install it."""
-    monkeypatch.setattr(wire, "_bf16", lambda: None)
+    monkeypatch.setattr(wire.spec, "_bf16", lambda: None)
     data = raw_frame(*run_with([desc("w", "bfloat16", (2,))], 4))
     with rejects("tensor 'w' is bfloat16 and this interpreter has no ml_dtypes to hold it; "
                  "pip install ml_dtypes there"):
@@ -654,7 +654,7 @@ def test_rejects_bfloat16_without_ml_dtypes(monkeypatch, raw_frame):
 
 def test_recv_frame_defers_bfloat16_refusal_to_arrays(monkeypatch, raw_frame, feed_socket):
     """``recv_frame`` returns the frame; ``Frame.arrays()`` is where a missing ml_dtypes bites."""
-    monkeypatch.setattr(wire, "_bf16", lambda: None)
+    monkeypatch.setattr(wire.spec, "_bf16", lambda: None)
     frame = feed_socket(raw_frame(*run_with([desc("w", "bfloat16", (2,))], 4)))
     with rejects("tensor 'w' is bfloat16 and this interpreter has no ml_dtypes"):
         frame.arrays()
