@@ -159,6 +159,32 @@ def xstage_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
     return home
 
 
+@pytest.fixture(scope="session")
+def thirdparty_graphs() -> dict[str, Path]:
+    """Every third-party graph of ``tests/thirdparty.py``, fetched once into the test cache
+    (under its lock, so two test processes never fetch at once); skips if a miss needs the
+    package index and it is out of reach. Any module may use it: none waits for another to run
+    first."""
+    import thirdparty
+
+    cache = Path(os.environ.get("XSTAGE_TEST_CACHE", REPO / ".test-cache")) / "thirdparty"
+    cache.mkdir(parents=True, exist_ok=True)
+    out = {}
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in sorted(thirdparty.GRAPHS):
+            hit = thirdparty.cached(name, cache)
+            if hit is None:
+                pkgindex.require(f"fetching the wheel of {name}")
+            try:
+                out[name] = hit or thirdparty.fetch(name, cache)
+            except thirdparty.FetchError as exc:
+                if exc.registry_unreachable:
+                    pytest.skip(f"the package index is unreachable, cannot fetch {name}: {exc.message}")
+                raise
+    return out
+
+
 @contextlib.contextmanager
 def _home(path: Path) -> Iterator[None]:
     old = os.environ.get("XSTAGE_HOME")

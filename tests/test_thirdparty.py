@@ -18,10 +18,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pkgindex
 import pytest
 import thirdparty
-from thirdparty import GRAPHS, FetchError, cached, fetch, inputs, write_inputs
+from thirdparty import GRAPHS, FetchError, fetch, inputs, write_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = sorted(GRAPHS)
@@ -29,23 +28,6 @@ NAMES = sorted(GRAPHS)
 
 def _cache() -> Path:
     return Path(os.environ.get("XSTAGE_TEST_CACHE", REPO / ".test-cache")) / "thirdparty"
-
-
-@pytest.fixture(scope="session")
-def thirdparty_graphs() -> dict[str, Path]:
-    """Every graph of the table, fetched once (skips if that needs the index and it is out of reach)."""
-    out = {}
-    for name in NAMES:
-        hit = cached(name, _cache())
-        if hit is None:
-            pkgindex.require(f"fetching the wheel of {name}")
-        try:
-            out[name] = hit or fetch(name, _cache())
-        except FetchError as exc:
-            if exc.registry_unreachable:
-                pytest.skip(f"the package index is unreachable, cannot fetch {name}: {exc.message}")
-            raise
-    return out
 
 
 def _assignment(session: ort.InferenceSession) -> dict[str, int]:

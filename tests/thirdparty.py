@@ -316,7 +316,7 @@ def fetch(name: str, cache_dir: str | os.PathLike[str]) -> Path:
                     )
                 out = cache / other.name / other.filename
                 out.parent.mkdir(parents=True, exist_ok=True)
-                partial = out.with_name(out.name + ".partial")
+                partial = out.with_name(f"{out.name}.{os.getpid()}.partial")  # one per process
                 partial.write_bytes(data)
                 os.replace(partial, out)
     return target
