@@ -42,14 +42,14 @@ from xstage.client import copies, device_slots
 from xstage_remote import shm, wire
 
 
-def _heads_up_default() -> int:
-    """``shm.HEADS_UP_SECONDS`` in ns where this process may run on 4 CPUs or more, else 0.
+def _heads_up_default(seconds: float) -> int:
+    """``seconds`` (the tuning's ``heads_up_seconds``) in ns with 4 CPUs or more, else 0.
 
     On the 2-vCPU VM a heads-up's ring made the caller 60 µs slower (the woken worker took
     the caller's CPU, the other was asleep) for a worker woken ~3 µs earlier; with CPUs to
     spare the woken worker lands on an idle one (``benchmarks/heads_up.py``).
     """
-    return int(shm.HEADS_UP_SECONDS * 1e9) if copies.allowed_cpus() >= 4 else 0
+    return int(seconds * 1e9) if copies.allowed_cpus() >= 4 else 0
 
 if TYPE_CHECKING:
     from xstage.client.device_slots import DeviceSlots
@@ -229,7 +229,7 @@ class Pipeline:
         #: announced to a sleeping worker before the next (``shm.Doorbell.heads_up``).
         self._copy_in_ns = 0
         #: A copy in at least this long (ns) is announced; 0: never (``_heads_up_default``).
-        self.heads_up_ns = _heads_up_default()
+        self.heads_up_ns = _heads_up_default(client.tuning.heads_up_seconds)
         #: Slot sets handed out by ``input_slots`` and not yet taken, by set (``mu`` held).
         self.reserved: dict[int, Reservation] = {}
         #: Reservations whose views all died unused (appended without a lock, see

@@ -54,7 +54,7 @@ from xstage.client.pipeline import USE_DEADLINE, Outputs, Pipeline, StageFuture
 from xstage.client.staging import local_hash, worker_argv
 from xstage.home import LOG_KEEP_DEFAULT, hold_log, logs_dir, prune_logs
 from xstage.signature import check_inputs, not_a_mapping, wire_order
-from xstage_remote import PROTOCOL_VERSION, shm, sockspin, wire
+from xstage_remote import PROTOCOL_VERSION, shm, sockspin, tuning, wire
 
 __all__ = ["WorkerClient", "WorkerState"]
 
@@ -134,17 +134,18 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with status {code}"
 
 
-def _settings_usable() -> None:
+def _settings_usable(problems: Sequence[str]) -> None:
     """Refuse to start a worker on a malformed ``XSTAGE_*`` setting; prune old logs.
+
+    ``problems`` are the transport tuning's (``tuning.from_environ``), one line per malformed
+    variable.
 
     Raises:
         UsageError: a malformed ``XSTAGE_MAX_REGION_BYTES``, ``XSTAGE_SPIN_SECONDS`` (…) or
             ``XSTAGE_LOG_KEEP`` (the message names the variable and a valid value).
     """
-    if shm.ENV_PROBLEMS:
-        raise errors.UsageError(shm.ENV_PROBLEMS[0])
-    if copies.ENV_PROBLEM:
-        raise errors.UsageError(copies.ENV_PROBLEM)
+    if problems:
+        raise errors.UsageError(problems[0])
     try:
         prune_logs()
     except ValueError as exc:
@@ -167,16 +168,16 @@ def dma_reads_region(loaded: Mapping[str, Any] | None) -> bool:
 
 
 def _checked_settings(generation: int, depth: int, shm_mode: str | None,
-                      transport: str) -> str:
+                      transport: str, tuned: tuning.TransportTuning) -> str:
     """The shared-region mode a client runs with; a usage error for any setting out of range."""
     if type(generation) is not int or not 1 <= generation <= wire.MAX_GENERATION:
         raise errors.UsageError(f"generation {generation!r} is outside [1, 2^32)")
     if type(depth) is not int or not 1 <= depth <= shm.MAX_SETS:
         raise errors.UsageError(f"depth {depth!r} is outside 1..{shm.MAX_SETS}",
                                 remedy="give a whole number of requests in flight, e.g. 2")
-    mode = shm_mode or os.environ.get("XSTAGE_SHM", "auto")
-    if mode not in ("auto", "memfd", "named", "off"):
-        raise errors.UsageError(f"XSTAGE_SHM={mode!r} is not one of auto, memfd, named, off")
+    mode = shm_mode or tuned.shm  # a malformed XSTAGE_SHM is one of the tuning's problems
+    if mode not in tuning.SHM_MODES:
+        raise errors.UsageError(f"shm_mode={mode!r} is not one of {', '.join(tuning.SHM_MODES)}")
     if transport not in ("local", "tcp"):
         raise errors.UsageError(f"transport {transport!r} is not one of local, tcp")
     return mode
@@ -213,7 +214,7 @@ class WorkerClient:
             interpreter: the route's Python, as this OS starts it.
             route: the route's name, for messages and log names.
             deadlines: per-phase limits (``Deadlines()`` when None).
-            shm_mode: ``auto``, ``memfd``, ``named`` or ``off`` (default ``XSTAGE_SHM``).
+            shm_mode: ``auto``, ``memfd``, ``named`` or ``off`` (default: the tuning's, ``XSTAGE_SHM``).
             env: the worker's environment (this process's when None).
             transport: ``local`` (inherited sockets, shared region) or ``tcp`` (connect-back,
                 inline tensors; what a Windows worker started from WSL uses).
@@ -233,7 +234,11 @@ class WorkerClient:
                 ``depth``), where its runtime can (docs/serving.md, "Concurrent runs");
                 ``concurrent`` says what the worker granted once the region is attached.
         """
-        self.shm_mode = _checked_settings(generation, depth, shm_mode, transport)
+        #: The transport's knobs, built once here (docs/configuration.md): the client's own
+        #: (shared-memory mode, copy threads, the socket's spin) are read from it, and the
+        #: worker is sent ``to_wire()`` in ``load``.
+        self.tuning, self._tuning_problems = tuning.from_environ(os.environ)
+        self.shm_mode = _checked_settings(generation, depth, shm_mode, transport, self.tuning)
         if type(concurrency) is not int or not 1 <= concurrency <= depth:
             raise errors.UsageError(f"concurrency {concurrency!r} is outside 1..{depth} (the depth)",
                                     remedy="compute at most as many requests at once as are in flight")
@@ -303,7 +308,7 @@ class WorkerClient:
         self._outputs: list[dict[str, Any]] = []
         #: Helper threads for large copies into and out of the region (``copies.py``; none
         #: start before the first such copy).
-        self._copies = copies.CopyPool()
+        self._copies = copies.CopyPool(self.tuning.copy_threads)
         #: Whether the watcher (``_watch_exit``) saw the worker process exit.
         self._exit_seen = False
         self._watch_socks: list[socket.socket] = []
@@ -389,7 +394,7 @@ class WorkerClient:
             return self.hello
 
     def _spawn(self) -> None:
-        _settings_usable()
+        _settings_usable(self._tuning_problems)
         secret = secrets.token_hex(16)
         self._secret = secret
         self.log_path = logs_dir() / (
@@ -458,7 +463,7 @@ class WorkerClient:
                 pid = ((self._tcp_hello or {}).get("worker") or {}).get("pid")
                 peer_cpu = sockspin.proc_cpu(pid) if self._proc is not None \
                     and pid == self._proc.pid else None
-                self._spin = sockspin.install(self._channel, shm.SPIN_SECONDS,
+                self._spin = sockspin.install(self._channel, self.tuning.spin_seconds,
                                               self._io.recv_nowait, peer_cpu)
                 if self._spin is None:
                     sockspin.close_proc_cpu(peer_cpu)
@@ -1090,6 +1095,8 @@ class WorkerClient:
                 options["state"] = state
             header = {"op": "load", "runtime": runtime, "path": self.worker_path(str(path)),
                       "options": options}
+            if "tuning" in wire.OPS["load"]:  # the protocol of this package (and the worker's)
+                header["tuning"] = self.tuning.to_wire()
             self._fast = None  # the worker drops its codec when a load starts
             self._forget_signatures()
             frame = self._request(header, "loaded", "load")
