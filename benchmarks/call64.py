@@ -12,8 +12,11 @@ the fewest steps Python can take (``floor``): what any implementation of this pr
 Python pays on this machine; its half is the least half round trip the socket path can reach
 here with both ends awake (issue 13's target is 15 µs).
 
-Run: ``PYTHONPATH=src python benchmarks/call64.py [--calls N] [--rounds N] [--json]``.
-Not a test: nothing asserts.
+``--busy N`` runs everything beside N CPU-burning processes (``benchmarks/_busy.py``), for a
+busy machine's before/after (with ``--compare``, each tree's processes run beside them too).
+
+Run: ``PYTHONPATH=src python benchmarks/call64.py [--calls N] [--rounds N] [--json]
+[--compare SRC] [--busy N]``. Not a test: nothing asserts.
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ def pieces(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict
         t8 = clock()
         add("worker: session.run (onnxruntime)", t8 - t7)
         outputs = dict(zip(names, outs, strict=True))
-        rt._after_first_run()
+        rt._after_first_run(arrays)
         t9 = clock()
         add("worker: runtime.run's wrapping", t9 - t8)
         rss, peak = memory.read_cached()
@@ -233,7 +236,7 @@ def floor(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict[
     return {"floor: the fewest steps, both ends (no runtime)": (clock() - t0) / calls}
 
 
-def compare(other_src: str, rounds: int, calls: int) -> None:
+def compare(other_src: str, rounds: int, calls: int, busy: int = 0) -> None:
     """The whole-call rows under ``other_src`` (before) and this tree (after), interleaved."""
     import subprocess
 
@@ -250,7 +253,7 @@ def compare(other_src: str, rounds: int, calls: int) -> None:
             for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items():
                 got[arm].setdefault(k, []).append(v / 1e3)
     print(f"CPU µs per 64 B call, in one thread (median of {rounds} rounds of {calls}); "
-          f"before = {other_src}; load average "
+          f"before = {other_src}; {busy} busy neighbours; load average "
           f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}")
     for k in got["after"]:
         b, a = statistics.median(got["before"][k]), statistics.median(got["after"][k])
@@ -265,10 +268,26 @@ def main() -> None:
     parser.add_argument("--compare", metavar="SRC",
                         help="the whole-call rows under another tree's src/ (before) and this "
                         "one (after), one process each per round, interleaved")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="run with N CPU-burning processes beside it for the whole run "
+                        "(benchmarks/_busy.py), to show a busy machine did not get worse")
     parser.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.busy < 0:
+        parser.error("--busy takes a number of processes >= 0")
+    if args.busy and not args.whole:
+        from _busy import Neighbours  # noqa: E402  (beside this file)
+
+        with Neighbours(args.busy) as neighbours:
+            neighbours.busy()
+            _main(args)
+        return
+    _main(args)
+
+
+def _main(args: argparse.Namespace) -> None:
     if args.compare:
-        compare(args.compare, args.rounds, args.calls)
+        compare(args.compare, args.rounds, args.calls, args.busy)
         return
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
