@@ -47,26 +47,37 @@ SECRET = "5e" * 16
 DIGEST = hashlib.sha256(b"benchmarks/call64.py").digest()
 
 
+def _channel_of(c: WorkerClient) -> wire.Channel:
+    """The client's channel: its transport's, or (a tree before transports) its own."""
+    return c.link.channel if hasattr(c, "link") else c._channel  # type: ignore[attr-defined]
+
+
 def wired(graph: str) -> tuple[WorkerClient, remote.Worker]:
     """A client and a worker in this process, joined by a TCP pair and two channels."""
     a, b = tcp_pair()
     w = remote.Worker(b, None, 1, wire.Channel(b, SECRET, DIGEST, "worker"))
     c = WorkerClient(sys.executable, shm_mode="off", transport="tcp")
-    c._io = DeadlineSocket(a)
-    c._channel = wire.Channel(c._io, SECRET, DIGEST, "client")
+    if hasattr(c, "link"):  # a tree with transports (client/transport.py)
+        from xstage.client.transport import SocketChannel
+
+        c.link = SocketChannel(a, wire.Channel(a, SECRET, DIGEST, "client"))
+    else:  # before them: the client's own socket and channel (--compare)
+        c._io = DeadlineSocket(a)
+        c._channel = wire.Channel(c._io, SECRET, DIGEST, "client")
     c._ctl = a
+    channel = _channel_of(c)
     c.state = WorkerState.READY
     c.hello = {"features": remote.FEATURES}
-    real_recv = c._channel.recv
+    real_recv = channel.recv
 
     def recv(*args, **kwargs):  # type: ignore[no-untyped-def]
-        if not c._channel._end - c._channel._start:  # nothing buffered: the worker's turn
+        if not channel._end - channel._start:  # nothing buffered: the worker's turn
             turn(w)
         return real_recv(*args, **kwargs)
 
-    c._channel.recv = recv  # type: ignore[method-assign]
+    channel.recv = recv  # type: ignore[method-assign]
     c.load(graph)
-    del c._channel.recv  # the pieces drive each end by hand
+    del channel.recv  # the pieces drive each end by hand
     return c, w
 
 
@@ -85,7 +96,7 @@ def pieces(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict
     """Median-free mean thread-CPU ns per step over ``calls`` calls, driven step by step."""
     clock = time.thread_time_ns
     tot: dict[str, int] = {}
-    ch, wch = c._channel, w.channel
+    ch, wch = c.link.channel, w.channel
     assert ch is not None and wch is not None
 
     def add(name: str, ns: int) -> None:
@@ -100,11 +111,11 @@ def pieces(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict
         feeds = c._check_inputs({"x": x})
         t2 = clock()
         add("client: _check_inputs", t2 - t1)
-        rid = c._take_id()
-        parts = wire.encode_fast(c._fast, "run", rid, 1, feeds, None)
+        rid = c.take_id()
+        parts = wire.encode_fast(c.link.codec, "run", rid, 1, feeds, None)
         t3 = clock()
         add("client: encode_fast (run)", t3 - t2)
-        c._io.start(c.deadlines.call)
+        c.link.io.start(c.deadlines.call)
         t4 = clock()
         add("client: deadline start", t4 - t3)
         ch.send_parts(parts)
@@ -135,12 +146,12 @@ def pieces(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict
         wch.send_parts(rparts)
         t12 = clock()
         add("worker: Channel.send_parts (MAC + send)", t12 - t11)
-        reply = ch.recv(codec=c._fast)
+        reply = ch.recv(codec=c.link.codec)
         t13 = clock()
         add("client: Channel.recv (recv + MAC + head)", t13 - t12)
-        c._expect(reply, "result", rid)
+        c.expect(reply, "result", rid)
         c.last_timing = dict(reply.header["timing"])
-        c._collect(reply.arrays(), {})
+        c.link.collect(reply.arrays(), {})
         t14 = clock()
         add("client: _expect, timing, arrays, _collect", t14 - t13)
     clock_ns = tot.pop("(the clock itself)") / calls
@@ -153,7 +164,7 @@ def wholes(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict
     """CPU ns per call of the real entry points: the client's ``run`` (the worker's turn
     inside, timed apart and taken off) and the worker's turn alone."""
     clock = time.thread_time_ns
-    ch = c._channel
+    ch = _channel_of(c)
     assert ch is not None
     real = wire.Channel.recv
     worker_ns = [0]
@@ -184,9 +195,9 @@ def floor(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict[
     and the MAC included). The worker's compute is left out, as the half round trip leaves
     it out."""
     clock = time.thread_time_ns
-    ch, wch = c._channel, w.channel
-    assert ch is not None and wch is not None and c._lane is not None
-    req = c._lane[1] if isinstance(c._lane, tuple) else c._lane  # (key, lane) before sockdiet
+    ch, wch = c.link.channel, w.channel
+    assert ch is not None and wch is not None and c.link.lane is not None
+    req = c.link.lane[1] if isinstance(c.link.lane, tuple) else c.link.lane  # (key, lane) before sockdiet
     res = w.codec.lane(wire.FAST_RESULT, 1, {o["name"]: x for o in w.runtime.outputs})
     assert res is not None
     a, b = ch.sock, wch.sock

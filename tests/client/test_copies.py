@@ -272,7 +272,7 @@ def test_a_worker_round_trip_on_the_copy_threads_is_bit_exact(monkeypatch, tmp_p
     }
     with WorkerClient(sys.executable) as w:
         w.load(_big_identity(tmp_path))
-        assert w._region is not None and w._region.copier is w._copies
+        assert w.link.region is not None and w.link.region.copier is w._copies
         assert w._copies.threads == 2
         for call in range(2):
             out = w.run(feeds)
@@ -300,7 +300,7 @@ def test_a_client_below_four_cpus_copies_on_its_own_thread(graphs, monkeypatch) 
     monkeypatch.setattr(copies, "COPY_THREADS", 0)
     with WorkerClient(sys.executable) as w:
         w.load(graphs["identity"])
-        assert w._region is not None and w._region.copier is None and w._copies.threads == 0
+        assert w.link.region is not None and w.link.region.copier is None and w._copies.threads == 0
 
 
 def test_the_identity_graph_still_round_trips_with_copy_threads(graphs, monkeypatch) -> None:
@@ -326,7 +326,7 @@ def test_pipelined_requests_in_several_sets_keep_their_own_bytes(monkeypatch, tm
              for _ in range(7)]
     with WorkerClient(sys.executable, depth=3) as w:
         w.load(_big_identity(tmp_path))
-        assert w._region is not None and w._region.n_sets == 3
+        assert w.link.region is not None and w.link.region.n_sets == 3
         futures = [w.submit(f) for f in feeds]
         for fut, sent in zip(futures, feeds, strict=True):
             got = fut.result(timeout=120)
