@@ -169,7 +169,8 @@ class Pipeline:
         call then goes the queue's way, inline.
         """
         c = self.client
-        bell, ctl = c.link.bell, c.link.ctl
+        link = c.link
+        bell, ctl = link.bell, link.ctl
         assert bell is not None and ctl is not None
         s = self.next_set
         if self.reserved and not self._may_take(s, feeds):
@@ -180,7 +181,7 @@ class Pipeline:
         if self._copy_in_ns >= self.heads_up_ns > 0:  # wake the worker during the copy
             bell.heads_up(time.monotonic_ns() + self._copy_in_ns)
         t0 = time.perf_counter_ns()
-        written = c.link.write_inputs(region, feeds, s, self.device)
+        written = link.write_inputs(region, feeds, s, self.device)
         if written is None:  # an input has no slot or does not fit it: the inline way
             return None
         flags |= written
@@ -191,13 +192,13 @@ class Pipeline:
             # set (``req_id``), never by where in these lines it landed.
             region.publish_request(rid, s, flags)
             self.next_set = (s + 1) % region.n_sets
-            bell.ring(expected=c.link.expected_s)  # decides the wait below (shm.Doorbell.ring)
+            bell.ring(expected=link.expected_s)  # decides the wait below (shm.Doorbell.ring)
             deadline = None if seconds is None else time.monotonic() + seconds
             # The doorbell's policy spins only where it can pay (shm.py, waitpolicy.py): told
             # the worker's recent compute, it blocks for calls expected to be long.
             # The spin checks the id alone (one read); the generation is checked once, after.
             answered = region.answer_check(rid, s)
-            state = bell.wait(answered, deadline, watch=(ctl,), expected=c.link.expected_s)
+            state = bell.wait(answered, deadline, watch=(ctl,), expected=link.expected_s)
             frame = None
             if state == "timeout":
                 c.call_timeout(phase, seconds)
@@ -224,7 +225,7 @@ class Pipeline:
         if frame is None:
             status, worker_ns, rss, peak, published, start, end, answer, gen = region.answer(s)
             if status == shm.STATUS_OK and gen == c.generation:  # the common case
-                c.link.expected_s = 0.7 * c.link.expected_s + 0.3 * worker_ns / 1e9
+                link.expected_s = 0.7 * link.expected_s + 0.3 * worker_ns / 1e9
                 t0 = time.perf_counter_ns()
                 result = Outputs()
                 if answer & shm.FLAG_STATE_RESET:
