@@ -84,7 +84,7 @@ class Calls:
               phase: str = "call") -> None:
         """Send one frame within ``phase``'s deadline (a stopped reader cannot hold us).
 
-        The deadline starts here and covers the reply's ``_recv`` too (``DeadlineSocket``: the
+        The deadline starts here and covers the reply's ``recv`` too (``DeadlineSocket``: the
         kernel's limits, set once per change, instead of a ``poll`` and two ``ioctl`` per
         system call).
         """

@@ -191,7 +191,7 @@ class WorkerClient(Calls):
         #: Helper threads for large copies into and out of the region (``copies.py``; none
         #: start before the first such copy).
         self._copies = copies.CopyPool(self.tuning.copy_threads)
-        #: Whether the watcher (``_watch_exit``) saw the worker process exit.
+        #: Whether the watcher (``process.watch_exit``) saw the worker process exit.
         self._exit_seen = False
         self._watch_socks: list[socket.socket] = []
         self._watch_pidfd: int | None = None  # the watcher's pidfd (closed by its thread)
@@ -351,7 +351,7 @@ class WorkerClient(Calls):
         return InlineFrames(ctl)
 
     def _watch_process(self) -> None:
-        """Start the thread that sees the worker exit (``_watch_exit``) and the call check."""
+        """Start the thread that sees the worker exit (``process.watch_exit``) and the call check."""
         proc = self._proc
         if proc is None:
             return
