@@ -29,7 +29,6 @@ class CallHost(Protocol):
     """
 
     route: str
-    pid: int | None
     generation: int
     deadlines: Deadlines
     state: Any
@@ -41,6 +40,10 @@ class CallHost(Protocol):
     state_uncertain: Any
     inputs: list[dict[str, Any]]
     tuning: Any
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id once spawned."""
 
     def take_id(self) -> int:
         """The next request id (ids never repeat in a stage)."""

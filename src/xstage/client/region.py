@@ -59,7 +59,7 @@ class SharedRegion(InlineFrames):
 
     def __init__(self, ctl: socket.socket, bell: socket.socket, pool: copies.CopyPool) -> None:
         super().__init__(ctl)
-        self.bell: shm.Doorbell = shm.Doorbell(bell)  # type: ignore[assignment]
+        self.bell = shm.Doorbell(bell)
         self.copies = pool
         self.expected_s = 0.0
         #: Bytes seen per tensor name (``fit``): a symbolic slot is sized from them.
