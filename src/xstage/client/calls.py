@@ -512,7 +512,7 @@ class Calls:
                 # it in fewer steps): any other frame comes back as a Frame, checked below.
                 reply.rid = rid
                 try:
-                    frame = link.recv(reply)
+                    frame = channel.recv(codec=link.codec, expect=reply)
                 except self._LOWER as exc:
                     raise self._translate(exc, "call", seconds) from exc
         except BaseException as exc:
