@@ -43,6 +43,26 @@ class Calls:
     _pending: tuple[str, int] | None
     _reset_next: bool
 
+    def _init_calls(self, first_id: int) -> None:
+        """The call API's own state, set by ``WorkerClient.__init__``."""
+        self.last_timing: dict[str, int] = {}
+        #: The caller's inputs (the loaded signature's, state inputs left out).
+        self.inputs: list[dict[str, Any]] = []
+        self._accepted = set()  # input signatures checked once (``_check_inputs``)
+        #: The region path's last accepted input signature and its region (``_known_for``).
+        self._known = None
+        self._next_id = first_id  # a replacement worker continues its stage's ids
+        self._reset_next = False
+        #: An interrupted request of a stage with state that may have moved the state
+        #: (``Pipeline._uncertain``): calls raise ``StateUncertain`` until ``reset_state()``,
+        #: unless its answer says it never ran.
+        self.state_uncertain: Any = None
+        # The request whose reply has not been read yet: ("frame" | "shm", id). Set once the
+        # request is wholly sent, cleared when its reply is read. A call interrupted between
+        # the two closes the stage (``_interrupted``); were one left set, the next request
+        # would first read and discard that reply (``_repair``).
+        self._pending = None
+
     # ------------------------------------------------------------------ frames
     #: What ``_translate`` turns into an xstage error (anything else passes as it is).
     _LOWER = (wire.PeerClosed, ConnectionError, TimeoutError, wire.ProtocolError)

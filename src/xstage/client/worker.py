@@ -149,7 +149,6 @@ class WorkerClient(Calls):
         self.state = WorkerState.UNSTARTED
         self.hello: dict[str, Any] | None = None  # the worker's hello, then its load's answer
         self.loaded: dict[str, Any] | None = None
-        self.last_timing: dict[str, int] = {}
         self.log_path: Path | None = None
         #: Held by whoever drives the worker (a call, the pump, a load).
         self.lock = threading.RLock()
@@ -165,28 +164,13 @@ class WorkerClient(Calls):
         self._tcp_hello: dict[str, Any] | None = None
         self.refused_peers: list[str] = []
         self._stdin: Any = None
-        #: The region path's last accepted input signature and its region (``_known_for``).
-        self._known: tuple[tuple[Any, ...], Any] | None = None
         self._spare_bell: socket.socket | None = None  # inline frames' unused doorbell
-        self._next_id = first_id
+        self._init_calls(first_id)  # the call API's own state (``Calls``)
         self._pipe = Pipeline(self)
         #: The state pairs the worker keeps (``load``'s ``options["state"]``).
         self.state_pairs: list[dict[str, Any]] = []
-        self._reset_next = False
-        #: An interrupted request of a stage with state that may have moved the state
-        #: (``Pipeline._uncertain``): calls raise ``StateUncertain`` until ``reset_state()``,
-        #: unless its answer says it never ran.
-        self.state_uncertain: Any = None
-        # The request whose reply has not been read yet: ("frame" | "shm", id). Set once the
-        # request is wholly sent, cleared when its reply is read. A call interrupted between
-        # the two closes the stage (``_interrupted``); were one left set, the next request
-        # would first read and discard that reply (``_repair``).
-        self._pending: tuple[str, int] | None = None
         self.closed_why: str | None = None  # why the stage was closed under a caller
         self.close_requested = False
-        #: The caller's inputs and outputs (the loaded signature's, state pairs left out).
-        self.inputs: list[dict[str, Any]] = []
-        self._accepted: set[tuple[Any, ...]] = set()
 
         #: Helper threads for large copies into and out of the region (``copies.py``; none
         #: start before the first such copy).
