@@ -12,8 +12,11 @@ the fewest steps Python can take (``floor``): what any implementation of this pr
 Python pays on this machine; its half is the least half round trip the socket path can reach
 here with both ends awake (issue 13's target is 15 µs).
 
-Run: ``PYTHONPATH=src python benchmarks/call64.py [--calls N] [--rounds N] [--json]``.
-Not a test: nothing asserts.
+``--busy N`` runs everything beside N CPU-burning processes (``benchmarks/_busy.py``), for a
+busy machine's before/after (with ``--compare``, each tree's processes run beside them too).
+
+Run: ``PYTHONPATH=src python benchmarks/call64.py [--calls N] [--rounds N] [--json]
+[--compare SRC] [--busy N]``. Not a test: nothing asserts.
 """
 
 from __future__ import annotations
@@ -44,26 +47,37 @@ SECRET = "5e" * 16
 DIGEST = hashlib.sha256(b"benchmarks/call64.py").digest()
 
 
+def _channel_of(c: WorkerClient) -> wire.Channel:
+    """The client's channel: its transport's, or (a tree before transports) its own."""
+    return c.link.channel if hasattr(c, "link") else c._channel  # type: ignore[attr-defined]
+
+
 def wired(graph: str) -> tuple[WorkerClient, remote.Worker]:
     """A client and a worker in this process, joined by a TCP pair and two channels."""
     a, b = tcp_pair()
     w = remote.Worker(b, None, 1, wire.Channel(b, SECRET, DIGEST, "worker"))
     c = WorkerClient(sys.executable, shm_mode="off", transport="tcp")
-    c._io = DeadlineSocket(a)
-    c._channel = wire.Channel(c._io, SECRET, DIGEST, "client")
+    if hasattr(c, "link"):  # a tree with transports (client/transport.py)
+        from xstage.client.transport import SocketChannel
+
+        c.link = SocketChannel(a, wire.Channel(a, SECRET, DIGEST, "client"))
+    else:  # before them: the client's own socket and channel (--compare)
+        c._io = DeadlineSocket(a)
+        c._channel = wire.Channel(c._io, SECRET, DIGEST, "client")
     c._ctl = a
+    channel = _channel_of(c)
     c.state = WorkerState.READY
     c.hello = {"features": remote.FEATURES}
-    real_recv = c._channel.recv
+    real_recv = channel.recv
 
     def recv(*args, **kwargs):  # type: ignore[no-untyped-def]
-        if not c._channel._end - c._channel._start:  # nothing buffered: the worker's turn
+        if not channel._end - channel._start:  # nothing buffered: the worker's turn
             turn(w)
         return real_recv(*args, **kwargs)
 
-    c._channel.recv = recv  # type: ignore[method-assign]
+    channel.recv = recv  # type: ignore[method-assign]
     c.load(graph)
-    del c._channel.recv  # the pieces drive each end by hand
+    del channel.recv  # the pieces drive each end by hand
     return c, w
 
 
@@ -78,11 +92,18 @@ def turn(w: remote.Worker) -> None:
     {"load": w.on_load, "run": w.on_run}[frame.op](frame)
 
 
+def _channels(c: WorkerClient, w: remote.Worker) -> tuple:
+    """Both ends' channels in this tree or an older one (``--compare``): the client's through
+    its transport (``link``), the worker's through its stream (``worker_transport``)."""
+    ch = c.link.channel if hasattr(c, "link") else c._channel
+    return ch, getattr(w, "channel", None) or w.stream.channel
+
+
 def pieces(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict[str, float]:
     """Median-free mean thread-CPU ns per step over ``calls`` calls, driven step by step."""
     clock = time.thread_time_ns
     tot: dict[str, int] = {}
-    ch, wch = c._channel, getattr(w, "channel", None) or w.stream.channel  # (stream: worker_transport)
+    ch, wch = _channels(c, w)
     assert ch is not None and wch is not None
 
     def add(name: str, ns: int) -> None:
@@ -97,11 +118,11 @@ def pieces(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict
         feeds = c._check_inputs({"x": x})
         t2 = clock()
         add("client: _check_inputs", t2 - t1)
-        rid = c._take_id()
-        parts = wire.encode_fast(c._fast, "run", rid, 1, feeds, None)
+        rid = c.take_id()
+        parts = wire.encode_fast(c.link.codec, "run", rid, 1, feeds, None)
         t3 = clock()
         add("client: encode_fast (run)", t3 - t2)
-        c._io.start(c.deadlines.call)
+        c.link.io.start(c.deadlines.call)
         t4 = clock()
         add("client: deadline start", t4 - t3)
         ch.send_parts(parts)
@@ -119,7 +140,7 @@ def pieces(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict
         t8 = clock()
         add("worker: session.run (onnxruntime)", t8 - t7)
         outputs = dict(zip(names, outs, strict=True))
-        rt._after_first_run()
+        rt._after_first_run(arrays)
         t9 = clock()
         add("worker: runtime.run's wrapping", t9 - t8)
         rss, peak = memory.read_cached()
@@ -132,12 +153,12 @@ def pieces(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict
         wch.send_parts(rparts)
         t12 = clock()
         add("worker: Channel.send_parts (MAC + send)", t12 - t11)
-        reply = ch.recv(codec=c._fast)
+        reply = ch.recv(codec=c.link.codec)
         t13 = clock()
         add("client: Channel.recv (recv + MAC + head)", t13 - t12)
-        c._expect(reply, "result", rid)
+        c.expect(reply, "result", rid)
         c.last_timing = dict(reply.header["timing"])
-        c._collect(reply.arrays(), {})
+        c.link.collect(reply.arrays(), {})
         t14 = clock()
         add("client: _expect, timing, arrays, _collect", t14 - t13)
     clock_ns = tot.pop("(the clock itself)") / calls
@@ -150,7 +171,7 @@ def wholes(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict
     """CPU ns per call of the real entry points: the client's ``run`` (the worker's turn
     inside, timed apart and taken off) and the worker's turn alone."""
     clock = time.thread_time_ns
-    ch = c._channel
+    ch = _channel_of(c)
     assert ch is not None
     real = wire.Channel.recv
     worker_ns = [0]
@@ -181,9 +202,10 @@ def floor(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict[
     and the MAC included). The worker's compute is left out, as the half round trip leaves
     it out."""
     clock = time.thread_time_ns
-    ch, wch = c._channel, getattr(w, "channel", None) or w.stream.channel  # (stream: worker_transport)
-    assert ch is not None and wch is not None and c._lane is not None
-    req = c._lane[1] if isinstance(c._lane, tuple) else c._lane  # (key, lane) before sockdiet
+    ch, wch = _channels(c, w)
+    lane = c.link.lane if hasattr(c, "link") else c._lane  # (a tree before the client's Transport)
+    assert ch is not None and wch is not None and lane is not None
+    req = lane[1] if isinstance(lane, tuple) else lane  # (key, lane) before sockdiet
     res = w.codec.lane(wire.FAST_RESULT, 1, {o["name"]: x for o in w.runtime.outputs})
     assert res is not None
     a, b = ch.sock, wch.sock
@@ -233,7 +255,7 @@ def floor(c: WorkerClient, w: remote.Worker, x: np.ndarray, calls: int) -> dict[
     return {"floor: the fewest steps, both ends (no runtime)": (clock() - t0) / calls}
 
 
-def compare(other_src: str, rounds: int, calls: int) -> None:
+def compare(other_src: str, rounds: int, calls: int, busy: int = 0) -> None:
     """The whole-call rows under ``other_src`` (before) and this tree (after), interleaved."""
     import subprocess
 
@@ -250,7 +272,7 @@ def compare(other_src: str, rounds: int, calls: int) -> None:
             for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items():
                 got[arm].setdefault(k, []).append(v / 1e3)
     print(f"CPU µs per 64 B call, in one thread (median of {rounds} rounds of {calls}); "
-          f"before = {other_src}; load average "
+          f"before = {other_src}; {busy} busy neighbours; load average "
           f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}")
     for k in got["after"]:
         b, a = statistics.median(got["before"][k]), statistics.median(got["after"][k])
@@ -265,10 +287,26 @@ def main() -> None:
     parser.add_argument("--compare", metavar="SRC",
                         help="the whole-call rows under another tree's src/ (before) and this "
                         "one (after), one process each per round, interleaved")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="run with N CPU-burning processes beside it for the whole run "
+                        "(benchmarks/_busy.py), to show a busy machine did not get worse")
     parser.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.busy < 0:
+        parser.error("--busy takes a number of processes >= 0")
+    if args.busy and not args.whole:
+        from _busy import Neighbours  # noqa: E402  (beside this file)
+
+        with Neighbours(args.busy) as neighbours:
+            neighbours.busy()
+            _main(args)
+        return
+    _main(args)
+
+
+def _main(args: argparse.Namespace) -> None:
     if args.compare:
-        compare(args.compare, args.rounds, args.calls)
+        compare(args.compare, args.rounds, args.calls, args.busy)
         return
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))

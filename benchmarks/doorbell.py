@@ -153,7 +153,7 @@ def _clients(tmp: Path):  # type: ignore[no-untyped-def]
                 client = WorkerClient(sys.executable, shm_mode="auto")
                 client.start()
                 client.load(graph)
-                assert client._bell is not None and client._bell.kind == bell
+                assert client.link.bell is not None and client.link.bell.kind == bell
                 out[f"{bell} {waiting}"] = client
     finally:
         shm.EVENTFD_BELL, shm.SPIN_SECONDS = saved[0], saved[1]

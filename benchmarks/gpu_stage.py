@@ -82,15 +82,15 @@ def _copies_on_one_thread(stage):
     client = stage._client
     client._copies.close()
     client._copies = copies.CopyPool(0)
-    if client._region is not None:
-        client._region.use_copier(None)
+    if client.link.region is not None:
+        client.link.region.use_copier(None)
 
 
 def _near_end_lead(stage, seconds):
     """The stage's caller-side near-end lead (waitpolicy rule 3) set to ``seconds``."""
     from xstage_remote import waitpolicy
 
-    policy = stage._client._bell.policy
+    policy = stage._client.link.bell.policy
     policy.near_end = seconds
     policy._near_end = waitpolicy.Decision(round(min(3 * seconds, policy.spin_seconds), 9),
                                            "near_end")
@@ -263,8 +263,8 @@ def bench_stage(torch, name, path, rounds, calls, say, arms=None):
             _copies_on_one_thread(stages[arm])
         if arm == "xstage graph no heads-up":
             stages[arm]._client._pipe.heads_up_ns = 0
-        if arm == "xstage graph unstreamed" and stages[arm]._client._region is not None:
-            stages[arm]._client._region.stream_fill = False
+        if arm == "xstage graph unstreamed" and stages[arm]._client.link.region is not None:
+            stages[arm]._client.link.region.stream_fill = False
         if arm == "xstage graph lead 0.3ms":
             _near_end_lead(stages[arm], 0.0003)
     feeds = dict(stages["xstage graph"].inputs)

@@ -59,7 +59,7 @@ def main() -> None:
         x = np.random.default_rng(0).standard_normal(n_in).astype(np.float32)
         with WorkerClient(sys.executable) as client:
             client.load(graph)
-            pipe, bell = client._pipe, client._bell
+            pipe, bell = client._pipe, client.link.bell
             assert bell is not None
             heads_up = bell.heads_up
 

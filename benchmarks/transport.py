@@ -44,8 +44,15 @@ copies of at least ``copies.MIN_BYTES`` across N helper threads besides it, inte
 run; a line per payload puts copies, overhead and this process's CPU time per call (``CPU``:
 every thread's, the helpers' included) side by side.
 
+``--compare SRC`` times the xstage arms (``--arms``, the floor beside them) under another tree
+(``SRC``, e.g. the parent commit's ``src/``: before) and this one (after): one process per tree
+and round, the order alternating per round, each process one round of every arm and payload;
+each row is the median of the rounds' overheads, with after / before and the spread of the
+before rounds (their interquartile range over their median: a difference inside it is noise).
+With ``--busy N`` each round runs twice, quiet and beside the N neighbours.
+
 Run: ``python benchmarks/transport.py [--json] [--rounds N] [--busy N] [--copy-threads N]
-[--verbose]``. Not a test: nothing asserts.
+[--compare SRC] [--verbose]``. Not a test: nothing asserts.
 """
 
 from __future__ import annotations
@@ -463,6 +470,79 @@ def describe_waits(counts: dict) -> str:
     return f"decided: {rules}; ended: {outcomes}"
 
 
+#: The arms ``--compare`` times by default: the client's own paths.
+COMPARE_ARMS = ("xstage", "xstage-out", "xstage-inplace", "inline", "tcp-auth")
+
+
+def _one_round(arms: tuple[str, ...], calls: int) -> dict:
+    """One round of ``arms`` at every payload, in this process (a ``--compare`` process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("XSTAGE_HOME", str(Path(tmp) / "home"))
+        rows = measure(1, calls, Path(tmp), arms)["quiet"]
+    return {row["payload"]: {name: a["overhead_us"] for name, a in row["arms"].items()}
+            | {"floor": row["floor_us"]} for row in rows}
+
+
+def compare(other_src: str, rounds: int, calls: int, arms: tuple[str, ...],
+            neighbours: Neighbours) -> dict[str, list[dict]]:
+    """Each arm's overhead under ``other_src`` (before) and this tree (after), interleaved.
+
+    One process per tree and round (``--one-round``), the order alternating per round; with
+    busy neighbours, each round quiet and then busy. Per state, a row per payload and arm:
+    the medians, after / before, and the before rounds' spread (IQR / median).
+    """
+    import subprocess
+
+    own = str(Path(__file__).resolve().parents[1] / "src")
+    states = STATES if neighbours.n else STATES[:1]
+    got: dict[str, dict[str, list[dict]]] = {s: {"before": [], "after": []} for s in states}
+    for r in range(rounds):
+        for state in states:
+            if state == "busy":
+                neighbours.busy()
+            else:
+                neighbours.quiet()
+            pair = (("before", other_src), ("after", own))
+            for tree, src in pair if r % 2 == 0 else pair[::-1]:
+                done = subprocess.run(
+                    [sys.executable, __file__, "--one-round", "--calls", str(calls),
+                     "--arms", ",".join(arms)],
+                    env=dict(os.environ, PYTHONPATH=src), capture_output=True, text=True,
+                    timeout=600, check=True)
+                got[state][tree].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    neighbours.quiet()
+    out: dict[str, list[dict]] = {}
+    for state in states:
+        before, after = got[state]["before"], got[state]["after"]
+        for payload in after[0]:
+            for arm in after[0][payload]:
+                b = [run[payload][arm] for run in before]
+                a = [run[payload][arm] for run in after]
+                q = statistics.quantiles(b, n=4) if len(b) > 1 else [b[0], b[0], b[0]]
+                mb, ma = statistics.median(b), statistics.median(a)
+                out.setdefault(state, []).append({
+                    "payload": payload, "arm": arm, "before_us": mb, "after_us": ma,
+                    "after_over_before": ma / mb if mb > 0 else None,
+                    "before_spread": (q[2] - q[0]) / mb if mb > 0 else None,
+                    "rounds": len(a)})
+    return out
+
+
+def _print_compare(results: dict[str, list[dict]], other_src: str, busy: int) -> None:
+    print(f"overhead per call (round trip minus the worker's time; the floor: its round trip), "
+          f"median µs; before = {other_src}, after = this tree; load average "
+          f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    for state, rows in results.items():
+        print(f"\n{state}" + (f" ({busy} busy-looping processes beside it)"
+                               if state == "busy" else ""))
+        for row in rows:
+            ratio, spread = row["after_over_before"], row["before_spread"]
+            print(f"  {row['payload']:<18}{row['arm']:<16}before {row['before_us']:>8.1f}  "
+                  f"after {row['after_us']:>8.1f}  after/before "
+                  f"{ratio if ratio is not None else float('nan'):.3f}  before spread "
+                  f"{spread if spread is not None else float('nan'):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -479,7 +559,26 @@ def main() -> None:
                              ", interleaved in one run")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="print the doorbell's decisions (spin or block, and why) per arm")
+    parser.add_argument("--compare", metavar="SRC",
+                        help="the xstage arms under another tree's src/ (before) and this one "
+                        "(after), one process each per round, interleaved, e.g. --compare "
+                        "../main/src (--arms narrows them)")
+    parser.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_round:  # one --compare process
+        print(json.dumps(_one_round(tuple(a for a in args.arms.split(",") if a), args.calls)))
+        return
+    if args.compare:
+        chosen = args.arms if args.arms != ",".join(ARMS) else ",".join(COMPARE_ARMS)
+        with Neighbours(args.busy) as neighbours:
+            results = compare(args.compare, args.rounds, args.calls,
+                              tuple(a for a in chosen.split(",") if a), neighbours)
+        if args.json:
+            print(json.dumps({"benchmark": "transport-compare", "busy": args.busy,
+                              "load_average": os.getloadavg(), "results": results}, indent=2))
+        else:
+            _print_compare(results, args.compare, args.busy)
+        return
     if args.busy < 0:
         parser.error("--busy takes a number of processes >= 0")
     if args.copy_threads is not None and not 0 < args.copy_threads <= copies.MAX_THREADS:

@@ -98,17 +98,6 @@ from .wire import (  # noqa: F401  (callers reach these through shm too)
 )
 
 
-def __getattr__(name):
-    """``ENV_PROBLEMS``: one line per malformed transport variable in this process's
-    environment (``tuning.from_environ``), read when a client asks (a worker never does): the
-    client refuses to start a worker while it is not empty."""
-    if name == "ENV_PROBLEMS":
-        from .tuning import from_environ
-
-        return from_environ()[1]
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))
-
-
 __all__ = [
     "CPU_AFTER_FLAG",
     "CROWD_BLOCKS",

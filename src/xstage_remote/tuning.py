@@ -21,8 +21,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 SHM_MODES = ("auto", "memfd", "named", "off")
 #: Doorbells (``XSTAGE_DOORBELL``).
 DOORBELLS = ("eventfd", "socket")
-#: The most hashing or copy helper threads a knob may ask for.
+#: The most hashing threads (``XSTAGE_MAC_THREADS``) and copy helpers (``XSTAGE_COPY_THREADS``)
+#: a knob may ask for.
 MAX_THREADS = 16
+MAX_COPY_THREADS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +90,13 @@ def _threads(raw: str) -> int:
     return value
 
 
+def _copy_threads(raw: str) -> int:
+    value = int(raw)
+    if not 0 <= value <= MAX_COPY_THREADS:
+        raise ValueError
+    return value
+
+
 def _flag(raw: str) -> bool:
     return bool(_whole(raw))
 
@@ -123,7 +132,8 @@ KNOBS: Tuple[Tuple[str, str, _Parser, str, str], ...] = (
     ("XSTAGE_DOORBELL", "doorbell", _doorbell, "one of " + ", ".join(DOORBELLS), "socket"),
     ("XSTAGE_SHM", "shm", _shm, "one of " + ", ".join(SHM_MODES), "auto"),
     ("XSTAGE_MAC_THREADS", "mac_threads", _threads, "a whole number from 0 to %d" % MAX_THREADS, "0"),
-    ("XSTAGE_COPY_THREADS", "copy_threads", _threads, "a whole number from 0 to %d" % MAX_THREADS, "0"),
+    ("XSTAGE_COPY_THREADS", "copy_threads", _copy_threads, "a whole number from 0 to %d" % MAX_COPY_THREADS,
+     "0"),
     ("XSTAGE_MAX_REGION_BYTES", "max_region_bytes", _whole, _WHOLE, "4294967296"),
     ("XSTAGE_ATTACH_FD_SECONDS", "attach_fd_seconds", _seconds, _SECONDS, "10"),
     ("XSTAGE_WAIT_TRACE", "wait_trace", _path, "a folder", "/tmp/xstage-waits"),

@@ -16,7 +16,7 @@ import pytest
 
 from tests.client.conftest import identity_inputs
 from xstage import builtin_graphs, errors
-from xstage.client import WorkerClient, copies, worker
+from xstage.client import WorkerClient, copies
 from xstage_remote import shm
 
 RANGE = copies.MIN_RANGE
@@ -202,9 +202,22 @@ def test_the_default_pays_only_from_four_cpus(monkeypatch, cpus, want) -> None:
 
 
 def test_a_malformed_knob_stops_a_worker_before_it_starts(monkeypatch) -> None:
-    monkeypatch.setattr(copies, "ENV_PROBLEM", "XSTAGE_COPY_THREADS='x' is not a whole number")
-    with pytest.raises(errors.UsageError, match="XSTAGE_COPY_THREADS"):
-        worker._settings_usable()
+    monkeypatch.setenv("XSTAGE_COPY_THREADS", "x")
+    client = WorkerClient(sys.executable)
+    with pytest.raises(errors.UsageError, match="XSTAGE_COPY_THREADS='x' is not a whole number"):
+        client.start()
+    assert client.pid is None  # nothing was started
+
+
+def test_the_client_builds_its_tuning_once_and_uses_its_knobs(monkeypatch) -> None:
+    """``XSTAGE_COPY_THREADS`` and ``XSTAGE_SHM`` reach the client through ``tuning``."""
+    monkeypatch.setenv("XSTAGE_COPY_THREADS", "3")
+    monkeypatch.setenv("XSTAGE_SHM", "off")
+    client = WorkerClient(sys.executable)
+    assert client.tuning.copy_threads == 3 and client._copies.threads == 3
+    assert client.tuning.shm == "off" and client.shm_mode == "off"
+    monkeypatch.setenv("XSTAGE_COPY_THREADS", "1")  # read once: a later change is not seen
+    assert client.tuning.copy_threads == 3
 
 
 def test_a_region_write_plan_keeps_its_copy_and_its_bytes(pool) -> None:
@@ -259,7 +272,7 @@ def test_a_worker_round_trip_on_the_copy_threads_is_bit_exact(monkeypatch, tmp_p
     }
     with WorkerClient(sys.executable) as w:
         w.load(_big_identity(tmp_path))
-        assert w._region is not None and w._region.copier is w._copies
+        assert w.link.region is not None and w.link.region.copier is w._copies
         assert w._copies.threads == 2
         for call in range(2):
             out = w.run(feeds)
@@ -287,7 +300,7 @@ def test_a_client_below_four_cpus_copies_on_its_own_thread(graphs, monkeypatch) 
     monkeypatch.setattr(copies, "COPY_THREADS", 0)
     with WorkerClient(sys.executable) as w:
         w.load(graphs["identity"])
-        assert w._region is not None and w._region.copier is None and w._copies.threads == 0
+        assert w.link.region is not None and w.link.region.copier is None and w._copies.threads == 0
 
 
 def test_the_identity_graph_still_round_trips_with_copy_threads(graphs, monkeypatch) -> None:
@@ -313,7 +326,7 @@ def test_pipelined_requests_in_several_sets_keep_their_own_bytes(monkeypatch, tm
              for _ in range(7)]
     with WorkerClient(sys.executable, depth=3) as w:
         w.load(_big_identity(tmp_path))
-        assert w._region is not None and w._region.n_sets == 3
+        assert w.link.region is not None and w.link.region.n_sets == 3
         futures = [w.submit(f) for f in feeds]
         for fut, sent in zip(futures, feeds, strict=True):
             got = fut.result(timeout=120)

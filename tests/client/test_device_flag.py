@@ -36,7 +36,7 @@ def test_a_worker_without_device_slots_refuses_the_frame_and_the_flag(graphs):
     with WorkerClient(sys.executable) as w:
         w.load(graphs["mlp"])
         with pytest.raises(errors.WorkerRaised, match="torch runtime"):
-            w._request({"op": "device_slots"}, "device_slots_ready", "call")
+            w.request({"op": "device_slots"}, "device_slots_ready", "call")
         w._pipe.device = _FlagOnly()  # type: ignore[assignment]
         with pytest.raises(errors.WorkerRaised, match="worker without device slots"):
             w.run({"x": x})  # the synchronous path

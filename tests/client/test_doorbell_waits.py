@@ -322,7 +322,7 @@ def test_a_worker_client_rings_the_doorbell_it_was_given(tmp_path, monkeypatch, 
     graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 16), tmp_path / "s.onnx")
     with WorkerClient(sys.executable) as w:
         w.load(graph)
-        assert w._bell is not None and w._bell.kind == doorbell
+        assert w.link.bell is not None and w.link.bell.kind == doorbell
         x = np.arange(16, dtype=np.float32)
         for _ in range(50):
             np.testing.assert_array_equal(w.run({"x": x})["y"], x)

@@ -18,7 +18,7 @@ import pytest
 
 from xstage import builtin_graphs, errors
 from xstage.client import WorkerClient
-from xstage.client.deadlines import DeadlineSocket
+from xstage.client.transport import SocketChannel
 from xstage.client.worker import WorkerState
 from xstage_remote import wire
 from xstage_remote import worker as remote
@@ -38,8 +38,8 @@ def _wired(graph: Path) -> tuple[WorkerClient, remote.Worker]:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     w = remote.Worker(b, None, 1, wire.Channel(b, SECRET, DIGEST, "worker"))
     c = WorkerClient(sys.executable, shm_mode="off", transport="tcp")
-    c._io = DeadlineSocket(a)
-    c._channel = channel = wire.Channel(c._io, SECRET, DIGEST, "client")
+    channel = wire.Channel(a, SECRET, DIGEST, "client")
+    c.link = SocketChannel(a, channel)  # bounds the channel's records by the call's deadline
     c._ctl = a
     c.state = WorkerState.READY
     c.hello = {"features": remote.FEATURES}
@@ -60,7 +60,7 @@ def pair(tmp_path: Path):  # type: ignore[no-untyped-def]
     graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 8), tmp_path / "s.onnx")
     c, w = _wired(graph)
     yield c, w, ort.InferenceSession(str(graph))
-    c._abort()
+    c.abort()
     w.sock.close()
 
 
@@ -72,7 +72,7 @@ def _warm(c: WorkerClient, w: remote.Worker, sess: ort.InferenceSession) -> None
     """Calls until both ends expect the signature's next frame."""
     for i in range(3):
         np.testing.assert_array_equal(c.run({"x": _x(i)})["y"], sess.run(None, {"x": _x(i)})[0])
-    assert c._reply is not None and w._expect is not None
+    assert c.link.reply is not None and w._expect is not None
 
 
 def test_expected_frames_carry_the_calls_with_the_same_numbers(pair, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -166,10 +166,10 @@ def test_a_reply_off_the_expectation_fails_as_before(pair, attack: str, expectin
 
     w.stream.send_lane = answer
     if not expecting:
-        c._reply = None
+        c.link.reply = None
     with pytest.raises(errors.RemoteProtocolError, match=re.escape(message)):
         c.run({"x": _x(6)})
-    assert c._channel is None  # the stage is closed
+    assert c._ctl is None  # the stage is closed
     with pytest.raises(errors.StageClosed):
         c.run({"x": _x(6)})
 
@@ -184,8 +184,8 @@ def test_a_request_off_the_expectation_fails_as_before(pair, attack: str, expect
     _warm(c, w, sess)
     if not expecting:
         w._expect = None
-    ch = c._channel
-    lane = c._lane
+    ch = c.link.channel
+    lane = c.link.lane
     lane.fill(20, {"x": _x(9)})
     message = {
         "another generation": "request run #20 carries gen 2, this worker is generation 1",

@@ -22,24 +22,24 @@ def _tap(w: WorkerClient) -> list[bool]:
     the channel reads every frame, a lean call's reply against its expectation (``wire._Expect``
     comes back: a binary frame)."""
     seen: list[bool] = []
-    if w._channel is not None:
-        channel_recv = w._channel.recv
+    if w.link.channel is not None:
+        channel_recv = w.link.channel.recv
 
         def channel_tapped(*args, **kw):  # type: ignore[no-untyped-def]
             got = channel_recv(*args, **kw)
             seen.append(True if isinstance(got, wire._Expect) else got.fast)
             return got
 
-        w._channel.recv = channel_tapped  # type: ignore[method-assign]
+        w.link.channel.recv = channel_tapped  # type: ignore[method-assign]
         return seen
-    recv = w._recv
+    recv = w.recv
 
     def tapped(*args, **kw):  # type: ignore[no-untyped-def]
         frame = recv(*args, **kw)
         seen.append(frame.fast)
         return frame
 
-    w._recv = tapped  # type: ignore[method-assign]
+    w.recv = tapped  # type: ignore[method-assign]
     return seen
 
 
@@ -95,7 +95,7 @@ def test_json_frames_are_kept_where_binary_ones_were_not_agreed(graphs, how: str
         else:
             w.hello["features"] = [f for f in w.hello["features"] if f != "fast-frames"]
         w.load(graphs["mlp"])
-        assert w._fast is None
+        assert w.link.codec is None
         seen = _tap(w)
         np.testing.assert_array_equal(w.run({"x": x})["y"], ref)
         assert seen == [False]
@@ -122,7 +122,7 @@ def test_a_binary_frame_before_any_load_ends_the_worker(graphs) -> None:
     the worker exits 65 naming it, it never guesses names."""
     with WorkerClient(sys.executable, shm_mode="off") as w:
         codec = wire.FastCodec(["x"], ["y"])
-        w._io.sock.sendall(b"".join(bytes(memoryview(p).cast("B")) for p in wire.encode_fast(
+        w.link.io.sock.sendall(b"".join(bytes(memoryview(p).cast("B")) for p in wire.encode_fast(
             codec, "run", 99, 1, {"x": np.zeros(2, np.float32)})))
         assert w._proc.wait(timeout=30) == 65
     assert "binary frame (XSB1) where this end expects JSON" in w.log_tail()
@@ -158,7 +158,7 @@ def test_repeated_calls_take_the_kept_frame_and_keep_every_check(graphs, transpo
         seen = _tap(w)
         for i in range(3):
             np.testing.assert_array_equal(w.run({"x": x + i})["y"], sess.run(None, {"x": x + i})[0])
-        assert w._lane is not None and seen == [True] * 3
+        assert w.link.lane is not None and seen == [True] * 3
         wide = np.zeros((8, 512), np.float32)
         wide[:, ::2] = x
         np.testing.assert_array_equal(w.run({"x": wide[:, ::2]})["y"], sess.run(None, {"x": x})[0])
@@ -167,7 +167,7 @@ def test_repeated_calls_take_the_kept_frame_and_keep_every_check(graphs, transpo
             w.run({"x": x.astype(np.float64)})
         np.testing.assert_array_equal(w.run({"x": x})["y"], sess.run(None, {"x": x})[0])
         # (over TCP the reply is read by the channel: asked for a Frame, not the expectation)
-        recv = w._recv if w._channel is None else w._channel.recv
+        recv = w.recv if w.link.channel is None else w.link.channel.recv
 
         def another(*args, **kw):  # type: ignore[no-untyped-def]
             kw.pop("expect", None)
@@ -175,10 +175,10 @@ def test_repeated_calls_take_the_kept_frame_and_keep_every_check(graphs, transpo
             frame.header["id"] += 1
             return frame
 
-        if w._channel is None:
-            w._recv = another  # type: ignore[method-assign]
+        if w.link.channel is None:
+            w.recv = another  # type: ignore[method-assign]
         else:
-            w._channel.recv = another  # type: ignore[method-assign]
+            w.link.channel.recv = another  # type: ignore[method-assign]
         with pytest.raises(errors.RemoteProtocolError, match="expected result #"):
             w.run({"x": x})
         with pytest.raises(errors.StageClosed):

@@ -147,8 +147,8 @@ _INTERRUPT = textwrap.dedent(
             def b_holds_the_client():
                 if not t.is_alive():
                     return True
-                if w._lock.acquire(blocking=False):
-                    w._lock.release()
+                if w.lock.acquire(blocking=False):
+                    w.lock.release()
                     return False
                 return True
 
@@ -206,11 +206,11 @@ def test_a_reply_of_another_generation_is_refused(graphs):
     with WorkerClient(sys.executable, shm_mode="off", generation=3) as w:
         assert w.hello is not None and w.hello["gen"] == 3
         w.load(graphs["mlp"])
-        rid = w._take_id()
+        rid = w.take_id()
         w._send({"op": "ping", "id": rid})
         w.generation = 4  # the reply now comes from what is, to this client, another generation
         with pytest.raises(errors.RemoteProtocolError, match="carries gen 3"):
-            w._expect(w._recv("call", 60), "pong", rid)
+            w.expect(w.recv("call", 60), "pong", rid)
         assert w.state is WorkerState.DEAD
 
 
@@ -243,8 +243,8 @@ def test_request_ids_never_repeat_across_transports(graphs):
         seen = []
         for _ in range(3):
             w.run(x)
-            assert w._region is not None
-            seen.append(w._region.resp_id())
+            assert w.link.region is not None
+            seen.append(w.link.region.resp_id())
             w.ping()
         assert len(set(seen)) == 3 and seen == sorted(seen)
 
@@ -440,10 +440,10 @@ def test_attach_without_its_descriptor_does_not_hold_the_worker(graphs, monkeypa
     with WorkerClient(sys.executable, shm_mode="off") as w:
         w.load(graphs["mlp"])
         slots, size = shm.plan_layout([("x", "float32", 256)], [])
-        rid = w._take_id()
+        rid = w.take_id()
         w._send({"op": "attach", "id": rid, "region": {"kind": "memfd", "size": size,
                                                        "slots": slots}})
-        exc = _in_thread(lambda: w._expect(w._recv("load", 60), "attached", rid))
+        exc = _in_thread(lambda: w.expect(w.recv("load", 60), "attached", rid))
         assert isinstance(exc, errors.WorkerRaised), exc
         assert "no region descriptor" in str(exc)
         assert w.ping() is not None  # the worker still serves

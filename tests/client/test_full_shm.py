@@ -26,7 +26,7 @@ CALLS = textwrap.dedent("""
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             w.load(g)
-        print("region", w._region is not None)
+        print("region", w.link.region is not None)
         print("warned", "; ".join(str(m.message) for m in seen))
         for _ in range(3):
             assert np.array_equal(w.run({"x": x})["y"], x[: 1 << 19])

@@ -72,7 +72,7 @@ def test_output_views_are_read_only_views_valid_until_the_next_call(slice_big, c
         client.load(slice_big)
         copies_into.clear()
         first = client.run({"x": a}, views=True)["y"]
-        slot = client._region.output("y", 0)
+        slot = client.link.region.output("y", 0)
         assert np.shares_memory(first, slot) and not _wrote_into(copies_into, first)
         np.testing.assert_array_equal(first, a[: N // 2])
         assert not first.flags.writeable

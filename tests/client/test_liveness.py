@@ -195,7 +195,7 @@ def test_hundred_start_kill_cycles_leave_nothing_behind(graphs, monkeypatch, cyc
         w = WorkerClient(sys.executable, shm_mode="named")
         w.start()
         w.load(graphs["slice"])
-        assert w._region.kind == "named"
+        assert w.link.region.kind == "named"
         w.run({"x": x})
         os.kill(w.pid, signal.SIGKILL)
         with pytest.raises(errors.WorkerDied):

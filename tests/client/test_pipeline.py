@@ -63,7 +63,7 @@ def _x(n: int, scale: float = 1.0) -> dict[str, np.ndarray]:
 
 def _started(w: WorkerClient, fut) -> None:
     """Wait (on the worker's own flag, not the clock) until ``fut``'s request has started."""
-    region = w._region
+    region = w.link.region
     req = fut._req
     while not (req.published and region.started(req.rid, req.set)):
         threading.Event().wait(0.001)
@@ -161,7 +161,7 @@ def test_a_request_the_worker_refuses_fails_alone(reshape):
 def test_inline_stages_are_queued_too(graphs):
     with WorkerClient(sys.executable, depth=2) as w:
         w.load(graphs["symbolic"])
-        assert w._region is None
+        assert w.link.region is None
         xs = [np.full((3, 2), i, np.float32) for i in range(4)]
         futures = [w.submit({"x": x}) for x in xs]
         for fut, x in zip(futures, xs, strict=True):
@@ -171,7 +171,7 @@ def test_inline_stages_are_queued_too(graphs):
 def test_the_region_holds_k_sets_of_the_same_slots(mid):
     with WorkerClient(sys.executable, depth=3) as w:
         w.load(mid)
-        region = w._region
+        region = w.link.region
         assert region.n_sets == 3
         for s in range(3):
             assert region.capacity("in", "x", s) == 384 * 384 * 4

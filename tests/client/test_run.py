@@ -21,7 +21,7 @@ def test_mlp_matches_in_process_onnxruntime(graphs, shm_mode):
     ref = ort.InferenceSession(str(graphs["mlp"])).run(None, {"x": x})[0]
     with WorkerClient(sys.executable, shm_mode=shm_mode) as w:
         w.load(graphs["mlp"])
-        assert (w._region is not None) == (shm_mode != "off")
+        assert (w.link.region is not None) == (shm_mode != "off")
         ys = []
         for _ in range(3):
             ys.append(w.run({"x": x})["y"])
@@ -56,8 +56,8 @@ def test_data_dependent_output_falls_back_inline_on_the_shared_path(graphs):
     x[1, 2] = x[3, 0] = 1.0
     with WorkerClient(sys.executable) as w:
         w.load(graphs["dynamic"])
-        assert w._region.has("in", "x") and w._region.has("out", "same")
-        assert not w._region.has("out", "nz")
+        assert w.link.region.has("in", "x") and w.link.region.has("out", "same")
+        assert not w.link.region.has("out", "nz")
         out = w.run({"x": x})
         assert out["nz"].tolist() == [[1, 3], [2, 0]] and out["nz"].dtype == np.int64
         np.testing.assert_array_equal(out["same"], x)
@@ -69,7 +69,7 @@ def test_symbolic_input_dimension_runs_inline(graphs):
     """No slot can be sized for a symbolic input: every call goes inline, any size."""
     with WorkerClient(sys.executable) as w:
         w.load(graphs["symbolic"])
-        assert w._region is None
+        assert w.link.region is None
         for n in (1, 5, 0):
             x = np.arange(2 * n, dtype=np.float32).reshape(n, 2)
             np.testing.assert_array_equal(w.run({"x": x})["y"], -x)
@@ -131,7 +131,7 @@ def test_a_repeated_signature_skips_the_checks_and_nothing_else(graphs, monkeypa
     x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
     with WorkerClient(sys.executable) as w:
         w.load(graphs["slice"])
-        assert w._region is not None
+        assert w.link.region is not None
         checked = []
         real = w._check_inputs
         monkeypatch.setattr(w, "_check_inputs", lambda inputs: checked.append(1) or real(inputs))
@@ -223,7 +223,7 @@ def test_tcp_connect_back_transport_runs_inline(graphs):
     ref = ort.InferenceSession(str(graphs["mlp"])).run(None, {"x": x})[0]
     with WorkerClient(sys.executable, transport="tcp") as w:
         w.load(graphs["mlp"])
-        assert w._region is None and w._bell is None
+        assert w.link.region is None and w.link.bell is None
         np.testing.assert_array_equal(w.run({"x": x})["y"], ref)
 
 
@@ -233,17 +233,17 @@ def test_fit_region_gives_symbolic_stages_a_shared_path(graphs):
     x = np.arange(10, dtype=np.float32).reshape(5, 2)
     with WorkerClient(sys.executable) as w:
         w.load(graphs["symbolic"])
-        assert w._region is None
+        assert w.link.region is None
         first = w.run({"x": x})
         assert w.fit_region({"x": x, **first}) is True
-        assert w._region.has("in", "x") and w._region.has("out", "y")
+        assert w.link.region.has("in", "x") and w.link.region.has("out", "y")
         assert w.fit_region({"x": x}) is True  # already fits: no new region
-        region = w._region
+        region = w.link.region
         np.testing.assert_array_equal(w.run({"x": x})["y"], -x)
-        assert w._region is region
+        assert w.link.region is region
         big = np.ones((50, 2), np.float32)
         np.testing.assert_array_equal(w.run({"x": big})["y"], -big)  # inline, still right
         w.fit_region({"x": big})
-        assert w._region is not region
+        assert w.link.region is not region
         np.testing.assert_array_equal(w.run({"x": big})["y"], -big)
         np.testing.assert_array_equal(w.run({"x": x})["y"], -x)

@@ -83,11 +83,11 @@ def test_the_worker_publishes_its_cpu_while_calls_run(graphs):
         w.run({"x": np.zeros((8, 256), np.float32)})
         ncpu = os.cpu_count() or 1
         # Written when the worker starts waiting for the next call, just after answering.
-        wait_until(lambda: w._region.flag(shm.OFF_WORKER_ASLEEP + shm.CPU_AFTER_FLAG) != 0,
+        wait_until(lambda: w.link.region.flag(shm.OFF_WORKER_ASLEEP + shm.CPU_AFTER_FLAG) != 0,
                    "the worker publishing its CPU")
-        assert 1 <= w._region.flag(shm.OFF_WORKER_ASLEEP + shm.CPU_AFTER_FLAG) <= ncpu
+        assert 1 <= w.link.region.flag(shm.OFF_WORKER_ASLEEP + shm.CPU_AFTER_FLAG) <= ncpu
         # The client's is written only when it had to wait (an answer may already be there).
-        assert 0 <= w._region.flag(shm.OFF_CLIENT_ASLEEP + shm.CPU_AFTER_FLAG) <= ncpu
+        assert 0 <= w.link.region.flag(shm.OFF_CLIENT_ASLEEP + shm.CPU_AFTER_FLAG) <= ncpu
 
 
 def test_the_worker_side_never_moves(region):
@@ -127,7 +127,7 @@ def test_two_processes_pinned_to_one_cpu_still_answer(graphs):
         os.sched_setaffinity(0, {cpu})
         try:
             w.load(graphs["mlp"])
-            assert w._region is not None
+            assert w.link.region is not None
             for _ in range(20):
                 np.testing.assert_array_equal(w.run({"x": x})["y"], ref)
         finally:

@@ -27,11 +27,11 @@ HARD_TIMEOUT = 120  # seconds a scenario may take before it counts as hung
 
 def _big_spin(client: WorkerClient) -> sockspin.SocketSpin:
     """Give the client's channel a spin of an hour (where this machine spins at all)."""
-    io = client._io
-    assert io is not None and client._channel is not None
+    io = client.link.io
+    assert io is not None and client.link.channel is not None
     spin = sockspin.SocketSpin(3600.0, io.recv_nowait, spinning=True, allowed_cpus=2,
                                load=lambda: None)
-    client._spin = client._channel.spin = spin
+    client.link.spin = client.link.channel.spin = spin
     return spin
 
 
@@ -87,5 +87,5 @@ def test_calls_over_a_spinning_channel_are_answered_in_order(graphs):
             x = np.full(4096, float(i), np.float32)
             out = w.run({"x": x})
             np.testing.assert_array_equal(next(iter(out.values())), x[:1024])
-        if w._spin is not None:  # installed where waits can spin (x86-64, two CPUs or more)
-            assert sum(w._spin.policy.rules.values()) >= 300
+        if w.link.spin is not None:  # installed where waits can spin (x86-64, two CPUs or more)
+            assert sum(w.link.spin.policy.rules.values()) >= 300

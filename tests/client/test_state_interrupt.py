@@ -56,10 +56,10 @@ _SCRIPT = textwrap.dedent(
     if when == "started":  # the worker stops itself as it takes run 2 (fault_worker.py)
         ready = stopped
     else:  # stopped while idle: run 2 is published and cannot be taken
-        last = w._region.req_id(0)
+        last = w.link.region.req_id(0)
         os.kill(pid, signal.SIGSTOP)
         until(stopped, "the worker stopping")
-        ready = lambda: w._region.req_id(0) != last
+        ready = lambda: w.link.region.req_id(0) != last
     main = threading.main_thread().ident
     fired = threading.Event()
 

@@ -41,7 +41,7 @@ def test_both_ends_use_the_record_size_the_workers_hello_announced(tmp_path) -> 
     with WorkerClient(sys.executable, transport="tcp") as w:
         announced = w.hello["record_bytes"]
         assert announced == wire.check_record_bytes(announced)
-        assert w._channel.chunk_bytes == announced
+        assert w.link.channel.chunk_bytes == announced
         graph = builtin_graphs.write(builtin_graphs.slice_graph(1 << 18, 1 << 18),
                                      tmp_path / "slice-1mib.onnx")
         w.load(graph)

@@ -253,7 +253,7 @@ def test_the_worker_package_does_not_import_xstage() -> None:
 #: and one stdlib-only module.
 SHARED_WITH_WORKER = ("xstage_remote", "xstage_remote.wire", "xstage_remote.shm",
                       "xstage_remote.sockspin", "xstage_remote.formats",
-                      "xstage_remote.device_slots")
+                      "xstage_remote.device_slots", "xstage_remote.tuning")
 
 
 def test_xstage_shares_only_the_wire_with_the_worker_package() -> None:

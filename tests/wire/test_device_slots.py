@@ -95,7 +95,7 @@ _FakeCuda.__module__ = "torch"
 
 
 class _Client:
-    _inputs = IN
+    inputs = IN  # CallHost.inputs: the caller's inputs
 
 
 def _slots():

@@ -35,7 +35,7 @@ import numpy as np
 
 from xstage_remote import shm
 
-__all__ = ["COPY_THREADS", "ENV_PROBLEM", "MIN_BYTES", "CopyPool", "copy_threads_default"]
+__all__ = ["COPY_THREADS", "MIN_BYTES", "CopyPool", "copy_threads_default"]
 
 #: Copies of at least this many bytes are split (see the module's docstring for why).
 MIN_BYTES = 2 << 20
@@ -84,8 +84,11 @@ def copy_threads_default(environ: Any = None) -> tuple[int, str | None]:
     return value, None
 
 
-#: This process's default helpers, and the problem with ``XSTAGE_COPY_THREADS`` (read once).
-COPY_THREADS, ENV_PROBLEM = copy_threads_default()
+#: This process's default helpers, where the client's tuning leaves them unset
+#: (``TransportTuning.copy_threads`` is None: ``XSTAGE_COPY_THREADS`` unset). The client reads
+#: ``XSTAGE_COPY_THREADS`` through its tuning, which names a malformed value.
+COPY_THREADS = copy_threads_default({})[0]
+
 
 def _read_load() -> tuple[int, int] | None:
     """(tasks running or runnable now, this one included; the machine's CPUs), or None.

@@ -22,12 +22,12 @@ from xstage_remote import shm
 from xstage_remote.device_slots import unpack
 
 if TYPE_CHECKING:
-    from xstage.client.worker import WorkerClient
+    from xstage.client.host import CallHost
 
-__all__ = ["DeviceSlots", "from_loaded", "is_cuda_tensor", "on_device"]
+__all__ = ["DeviceSlots", "busy", "carried", "from_loaded", "is_cuda_tensor", "on_device"]
 
 
-def from_loaded(client: WorkerClient, loaded: Mapping[str, Any]) -> DeviceSlots | None:
+def from_loaded(client: CallHost, loaded: Mapping[str, Any]) -> DeviceSlots | None:
     """The stage's device slots when its worker serves device tensors, else None.
 
     Read from ``loaded``'s ``info.accelerator.device_tensors``.
@@ -64,7 +64,7 @@ def is_cuda_tensor(value: Any) -> bool:
 class DeviceSlots:
     """The worker's device slots, opened in this process; which sets hold a device request."""
 
-    def __init__(self, client: WorkerClient, device: str) -> None:
+    def __init__(self, client: CallHost, device: str) -> None:
         self.client = client
         self.device = device
         self.views: list[dict[str, dict[str, Any]]] = []
@@ -98,7 +98,7 @@ class DeviceSlots:
             if len(self._accepted) > 64:
                 self._accepted.clear()
             self._accepted.add(key)
-        out = {d["name"]: inputs[d["name"]] for d in self.client._inputs}
+        out = {d["name"]: inputs[d["name"]] for d in self.client.inputs}
         torch, device = self._torch, self._base.device
         stream = torch.cuda.current_stream(device)
         if stream != torch.cuda.default_stream(device):
@@ -108,7 +108,7 @@ class DeviceSlots:
         return out
 
     def _check(self, inputs: Mapping[str, Any]) -> None:
-        declared = self.client._inputs
+        declared = self.client.inputs
         if set(inputs) != {d["name"] for d in declared}:
             raise errors.InputError(f"inputs {sorted(inputs)} do not match the stage's "
                                     f"{sorted(d['name'] for d in declared)}")
@@ -146,7 +146,7 @@ class DeviceSlots:
     def open(self) -> None:
         """Ask the worker for its slots once and open them here."""
         if not self.views:
-            with self.client._lock:  # a frame on the socket: nothing else drives meanwhile
+            with self.client.lock:  # a frame on the socket: nothing else drives meanwhile
                 if not self.views:
                     self._open()
 
@@ -155,7 +155,7 @@ class DeviceSlots:
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
         c = self.client
-        frame = c._request({"op": "device_slots"}, "device_slots_ready", "load")
+        frame = c.request({"op": "device_slots"}, "device_slots_ready", "load")
         info = dict(frame.header["info"])
         try:
             fields = unpack(info, frame.arrays())
@@ -216,3 +216,17 @@ class DeviceSlots:
     def outputs(self, s: int) -> dict[str, Any]:
         """Set ``s``'s output slots (views: valid until set ``s`` is written again)."""
         return dict(self.views[s]["out"])
+
+
+def carried(device: DeviceSlots | None, feeds: Mapping[str, Any]) -> bool:
+    """Whether a request's inputs are device tensors (a stage with device slots)."""
+    return device is not None and bool(feeds) and is_cuda_tensor(next(iter(feeds.values())))
+
+
+def busy(s: int) -> errors.SlotsBusy:
+    """A device call finds set ``s`` (next) reserved by another ``device_inputs()``."""
+    return errors.SlotsBusy(
+        f"slot set {s}, the next one, is reserved by a device_inputs() call whose tensors "
+        "have not been called with yet; device tensors cannot go around it inline",
+        remedy="call the stage with the tensors device_inputs() gave (or drop them) "
+        "before calling with tensors of your own")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,10 +24,22 @@ from xstage.record.io import records_path, utc_now, write_record
 from xstage.stage.handle import RESTART_POLICIES, Requests
 from xstage.timings import DEFAULT_PERCENTILES, summarize
 
-if TYPE_CHECKING:
-    from xstage.cluster.place import Placement
+__all__ = ["ClusterFuture", "ClusterStage", "Placing"]
 
-__all__ = ["ClusterFuture", "ClusterStage"]
+
+class Placing(Protocol):
+    """What a stage on a cluster asks of its placement (``place.Placement``), no more.
+
+    A protocol, not the class: ``place`` builds the stage, so naming the class here would be
+    an import cycle (docs/architecture.md, "Layers").
+    """
+
+    ray: Any
+    artifact: Any
+    say: Callable[[str], None]  # one line of progress for the caller
+
+    def place(self) -> tuple[Any, dict[str, Any]]:
+        """The stage's actor on a node with the resources, and its answer."""
 
 #: Seconds a control question (record, health, close) to a live actor may take.
 CONTROL_TIMEOUT_S = 60.0
@@ -49,7 +61,7 @@ class ClusterStage(Requests):
     record whole, with a ``cluster`` block (node, resources, ledger node, restarts).
     """
 
-    def __init__(self, placement: Placement, placed: tuple[Any, dict[str, Any]], *,
+    def __init__(self, placement: Placing, placed: tuple[Any, dict[str, Any]], *,
                  restart: str = "never", max_restarts: int = 3, restart_window: float = 60.0,
                  record_on_close: bool = True) -> None:
         if restart not in RESTART_POLICIES:
