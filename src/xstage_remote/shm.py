@@ -97,7 +97,6 @@ from .wire import (  # noqa: F401  (callers reach these through shm too)
     dtype_of_tag,
 )
 
-
 __all__ = [
     "CPU_AFTER_FLAG",
     "CROWD_BLOCKS",

@@ -318,7 +318,7 @@ def test_a_worker_client_rings_the_doorbell_it_was_given(tmp_path, monkeypatch, 
     ``XSTAGE_DOORBELL=socket``; both ends then use the same kind, and calls are answered."""
     from xstage import builtin_graphs
 
-    monkeypatch.setattr(doorbell_mod, "EVENTFD_BELL", doorbell == "eventfd")
+    monkeypatch.setenv("XSTAGE_DOORBELL", doorbell)  # read once, into the client's tuning
     graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 16), tmp_path / "s.onnx")
     with WorkerClient(sys.executable) as w:
         w.load(graph)
