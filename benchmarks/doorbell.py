@@ -133,34 +133,34 @@ def _clients(tmp: Path):  # type: ignore[no-untyped-def]
     """Four workers on one 64 B Slice graph: (doorbell, waiting) → (client, feeds)."""
     from xstage import builtin_graphs
     from xstage.client import WorkerClient
-    from xstage_remote import shm
 
     graph = builtin_graphs.write(builtin_graphs.slice_graph(16, 16), tmp / "s16.onnx")
     feeds = {"x": np.random.default_rng(0).standard_normal(16).astype(np.float32)}
     out = {}
-    saved = (shm.EVENTFD_BELL, shm.SPIN_SECONDS, os.environ.get("XSTAGE_WORKER_SPIN_SECONDS"))
+    names = ("XSTAGE_DOORBELL", "XSTAGE_SPIN_SECONDS", "XSTAGE_WORKER_SPIN_SECONDS")
+    saved = {k: os.environ.get(k) for k in names}  # each client's tuning reads them once
     try:
         for bell in ("eventfd", "socket"):
             for waiting in ("blocked", "policy"):
-                shm.EVENTFD_BELL = bell == "eventfd"
-                shm.SPIN_SECONDS = 0.0 if waiting == "blocked" else saved[1]
-                if waiting == "blocked":
-                    os.environ["XSTAGE_WORKER_SPIN_SECONDS"] = "0"
-                elif saved[2] is None:
-                    os.environ.pop("XSTAGE_WORKER_SPIN_SECONDS", None)
-                else:
-                    os.environ["XSTAGE_WORKER_SPIN_SECONDS"] = saved[2]
+                os.environ["XSTAGE_DOORBELL"] = bell
+                for k in names[1:]:
+                    if waiting == "blocked":
+                        os.environ[k] = "0"
+                    elif saved[k] is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = saved[k]  # type: ignore[assignment]
                 client = WorkerClient(sys.executable, shm_mode="auto")
                 client.start()
                 client.load(graph)
                 assert client.link.bell is not None and client.link.bell.kind == bell
                 out[f"{bell} {waiting}"] = client
     finally:
-        shm.EVENTFD_BELL, shm.SPIN_SECONDS = saved[0], saved[1]
-        if saved[2] is None:
-            os.environ.pop("XSTAGE_WORKER_SPIN_SECONDS", None)
-        else:
-            os.environ["XSTAGE_WORKER_SPIN_SECONDS"] = saved[2]
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return out, feeds
 
 
