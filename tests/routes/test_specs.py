@@ -50,6 +50,9 @@ def test_spec_is_consistent(spec):
     assert spec.os_side in ("this", "windows")
     assert set(spec.platforms) <= {"linux", "wsl", "windows", "darwin"}
     assert spec.packages and all(spec.packages.values())
+    gpu_vendors = {v for cls, v in spec.drives if cls.startswith("gpu")}
+    assert spec.gpu_vendor is None or gpu_vendors == {spec.gpu_vendor}  # per-EP facts agree with drives
+    assert not spec.device_id_picks_gpu or gpu_vendors
 
 
 def test_specs_are_frozen():

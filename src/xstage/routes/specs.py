@@ -211,6 +211,16 @@ class RouteSpec:
             the format the device takes as the remedy, instead of ``format_not_run_here``.
         declines_remedy: the remedy of such a refusal (the command that makes the format the
             device takes).
+        device_id_picks_gpu: its EP's ``device_id`` option picks the GPU it runs on, so the
+            option as applied attests the device (``evidence.attestation``, source
+            ``options_as_applied``) of vendor :attr:`gpu_vendor`.
+        gpu_vendor: the vendor of the GPUs its EP runs on (``nvidia`` for ort-cuda; one of
+            the vendors of ``drives``); None: any vendor, or no GPU.
+        device_memory: the worker's reader of the device memory its own process holds, by
+            name (a key of ``xstage_remote.ort_runtime.DEVICE_MEMORY_READERS``: ``nvml``,
+            ``dxgi``), sent in ``load``; None where the stage's tensors are in host RAM or no
+            reader exists (a GPU stage is then ``peak_unreported``). onnxruntime routes only:
+            a torch worker reads its device's memory through torch.
     """
 
     name: str
@@ -249,6 +259,9 @@ class RouteSpec:
     compile_cache: tuple[tuple[str, str], ...] = ()
     declines: Mapping[str, str] = field(default_factory=_frozen, hash=False)
     declines_remedy: str = ""
+    device_id_picks_gpu: bool = False
+    gpu_vendor: str | None = None
+    device_memory: str | None = None
 
     def captures_graph(self, ep_options: Mapping[str, str] | None) -> bool:
         """Whether this route's worker will serve from a captured CUDA graph.
@@ -493,6 +506,8 @@ ROUTES: tuple[RouteSpec, ...] = (
         platforms=_WINDOWS,
         verified=False,
         ep="DmlExecutionProvider",
+        device_id_picks_gpu=True,
+        device_memory="dxgi",
         adapter_by_identity=True,  # never device_id=0 by default (issue 18)
         max_runtime="1.25",
         version_note="DirectML ships only in onnxruntime-directml, whose last release is "
@@ -514,6 +529,9 @@ ROUTES: tuple[RouteSpec, ...] = (
         platforms=("linux", "wsl", "windows"),
         verified=False,
         ep="CUDAExecutionProvider",
+        device_id_picks_gpu=True,
+        gpu_vendor="nvidia",
+        device_memory="nvml",
         ep_options=_frozen({"device_id": 0}),
         packages=_frozen({"default": ("onnxruntime-gpu", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/CUDA-ExecutionProvider.html",
@@ -532,6 +550,9 @@ ROUTES: tuple[RouteSpec, ...] = (
         platforms=("linux", "wsl", "windows"),
         verified=False,
         ep="TensorrtExecutionProvider",
+        device_id_picks_gpu=True,
+        gpu_vendor="nvidia",
+        device_memory="nvml",
         ep_options=_frozen({"device_id": 0}),
         compile_cache=(("trt_engine_cache_enable", "1"), ("trt_engine_cache_path", "{dir}")),
         packages=_frozen({"default": ("onnxruntime-gpu", "tensorrt", "numpy")}),
@@ -552,6 +573,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         platforms=("linux", "windows", "darwin"),
         verified=False,  # ran on a lent H100 before its attestation existed: docs/records/webgpu-h100
         ep="WebGpuExecutionProvider",
+        device_memory="nvml",  # any vendor's GPU: NVML answers on NVIDIA's, says why elsewhere
         min_runtime="1.24.4",
         version_note="onnxruntime-ep-webgpu 0.4.0 requires onnxruntime >= 1.24.4 and a Vulkan "
         "loader (libvulkan.so.1) on Linux",

@@ -428,7 +428,8 @@ def _attest(cand: Candidate, setup: Setup, warm: WarmUp,
         ep_device=bound if isinstance(bound, dict) else None,
         ep_options=applied if isinstance(applied, dict) else None,
         runtime_log="\n".join(str(x) for x in log) if isinstance(log, list) else None,
-        gpu_memory=memory if isinstance(memory, dict) else None, planned_pci=pci, twins=twins)
+        gpu_memory=memory if isinstance(memory, dict) else None, planned_pci=pci, twins=twins,
+        device_id_picks_gpu=cand.route.spec.device_id_picks_gpu, gpu_vendor=cand.route.spec.gpu_vendor)
 
 
 def _identity(device_id: str, rows: tuple[Any, ...]) -> tuple[str | None, int]:
