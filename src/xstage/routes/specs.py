@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, TypeVar
 
+from xstage.artifact import Runtime
 from xstage.ledger.footprint import QdqCost, RouteCost
 from xstage.routes import option_hooks
 
@@ -48,7 +49,6 @@ DEVICE_PREFERENCE = ("npu", "gpu_integrated", "gpu_discrete", "cpu")
 #: Artifact formats (DESIGN §1).
 FORMATS = ("onnx:fp32", "onnx:fp16", "onnx:a16w8", "onnx:a8w8", "pt:fp32", "pt:fp16")
 
-Runtime = Literal["onnxruntime", "torch"]
 OsSide = Literal["this", "windows"]
 #: How the runtime judge (``routes.judges``) finds the devices a route drives once its runtime
 #: is there: onnxruntime's ``cpu`` (the CPU EP: the host), ``openvino_device_ids`` (the

@@ -290,7 +290,7 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     sealed = True
     worker = {"hello": client.hello, "runtime": dict((client.loaded or {}).get("info") or {}),
               "evidence_sha256": _digest(info, profile), "compile_cache": cache.to_dict()}
-    target = options["device"] if art.format.startswith("pt:") else options["ep"]["name"]
+    target = options["device"] if art.runtime == "torch" else options["ep"]["name"]
     phases = (("spawn + hello", t_spawn, t_ready), ("load", t_ready, t_loaded),
               ("warm-up", t_loaded, t_warm), ("evidence", t_warm, t_evidence))
     return client, WarmUp(outputs=outputs, timing=timing, info=info, profile=profile,
@@ -346,14 +346,14 @@ def _ep_compile_failure(art: Artifact, options: Mapping[str, Any], message: str)
     a failure that names the EP's own subgraph or log tag is the EP's, not the graph's.
     """
     ep = (options.get("ep") or {}).get("name")
-    return (not art.format.startswith("pt:") and bool(ep) and ep != evidence.CPU_EP
+    return (art.runtime == "onnxruntime" and bool(ep) and ep != evidence.CPU_EP
             and bool(_EP_FAILURE.search(message)))
 
 
 def _prove(setup: Setup, warm: WarmUp) -> evidence.PlacementProof:
     """Rule 3: the proof, from the torch profiler's op log or onnxruntime's profile and plan."""
     info = warm.info
-    if setup.artifact.format.startswith("pt:"):
+    if setup.artifact.runtime == "torch":
         return evidence.prove_torch(
             ops=info.get("ops"), output_devices=info.get("output_devices"),
             target_device=warm.target, min_placement=setup.min_placement,
@@ -383,7 +383,7 @@ def _detail(cand: Candidate, setup: Setup, warm: WarmUp) -> dict[str, Any]:
     phases = [{"name": name, "start_us": round((t0 - origin) / 1e3, 1), "dur_us": round((t1 - t0) / 1e3, 1)}
               for name, t0, t1 in warm.phases]
     placement = None
-    if not setup.artifact.format.startswith("pt:"):
+    if setup.artifact.runtime == "onnxruntime":
         info = warm.info
         placement = detail.placement_detail(
             profile_text=warm.profile, assignment=info.get("assignment"),
@@ -404,7 +404,7 @@ def _detail(cand: Candidate, setup: Setup, warm: WarmUp) -> dict[str, Any]:
            "calls": [],
            "warmup_worker_us": worker_ns / 1e3 if isinstance(worker_ns, int) else None,
            "placement": placement}
-    if setup.artifact.format.startswith("pt:") and isinstance(warm.info.get("ops"), list):
+    if setup.artifact.runtime == "torch" and isinstance(warm.info.get("ops"), list):
         doc["ops"] = warm.info["ops"]  # the op log the proof judged: the per-op table's (torch)
     return doc
 
@@ -413,7 +413,7 @@ def _attest(cand: Candidate, setup: Setup, warm: WarmUp,
             proof: evidence.PlacementProof) -> attestation.Attestation:
     """Rule 3, layer 3: the device the worker's reports attest, against the planned one."""
     info = warm.info
-    if setup.artifact.format.startswith("pt:"):
+    if setup.artifact.runtime == "torch":
         # torch attests by its tensors: the target device where the proof counted work there.
         # (Outputs off the device are the proof's own cause, ``outputs_off_device``.)
         seen = [warm.target] if proof.nodes_on_target else []

@@ -190,7 +190,7 @@ def gate_refusal(cand: Candidate, gate: Parity, proof: PlacementProof, reference
 def load_failed(cand: Candidate, art: Artifact, exc: errors.WorkerRaised, log: object,
                 hello: Mapping[str, Any] | None) -> errors.ArtifactError:
     """The route's worker could not load or run the artifact: an error (exit 1), not a refusal."""
-    if art.format.startswith("pt:"):
+    if art.runtime == "torch":
         exporter = art.manifest.get("exporter") or {}
         saved_by = exporter.get("torch", "an unknown torch")
         if exporter.get("pt2_for_torch"):
