@@ -2,10 +2,14 @@
 
 A route is one way to drive a device: an interpreter + a runtime + what it asks that
 runtime for. Adding a route is adding a ``RouteSpec`` here (and, for a new runtime, a
-runtime module in ``xstage_remote``). Every per-route fact is a field of its spec: the EP
+runtime module in ``xstage_remote``; for a GPU whose memory a new reader measures, that reader
+in ``xstage_remote/ort_runtime.py``: docs/architecture.md, "Adding a GPU route with its own
+memory reader"). Every per-route fact is a field of its spec: the EP
 option hook, the memory it costs (``RouteCost``, with the measurement behind it), the variant
 ``env create`` builds, whether it is verified, how the runtime judge finds its devices, the
-torch options, and whether it is its runtime's reference arm. Nothing outside ``routes/``
+torch options, whether it is its runtime's reference arm, and the per-EP facts (whether its
+``device_id`` picks the GPU, the GPU's vendor, the worker's device-memory reader by name).
+Nothing outside ``routes/``
 branches on a route's name (``tests/routes/test_route_names_stay_in_routes.py``).
 
 Routes that no machine here can run (VitisAI, DirectML, CUDA, TensorRT, QNN, CoreML and
