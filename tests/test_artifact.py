@@ -153,3 +153,23 @@ def test_graph_facts_of_a_file_that_is_not_a_graph_say_why(tmp_path):
     bad.write_bytes(b"not a graph")
     facts = graph_facts(bad, {})
     assert facts.error and facts.nodes == () and facts.values == ()
+
+
+def test_the_runtime_family_is_a_field_matched_against_the_route_spec(tmp_path):
+    """Every onnx-or-torch branch asks ``Artifact.runtime``, the same word as ``RouteSpec.runtime``."""
+    from dataclasses import replace
+
+    from xstage.artifact import runtime_of
+
+    assert (runtime_of("onnx:a16w8"), runtime_of("pt:fp16"), runtime_of("tflite:fp32"), runtime_of("onnx")) \
+        == ("onnxruntime", "torch", None, None)
+    art = inspect_artifact(builtin_graphs.builtin_stage())
+    try:
+        assert art.runtime == "onnxruntime"
+        assert replace(art, format="pt:fp32").runtime == "torch"  # derived again, never given
+        with pytest.raises(ValueError, match="init=False"):
+            replace(art, runtime="torch")
+        with pytest.raises(ValueError, match="of no known family"):
+            replace(art, format="tflite:fp32")
+    finally:
+        art.release()

@@ -100,9 +100,9 @@ def _options(**ep):
     (_route(), _options(), "b" * 64),  # other bytes
 ])
 def test_the_key_changes_with_what_changes_compilation(xstage_home, route, options, artifact_sha):
-    art = SimpleNamespace(sha256="a" * 64, format="onnx:fp32")
+    art = SimpleNamespace(sha256="a" * 64, format="onnx:fp32", runtime="onnxruntime")
     base = compile_cache.prepare(_route(), art, _options())
-    other_art = SimpleNamespace(sha256=artifact_sha, format="onnx:fp32")
+    other_art = SimpleNamespace(sha256=artifact_sha, format="onnx:fp32", runtime="onnxruntime")
     other = compile_cache.prepare(route, other_art, options)
     assert base.key != other.key
     assert options["ep"]["options"]["cache_dir"] == str(Path(other.folder) / "files")

@@ -24,15 +24,28 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from xstage import errors, graph_precision
 from xstage.manifest import check_files, find_manifest, manifest_path, read_manifest
 from xstage.snapshot import Snapshot, Staging, release
 from xstage_remote.formats import is_torchscript
 
-__all__ = ["Artifact", "GraphFacts", "GraphNode", "GraphValue", "IOSpec", "graph_facts", "graph_nodes",
-           "inspect_artifact", "snapshot_graph"]
+__all__ = ["RUNTIMES", "Artifact", "GraphFacts", "GraphNode", "GraphValue", "IOSpec", "Runtime",
+           "graph_facts", "graph_nodes", "inspect_artifact", "runtime_of", "snapshot_graph"]
+
+#: The runtime family that runs an artifact, as a route spec names its runtime
+#: (``RouteSpec.runtime``): an ONNX graph runs on onnxruntime, a ``.pt2`` program on torch.
+Runtime = Literal["onnxruntime", "torch"]
+#: A format is ``<family>:<precision>``: the runtime of each family.
+RUNTIMES: Mapping[str, Runtime] = {"onnx": "onnxruntime", "pt": "torch"}
+
+
+def runtime_of(fmt: str) -> Runtime | None:
+    """The runtime that runs format ``fmt`` (``onnx:fp16`` → ``onnxruntime``, ``pt:fp32`` →
+    ``torch``); None for a string of no known family."""
+    family, sep, _ = fmt.partition(":")
+    return RUNTIMES.get(family) if sep else None
 
 _ONNX_DTYPES = {
     1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
@@ -59,6 +72,8 @@ class Artifact:
 
     ``path`` is the graph every reader opens: the snapshot's copy (``snapshot``), whose bytes
     ``sha256`` is the hash of; ``files`` name the user's files it was copied from.
+    ``runtime`` is the family of its format (:func:`runtime_of`): what a route's
+    ``RouteSpec.runtime`` must be to run it, and what every onnx-or-torch branch asks.
     """
 
     path: Path
@@ -81,8 +96,16 @@ class Artifact:
     #: The user's graph (its real path, symlinks resolved): the record's path, the folder of its
     #: manifest and its fp32 source. Filled on construction: the snapshot's source, else ``path``.
     origin: Path = None  # type: ignore[assignment]
+    #: The runtime family of :attr:`format`: ``onnxruntime`` or ``torch``, derived on
+    #: construction (never given: ``dataclasses.replace`` with another format derives it again).
+    runtime: Runtime = field(init=False)
 
     def __post_init__(self) -> None:
+        runtime = runtime_of(self.format)
+        if runtime is None:
+            raise ValueError(f"format {self.format!r} is of no known family "
+                             f"({', '.join(f'{k}:*' for k in RUNTIMES)})")
+        object.__setattr__(self, "runtime", runtime)
         if self.origin is None:
             object.__setattr__(self, "origin",
                                self.snapshot.files[0].source if self.snapshot else self.path)
@@ -106,7 +129,7 @@ class Artifact:
     def graph_facts(self, shapes: Mapping[str, tuple[int, ...]]) -> GraphFacts:
         """:func:`graph_facts` of this artifact's graph file (it reads the file again); a
         ``.pt2`` program's through :func:`pt2_graph_facts` (its exported shapes)."""
-        if self.format.startswith("pt:"):
+        if self.runtime == "torch":
             return pt2_graph_facts(self.path)
         return graph_facts(self.path, shapes)
 
@@ -156,7 +179,7 @@ def _torch_artifact(path: Path, snap: Snapshot, manifest: dict[str, Any], manife
     only = snap.files[0]
     entry = {"path": str(path), "sha256": only.sha256, "bytes": only.bytes}
     _check_listed(path, manifest, manifest_file, [entry])
-    if not str(manifest["format"]).startswith("pt:"):
+    if runtime_of(str(manifest["format"])) != "torch":
         raise errors.ArtifactError(f"manifest {manifest_file} says {manifest['format']} for a .pt2",
                                    remedy="re-export the artifact")
     if fmt and fmt != manifest["format"]:
@@ -492,7 +515,7 @@ def _onnx_format_and_source(path: Path, model: Any, manifest: dict[str, Any],
             raise errors.UsageError(
                 f"--format {fmt} conflicts with the manifest's {manifest['format']}",
                 remedy="drop --format, or fix the manifest")
-        if fmt.split(":")[0] != "onnx":
+        if runtime_of(fmt) != "onnxruntime":
             raise errors.UsageError(f"--format {fmt} is not an ONNX format but {path} is ONNX")
         inferred, source = fmt, "flag"
     return inferred, source
@@ -710,7 +733,7 @@ def graph_nodes(art: Artifact) -> tuple[dict[str, str], ...]:
     The proof checks the profile's event names against them; a torch program has none (its
     proof reads the profiler's op log).
     """
-    if not art.format.startswith("onnx:"):
+    if art.runtime != "onnxruntime":
         return ()
     import onnx
 

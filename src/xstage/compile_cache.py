@@ -161,7 +161,7 @@ def prepare(route: Any, artifact: Any, options: dict[str, Any]) -> Entry:
     """The entry for this compilation, verified or emptied (rule 3), its folder written into
     ``options``' EP options; ``off``/``user``/no entry as rule 5 says."""
     spec_keys = tuple(route.spec.compile_cache)
-    if not spec_keys or artifact.format.startswith("pt:") or artifact.sha256 is None:
+    if not spec_keys or artifact.runtime == "torch" or artifact.sha256 is None:
         return Entry(status="off", reason="the route names no runtime cache")
     ep_options = (options.get("ep") or {}).get("options")
     if not isinstance(ep_options, dict):

@@ -17,7 +17,7 @@ import time
 
 from . import memory
 
-__all__ = ["REBUILD_PROFILE_BYTES", "OrtRuntime", "device_memory", "load"]
+__all__ = ["DEVICE_MEMORY_READERS", "REBUILD_PROFILE_BYTES", "OrtRuntime", "device_memory", "load"]
 
 _ORT_TYPES = {
     "tensor(bool)": "bool", "tensor(int8)": "int8", "tensor(int16)": "int16",
@@ -297,6 +297,7 @@ def _load(path, options, tmpdir):
     }
     runtime = OrtRuntime(ort, session, ep["name"], load_s, bound_device, evidence, tmpdir)
     runtime.ep_report = (plugin or {}).get("report"), report_path
+    runtime.memory_reader = options.get("device_memory")  # the route spec's reader, by name
     if tmpdir is not None:
         runtime.source = path, options  # the unprofiled session is built from these (serve_unprofiled)
     return runtime
@@ -382,33 +383,37 @@ def _read_report(kind, path):
     return out
 
 
-#: The EPs whose memory is on an NVIDIA GPU (read by NVML) or a DirectML adapter (DXGI). The
-#: WebGPU EP runs on any vendor's GPU: NVML answers where it is NVIDIA's, and says why not
-#: elsewhere (the stage is then ``peak_unreported``, never charged a guess).
-_DEVICE_MEMORY = {"CUDAExecutionProvider": "nvml", "TensorrtExecutionProvider": "nvml",
-                  "NvTensorRTRTXExecutionProvider": "nvml", "DmlExecutionProvider": "dxgi",
-                  "WebGpuExecutionProvider": "nvml"}
+def _nvml_memory():
+    from . import nvml
+
+    return nvml.process_memory()
 
 
-def device_memory(ep_name):
-    """This process's device memory where ``ep_name`` keeps its tensors on a GPU, else None.
+def _dxgi_memory():
+    from . import dxgi
 
-    The ledger charges ``peak`` against the device's pool: the bytes NVML (NVIDIA) or DXGI's
-    per-process video-memory usage (DirectML) attributes to this process after the warm-up,
-    when the EP's arena holds what it grew to. None there means no figure (``why`` says
-    why), so the stage is ``peak_unreported``, never charged a guess.
+    return dxgi.process_memory()
+
+
+#: The worker's readers of the device memory its own process holds, by the name a route's spec
+#: gives (``RouteSpec.device_memory``, sent in ``load``): NVML per process (NVIDIA's GPUs; on
+#: another vendor's it says why it has no figure), DXGI's per-process video-memory usage
+#: (DirectML). A GPU route with a reader of its own adds it here and names it in its spec.
+DEVICE_MEMORY_READERS = {"nvml": _nvml_memory, "dxgi": _dxgi_memory}
+
+
+def device_memory(reader):
+    """This process's device memory as the reader named ``reader`` reports it, else None.
+
+    The ledger charges ``peak`` against the device's pool: the bytes the reader attributes to
+    this process after the warm-up, when the EP's arena holds what it grew to. None (no
+    reader named, or one this worker lacks) or a ``peak`` of None means no figure (``why``
+    says why), so the stage is ``peak_unreported``, never charged a guess.
     """
-    kind = _DEVICE_MEMORY.get(ep_name)
-    if kind == "nvml":
-        from . import nvml
-
-        out = nvml.process_memory()
-    elif kind == "dxgi":
-        from . import dxgi
-
-        out = dxgi.process_memory()
-    else:
+    read = DEVICE_MEMORY_READERS.get(reader) if reader else None
+    if read is None:
         return None
+    out = read()
     out["peak"] = out.get("process_used")
     return out
 
@@ -478,6 +483,7 @@ class OrtRuntime:
         self._binding = None
         self._bindings = {}  # slot set -> (its io binding, the input shapes it was made for)
         self._memory_read = False
+        self.memory_reader = None  # a key of DEVICE_MEMORY_READERS (``load``'s device_memory)
         self.source = None  # (path, load options): a profiled load's, to build it unprofiled
 
     #: ``run_into`` may run for several slot sets at once (onnxruntime's run is thread-safe,
@@ -517,7 +523,7 @@ class OrtRuntime:
             self._end_profiling(feeds)
         if not self._memory_read:
             self._memory_read = True
-            device = device_memory(self.evidence.get("requested_ep"))
+            device = device_memory(self.memory_reader)
             if device is not None:
                 self.evidence["device_memory"] = device
 

@@ -69,11 +69,24 @@ def test_the_cpu_ep_and_torch_attest_by_the_runtime():
     assert (cuda.observed, cuda.source, judge(cuda)) == ("gpu", "runtime", None)
     split = attest(planned="gpu_discrete:nvidia:0", torch_devices=["cuda:0", "cpu"])
     assert judge(split) == "device_mismatch"
+    by_id = {"device_id_picks_gpu": True, "gpu_vendor": "nvidia"}  # ort-cuda's spec says so
     assert judge(attest(planned="gpu_discrete:nvidia:0", ep="CUDAExecutionProvider",
-                        ep_options={"device_id": "0"})) is None
+                        ep_options={"device_id": "0"}, **by_id)) is None
     other_card = attest(planned="gpu_discrete:nvidia:0", ep="CUDAExecutionProvider",
-                        ep_options={"device_id": "1"})
+                        ep_options={"device_id": "1"}, **by_id)
     assert other_card.observed == "gpu:nvidia:1" and judge(other_card) == "device_mismatch"
+
+
+def test_the_device_id_attests_only_where_the_route_spec_says_it_picks_the_gpu():
+    """The EP name alone decides nothing: the facts are the route spec's."""
+    plain = attest(planned="gpu_discrete:nvidia:0", ep="CUDAExecutionProvider", ep_options={"device_id": "1"})
+    assert plain.source == "unattested"
+    any_vendor = attest(planned="gpu_discrete:amd:0", ep="SomeNewGpuExecutionProvider",
+                        ep_options={"device_id": "0"}, device_id_picks_gpu=True)
+    assert (any_vendor.observed, any_vendor.source) == ("gpu", "options_as_applied")
+    amd = attest(planned="gpu_discrete:amd:0", ep="MIGraphXExecutionProvider", ep_options={"device_id": "0"},
+                 device_id_picks_gpu=True, gpu_vendor="amd")
+    assert amd.observed == "gpu:amd:0" and judge(amd) is None
 
 
 # The WebGPU EP's EP device as onnxruntime 1.30 listed it on the lent H100 (vendor name empty,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -207,7 +209,7 @@ def test_a_pt2_programs_activations_come_from_its_exported_graph(tmp_path):
     assert by["activations"].bytes == int(2 * 64 * MiB * footprint.PT_ACTIVATION_FACTOR)
     assert "liveness peak 128.0 MiB" in by["activations"].basis
     small = _pt2(tmp_path, [("relu", ("x",), "y")], {"w": [4], "x": [8], "y": [8]})
-    art_small = Artifact(**{**art.__dict__, "path": small})
+    art_small = dataclasses.replace(art, path=small)
     by = {r.purpose: r for r in _reservations(art_small, "torch-cpu", "host_ram", {})}
     assert by["activations"].bytes == footprint.PT_ACTIVATION_BYTES  # the floor
 

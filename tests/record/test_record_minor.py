@@ -109,3 +109,40 @@ def test_report_says_the_unknown_value_as_a_warning_and_exits_0(tmp_path, capsys
     assert main(["report", str(_write(tmp_path, doc))]) == 0
     err = capsys.readouterr().err
     assert "cause_of_a_later_minor" in err and "read as it is" in err and "Traceback" not in err
+
+
+def _next_minor() -> str:
+    major, minor = SCHEMA_VERSION.split(".")
+    return f"{major}.{int(minor) + 1}"
+
+
+def test_a_record_of_the_next_minor_with_an_unknown_cause_reads_with_a_warning(tmp_path):
+    """The rule (docs/external.md, "Timings and the record"): a new enum value is a minor bump,
+    and a reader of the same major reads it, warning; nothing else of the record is loosened."""
+    doc = record_docs.refused()
+    doc["schema_version"] = _next_minor()
+    doc["outcome"]["refusals"][0]["cause"] = "a_cause_of_the_next_minor"
+    with pytest.warns(UnknownValueWarning) as caught:
+        read = read_record(_write(tmp_path, doc))
+    assert read["outcome"]["refusals"][0]["cause"] == "a_cause_of_the_next_minor"
+    [warned] = [str(w.message) for w in caught]
+    assert f"schema_version {_next_minor()}" in warned and "a_cause_of_the_next_minor" in warned
+    assert "$.outcome.refusals[0].cause" in warned
+
+
+def test_the_next_minor_with_an_unknown_code_reads_with_a_warning(tmp_path):
+    doc = record_docs.refused()
+    doc["schema_version"] = _next_minor()
+    doc["outcome"]["refusals"][0]["code"] = "a_code_of_the_next_minor"
+    with pytest.warns(UnknownValueWarning, match=r"\$\.outcome\.refusals\[0\]\.code"):
+        read_record(_write(tmp_path, doc))
+
+
+def test_the_next_major_is_rejected_naming_the_version(tmp_path):
+    doc = record_docs.refused()
+    doc["schema_version"] = "2.0"
+    doc["outcome"]["refusals"][0]["cause"] = "a_cause_of_the_next_minor"
+    named = r"schema_version 2\.0 \(major 2\); this xstage reads major 1"
+    with pytest.raises(RecordError, match=named) as err:
+        read_record(_write(tmp_path, doc))
+    assert err.value.remedy == "upgrade xstage to read it"

@@ -1,4 +1,5 @@
-"""What the record schema enforces: code↔cause (DESIGN §5), outcome consistency, candidate rules."""
+"""What the record schema enforces: code↔cause (docs/external.md, "Refusals and exit codes"),
+outcome consistency, candidate rules."""
 
 from __future__ import annotations
 
@@ -10,17 +11,11 @@ import record_docs
 
 from xstage.errors import RecordError
 from xstage.record import load_schema, validate_record
+from xstage.refusal import CAUSES as REFUSAL_CAUSES
 
-#: DESIGN §5, the closed table: each code and the causes it allows (kept here by hand, so a
-#: cause added to refusal.CAUSES without the schema, or the other way round, fails below).
-CAUSES = {
-    "no_exported_graph": ["format_not_run_here", "format_not_accepted"],
-    "device_unreachable_from_this_process": ["no_route", "route_missing", "no_node"],
-    "execution_provider_declined_graph": ["declined", "unmeasured", "provider_swapped", "evidence_conflict",
-                                          "device_mismatch", "ep_compile_failed", "outputs_off_device"],
-    "numeric_gate_failed": ["tolerance", "nonfinite", "elementwise", "nondeterministic"],
-    "budget_exceeds_device": ["over_budget", "peak_over_budget", "capacity_unknown", "peak_unreported"],
-}
+#: Each code and the causes it allows, from the registry (``xstage.refusal.REGISTRY``); that the
+#: schema's enums agree with it is ``test_refusal_registry.py``'s, that each pair reads here.
+CAUSES = {code.value: list(causes) for code, causes in REFUSAL_CAUSES.items()}
 ALL_CAUSES = sorted({c for causes in CAUSES.values() for c in causes})
 
 
@@ -33,12 +28,6 @@ def _with_refusal(code: str, cause: str) -> dict:
 
 def test_schema_is_valid_draft_2020_12():
     jsonschema.Draft202012Validator.check_schema(load_schema())
-
-
-def test_the_table_here_is_refusal_causes():
-    from xstage.refusal import CAUSES as MODULE_CAUSES
-
-    assert {code.value: list(causes) for code, causes in MODULE_CAUSES.items()} == CAUSES
 
 
 def test_schema_lists_the_five_codes_of_design_5():

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from xstage.artifact import RUNTIMES, runtime_of
 from xstage.routes import specs
 from xstage.routes.specs import DEVICE_CLASSES, FORMATS, ROUTES, get_spec
 
@@ -36,13 +37,12 @@ def test_only_routes_this_project_ran_are_verified():
 
 @pytest.mark.parametrize("spec", ROUTES, ids=lambda s: s.name)
 def test_spec_is_consistent(spec):
-    assert spec.runtime in ("onnxruntime", "torch")
+    assert spec.runtime in RUNTIMES.values()
+    assert all(runtime_of(f) == spec.runtime for f in spec.formats)  # the artifact's runtime family
     if spec.runtime == "onnxruntime":
         assert spec.ep and spec.ep.endswith("ExecutionProvider") and spec.torch_device is None
-        assert all(f.startswith("onnx:") for f in spec.formats)
     else:
         assert spec.torch_device and spec.ep is None and spec.plugin_module is None
-        assert all(f.startswith("pt:") for f in spec.formats)
     assert set(spec.formats) <= set(FORMATS)
     assert spec.device_class in DEVICE_CLASSES
     assert spec.device_class == spec.device_classes[0]
@@ -50,6 +50,9 @@ def test_spec_is_consistent(spec):
     assert spec.os_side in ("this", "windows")
     assert set(spec.platforms) <= {"linux", "wsl", "windows", "darwin"}
     assert spec.packages and all(spec.packages.values())
+    gpu_vendors = {v for cls, v in spec.drives if cls.startswith("gpu")}
+    assert spec.gpu_vendor is None or gpu_vendors == {spec.gpu_vendor}  # per-EP facts agree with drives
+    assert not spec.device_id_picks_gpu or gpu_vendors
 
 
 def test_specs_are_frozen():

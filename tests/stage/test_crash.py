@@ -47,7 +47,7 @@ def test_no_reference_route_here_keeps_the_death_an_error():
     cand = SimpleNamespace(route=SimpleNamespace(name="ort-openvino",
                                                  spec=SimpleNamespace(reference_arm=False)))
     missing = SimpleNamespace(resolved=False, reason="no onnxruntime in that interpreter")
-    art = SimpleNamespace(format="onnx:fp32")
+    art = SimpleNamespace(format="onnx:fp32", runtime="onnxruntime")
     report = SimpleNamespace(route=lambda name: missing if name == "ort-cpu" else None)
     with pytest.raises(LookupError, match="no onnxruntime"):
         crash.reference_runs(cand, SimpleNamespace(report=report, artifact=art))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,9 @@ from xstage.artifact import inspect_artifact
 from xstage.ledger import budget as budget_mod
 from xstage.ledger import footprint
 from xstage.ledger.measured import check_measured
-from xstage.routes.specs import get_spec
+from xstage.routes.launch import load_options
+from xstage.routes.specs import ROUTES, get_spec
+from xstage.routes.status import RouteStatus
 from xstage.stage import admit
 from xstage_remote import dxgi, nvml, ort_runtime
 
@@ -82,12 +85,36 @@ def test_dxgi_report_sums_this_processs_local_usage_on_hardware_adapters():
     assert out["adapters"][0]["non_local_used"] == 30 << 20
 
 
-def test_only_the_gpu_eps_report_device_memory(monkeypatch):
-    assert ort_runtime.device_memory("CPUExecutionProvider") is None
-    assert ort_runtime.device_memory("OpenVINOExecutionProvider") is None
+def test_only_the_gpu_routes_name_a_reader_and_the_worker_has_each(monkeypatch):
+    """The route spec names the reader, the worker module holds it (docs/architecture.md,
+    "Adding a GPU route with its own memory reader")."""
+    assert get_spec("ort-cpu").device_memory is None and get_spec("ort-openvino").device_memory is None
+    assert ort_runtime.device_memory(None) is None
+    assert ort_runtime.device_memory("a_reader_this_worker_lacks") is None
+    readers = ort_runtime.DEVICE_MEMORY_READERS
+    for spec in ROUTES:
+        assert spec.device_memory is None or spec.device_memory in readers, spec.name
     monkeypatch.setattr(nvml, "read", lambda: _raw({"pid": 4242, "used": 900 << 20}))
-    for ep in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
-        assert ort_runtime.device_memory(ep)["peak"] == 900 << 20
+    for route in ("ort-cuda", "ort-tensorrt"):
+        assert ort_runtime.device_memory(get_spec(route).device_memory)["peak"] == 900 << 20
+
+
+def test_a_reader_added_to_the_worker_is_used_by_the_route_that_names_it(monkeypatch):
+    """The recipe's two places: a spec that names ``fake_smi``, a reader under that name."""
+    monkeypatch.setitem(ort_runtime.DEVICE_MEMORY_READERS, "fake_smi", lambda: {"process_used": 7 << 20})
+    spec = replace(get_spec("ort-cuda"), name="ort-fake", device_memory="fake_smi")
+    assert ort_runtime.device_memory(spec.device_memory) == {"process_used": 7 << 20, "peak": 7 << 20}
+
+
+def _resolved(route: str, device: str) -> RouteStatus:
+    return RouteStatus(name=route, spec=get_spec(route), status="resolved", reason_code=None, reason="",
+                       remedy="", interpreter=None, interpreter_source="current", versions={},
+                       verified=False, devices=(device,))
+
+
+def test_the_load_options_carry_the_routes_reader():
+    assert load_options(_resolved("ort-cuda", "gpu_discrete:nvidia:0"))["device_memory"] == "nvml"
+    assert load_options(_resolved("ort-cpu", "cpu"))["device_memory"] is None
 
 
 def _recordings():
@@ -115,7 +142,7 @@ def test_admission_on_recorded_nvml_output_charges_the_workers_own_figure(monkey
     for path in recordings:
         raw = json.loads(path.read_text())
         monkeypatch.setattr(nvml, "read", lambda raw=raw: raw)
-        device = ort_runtime.device_memory(ep)  # what the worker puts in its evidence
+        device = ort_runtime.device_memory(get_spec(route).device_memory)  # the worker's evidence
         expected = nvml.report(raw)["process_used"]
         assert expected and device["peak"] == expected, (path.name, device)
         smi = raw.get("cross_check", {}).get("nvidia_smi_compute_apps") or []
@@ -128,3 +155,16 @@ def test_admission_on_recorded_nvml_output_charges_the_workers_own_figure(monkey
         verdict = check_measured(budget, peak)
         assert verdict.verdict == ("within" if expected <= budget else "over"), (path.name, budget, expected)
         assert verdict.cause == (None if expected <= budget else "peak_over_budget")
+
+
+def test_a_users_gpu_plugin_table_is_read_by_nvml_and_an_npu_table_by_nothing(tmp_path):
+    from xstage.routes import plugins
+
+    def spec(**table):
+        return plugins.table_spec(plugins.parse_table("mine", {"module": "m", "ep_name": "MyEP", **table},
+                                                      tmp_path / "xstage.toml"))
+
+    assert spec(device_type="GPU").device_memory == "nvml"  # NVML says why on another vendor's
+    assert spec(device_type="GPU", vendor="nvidia").device_memory == "nvml"
+    assert spec(device_type="GPU", vendor="amd").device_memory is None
+    assert spec(device_type="NPU").device_memory is None

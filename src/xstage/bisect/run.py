@@ -139,7 +139,7 @@ def bisect(
         raise errors.UsageError(f"--out {out} exists and is not an empty folder",
                                 remedy="name a new folder (nothing is overwritten)")
     art = inspect_artifact(graph, fmt=fmt)
-    if not art.format.startswith("onnx:"):
+    if art.runtime != "onnxruntime":
         raise errors.UsageError(f"bisect cuts ONNX graphs; {art.path.name} is {art.format}",
                                 remedy="export the stage to ONNX (xstage export) and bisect that")
     feeds = check_inputs(resolve_feeds(art.inputs, inputs, shapes=shapes, dims=dims), art.inputs)

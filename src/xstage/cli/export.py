@@ -15,6 +15,7 @@ from typing import Any
 from rich.markup import escape
 
 from xstage import errors
+from xstage.artifact import runtime_of
 from xstage.cli._flags import add_json_flag, resolve_out
 from xstage.cli._output import Output
 from xstage.exit_codes import EXIT_OK
@@ -91,7 +92,7 @@ def _target(args: argparse.Namespace) -> Path:
     Raises:
         UsageError: a suffix that is not the format's, or a missing folder.
     """
-    suffix = ".pt2" if args.fmt.startswith("pt:") else ".onnx"
+    suffix = ".pt2" if runtime_of(args.fmt) == "torch" else ".onnx"
     other = ".onnx" if suffix == ".pt2" else ".pt2"
     if Path(args.out).suffix.lower() == other:
         raise errors.UsageError(f"--out {args.out} ends in {other}, but --format {args.fmt} writes "
@@ -100,7 +101,7 @@ def _target(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    if args.for_torch and not args.fmt.startswith("pt:"):
+    if args.for_torch and runtime_of(args.fmt) != "torch":
         raise errors.UsageError(f"--for-torch applies to a .pt2 (--format pt:fp32 or pt:fp16), "
                                 f"not {args.fmt}", remedy="drop --for-torch, or export a pt: format")
     target = _target(args)

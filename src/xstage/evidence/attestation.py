@@ -19,7 +19,8 @@ it on. The worker reports what it can, and :func:`attest` takes the strongest re
    the physical GPU independently") is attested by it only in class and vendor: the record says
    ``adapter: unattested``, and with several GPUs of that model the stage is ``unmeasured``.
 3. ``options_as_applied``: the EP options the worker handed the EP — OpenVINO's
-   ``device_type``, a GPU EP's ``device_id`` — where the EP binds by them.
+   ``device_type``, a GPU EP's ``device_id`` — where the EP binds by them (a route whose
+   spec says ``device_id_picks_gpu``, with the GPU vendor of its spec).
 4. ``unattested``: none of these.
 
 :func:`judge` turns the attestation into the proof's answer: ``device_mismatch`` when the
@@ -44,12 +45,6 @@ SOURCES: tuple[Source, ...] = ("runtime", "ep_device_api", "options_as_applied",
 FALLBACK_MARK = "Falling back to OV CPU"
 
 _CPU_EP = "CPUExecutionProvider"
-#: Built-in EPs whose ``device_id`` option picks a GPU, and the vendor it implies (None: any).
-_GPU_BY_ID: Mapping[str, str | None] = {
-    "CUDAExecutionProvider": "nvidia", "TensorrtExecutionProvider": "nvidia",
-    "ROCMExecutionProvider": "amd", "MIGraphXExecutionProvider": "amd",
-    "DmlExecutionProvider": None,
-}
 #: EPs that bind an EP device but choose the physical adapter themselves.
 _OWN_ADAPTER = frozenset({"WebGpuExecutionProvider"})
 _TORCH_CLASS = {"cpu": "cpu", "cuda": "gpu", "privateuseone": "gpu", "xpu": "gpu", "mps": "gpu"}
@@ -126,7 +121,8 @@ def _observed(kind: str, vendor: str | None) -> str:
 def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] | None = None,
            ep_options: Mapping[str, Any] | None = None, runtime_log: str | None = None,
            torch_devices: Sequence[str] | None = None, gpu_memory: Mapping[str, Any] | None = None,
-           planned_pci: str | None = None, twins: int = 1) -> Attestation:
+           planned_pci: str | None = None, twins: int = 1, device_id_picks_gpu: bool = False,
+           gpu_vendor: str | None = None) -> Attestation:
     """The strongest report of the device that ran the stage (module docstring, 1–4).
 
     Args:
@@ -140,6 +136,9 @@ def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] 
             its own process holds memory on, each with its PCI address.
         planned_pci: the planned device's PCI address (``dddd:bb:dd.f``), where the table has it.
         twins: how many GPUs of the table share the planned device's vendor and PCI id.
+        device_id_picks_gpu: the route's EP picks its GPU by its ``device_id`` option
+            (``RouteSpec.device_id_picks_gpu``): that option as applied attests the device.
+        gpu_vendor: the vendor of that GPU (``RouteSpec.gpu_vendor``; None: any vendor).
     """
     if torch_devices:
         torch_kinds = sorted({_TORCH_CLASS.get(d.split(":")[0], d.split(":")[0])
@@ -187,8 +186,8 @@ def attest(*, planned: str, ep: str | None = None, ep_device: Mapping[str, Any] 
         if kinds:
             return Attestation(planned, ",".join(kinds), "options_as_applied",
                                f"OpenVINO device_type={options['device_type']}")
-    if ep is not None and ep in _GPU_BY_ID:
-        vendor = _GPU_BY_ID[ep]
+    if device_id_picks_gpu:
+        vendor = gpu_vendor
         index = options.get("device_id", "0")
         # The index is comparable with the xstage id's only where the vendor's own numbering is
         # used on both sides (CUDA, ROCm); DirectML's adapter index is its own.

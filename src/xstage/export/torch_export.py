@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from xstage import errors
+from xstage.artifact import runtime_of
 
 __all__ = ["FORMATS", "MIN_TRANSFORMERS", "artifact_paths", "bitwise_check", "export_artifact",
            "perturb_", "require_torch", "versions"]
@@ -145,7 +146,7 @@ def _ort_vs_torch(module: Any, example: tuple[Any, ...], path: Path,
 
 def artifact_paths(out: Path, fmt: str) -> Path:
     """``out`` with the right extension for ``fmt``."""
-    return out.with_suffix(".pt2" if fmt.startswith("pt:") else ".onnx")
+    return out.with_suffix(".pt2" if runtime_of(fmt) == "torch" else ".onnx")
 
 
 def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: str, opset: int,
@@ -172,14 +173,14 @@ def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: s
     t0 = time.perf_counter()
     sanitize_report = None
     exporter = versions()
-    if fmt.startswith("pt:") and for_torch:
+    if runtime_of(fmt) == "torch" and for_torch:
         from xstage.export.pt2_legacy import write_legacy_pt2
 
         program = torch.export.export(module, example, strict=False)
         report["legacy"] = write_legacy_pt2(program, path, for_torch)
         exporter.update(pt2_for_torch=for_torch, pt2_schema=report["legacy"]["schema"])
         files = [path]
-    elif fmt.startswith("pt:"):
+    elif runtime_of(fmt) == "torch":
         program = torch.export.export(module, example, strict=False)
         torch.export.save(program, str(path))
         loaded = torch.export.load(str(path))
@@ -211,7 +212,7 @@ def export_artifact(module: Any, example: tuple[Any, ...], path: Path, *, fmt: s
     report["bytes"] = sum(f.stat().st_size for f in files)
     report["manifest"] = str(write_manifest(
         path, component=component, fmt=fmt, files=files, source=source, exporter=exporter,
-        inputs=io_spec[0], outputs=io_spec[1], opset=None if fmt.startswith("pt:") else opset,
+        inputs=io_spec[0], outputs=io_spec[1], opset=None if runtime_of(fmt) == "torch" else opset,
         sanitize=sanitize_report, fp32_source=fp32_source, state=state, stream=stream,
         parity={"wrapper_vs_model": wrapper_check,
                 **({"onnxruntime_cpu_vs_torch_max_abs": report["onnxruntime_vs_torch_max_abs"]}

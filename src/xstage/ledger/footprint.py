@@ -179,7 +179,7 @@ def reservations(artifact: Artifact, cost: RouteCost, pool: str,
         "the runtime holds the parsed graph file while it builds the session"
         + (f" (its {format_bytes(sidecars)} of external data is read straight into the "
            "weights, not into the parsed graph)" if sidecars else "")))
-    if artifact.format.startswith("onnx"):
+    if artifact.runtime == "onnxruntime":
         act = estimate_activations(artifact.graph_facts(shapes))
         if act.note:
             basis = f"no estimate: {act.note}"

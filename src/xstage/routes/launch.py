@@ -101,7 +101,7 @@ def load_options(
                  f"{adapter.get('dxgi_adapter_number')}, PCI {adapter.get('pci_id')}, matched by "
                  f"{adapter.get('matched_by')}), bound with add_provider_for_devices"]
     options = {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device,
-               "profile": profile, "notes": notes}
+               "profile": profile, "notes": notes, "device_memory": status.spec.device_memory}
     if compile_cache_of is not None:
         options["compile_cache"] = compile_cache.prepare(status, compile_cache_of, options)
     return options

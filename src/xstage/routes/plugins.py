@@ -221,6 +221,8 @@ def table_spec(plugin: PluginEP) -> RouteSpec:
         docs=plugin.source,
         ep_hook=option_hooks.format_options(plugin.format_options),
         plugin_ep=plugin,
+        # A GPU plugin EP's process memory: NVML answers on an NVIDIA GPU and says why elsewhere.
+        device_memory="nvml" if plugin.device_type == "GPU" and plugin.vendor in (None, "nvidia") else None,
         cost=RouteCost(120 * _MiB, 3.2, "not measured: a plugin EP, costed as a compiling EP in host RAM",
                        False, a16w8=COMPILING_EP.a16w8),
     )

@@ -2,10 +2,14 @@
 
 A route is one way to drive a device: an interpreter + a runtime + what it asks that
 runtime for. Adding a route is adding a ``RouteSpec`` here (and, for a new runtime, a
-runtime module in ``xstage_remote``). Every per-route fact is a field of its spec: the EP
+runtime module in ``xstage_remote``; for a GPU whose memory a new reader measures, that reader
+in ``xstage_remote/ort_runtime.py``: docs/architecture.md, "Adding a GPU route with its own
+memory reader"). Every per-route fact is a field of its spec: the EP
 option hook, the memory it costs (``RouteCost``, with the measurement behind it), the variant
 ``env create`` builds, whether it is verified, how the runtime judge finds its devices, the
-torch options, and whether it is its runtime's reference arm. Nothing outside ``routes/``
+torch options, whether it is its runtime's reference arm, and the per-EP facts (whether its
+``device_id`` picks the GPU, the GPU's vendor, the worker's device-memory reader by name).
+Nothing outside ``routes/``
 branches on a route's name (``tests/routes/test_route_names_stay_in_routes.py``).
 
 Routes that no machine here can run (VitisAI, DirectML, CUDA, TensorRT, QNN, CoreML and
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, TypeVar
 
+from xstage.artifact import Runtime
 from xstage.ledger.footprint import QdqCost, RouteCost
 from xstage.routes import option_hooks
 
@@ -48,7 +53,6 @@ DEVICE_PREFERENCE = ("npu", "gpu_integrated", "gpu_discrete", "cpu")
 #: Artifact formats (DESIGN §1).
 FORMATS = ("onnx:fp32", "onnx:fp16", "onnx:a16w8", "onnx:a8w8", "pt:fp32", "pt:fp16")
 
-Runtime = Literal["onnxruntime", "torch"]
 OsSide = Literal["this", "windows"]
 #: How the runtime judge (``routes.judges``) finds the devices a route drives once its runtime
 #: is there: onnxruntime's ``cpu`` (the CPU EP: the host), ``openvino_device_ids`` (the
@@ -211,6 +215,16 @@ class RouteSpec:
             the format the device takes as the remedy, instead of ``format_not_run_here``.
         declines_remedy: the remedy of such a refusal (the command that makes the format the
             device takes).
+        device_id_picks_gpu: its EP's ``device_id`` option picks the GPU it runs on, so the
+            option as applied attests the device (``evidence.attestation``, source
+            ``options_as_applied``) of vendor :attr:`gpu_vendor`.
+        gpu_vendor: the vendor of the GPUs its EP runs on (``nvidia`` for ort-cuda; one of
+            the vendors of ``drives``); None: any vendor, or no GPU.
+        device_memory: the worker's reader of the device memory its own process holds, by
+            name (a key of ``xstage_remote.ort_runtime.DEVICE_MEMORY_READERS``: ``nvml``,
+            ``dxgi``), sent in ``load``; None where the stage's tensors are in host RAM or no
+            reader exists (a GPU stage is then ``peak_unreported``). onnxruntime routes only:
+            a torch worker reads its device's memory through torch.
     """
 
     name: str
@@ -249,6 +263,9 @@ class RouteSpec:
     compile_cache: tuple[tuple[str, str], ...] = ()
     declines: Mapping[str, str] = field(default_factory=_frozen, hash=False)
     declines_remedy: str = ""
+    device_id_picks_gpu: bool = False
+    gpu_vendor: str | None = None
+    device_memory: str | None = None
 
     def captures_graph(self, ep_options: Mapping[str, str] | None) -> bool:
         """Whether this route's worker will serve from a captured CUDA graph.
@@ -493,6 +510,8 @@ ROUTES: tuple[RouteSpec, ...] = (
         platforms=_WINDOWS,
         verified=False,
         ep="DmlExecutionProvider",
+        device_id_picks_gpu=True,
+        device_memory="dxgi",
         adapter_by_identity=True,  # never device_id=0 by default (issue 18)
         max_runtime="1.25",
         version_note="DirectML ships only in onnxruntime-directml, whose last release is "
@@ -514,6 +533,9 @@ ROUTES: tuple[RouteSpec, ...] = (
         platforms=("linux", "wsl", "windows"),
         verified=False,
         ep="CUDAExecutionProvider",
+        device_id_picks_gpu=True,
+        gpu_vendor="nvidia",
+        device_memory="nvml",
         ep_options=_frozen({"device_id": 0}),
         packages=_frozen({"default": ("onnxruntime-gpu", "numpy")}),
         docs="https://onnxruntime.ai/docs/execution-providers/CUDA-ExecutionProvider.html",
@@ -532,6 +554,9 @@ ROUTES: tuple[RouteSpec, ...] = (
         platforms=("linux", "wsl", "windows"),
         verified=False,
         ep="TensorrtExecutionProvider",
+        device_id_picks_gpu=True,
+        gpu_vendor="nvidia",
+        device_memory="nvml",
         ep_options=_frozen({"device_id": 0}),
         compile_cache=(("trt_engine_cache_enable", "1"), ("trt_engine_cache_path", "{dir}")),
         packages=_frozen({"default": ("onnxruntime-gpu", "tensorrt", "numpy")}),
@@ -552,6 +577,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         platforms=("linux", "windows", "darwin"),
         verified=False,  # ran on a lent H100 before its attestation existed: docs/records/webgpu-h100
         ep="WebGpuExecutionProvider",
+        device_memory="nvml",  # any vendor's GPU: NVML answers on NVIDIA's, says why elsewhere
         min_runtime="1.24.4",
         version_note="onnxruntime-ep-webgpu 0.4.0 requires onnxruntime >= 1.24.4 and a Vulkan "
         "loader (libvulkan.so.1) on Linux",

@@ -341,7 +341,7 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     sealed = True
     worker = {"hello": client.hello, "runtime": dict((client.loaded or {}).get("info") or {}),
               "evidence_sha256": _digest(info, profile), "compile_cache": cache.to_dict()}
-    target = options["device"] if art.format.startswith("pt:") else options["ep"]["name"]
+    target = options["device"] if art.runtime == "torch" else options["ep"]["name"]
     phases = (("spawn + hello", t_spawn, t_ready), ("load", t_ready, t_loaded),
               ("warm-up", t_loaded, t_warm), ("evidence", t_warm, t_evidence))
     return client, WarmUp(outputs=outputs, timing=timing, info=info, profile=profile,
@@ -397,14 +397,14 @@ def _ep_compile_failure(art: Artifact, options: Mapping[str, Any], message: str)
     a failure that names the EP's own subgraph or log tag is the EP's, not the graph's.
     """
     ep = (options.get("ep") or {}).get("name")
-    return (not art.format.startswith("pt:") and bool(ep) and ep != evidence.CPU_EP
+    return (art.runtime == "onnxruntime" and bool(ep) and ep != evidence.CPU_EP
             and bool(_EP_FAILURE.search(message)))
 
 
 def _prove(setup: Setup, warm: WarmUp) -> evidence.PlacementProof:
     """Rule 3: the proof, from the torch profiler's op log or onnxruntime's profile and plan."""
     info = warm.info
-    if setup.artifact.format.startswith("pt:"):
+    if setup.artifact.runtime == "torch":
         return evidence.prove_torch(
             ops=info.get("ops"), output_devices=info.get("output_devices"),
             target_device=warm.target, min_placement=setup.min_placement,
@@ -434,7 +434,7 @@ def _detail(cand: Candidate, setup: Setup, warm: WarmUp) -> dict[str, Any]:
     phases = [{"name": name, "start_us": round((t0 - origin) / 1e3, 1), "dur_us": round((t1 - t0) / 1e3, 1)}
               for name, t0, t1 in warm.phases]
     placement = None
-    if not setup.artifact.format.startswith("pt:"):
+    if setup.artifact.runtime == "onnxruntime":
         info = warm.info
         placement = detail.placement_detail(
             profile_text=warm.profile, assignment=info.get("assignment"),
@@ -455,7 +455,7 @@ def _detail(cand: Candidate, setup: Setup, warm: WarmUp) -> dict[str, Any]:
            "calls": [],
            "warmup_worker_us": worker_ns / 1e3 if isinstance(worker_ns, int) else None,
            "placement": placement}
-    if setup.artifact.format.startswith("pt:") and isinstance(warm.info.get("ops"), list):
+    if setup.artifact.runtime == "torch" and isinstance(warm.info.get("ops"), list):
         doc["ops"] = warm.info["ops"]  # the op log the proof judged: the per-op table's (torch)
     return doc
 
@@ -464,7 +464,7 @@ def _attest(cand: Candidate, setup: Setup, warm: WarmUp,
             proof: evidence.PlacementProof) -> attestation.Attestation:
     """Rule 3, layer 3: the device the worker's reports attest, against the planned one."""
     info = warm.info
-    if setup.artifact.format.startswith("pt:"):
+    if setup.artifact.runtime == "torch":
         # torch attests by its tensors: the target device where the proof counted work there.
         # (Outputs off the device are the proof's own cause, ``outputs_off_device``.)
         seen = [warm.target] if proof.nodes_on_target else []
@@ -479,7 +479,8 @@ def _attest(cand: Candidate, setup: Setup, warm: WarmUp,
         ep_device=bound if isinstance(bound, dict) else None,
         ep_options=applied if isinstance(applied, dict) else None,
         runtime_log="\n".join(str(x) for x in log) if isinstance(log, list) else None,
-        gpu_memory=memory if isinstance(memory, dict) else None, planned_pci=pci, twins=twins)
+        gpu_memory=memory if isinstance(memory, dict) else None, planned_pci=pci, twins=twins,
+        device_id_picks_gpu=cand.route.spec.device_id_picks_gpu, gpu_vendor=cand.route.spec.gpu_vendor)
 
 
 def _identity(device_id: str, rows: tuple[Any, ...]) -> tuple[str | None, int]:

@@ -63,7 +63,7 @@ def _reference_route(setup: Setup) -> RouteStatus | None:
     """The reference arm's route for the artifact's runtime, as the plan's table resolved it."""
     if setup.report is None:
         return None
-    runtime = "torch" if setup.artifact.format.startswith("pt:") else "onnxruntime"
+    runtime = setup.artifact.runtime
     try:
         return setup.report.route(reference_spec(runtime).name)
     except KeyError:

@@ -402,7 +402,7 @@ def make_reference(art: Artifact, reference: str | os.PathLike[str], session: Ma
         arm: OnnxReference | OnnxWorkerReference | TorchReference
         sized = {"footprint_of": _sized(art, snap), "shapes": shapes, "ledger": ledger,
              "deadlines": deadlines}
-        if art.format.startswith("pt:"):
+        if art.runtime == "torch":
             arm = TorchReference(report, path, "torch_cpu" if kind == "same_graph_cpu" else kind,
                                  [o.name for o in art.outputs], **sized)
         elif where == "in_process":
@@ -427,7 +427,7 @@ def _sized(art: Artifact, snap: Snapshot | None) -> Artifact:
     """
     if snap is None:
         return art
-    return replace(art, path=snap.graph, format="pt:fp32" if art.format.startswith("pt:")
+    return replace(art, path=snap.graph, format="pt:fp32" if art.runtime == "torch"
                    else "onnx:fp32", format_source="reference", sha256=snap.sha256,
                    bytes=snap.bytes, snapshot=None, origin=snap.files[0].source,
                    files=tuple({"path": str(f.source), "sha256": f.sha256, "bytes": f.bytes}
@@ -442,7 +442,7 @@ def quantized_outputs(art: Artifact) -> dict[str, parity.QuantParams]:
     read then), and for a Q whose scale or zero point is not a constant of the graph or that
     quantizes in blocks (``block_size``): those outputs stay compared exactly.
     """
-    if art.format not in parity.QUANTIZED_FORMATS or art.format.startswith("pt:"):
+    if art.format not in parity.QUANTIZED_FORMATS or art.runtime == "torch":
         return {}
     import onnx
     from onnx import numpy_helper

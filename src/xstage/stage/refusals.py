@@ -1,7 +1,8 @@
 """Every refusal and admission-failure message the API writes, keyed by (code, cause).
 
-A reader looking for "what does xstage say when X" finds it here, in one table of remedies
-and one builder per gate. The planner's own refusals (``no_exported_graph``,
+A reader looking for "what does xstage say when X" finds it here, one builder per gate; the
+remedies that do not depend on the run come from the registry of causes
+(``xstage.refusal.REGISTRY``). The planner's own refusals (``no_exported_graph``,
 ``device_unreachable_from_this_process``) are written where they are decided, in
 ``xstage.planner``.
 """
@@ -19,7 +20,7 @@ from xstage.evidence.attestation import Attestation
 from xstage.ledger import Fit, Measured
 from xstage.parity import Parity
 from xstage.planner import Candidate
-from xstage.refusal import Refusal, RefusalCode
+from xstage.refusal import REGISTRY, Refusal, RefusalCode
 
 __all__ = ["REMEDIES", "attestation_refusal", "budget_refusal", "compile_refusal", "crash_refusal",
            "declined_refusal", "gate_refusal", "load_failed", "peak_refusal", "refused"]
@@ -27,62 +28,13 @@ __all__ = ["REMEDIES", "attestation_refusal", "budget_refusal", "compile_refusal
 _DECLINED, _GATE, _BUDGET = (RefusalCode.EP_DECLINED, RefusalCode.NUMERIC_GATE_FAILED,
                              RefusalCode.BUDGET_EXCEEDS_DEVICE)
 
-#: Remedies that do not depend on the run. Budget refusals before the worker starts take
-#: their remedy from the ledger's ``Fit`` (it names the pool and the sizes).
+#: Remedies that do not depend on the run, from the registry (``xstage.refusal.REGISTRY``):
+#: ``(code, cause)``, and ``(code, "cause:key")`` for a cause's other remedies. Budget refusals
+#: before the worker starts take their remedy from the ledger's ``Fit`` (it names the pool and
+#: the sizes).
 REMEDIES: Mapping[tuple[RefusalCode, str], str] = {
-    (_DECLINED, "provider_swapped"):
-        "the EP is not in that build or failed to initialise: see the worker log and xstage devices",
-    (_DECLINED, "unmeasured"):
-        "the profile could not be read; see the worker log (profiling must be allowed)",
-    (_DECLINED, "unmeasured:names"):
-        "onnxruntime named a kernel or plan node in a form the name check does not know (the "
-        "record's proof.name_failures lists them; docs/external.md, \"Untrusted text\"): report it "
-        "with the record; --graph-opt-level ORT_DISABLE_ALL runs the graph without onnxruntime's "
-        "rewrites, which make most of those names",
-    (_DECLINED, "unmeasured:bounds"):
-        "no plan lists the nodes of the partition the EP compiled, so the node fraction is only "
-        "known between the bounds in the record's proof notes: use onnxruntime >= 1.24 on this "
-        "route (its plan lists them), or a --min-placement outside the bounds",
-    (_DECLINED, "evidence_conflict"):
-        "onnxruntime's plan put nodes on the EP but its profile could not confirm it (a kernel "
-        "name that is not the graph's, or no kernel time); see the record's proof notes and "
-        "report it with the record",
-    (_DECLINED, "device_mismatch"):
-        "the EP ran on another device than the planned one: drop the --ep-option that moves it, "
-        "or ask for that device with --device; the worker log shows the EP's own messages",
-    (_DECLINED, "ep_compile_failed"):
-        "the EP claimed nodes it then failed to compile: run the stage on another route "
-        "(--route ort-cpu) or device, or change the graph so the EP does not take the op the message names "
-        "(Loop and If bodies are the usual ones)",
-    (_DECLINED, "outputs_off_device"):
-        "the program returns tensors from another device than the stage's: move the outputs "
-        "to the device in the module (or drop the .cpu()/.to() before returning) and export again",
-    (_DECLINED, "declined"):
-        "lower --min-placement to accept the split, or change the graph so the EP takes the "
-        "ops it left on the CPU",
-    (_GATE, "tolerance"):
-        "look at the decided criterion; for OpenVINO check the precision hint; --tolerance F "
-        "relaxes the relative criterion when the difference is expected (rel_l2=X,abs_rms=Y,"
-        "cosine=Z,elem=B name each criterion)",
-    (_GATE, "elementwise"):
-        "some elements are wrong while the norm looks fine (a block in lower precision, a wrong "
-        "row): look at the worst element in the criterion; --tolerance elem=B admits a fraction B "
-        "of the elements, elem_a=A and elem_rtol=R widen the bound (where the float64 tie-break "
-        "was unavailable, elem_a=1e-5 admits a deep fp32 graph's reordered sums)",
-    (_GATE, "nondeterministic"):
-        "the stage (or its reference) gave different numbers for the same inputs: remove or "
-        "seed the random ops the message names (Dropout in training mode, RandomUniformLike, "
-        "torch.rand_like, ...), or, where the randomness is meant, name a --tolerance that its "
-        "numbers should meet and the record will say the stage is nondeterministic",
-    (_GATE, "nonfinite"):
-        "NaN or Inf where the reference has none (or the other way round): an overflow in a "
-        "lower precision is the usual cause; no tolerance admits it",
-    (_BUDGET, "peak_unreported"):
-        "this route's worker does not report the memory of its pool; nothing can confirm the "
-        "budget (see docs/memory.md for what each route reports)",
-    (_BUDGET, "peak_over_budget"):
-        "the stage holds more than its estimate: report the record (the reservations show what "
-        "was expected), or run it with a smaller input",
+    **{(e.code, e.cause): e.remedy for e in REGISTRY if e.remedy is not None},
+    **{(e.code, f"{e.cause}:{key}"): text for e in REGISTRY for key, text in e.remedies.items()},
 }
 
 
@@ -174,8 +126,7 @@ def attestation_refusal(cand: Candidate, attested: Attestation, cause: str,
     else:
         message = (f"{where}: nothing attests which device ran the stage ({attested.detail}); "
                    "unmeasured never passes")
-        remedy = ("this route's runtime reports no device; run it where the EP-device API "
-                  "(onnxruntime >= 1.23) binds the device, or use a route that reports one")
+        remedy = REMEDIES[(_DECLINED, "unmeasured:unattested")]
     # The EP's own proof may have placed the stage; on the wrong device that is no placement:
     # the evidence's verdict is the refusal's (the EP-level one is kept as ``ep_verdict``).
     verdict = "declined" if cause == "device_mismatch" else "unmeasured"
@@ -239,7 +190,7 @@ def gate_refusal(cand: Candidate, gate: Parity, proof: PlacementProof, reference
 def load_failed(cand: Candidate, art: Artifact, exc: errors.WorkerRaised, log: object,
                 hello: Mapping[str, Any] | None) -> errors.ArtifactError:
     """The route's worker could not load or run the artifact: an error (exit 1), not a refusal."""
-    if art.format.startswith("pt:"):
+    if art.runtime == "torch":
         exporter = art.manifest.get("exporter") or {}
         saved_by = exporter.get("torch", "an unknown torch")
         if exporter.get("pt2_for_torch"):

@@ -476,7 +476,7 @@ def settle(gate: parity.Parity, artifact: Any, feeds: Mapping[str, np.ndarray],
     """
     if parity.tiebreak_applies(gate) is not None:
         return gate
-    torch = artifact.format.startswith("pt:")
+    torch = artifact.runtime == "torch"
     path, size, kind = reference_graph(artifact, arm)
     evaluator = _TORCH_EVALUATOR if torch else _evaluator()
     facts = {"evaluator": evaluator, "graph": {"kind": kind, "name": path.name}}
