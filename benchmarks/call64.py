@@ -1,4 +1,4 @@
-"""One 64 B call on the authenticated socket path, taken apart piece by piece (issue 13).
+"""One 64 B call on the authenticated socket path, taken apart piece by piece.
 
 Both ends run in this one thread over a TCP loopback pair: a ``WorkerClient`` wired to an
 ``xstage_remote.worker.Worker`` (a real onnxruntime session of ``slice_graph(16, 16)``), each
@@ -10,7 +10,7 @@ real entry points (``WorkerClient.run`` with the worker's turn inside its receiv
 worker's one-frame turn) for the same calls. The ``floor`` row sends the same two frames with
 the fewest steps Python can take (``floor``): what any implementation of this protocol in
 Python pays on this machine; its half is the least half round trip the socket path can reach
-here with both ends awake (issue 13's target is 15 µs).
+here with both ends awake (the target is 15 µs: docs/performance.md).
 
 ``--busy N`` runs everything beside N CPU-burning processes (``benchmarks/_busy.py``), for a
 busy machine's before/after (with ``--compare``, each tree's processes run beside them too).
@@ -83,7 +83,7 @@ def wired(graph: str) -> tuple[WorkerClient, remote.Worker]:
 
 def turn(w: remote.Worker) -> None:
     """The worker's ``serve`` loop for one frame (no region on TCP): ``Worker.turn``, or
-    where a tree has none (before issue 13's "sockdiet"), its loop's steps."""
+    where a tree has none (before the socket path's "sockdiet"), its loop's steps."""
     if hasattr(w, "turn"):
         w.turn()
         return

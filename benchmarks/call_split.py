@@ -1,6 +1,6 @@
 """One 64 B call through the shared region split at its stamps, and where each process ran.
 
-Issue 14's busy case taken apart: ``WorkerClient.run`` on ``ort-cpu`` (a Slice graph, 16
+The busy-machine case taken apart: ``WorkerClient.run`` on ``ort-cpu`` (a Slice graph, 16
 float32 each way) in this process, quiet and then beside ``--busy N`` busy-looping processes
 (``benchmarks/_busy.py``). Per state, medians over ``--calls`` calls of:
 

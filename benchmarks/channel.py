@@ -1,4 +1,4 @@
-"""The authenticated socket path (issue 13), layer by layer: where a call's time goes.
+"""The authenticated socket path, layer by layer: where a call's time goes.
 
 ``transport.py``'s ``tcp-auth`` arm times a whole ``WorkerClient.run`` over the TCP
 connect-back. This script takes that call apart, in one run, on TCP loopback:
@@ -21,7 +21,7 @@ connect-back. This script takes that call apart, in one run, on TCP loopback:
   keyed BLAKE2b and BLAKE2s, per MiB and per 100-byte record (the candidates the issue
   names; the records use ``wire.MAC_NAME``).
 
-Targets (issue 13): 64 B half round trip ≤ 15 µs over loopback, and ≥ 1 GB/s each way at
+Targets: 64 B half round trip ≤ 15 µs over loopback, and ≥ 1 GB/s each way at
 1 MiB in + 1 MiB out with the MAC. ``--pin`` puts the two ends of each layer on different
 CPUs (``sched_setaffinity``), to show what overlap of the two ends' MACs gives where the
 scheduler would otherwise run both on one CPU. Not a test: nothing asserts.
@@ -591,7 +591,7 @@ def _main(args: argparse.Namespace) -> None:
     for row in doc["layers"]:
         if row["bytes_each_way"] < TARGET_BYTES:
             continue
-        print(f"\ntarget (issue 13): {row['payload']} in + out at >= 1 GB/s each way with "
+        print(f"\ntarget: {row['payload']} in + out at >= 1 GB/s each way with "
               f"{doc['mac']} (half round trip <= {TARGET_BYTES / 1e3:.1f} µs):")
         for name, a in row["arms"].items():
             if name.startswith("chan") or name == "xstage":

@@ -1,4 +1,4 @@
-"""One 1 MiB round trip through the authenticated channel, taken apart (issue 13).
+"""One 1 MiB round trip through the authenticated channel, taken apart.
 
 Two processes over TCP loopback, an echo through ``wire.Channel`` (the ``channel`` arm of
 ``channel.py``). Each end's socket is wrapped so that every system call the channel makes is

@@ -1,4 +1,4 @@
-"""A stage called locally against the same stage through Ray, on one machine (issue 23).
+"""A stage called locally against the same stage through Ray, on one machine.
 
 A local two-node Ray cluster on the loopback address (the head, and a node with the custom
 resource ``fake_npu``; ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` set before Ray is imported, usage

@@ -1,11 +1,11 @@
-"""torch-cuda stages called in process against the same programs behind xstage (issue 20).
+"""torch-cuda stages called in process against the same programs behind xstage.
 
 Run on a CUDA machine with the repository's ``src`` on ``PYTHONPATH``::
 
     PYTHONPATH=src python benchmarks/gpu_stage.py [--rounds 7] [--calls 30] [--tower PATH.pt2]
 
 Stages (exported here on the GPU, each with its manifest): ``mlp-small`` (under 1 ms),
-``conv-224`` (issue 20's conv 3→64→64 + GELU + linear at batch 8, 224², ~1 ms), ``mlp-large``
+``conv-224`` (the conv 3→64→64 + GELU + linear at batch 8, 224², ~1 ms), ``mlp-large``
 (8 x 4096², batch 4096: tens of ms), and the tiny Qwen3-VL vision tower when ``--tower``
 names its ``.pt2`` (with its manifest beside it; launch-bound, ~70 small kernels). Arms,
 interleaved round by round (each round runs ``--calls`` calls of every arm in turn), medians
@@ -18,7 +18,7 @@ over every call:
 * ``xstage graph``: the pinned region and the CUDA graph (the default);
 * ``xstage graph 1cpu``: the same with the client's copies into and out of the region on the
   calling thread alone (``client/copies.py`` off; opened only where its helpers are on by
-  default, from 4 CPUs, or ``XSTAGE_COPY_THREADS``): the A/B of the copy helpers (issue 20);
+  default, from 4 CPUs, or ``XSTAGE_COPY_THREADS``): the A/B of the copy helpers;
 * ``xstage graph no heads-up``: the same with the heads-up off (``shm.Doorbell.heads_up``: a
   caller whose input copy is long wakes the sleeping worker before it copies; on by default
   from 4 CPUs): the A/B of the worker's wake-up overlapping the copy;
@@ -41,7 +41,7 @@ over every call:
   filled once): the caller's process does no GPU work per call.
 
 ``gpu`` is the stage's own device time (CUDA events around the module in process); ``device -
-gpu`` is what the device-tensor path adds to it (issue 20: within 50 µs). The ledger columns
+gpu`` is what the device-tensor path adds to it (target: within 50 µs). The ledger columns
 are each xstage arm's budget/measured and its CUDA graph pool; the split columns say where
 each xstage arm's round trip goes (``SPLIT``).
 """

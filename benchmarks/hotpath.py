@@ -1,6 +1,6 @@
 """A 64 B call through the shared region under two source trees, quiet and busy, interleaved.
 
-Issue 14's per-call CPU: ``--compare SRC`` runs the same call (``WorkerClient.run`` on
+The per-call CPU of a busy machine: ``--compare SRC`` runs the same call (``WorkerClient.run`` on
 ``ort-cpu``, a Slice graph, 16 float32 each way) under another tree's ``src/`` (*before*, e.g.
 the parent commit's) and under this tree (*after*), each in its own client process that keeps
 one worker for the whole run, beside a TCP-loopback echo of the same bytes (``tcp``, as in

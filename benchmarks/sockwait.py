@@ -1,4 +1,4 @@
-"""Where a 64 B call over the authenticated TCP path waits (issue 13, "sockspin").
+"""Where a 64 B call over the authenticated TCP path waits (the socket spin, ``xstage_remote/sockspin.py``).
 
 Runs ``WorkerClient(sys.executable, shm_mode="off", transport="tcp")`` on ``slice_graph(16,
 16)`` under one or more source trees, one fresh process pair per tree and round, the trees

@@ -7,7 +7,7 @@ its own process, the profiled warm-up already behind it — called through ``Sta
 (validation and the shared-memory transport included). Medians and their ratio are printed;
 the target is ≤ 1.05 for a graph of ≥ 5 ms compute.
 
-The built-in graphs: the small MLP (``mlp 512x6 b64``, issue 14's "1.1 ms MLP": 0.55-0.67 ms
+The built-in graphs: the small MLP (``mlp 512x6 b64``, the "1.1 ms MLP": 0.55-0.67 ms
 in-process on the 2-core VM on a quiet day; its figure is stated, no target) and an MLP
 calibrated when the benchmark starts: its batch is chosen so that the in-process quiet median
 lands at 5 ms ± 20% on the machine that runs it (the JSON's ``calibration`` lists each batch
@@ -15,7 +15,7 @@ tried and its median).
 
 ``--busy [N]`` measures both arms twice in one run, round by round: quiet, then beside N
 busy-looping processes (default: one per CPU; ``benchmarks/_busy.py``: never sleeping, stopped
-and continued by pid between rounds). Issue 14 asks, for a graph of 5 ms ± 20% in-process
+and continued by pid between rounds). The busy-machine target asks, for a graph of 5 ms ± 20% in-process
 (quiet), xstage ≤ 1.10× in-process while the machine is busy; the doorbell's decisions are
 printed with ``--verbose``.
 
@@ -49,7 +49,7 @@ from _busy import Neighbours  # noqa: E402  (beside this file)
 GAP_S = 0.02
 
 
-#: Issue 14's graph: 5 ms ± 20% in-process, quiet, on the machine that runs the benchmark.
+#: The busy-machine target's graph: 5 ms ± 20% in-process, quiet, on the machine that runs the benchmark.
 TARGET_MS = 5.0
 TARGET_BAND = (4.0, 6.0)
 #: The calibrated MLP's width and depth; its batch is what the calibration chooses.
@@ -99,8 +99,8 @@ def calibrate(tmp: Path, threads: int | None, tries: int = 6) -> tuple[str, Path
 
 
 def _graphs(tmp: Path, threads: int | None) -> list[tuple[str, Path, dict]]:
-    """The small MLP (issue 14's "1.1 ms MLP": its figure is stated) and an MLP calibrated at
-    run time to 5 ms ± 20% in-process (issue 14's graph)."""
+    """The small MLP (the "1.1 ms MLP": its figure is stated) and an MLP calibrated at
+    run time to 5 ms ± 20% in-process (the busy-machine target's graph)."""
     small = builtin_graphs.write(builtin_graphs.mlp(width=512, depth=6, batch=64, seed=7),
                                  tmp / "mlp-small.onnx")
     label, path, info = calibrate(tmp, threads)

@@ -5,7 +5,7 @@ alike), and medians are compared as ratios. Two phases in one run: the shared-me
 with their floor, then the socket and pickle arms with theirs (their megabytes of traffic
 would otherwise flush the caches the first phase lives in, which measures the neighbours).
 The 64 B payload moves no megabytes: there every arm runs in one phase, interleaved (its
-xstage / TCP ratio is issue 14's figure):
+xstage / TCP ratio is the busy-machine target's figure):
 
 * ``floor``     — in-process ``np.copyto`` of the same input and output bytes into
                   preallocated buffers: the cost of touching the bytes once each way.
@@ -33,13 +33,13 @@ whose lines one core owns — is from a copy into lines the worker's core touche
 ``--busy N`` measures every arm twice in one run: quiet, then with N CPU-burning processes beside
 it (``benchmarks/_busy.py``: arithmetic in a loop, never sleeping, ended by their pids), as an
 engine's decode threads and tokenizers keep a machine's cores busy. The summary puts each arm's
-figure beside the TCP echo's, quiet and busy: issue 14 asks, for ``--busy`` equal to the core
+figure beside the TCP echo's, quiet and busy: the busy-machine target asks, for ``--busy`` equal to the core
 count, the xstage arm's 64 B half round trip ≤ 1.5× the TCP arm's and its overhead at 1 MiB and
 8.8 MB ≤ 0.5× the TCP arm's. ``--verbose`` prints the doorbell's decisions (spin or block, and
 why) for each xstage arm.
 
-``--copy-threads N`` is the A/B of the client's large copies (``client/copies.py``, issues 14
-and 20): the ``xstage`` arms copy on the caller's thread alone, the ``xstage-pool`` arms split
+``--copy-threads N`` is the A/B of the client's large copies (``client/copies.py``):
+the ``xstage`` arms copy on the caller's thread alone, the ``xstage-pool`` arms split
 copies of at least ``copies.MIN_BYTES`` across N helper threads besides it, interleaved in one
 run; a line per payload puts copies, overhead and this process's CPU time per call (``CPU``:
 every thread's, the helpers' included) side by side.
@@ -381,7 +381,7 @@ def measure(rounds: int, calls: int, tmp: Path, only: tuple[str, ...] = ARMS,
 
 
 def targets(rows: list[dict]) -> list[dict]:
-    """Issue 14's comparisons against the TCP echo, for one state's rows: the 64 B half round
+    """The busy-machine targets' comparisons against the TCP echo, for one state's rows: the 64 B half round
     trip (≤ 1.5× the TCP arm's) and the overhead at the larger payloads (≤ 0.5×)."""
     out = []
     for row in rows:
@@ -405,7 +405,7 @@ PHASES = (("xstage", "xstage-out", "xstage-inplace", "xstage-pool", "xstage-out-
 
 
 #: Payloads this small move no megabytes: every arm runs in one phase, interleaved round by
-#: round with the others (issue 14's 64 B ratio is xstage's against the TCP echo's, and each
+#: round with the others (the busy-machine target's 64 B ratio is xstage's against the TCP echo's, and each
 #: of the two varies with the machine's moment; measured in separate phases, the ratio also
 #: carried the difference between the two moments).
 SMALL_BYTES = 4096
@@ -552,7 +552,7 @@ def main() -> None:
                         help=f"comma-separated arms besides the floor (default: {','.join(ARMS)})")
     parser.add_argument("--busy", type=int, default=0, metavar="N",
                         help="also measure every arm beside N busy-looping processes "
-                             "(quiet and busy rounds interleaved; N = the core count for issue 14)")
+                             "(quiet and busy rounds interleaved; N = the core count for the busy target)")
     parser.add_argument("--copy-threads", type=int, default=None, metavar="N",
                         help="A/B of the client's large copies: the xstage arms on the caller's "
                              "thread alone beside -pool arms with N copy helpers (client/copies.py)"

@@ -1,4 +1,4 @@
-"""Full-size streaming code2wav: first-audio latency and real-time factor per route (issue 17).
+"""Full-size streaming code2wav: first-audio latency and real-time factor per route.
 
 transformers' default ``Qwen3OmniMoeCode2WavConfig()`` (216 M parameters, 1920 samples per
 frame at 24 kHz) with random weights (seeded, perturbed: the exporter's), exported as a

@@ -1,4 +1,4 @@
-"""Does a CUDA IPC export as explicit fields work on this torch? (issue 20, device tensors)
+"""Does a CUDA IPC export as explicit fields work on this torch? (device tensors)
 
     PYTHONPATH=src python scripts/device_ipc_probe.py
 

@@ -14,7 +14,7 @@ What it owns, and nothing else of either file:
    layout;
 2. the table under docs/external.md's heading "## 5. Refusals and exit codes".
 
-A new *code* (the seed's five are a closed set) is not written: its ``allOf`` block is added by
+A new *code* (the five are a closed set) is not written: its ``allOf`` block is added by
 hand, and the check names it. ``tests/record/test_refusal_registry.py`` runs the check, and
 runs it on a registry with a cause added to show that the schema and the table go stale.
 """
@@ -84,7 +84,7 @@ def write_schema(registry: Sequence[CauseEntry], text: str) -> str:
         return text
     if doc["$defs"]["refusal"]["properties"]["code"]["enum"] != want["codes"]:
         raise SystemExit("a new refusal code: add its value to $defs.refusal.properties.code.enum "
-                         "and its allOf block by hand (the codes are the seed's closed set)")
+                         "and its allOf block by hand (the codes are a closed set)")
     for code, causes in want["causes"].items():
         text = _sub_once(r'(\{"const": "' + re.escape(code) + r'"\}\}, "required": \["code"\]\},'
                          r'\s*"then": \{.*?"cause": \{"enum": )\[[^\]]*\]', json.dumps(causes), text)

@@ -1,6 +1,6 @@
 """A soak of one worker: many calls through the shared region, and the tail of their overhead.
 
-Issue 14 asks for the p99 of a 10,000-call soak to stay within 5× its p50, quiet. Each call is
+The busy-machine target asks for the p99 of a 10,000-call soak to stay within 5× its p50, quiet. Each call is
 ``WorkerClient.run`` on ``ort-cpu`` with the transport benchmark's stage (``slice_graph``:
 onnxruntime's own work is one small copy, reported by the worker and taken off), back to back
 after a warm-up. Printed: the overhead's p50, p90, p99, p99.9 and max, p99/p50, the calls over

@@ -1,4 +1,4 @@
-"""Stress xstage past what CI runs (issue 13): frames into a live worker, calls with random
+"""Stress xstage past what CI runs: frames into a live worker, calls with random
 interrupts, concurrent opens across processes on one fresh home. Not in CI; the results and
 the command are in docs/reliability.md.
 

@@ -4,7 +4,7 @@ Pure: arrays in, a frozen :class:`Parity` out. No processes, no sessions. It rai
 malformed *arguments* (an unknown format or reference kind, a value that is not an array);
 bad news — a wrong dtype, a missing output, NaNs where the reference has none — is a failed
 verdict with a criterion, never an exception. The stage layer turns a failed verdict into the
-refusal ``numeric_gate_failed`` with :attr:`Parity.cause` (DESIGN §5).
+refusal ``numeric_gate_failed`` with :attr:`Parity.cause` (docs/design.md §7).
 
 Every metric is computed in float64. Per output, the rules, first match decides:
 
@@ -112,7 +112,7 @@ __all__ = [
     "tiebreak_unavailable",
 ]
 
-#: Artifact formats (DESIGN §1), the first half of a default tolerance's key.
+#: Artifact formats (docs/design.md §1), the first half of a default tolerance's key.
 FORMATS = ("onnx:fp32", "onnx:fp16", "onnx:a16w8", "onnx:a8w8", "pt:fp32", "pt:fp16")
 
 #: What the reference is, the second half of the key: ``same_graph_cpu`` the same graph on
@@ -135,7 +135,7 @@ ABS_FLOOR_EPS = 4
 
 #: A verdict of the gate.
 Verdict = Literal["passed", "failed"]
-#: Why a verdict failed (the ``cause`` of ``numeric_gate_failed``, DESIGN §5).
+#: Why a verdict failed (the ``cause`` of ``numeric_gate_failed``, docs/design.md §7).
 Cause = Literal["tolerance", "nonfinite", "elementwise", "nondeterministic"]
 #: Which rule decided one output (see the module docstring).
 Rule = Literal[
@@ -153,7 +153,7 @@ FLOAT_RULES = ("rel_l2", "max_abs", "cosine", "elementwise", "all_zero_reference
 #: distance over the reference's: T1 (rel_l2) 1.01 (code2wav-tiny), 1.37 (MLP 512x6), 1.85 and
 #: 1.86 (the 12-block tower at 196 and 1024 patches: OpenVINO is the less exact arm there),
 #: 0.01 (PP-OCR det, where OpenVINO is the more exact); T2 (the worst magnitude band) 1.21,
-#: 1.59, 2.41, 2.43, 0.13; issue 12's ill-conditioned case 1.12. The same stages computed in
+#: 1.59, 2.41, 2.43, 0.13; the ill-conditioned ``x - mean(x)`` case 1.12. The same stages computed in
 #: bf16 (INFERENCE_PRECISION_HINT=bf16; f16 gives the same on this CPU) are 1.1e4-2.6e4x
 #: (T1) and 1.2e4-2.8e4x (T2) further. 16 is 6.6x over the worst fp32 ratio, because
 #: a stage 16x less exact than the CPU EP at fp32 is still right to ~1e-5, and 660x under
@@ -260,20 +260,20 @@ CRITERIA: Mapping[str, str] = MappingProxyType({
 # 1.32 CPU EP as the reference and onnxruntime-openvino 1.24.1 (OpenVINO CPU) as the device,
 # on xstage.builtin_graphs.mlp (MatMul+Add+Relu blocks, Tanh); tests/parity reproduce the
 # 4x256 numbers (test_parity_traps.py, test_parity_defaults_measured.py; `pytest -s` prints
-# them); the 1-layer and 8x512 numbers came from the same code at those sizes. "The seed" =
-# ../shared/seed/external-stage-backends.md (measured on a laptop).
+# them); the 1-layer and 8x512 numbers came from the same code at those sizes. "Reported" =
+# figures published for a Ryzen AI laptop (890M, XDNA2) and an RTX 5090, not measured here.
 # For every tier, abs_rms is ~5-10x rel_l2: an evenly spread error (reordered reductions)
 # passes it while an error concentrated on a few elements fails both branches.
 
 # fp32 arithmetic on both sides, in a different order. Summation order and fused kernels give
 # 1e-7..1e-5: measured here, OpenVINO CPU f32 vs the CPU EP 7.2e-08 (MLP 4x256) and 5.8e-07
-# (8x512); in the seed, the 890M under DirectML vs torch CPU 9.10e-06 for a 27-block vision
+# (8x512); reported, the 890M under DirectML vs torch CPU 9.10e-06 for a 27-block vision
 # tower. rel_l2 1e-4 leaves 11x over the deepest of those, and stays below every
 # reduced-precision mode an fp32 artifact can be silently computed in: TF32 matmuls on CUDA
-# (5.65e-04 in the seed, RTX 5090; unit roundoff 2^-11), fp16 compute (4.9e-04 measured here,
+# (5.65e-04 reported, RTX 5090; unit roundoff 2^-11), fp16 compute (4.9e-04 measured here,
 # the MLP in fp16 vs its fp32 source; OpenVINO's GPU plugin infers in f16 by default, per
 # its precision-control docs) and bf16 (2.5e-03..4.4e-03 measured here, 1 to 8 layers, with
-# INFERENCE_PRECISION_HINT=bf16; 12% on a detector in issue 3). A route that runs fp32 graphs
+# INFERENCE_PRECISION_HINT=bf16; 12% on a detector). A route that runs fp32 graphs
 # in TF32 on purpose passes `--tolerance rel_l2=1e-3,elem_a=1e-2,elem_rtol=1e-3`.
 # abs_rms 1e-3: the f32 reorderings above stay below 4e-6·rms(ref) on every element; fp16
 # compute reaches 2.4e-3 and bf16 1.9e-2..2.6e-2, so this branch admits neither.
@@ -285,7 +285,7 @@ CRITERIA: Mapping[str, str] = MappingProxyType({
 # tie-break, which is the arbiter (rules T1/T2, settle_tiebreak). Rule 8 is the filter: an
 # element off by more than about one rounding of the output's scale (a = 1e-7 < eps(float32)
 # = 1.19e-7) beyond rtol·|r| is not accepted on the fp32 comparison alone.
-# Why a is this low: issue 12's headline case, a bf16 block of 1% at scale 1 beside exact
+# Why a is this low: the headline case (docs/external.md §4), a bf16 block of 1% at scale 1 beside exact
 # values of scale 1e4, errs by up to 2^-8·|r| ≈ 4e-3..1e-2, i.e. 4e-7..1e-6·rms(ref); a bf16
 # block at scale s beside rms R fails rule 8 once s/R ≳ 85·a, so a = 1e-7 catches blocks down
 # to s/R ≈ 1e-5 (the headline's 1e-4 with 12x to spare). It cannot be caught by a global a
@@ -316,7 +316,7 @@ _FP32 = Tolerance(rel_l2=1e-4, abs_rms=1e-3, min_cosine=0.999, elem=0.0, elem_a=
 #: evaluator lacks), so that a deep fp32 stage on another EP is not refused for ordinary
 #: reordering. The measured fp32 reorder bound: OpenVINO CPU f32 vs the CPU EP, the smallest
 #: a that passes rule 8 is 1.8e-06 (MLP 512x6), 4.3e-06 and 6.7e-06 (the 12-block Qwen3.5
-#: tower at 196 and 1024 patches); the seed's 27-block tower under DirectML vs torch CPU,
+#: tower at 196 and 1024 patches); a reported 27-block tower under DirectML vs torch CPU,
 #: 9.1e-06 rel L2 (the largest fp32 gap on record). 1e-5 is over all of them. The stage layer
 #: (``xstage.stage.tiebreak``) chooses the tier; an explicit ``elem_a`` is never replaced.
 NOISE_ELEM_A = 1e-5
@@ -324,10 +324,10 @@ NOISE_ELEM_A = 1e-5
 #: What the noise tier cannot catch, as the record and the summary say it. Measured with
 #: :func:`compare` (tests/parity/test_parity_tiers.py): a bf16 block of 1% of an output's
 #: elements at rms s beside values of rms R fails rule 8 at a = 1e-5 once s/R >= 2e-3 and
-#: passes at s/R <= 1e-3 (at a = 1e-7 it fails from s/R = 3e-5), so issue 12's headline block
+#: passes at s/R <= 1e-3 (at a = 1e-7 it fails from s/R = 3e-5), so the headline block
 #: (s/R = 1e-4) passes the noise tier.
 NOISE_TIER_BLIND = ("a bf16 (or fp16) block at a scale below ~1e-3 of the output's rms "
-                    "(issue 12's headline block at 1e-4 among them) passes the noise tier")
+                    "(the headline block at 1e-4 among them) passes the noise tier")
 
 # fp16 artifacts: weights and activations rounded to fp16 (unit roundoff 2^-11 = 4.9e-4 per
 # rounding). Measured here: the MLP with fp16 weights and I/O on the CPU EP vs its fp32
@@ -347,7 +347,7 @@ _FP16 = Tolerance(rel_l2=5e-3, abs_rms=2.5e-2, min_cosine=0.999, elem=0.0, elem_
 # while the other simulates it in float, so single quantization steps differ. Measured here:
 # the MLP quantized by onnxruntime.quantization (QUInt16/QInt8, per tensor) at ORT_ENABLE_ALL
 # (fused) vs ORT_DISABLE_ALL (simulated) on the CPU EP, rel_l2 9.0e-03..9.2e-03, max_abs
-# 4.6e-02..6.0e-02·rms (depending on the calibration data), cosine 0.99996; the seed's NPU
+# 4.6e-02..6.0e-02·rms (depending on the calibration data), cosine 0.99996; a reported NPU
 # A16W8 probe graph vs the CPU: 3.03e-05. rel_l2 3e-2 and abs_rms 0.15 leave 2.5-3x over the
 # fused-vs-simulated gap.
 # Rule 8, A16W8 on two backends: a = 0.15 (the worst element measured, 6.0e-02·rms, 2.5x),
@@ -720,7 +720,7 @@ class Parity:
     Attributes:
         verdict: ``passed`` or ``failed``.
         cause: None when passed; ``nonfinite`` when an output's NaN/Inf positions differ from
-            the reference's, else ``tolerance`` (DESIGN §5, ``numeric_gate_failed``).
+            the reference's, else ``tolerance`` (docs/design.md §7, ``numeric_gate_failed``).
         fmt: the artifact format the tolerance was chosen for.
         reference_kind: what the reference was.
         tolerance: the thresholds used.

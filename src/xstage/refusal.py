@@ -1,7 +1,7 @@
 """A refusal is a value: a named, structured result, and the one registry of what it can say.
 
 A refusal carries code, cause, device, route, message, remedy and evidence. The five codes are
-the seed's closed set (docs/external.md, "Refusals and exit codes"); ``cause`` says which case.
+a closed set (docs/external.md, "Refusals and exit codes"); ``cause`` says which case.
 
 :data:`REGISTRY` is the one table of every (code, cause): when it happens, which module decides
 it, and its remedy where the remedy does not depend on the run. Everything else that lists
@@ -30,7 +30,7 @@ __all__ = ["CAUSES", "REGISTRY", "CauseEntry", "Refusal", "RefusalCode"]
 
 
 class RefusalCode(str, enum.Enum):
-    """The seed's five refusal codes; every refusal carries exactly one."""
+    """The five refusal codes (docs/design.md §7); every refusal carries exactly one."""
 
     NO_EXPORTED_GRAPH = "no_exported_graph"
     DEVICE_UNREACHABLE = "device_unreachable_from_this_process"

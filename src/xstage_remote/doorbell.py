@@ -8,7 +8,7 @@ small call's answer is awaited without one), while spinning can pay: the answer 
 soon, recent spins were answered, and no check came back late (a late one means another task
 ran on this CPU: the spin stops at once and the policy backs off). Otherwise it blocks at
 once: beside neighbours that never sleep, a spinner's yield hands its CPU to them for a whole
-scheduler slice, and a 64 B call took ~2-10 ms instead of ~15 µs (issue 14). The doorbell
+scheduler slice, and a 64 B call took ~2-10 ms instead of ~15 µs (docs/performance.md). The doorbell
 measures what the policy needs: the machine's runnable tasks (``/proc/loadavg``, at most every
 ``LOAD_SAMPLE_SECONDS``), each spin's longest gap between two checks, how long each answer
 took. ``Doorbell.summary()`` counts the decisions (``--verbose``);

@@ -49,7 +49,7 @@ def _signature(args):
     return sig
 
 
-#: The VitisAI EP writes its operator report where this variable points (issue 18).
+#: The VitisAI EP writes its operator report where this variable points.
 EP_REPORT_ENV = {"vitisai": ("XLNX_ONNX_EP_REPORT_FILE", "vitisai_ep_report.json")}
 
 
@@ -263,7 +263,7 @@ def _load(path, options, tmpdir):
     if assignment_supported and options.get("profile"):
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     model, names, leftover = path, None, None
-    if options.get("profile"):  # node names the worker controls (DESIGN §4, "Untrusted text")
+    if options.get("profile"):  # node names the worker controls (docs/design.md §5, "Untrusted text")
         in_memory = _version(ort.__version__) >= (1, 24)
         model, names, leftover = onnx_names.prepare(path, in_memory)
         if not isinstance(model, str):

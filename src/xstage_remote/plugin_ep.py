@@ -1,6 +1,6 @@
 """Plugin execution providers inside a worker or a probe: locate, register, pick, bind.
 
-One implementation of the steps that bring a plugin EP up (issue 18), shared by probe mode
+One implementation of the steps that bring a plugin EP up, shared by probe mode
 (which reports each step as data) and the onnxruntime runtime (which builds a session on it):
 
 1. **locate** the library: the path the client located, or the table's Python package

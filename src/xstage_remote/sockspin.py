@@ -1,4 +1,4 @@
-"""Spin before blocking on the control socket: the socket path's wait (issue 13).
+"""Spin before blocking on the control socket: the socket path's wait.
 
 A blocked receive sleeps in the kernel, and the reply then wakes it: on a virtual machine
 whose idle vCPUs halt (guest halt-polling off) that wake-up costs tens of µs, more than a

@@ -81,7 +81,7 @@ Rules, in order; a decision names the rule that made it:
    answered still costs its CPU time, and on a crowded machine that time is taken from the
    neighbours (an engine's decode threads) and counts against the spinner when the scheduler
    (EEVDF) decides whether a woken task may preempt one. Measured on the 2-vCPU VM beside 2
-   busy loops (issue 14, ``benchmarks/hotpath.py --compare``, seven interleaved runs): before
+   busy loops (``benchmarks/hotpath.py --compare``, seven interleaved runs): before
    this rule spins that paid (answered ~9 in 10) left the caller 31-53 µs and the worker
    37-53 µs of CPU per 64 B call; with it 0.56-0.92x that CPU, for a half round trip of
    0.75-1.25x: on a VM loaded by other work as well the spins bought no latency, but in the

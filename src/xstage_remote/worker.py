@@ -486,7 +486,7 @@ class Worker:
         start = end = flags = 0
         state = self.state
         try:
-            if req_flags & shm_mod.FLAG_DEVICE_TENSORS:  # device tensors (#20)
+            if req_flags & shm_mod.FLAG_DEVICE_TENSORS:  # device tensors (docs/torch.md)
                 if not hasattr(self.runtime, "run_device"):
                     raise ValueError("a device-tensor request to a worker without device slots")
                 start = time.monotonic_ns()

@@ -1,4 +1,4 @@
-"""Device attestation (DESIGN §4 layer 3, conflict case (c)): pure, from worker-shaped reports."""
+"""Device attestation (docs/design.md §5 layer 3, conflict case (c)): pure, from worker-shaped reports."""
 
 from __future__ import annotations
 

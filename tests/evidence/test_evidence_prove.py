@@ -516,7 +516,7 @@ def test_golden_to_dict_of_the_det_split():
     }
 
 
-# ----------------------------------------------------------------------- DESIGN §4's table, work and nodes
+# ---------------------------------------------------- docs/design.md §5's conflict table, work and nodes
 
 
 def _retimed(name: str, dur_by_provider: dict[str, int]) -> str:

@@ -330,7 +330,7 @@ def test_a_stage_placed_on_a_later_preferred_device_keeps_the_earlier_refusals(e
 
 
 def test_the_seeds_event_fraction_is_recorded_beside_the_verdicts(external, graphs, openvino_python):
-    """docs/external.md's worked example: at --min-placement 0.7 the seed's metric (2 of 3
+    """docs/external.md's worked example: at --min-placement 0.7 the event count (2 of 3
     kernel events on OpenVINO) would refuse the det graph; xstage's node fraction (3 of 4) and
     time fraction both reach it, so it is placed, and the record and summary carry both."""
     r = external("--graph", str(graphs["det"]), "--route", "ort-openvino", "--min-placement", "0.7",

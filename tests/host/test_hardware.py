@@ -177,7 +177,7 @@ def test_unknown_vendors_are_skipped():
 
 
 def test_windows_query_laptop_890m_and_npu():
-    """Transcribed (tests/fixtures/README.md): the seed's laptop as Windows lists it."""
+    """Transcribed (tests/fixtures/README.md): a Ryzen AI laptop as Windows lists it."""
     adapters = hw.parse_windows_query(load_fixture("windows", "query-890m-npu.txt"))
     assert [(a.kind, a.vendor, a.pci_device_id) for a in adapters] == [
         ("gpu", "amd", 0x150E),

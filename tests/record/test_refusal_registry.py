@@ -98,7 +98,7 @@ def test_a_budget_cause_is_written_to_the_ledger_block_too():
 
 
 def test_a_new_code_is_named_not_written():
-    """The codes are the seed's closed set: a new one's schema block is written by hand."""
+    """The codes are a closed set: a new one's schema block is written by hand."""
     row = dataclasses.replace(NEW)
     object.__setattr__(row, "code", SimpleNamespace(value="a_sixth_code"))  # no enum member
     schema_text = GEN.SCHEMA.read_text(encoding="utf-8")

@@ -34,7 +34,7 @@ the ``expired`` callable (the ``--deadline``) are hard limits: the search stops 
 probe that would pass one and says which (:attr:`SearchResult.cut_short`).
 
 Every probe is checked against every earlier one for the two assumptions the search refuses
-to make; a probe that breaks one is a :class:`Contradiction` in the result (the seed's merger
+to make; a probe that breaks one is a :class:`Contradiction` in the result (a vision tower's merger
 subgraph was accepted alone while the whole tower was declined).
 
 With ``k`` declined nodes scattered in a chain of ``n`` and the plan's hint, the search takes

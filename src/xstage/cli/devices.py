@@ -105,7 +105,7 @@ def render(report: DeviceReport, out: Output) -> None:
         out.result(f"  [bold]{status.name}[/bold] ({code})")
         for line in status.reason.splitlines():
             out.result("    " + escape(line))
-        for step in status.steps:  # a plugin EP's bring-up, step by step (issue 18)
+        for step in status.steps:  # a plugin EP's bring-up, step by step
             out.result("    step: " + escape(step))
         out.result("    remedy: " + escape(status.remedy))
 

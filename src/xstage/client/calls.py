@@ -377,7 +377,7 @@ class Calls:
 
     def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The inputs as the worker takes them (checked against the signature, wire order)."""
-        if device_slots.on_device(self._pipe.device, inputs):  # device tensors (#20)
+        if device_slots.on_device(self._pipe.device, inputs):  # device tensors (docs/torch.md)
             return self._pipe.device.check(inputs)
         feeds = {name: np.asarray(value) for name, value in inputs.items()}
         # Calls usually repeat one signature: a checked one is remembered (a few µs a call).

@@ -1,4 +1,4 @@
-"""Device attestation (DESIGN §4, layer 3; conflict case (c)): which device did the work. Pure.
+"""Device attestation (docs/design.md §5, layer 3; conflict case (c)): which device did the work. Pure.
 
 The proof's other layers say which *EP* ran a stage; this one says which *device* that EP ran
 it on. The worker reports what it can, and :func:`attest` takes the strongest report, in order:

@@ -1,4 +1,4 @@
-"""An execution provider's own operator report, read as a proof layer (issue 18). Pure.
+"""An execution provider's own operator report, read as a proof layer. Pure.
 
 onnxruntime's assignment shows a partition that an EP compiled as one fused node, so work the EP
 itself leaves on its CPU inside that partition is invisible there (VitisAI's ``VITIS_EP_CPU`` in
@@ -15,7 +15,7 @@ Rules (``read_report``; :func:`xstage.evidence.onnx.prove` applies the result as
 1. The text must be a JSON object with a ``nodeStat`` list of objects with string ``name``,
    ``opType`` and ``device``; anything else makes the report unusable (a problem, never an
    exception).
-2. Names are untrusted text (DESIGN §4): every ``nodeStat`` name must be one of the session's
+2. Names are untrusted text (docs/design.md §5): every ``nodeStat`` name must be one of the session's
    checked node names (or an onnxruntime-derived form of one) and its ``opType`` that node's op;
    a report that names a node the graph does not have is unusable.
 3. A node is on the target when its ``device`` is one of the target devices (``NPU`` for

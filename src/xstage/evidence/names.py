@@ -1,6 +1,6 @@
 """Untrusted text: which names in a profile or a plan the proof may believe. Pure.
 
-DESIGN §4, "Untrusted text": node names are written by the model's author, and onnxruntime
+docs/design.md §5, "Untrusted text": node names are written by the model's author, and onnxruntime
 writes them into its profile (unescaped up to 1.30), so a name can close its own event and add
 events of its own. The worker therefore runs a graph only with node names it has checked —
 unique, each of :data:`SAFE_NAME`'s characters — or, when a name fails, with a renamed copy whose

@@ -10,18 +10,18 @@ bad news — no profile, a profile that does not parse, a name that is not ours,
 nothing, a provider swapped behind our back, layers that contradict each other — is a verdict
 with a cause and notes, never an exception. The stage layer turns a verdict other than
 ``placed`` into the refusal ``execution_provider_declined_graph`` with
-:attr:`PlacementProof.cause` (DESIGN §4–§5).
+:attr:`PlacementProof.cause` (docs/design.md §5, §7).
 
-The rules follow DESIGN §4's layers, then its conflict table, then the verdict; each helper
+The rules follow docs/design.md §5's layers, then its conflict table, then the verdict; each helper
 cites its number (``_check_arguments`` is rule 0, it judges no evidence):
 
-1. **Execution** (DESIGN §4, layer 1; ``_read_execution``).
+1. **Execution** (docs/design.md §5, layer 1; ``_read_execution``).
    a. The profile is read by :func:`parse_profile`; one that is not whole (it ends early, or a
       line could not be read) is not used: a kernel we did not see could be the one on the CPU.
    b. Runs: the profile is split by its ``model_run`` events (by their time span; by file order
       when a span is missing). The time fraction sums runs 2–4, leaving out the first run's
       start-up costs; a profile of one run is used whole, with a note.
-   c. Names (DESIGN §4, "Untrusted text"; :mod:`xstage.evidence.names`): every kernel event's
+   c. Names (docs/design.md §5, "Untrusted text"; :mod:`xstage.evidence.names`): every kernel event's
       name must be one of the node names the session ran with, or an onnxruntime-derived form
       of one, and agree with its ``op_name``. One failure makes the execution layer unusable.
    d. Kernels: events of category ``Node`` named ``*_kernel_time``, grouped by ``args.provider``;
@@ -47,13 +47,13 @@ cites its number (``_check_arguments`` is rule 0, it judges no evidence):
       ``Identity``, a constant-folded shape computation) counts nowhere — never the graph's own
       node count, which padding with removable nodes would steer (``ov124_padded30``).
 3. **Device attestation** (layer 3): not judged here. Which device the EP bound is checked
-   before this proof, in its own pure module; DESIGN §4's conflict case (c), ``device_mismatch``,
+   before this proof, in its own pure module; docs/design.md §5's conflict case (c), ``device_mismatch``,
    is decided there.
 4. **Strict construction** (layer 4; ``_detect_swap``): the provider is *swapped* when the
    requested EP (or the target) is not among the session's providers — not in this build,
    failed to create, or rebuilt on the CPU by the Python layer — or when the fallback banner
    was seen (target other than the CPU EP).
-5. **When the layers disagree** (DESIGN §4's table; ``_resolve_layers``).
+5. **When the layers disagree** (docs/design.md §5's conflict table; ``_resolve_layers``).
    a. *Plan incomplete*: the plan is absent (or unusable, 2b), or lists none of the target's
       nodes while the execution shows the target (plugin EPs leave their own nodes out of it:
       measured with WebGPU on onnxruntime 1.30). The execution decides, only if every event
@@ -82,7 +82,7 @@ cites its number (``_check_arguments`` is rule 0, it judges no evidence):
       and both reach ``min_placement``; :attr:`PlacementProof.fraction` is the lower of the two
       and :attr:`PlacementProof.decided_by` names it.
    d. Otherwise ``declined``, ``cause="declined"`` (measured, below the threshold).
-7. **The EP's own report** (issue 18; ``_read_ep_report``, :mod:`xstage.evidence.ep_report`),
+7. **The EP's own report** (``_read_ep_report``, :mod:`xstage.evidence.ep_report`),
    where the route asks for one (VitisAI: onnxruntime's plan shows its partitions as fused nodes,
    so CPU work inside them is invisible there).
    a. Asked for and not written, or unusable (malformed, a node the graph does not have, counts
@@ -98,7 +98,7 @@ is placed when the evidence shows the nodes on the CPU.
 
 .. versionadded:: 0.1
 .. versionchanged:: 0.2
-   Rules renumbered after DESIGN §4's layers and conflict table; names checked; runs 2–4
+   Rules renumbered after docs/design.md §5's layers and conflict table; names checked; runs 2–4
    timed; node and time fractions both gate.
 .. versionchanged:: 0.3
    Control flow's own time counts (1e); the node fraction's whole is the nodes that ran (2c,
@@ -523,7 +523,7 @@ def _execution_basis(args: _Arguments, execution: _Execution, time_fraction: flo
 
 def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version: str | None,
                     notes: list[str]) -> _Layers:
-    """Rule 5 (DESIGN §4's table): which layer decides, each fraction, and the conflicts."""
+    """Rule 5 (docs/design.md §5's conflict table): which layer decides, each fraction, and the conflicts."""
     target = args.target
     plan_by_ep, plan_total, plan_on, plan_check = _read_plan(args, ort_version, notes)
     exec_names_ok = execution is not None and (execution.names is None or execution.names.passed)
@@ -607,7 +607,7 @@ def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version:
 
 
 def _detect_swap(args: _Arguments, notes: list[str]) -> tuple[bool, bool]:
-    """Rule 4 (DESIGN §4's strict construction): the requested EP or the target missing from
+    """Rule 4 (docs/design.md §5's strict construction): the requested EP or the target missing from
     the session's providers, or the Python layer's fallback banner. Returns (swapped, banner seen).
     """
     requested, target = args.requested, args.target

@@ -2,7 +2,7 @@
 
 ``xstage.evidence.onnx`` builds it from onnxruntime's profile and plan, ``xstage.evidence.torch``
 from the torch profiler's op log; the stage layer reads :attr:`PlacementProof.passed` and
-records :meth:`PlacementProof.to_dict` (DESIGN §4–§5).
+records :meth:`PlacementProof.to_dict` (docs/design.md §5, §7).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 __all__ = ["BASES", "CAUSES", "VERDICTS", "Basis", "Cause", "PlacementProof", "Verdict"]
 
-#: The closed verdict set (DESIGN §4).
+#: The closed verdict set (docs/design.md §5).
 VERDICTS = ("placed", "declined", "unmeasured")
-#: The causes a proof can carry (DESIGN §5, ``execution_provider_declined_graph``).
+#: The causes a proof can carry (docs/design.md §7, ``execution_provider_declined_graph``).
 CAUSES = ("declined", "unmeasured", "provider_swapped", "evidence_conflict", "outputs_off_device")
-#: Which layer decided (DESIGN §4's table: ``execution (plan incomplete)`` is its case (a);
+#: Which layer decided (docs/design.md §5's conflict table: ``execution (plan incomplete)`` is its case (a);
 #: ``execution`` alone is what records before 0.2 say).
 BASES = ("plan", "execution", "execution (plan incomplete)")
 
@@ -61,7 +61,7 @@ class PlacementProof:
         time_fraction: execution: kernel time on the target / all kernel time (copies count as
             not on the target), summed over :attr:`timed_runs`.
         kernel_fraction: execution: compute kernels on the target / all compute kernels.
-        event_fraction: execution: the seed's metric, recorded beside the verdict's (never
+        event_fraction: execution: the event count, recorded beside the verdict's (never
             deciding it): every kernel event of the first profiled run on the target / all of
             them, copies and control flow included (docs/external.md, "Two placement metrics").
         kernels_on_target: execution: compute kernel events on the target (a fused subgraph is one).
@@ -90,7 +90,7 @@ class PlacementProof:
             :attr:`node_fraction`); None when only bounds of it are known.
         original_nodes_off_target: those the node basis put on other providers.
         timed_runs: the profiled runs the time fraction sums (2–4; 1 for a one-run profile).
-        conflicts: where the layers disagreed (DESIGN §4's case (b); the lower fraction decided).
+        conflicts: where the layers disagreed (docs/design.md §5's case (b); the lower fraction decided).
         names_checked: whether every kernel event's name passed the name check; None when no
             names were given to check against.
         name_failures: the names that failed it (at most 10), with why.

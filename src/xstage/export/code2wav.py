@@ -177,7 +177,7 @@ def export_code2wav(out: str | Path, *, config: str = "tiny", frames: int = DEFA
     return report
 
 
-# --- the streaming window (issue 17) ---------------------------------------------------------
+# --- the streaming window (docs/pipelines.md) -------------------------------------------------
 
 #: The model's output sample rate (Qwen3-Omni's code2wav writes 24 kHz audio).
 SAMPLE_RATE = 24000

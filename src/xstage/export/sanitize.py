@@ -45,7 +45,7 @@ REPORT_KIND = "xstage.sanitize"
 #: Synthesized samples an assumption is checked on when no inputs are given.
 ASSUMPTION_SAMPLES = 8
 
-#: ``--for``: what each toolchain needs, after the seed's list. QNN's converter has no
+#: ``--for``: what each toolchain needs, from each toolchain's documented limits. QNN's converter has no
 #: ``IsNaN`` and wants rank-1 ``axes`` and ``allowzero=0``: every rewrite, NaN guards assumed
 #: finite (unless ``assume_finite`` names the values). DirectML rejects ``allowzero=1`` at
 #: session init: that rewrite alone.

@@ -1,4 +1,4 @@
-"""Which GPU adapter is which xstage device: DirectML's adapter chosen by identity (issue 18).
+"""Which GPU adapter is which xstage device: DirectML's adapter chosen by identity.
 
 DirectML picks its adapter by a DXGI adapter index (``device_id``), and index 0 is whatever DXGI
 lists first — on a laptop with a Radeon iGPU and a discrete GPU, often the discrete one. So

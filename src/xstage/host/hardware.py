@@ -7,7 +7,7 @@ host row from ``/proc/cpuinfo`` and psutil, GPUs and NPUs from sysfs PCI classes
 ``/dev/dxg``, ``nvidia-smi``, and under WSL a Windows-side PowerShell query.
 
 Every parser here is a pure function tested on recorded inputs; the readers beside them are
-thin, and the machine tools run through ``xstage.client.tools.run_tool``. Memory (DESIGN §6):
+thin, and the machine tools run through ``xstage.client.tools.run_tool``. Memory (docs/design.md §8):
 the host row carries total and available RAM in pool ``host_ram``; integrated GPUs and NPUs
 share it and so report ``memory_bytes = 0`` (nobody adds it twice); a discrete GPU reports its
 own memory in pool ``vram:<device id>``.

@@ -35,7 +35,7 @@ the numeric gate, the measured peak). Rules:
 5. **Rows stand for xstage devices.** A ``DeviceCapability`` names the xstage device behind
    it in ``extra["xstage_device"]`` (default: its own ``device_id``) and its route in
    ``extra["worker_route"]``; ``enumerate_devices`` builds the rows from xstage's table.
-6. **Codes.** Every ``Refusal.code`` is one of xstage's five (the seed's); a required device
+6. **Codes.** Every ``Refusal.code`` is one of xstage's five (docs/design.md §7); a required device
    that is not among the rows is ``device_unreachable_from_this_process`` (``cause``
    ``no_route``), where the engine says ``no_runnable_device``.
 

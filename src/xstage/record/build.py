@@ -47,7 +47,7 @@ def build_record(
 
     ``exit_code`` defaults to the one ``status`` implies (``xstage.exit_codes``).
     ``device_attestation`` is the attested device of the chosen candidate, or of the last one
-    refused after its worker ran (DESIGN §4 layer 3); None where no worker ran.
+    refused after its worker ran (docs/design.md §5 layer 3); None where no worker ran.
     ``detail`` (schema 1.x, optional) is what ``xstage report`` draws: the client's phases and
     calls, the per-node placement and the profiled kernels; left out where no worker ran.
     ``serving`` is an API stage's depth, restart policy and generations (absent otherwise).

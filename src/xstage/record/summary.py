@@ -15,7 +15,7 @@ Cases for the objects other layers own:
 
 .. versionadded:: 0.1
 .. versionchanged:: 0.1
-   One summary for both commands (issue 10); ``external``'s own table is gone.
+   One summary for both commands: ``external`` prints no table of its own.
 """
 
 from __future__ import annotations
@@ -162,12 +162,12 @@ def _worker(doc: Mapping[str, Any]) -> Rows:
 
 
 def _proof(doc: Mapping[str, Any]) -> Rows:
-    """The proof's rows, then the seed's event fraction where the record carries it."""
+    """The proof's rows, then the event fraction where the record carries it."""
     rows = _proof_rows(doc)
     proof = doc.get("proof")
     if rows and isinstance(proof, Mapping) and proof.get("event_fraction") is not None:
         rows.append(("event fraction", f"{proof['event_fraction']:.1%} of the first run's kernel "
-                     f"events on {proof.get('target_ep')} (the seed's metric: recorded, not what "
+                     f"events on {proof.get('target_ep')} (the event count: recorded, not what "
                      "decides)"))
     return rows
 
@@ -388,7 +388,7 @@ def _provenance(doc: Mapping[str, Any]) -> Rows:
 
 
 def _cluster(doc: Mapping[str, Any]) -> Rows:
-    """Where a cluster stage ran (the record's ``cluster`` block, issue 23)."""
+    """Where a cluster stage ran (the record's ``cluster`` block, docs/cluster.md)."""
     block = doc.get("cluster")
     if not block:
         return []

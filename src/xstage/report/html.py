@@ -6,7 +6,7 @@ or attached to a bug. Every piece of text that came from a record — node names
 — is escaped (``html.escape``, its control characters written as ``\\xNN`` first); the SVG is
 matplotlib's, whose text it escapes itself.
 
-Order on the page (issue 22): the outcome and the refusals first, then the split by op type,
+Order on the page (docs/reports.md): the outcome and the refusals first, then the split by op type,
 the kernel timeline, the round trip and its distribution, parity per output, the ledger against
 the measured peak, and the provenance.
 

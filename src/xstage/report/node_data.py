@@ -10,7 +10,7 @@ by node, each ``{"value": number, "bgColor"?: css colour}``, plus optional ``thr
   the report's colours (:data:`xstage.report.plots.PALETTE`) as ``bgColor`` and as
   ``thresholds`` (so the legend reads the same); nodes neither layer names (fused or folded away
   by onnxruntime) have no entry. Members of a fused partition are coloured by the partition's
-  provider: the plan lists them (DESIGN §4, layer 2).
+  provider: the plan lists them (docs/design.md §5, layer 2).
 * **kernel time**: µs of the timed runs, for the nodes that are a kernel of their own, on a
   white-to-red ``gradient``. A fused partition's time belongs to no single node; it is not
   spread over its members (the page's split table shows it).
@@ -22,7 +22,7 @@ model-explorer-onnx 0.4.2 on the built-in tower: keyed by output value names, 0 
 matched; keyed by node names, all 156. So each node is keyed by its name; an unnamed node by the
 id ``ids`` gives (the CLI runs ``NameFixPass`` on the graph for it: :func:`adapter_node_ids`),
 and by its first output value name only when neither is known. Names come back as the original
-graph's (a renamed copy is mapped back, issue 8).
+graph's (a renamed copy is mapped back: docs/external.md §3).
 
 .. versionadded:: 0.2
 """

@@ -62,7 +62,7 @@ __all__ = [
     "wrong_library",
 ]
 
-#: The Windows app package the VitisAI EP ships in (issue 18, step 1).
+#: The Windows app package the VitisAI EP ships in (docs/routes.md, ``ort-vitisai``, step 1).
 APPX_PACKAGE = "WindowsWorkload.EP.AMD.VitisAI.Framework*"
 #: The environment variable that names the VitisAI EP library first.
 VITISAI_ENV = "XSTAGE_VITISAI_EP_LIBRARY"

@@ -46,11 +46,11 @@ __all__ = [
     "routes_for_class",
 ]
 
-#: Device classes, and the default preference when a caller names no device (issue 2, §4).
+#: Device classes, and the default preference when a caller names no device (docs/routes.md).
 DEVICE_CLASSES = ("cpu", "gpu_integrated", "gpu_discrete", "npu")
 DEVICE_PREFERENCE = ("npu", "gpu_integrated", "gpu_discrete", "cpu")
 
-#: Artifact formats (DESIGN §1).
+#: Artifact formats (docs/design.md §1).
 FORMATS = ("onnx:fp32", "onnx:fp16", "onnx:a16w8", "onnx:a8w8", "pt:fp32", "pt:fp16")
 
 OsSide = Literal["this", "windows"]
@@ -371,7 +371,7 @@ COMPILING_EP = RouteCost(
 
 
 #: ort-vitisai as the plugin-EP family's preset (the built-in table ``vitisai``), with every step
-#: of the recipe that brought it up on the seed's laptop (issue 18; not run here: unverified).
+#: of the recipe that brought it up on a Ryzen AI laptop (not run here: unverified).
 VITISAI = PluginEP(
     table="vitisai",
     ep_name="VitisAIExecutionProvider",
@@ -512,7 +512,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         ep="DmlExecutionProvider",
         device_id_picks_gpu=True,
         device_memory="dxgi",
-        adapter_by_identity=True,  # never device_id=0 by default (issue 18)
+        adapter_by_identity=True,  # never device_id=0 by default
         max_runtime="1.25",
         version_note="DirectML ships only in onnxruntime-directml, whose last release is "
         "1.24.x, while the VitisAI EP needs >= 1.25, so the two cannot share a venv",

@@ -132,7 +132,7 @@ class RouteStatus:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data with the stable field names of ``xstage devices --json``
-        (``reference_arm`` added with issue 10: the route the numeric gate's reference runs on)."""
+        (``reference_arm``: the route the numeric gate's reference runs on)."""
         spec = self.spec
         return {
             "name": self.name,
