@@ -1,7 +1,7 @@
-"""The client's shape (docs/architecture.md): files of a readable size, an interface the
-pipeline keeps to, and no import cycle among ``client/`` and ``cluster/``, type-only imports
-included (``test_imports.py`` leaves those out: they cost nothing at run time, but a type-only
-cycle still ties two modules that should be separable).
+"""The transport's shape (docs/architecture.md): files of a readable size in ``client/`` and
+``xstage_remote/``, an interface the pipeline keeps to, and no import cycle anywhere in ``src/``,
+type-only imports included (``test_imports.py`` leaves those out: they cost nothing at run
+time, but a type-only cycle still ties two modules that should be separable).
 
 Static: the files are parsed with ``ast``, never imported.
 """
@@ -35,20 +35,26 @@ def private_reaches(path: Path) -> list[str]:
 
 
 def module_graph(packages: tuple[str, ...]) -> dict[str, set[str]]:
-    """Module → the modules of ``packages`` it imports, ``if TYPE_CHECKING`` ones included."""
+    """Module → the modules of ``packages`` (and their subpackages) it imports, relative and
+    ``if TYPE_CHECKING`` imports included."""
     files = {}
     for package in packages:
-        for path in (SRC / package.replace(".", "/")).glob("*.py"):
-            name = f"{package}.{path.stem}" if path.stem != "__init__" else package
-            files[name] = path
+        for path in (SRC / package.replace(".", "/")).rglob("*.py"):
+            parts = path.relative_to(SRC).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         deps = set()
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(_tree(path)):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level:  # from .x import y, inside xstage_remote
+                    base = here.split(".")[:len(here.split(".")) - node.level + 1]
+                    module = ".".join([*base, module] if module else base)
                 for alias in node.names:
-                    full = f"{node.module}.{alias.name}"
-                    deps.add(full if full in files else node.module)
+                    full = f"{module}.{alias.name}"
+                    deps.add(full if full in files else module)
             elif isinstance(node, ast.Import):
                 deps.update(alias.name for alias in node.names)
         graph[name] = {d for d in deps if d in files and d != name}
@@ -92,18 +98,21 @@ def test_the_pipeline_uses_public_members_only() -> None:
     assert private_reaches(SRC / "xstage/client/pipeline.py") == []
 
 
-@pytest.mark.parametrize("path", sorted((SRC / "xstage/client").glob("*.py")), ids=lambda p: p.name)
-def test_no_client_module_is_over_the_limit(path: Path) -> None:
+@pytest.mark.parametrize("path", sorted([*(SRC / "xstage/client").glob("*.py"),
+                                         *(SRC / "xstage_remote").rglob("*.py")]),
+                         ids=lambda p: str(p.relative_to(SRC)))
+def test_no_transport_module_is_over_the_limit(path: Path) -> None:
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{path.name} is {lines} lines (at most {MAX_LINES}): split it"
 
 
-def test_client_and_cluster_have_no_import_cycle_type_only_ones_included() -> None:
-    assert cycles(module_graph(("xstage.client", "xstage.cluster"))) == []
+def test_src_has_no_import_cycle_type_only_ones_included() -> None:
+    assert cycles(module_graph(("xstage", "xstage_remote"))) == []
 
 
 def test_the_walker_sees_a_type_only_cycle() -> None:
     """The walker itself: a cycle is found, and an ``if TYPE_CHECKING`` import is an edge."""
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
-    graph = module_graph(("xstage.client",))
+    graph = module_graph(("xstage", "xstage_remote"))
     assert "xstage.client.host" in graph["xstage.client.device_slots"]  # type-only there
+    assert "xstage_remote.doorbell" in graph["xstage_remote.shm"]  # a relative import

@@ -27,7 +27,7 @@ from xstage.routes.status import RouteStatus
 
 if TYPE_CHECKING:
     from xstage.planner import Candidate
-    from xstage.stage.admit import Setup
+    from xstage.stage.setup import Setup
 
 __all__ = ["TAIL_LINES", "CandidateDied", "death", "reference_runs"]
 
