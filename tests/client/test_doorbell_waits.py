@@ -241,7 +241,12 @@ def _heads_up_worker_side(region: shm.Region, sock, other, events) -> None:
 def test_a_heads_up_wakes_a_sleeping_worker_into_a_spin_that_takes_the_request(bell_kind) -> None:
     """A caller about to copy a long input announces when it will publish and rings; the
     worker, asleep, wakes and spins until then, so the request is taken without the ring that
-    publishing sends (none is sent here: a worker that slept again would never answer)."""
+    publishing sends (none is sent here: a worker that slept again would never answer).
+
+    Ordered, not timed: the request is published only once the worker has taken the
+    announcement (a worker that woke after the request was already there would take it
+    without spinning, and the announcement would stay).
+    """
     region, a, child, bell, events = _caller_and_worker(bell_kind, _heads_up_worker_side)
     try:
         limit = time.monotonic() + DEADLINE_S
@@ -249,8 +254,10 @@ def test_a_heads_up_wakes_a_sleeping_worker_into_a_spin_that_takes_the_request(b
             assert time.monotonic() < limit, "the worker never went to sleep"
             time.sleep(0.001)
         assert bell.heads_up(time.monotonic_ns() + int(DEADLINE_S * 1e9))
-        time.sleep(0.01)  # the copy the heads-up announced
-        region.publish_request(1)  # published, and no ring
+        while region.coming() != 0:  # the worker woke and took the announcement: it spins now
+            assert time.monotonic() < limit, "the worker never took the heads-up"
+            time.sleep(0.001)
+        region.publish_request(1)  # published, and no ring: only the spin can take it
         state = bell.wait(lambda: region.resp_id() == 1, time.monotonic() + DEADLINE_S, spin=0)
         assert state == "ready"
         child.join(DEADLINE_S)
