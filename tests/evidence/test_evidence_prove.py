@@ -235,6 +235,17 @@ def test_a_plan_missing_the_eps_that_ran_is_not_used():
     assert proof("webgpu130_det", min_placement=0.8).verdict == "declined"  # the node fraction decides
 
 
+def test_a_plan_of_inserted_nodes_only_is_not_used():
+    # The tower on WebGPU (an H100): the plan lists only the two layout Transposes onnxruntime
+    # inserted for the EP; read as complete it said "0 of 0 original nodes", and declined.
+    assert {n["name"] for sg in evidence("webgpu130_vision")["assignment"] for n in sg["nodes"]} \
+        == {"Transpose_token_31", "Transpose_token_32"}
+    p = proof("webgpu130_vision", min_placement=1.0)
+    assert (p.verdict, p.basis, p.node_basis) == ("placed", "execution (plan incomplete)", "execution")
+    assert p.node_fraction == 1.0 and p.kernels_by_provider == {WEBGPU: p.kernels_total}
+    assert any("onnxruntime inserted" in note and "none of the graph's own" in note for note in p.notes)
+
+
 def test_an_unreadable_kernel_line_is_not_overlooked():
     # Without the rule, the lost CPU kernel would leave the CPU with less than it ran.
     broken = evidence("ort130_cpu_quoted")["profile_text"].replace('"quoted"', '"quo\nted"')

@@ -95,7 +95,7 @@ def test_a_stage_is_placed_attested_gated_and_measured(stage: str, gpu: str, tmp
     proof = record["proof"]
     assert code == 0, record["outcome"]
     assert proof["verdict"] == "placed" and proof["target_ep"] == "WebGpuExecutionProvider"
-    attestation = proof["device_attestation"]
+    attestation = record.get("device_attestation") or proof["device_attestation"]
     assert attestation["planned"] == gpu and attestation["source"] == "runtime", attestation
     assert attestation["adapter"] == "attested" and attestation["observed"] == gpu
     assert record["parity"]["verdict"] == "passed"

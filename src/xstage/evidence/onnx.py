@@ -55,8 +55,9 @@ cites its number (``_check_arguments`` is rule 0, it judges no evidence):
    was seen (target other than the CPU EP).
 5. **When the layers disagree** (docs/design.md §5's conflict table; ``_resolve_layers``).
    a. *Plan incomplete*: the plan is absent (or unusable, 2b), or lists none of the target's
-      nodes while the execution shows the target (plugin EPs leave their own nodes out of it:
-      measured with WebGPU on onnxruntime 1.30). The execution decides, only if every event
+      nodes, or only nodes onnxruntime inserted (layout transposes, copies: no node of the
+      graph's own), while the execution shows the target (plugin EPs leave their own nodes out
+      of it: measured with WebGPU on onnxruntime 1.30). The execution decides, only if every event
       passed the name check (1c): basis ``execution (plan incomplete)``, node fraction =
       1 − (original nodes the name-checked kernel events put on other providers) / the original
       nodes they ran, each once (``node_basis: execution``; a node onnxruntime removed has no
@@ -559,17 +560,24 @@ def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version:
     plan_names_target = plan_ok and bool(plan_on)
     conflicts: list[str] = []
     plan = args.plan
+    rows: list[tuple[str, str, str]] = []
+    if plan_ok and plan is not None:
+        originals = plan_check.originals if plan_check is not None else {}
+        rows = [(ep, op, originals.get(label, label) or label) for ep, op, label in plan.nodes]
+    on_set, off_set = _originals([(ep, label) for ep, _, label in rows], target)
+    node_fraction, whole = _node_fraction(on_set, off_set)
     if plan_ok and not plan_names_target and exec_shows_target:
         missing = [ep for ep in (execution.kernels if execution else {}) if ep not in plan_by_ep]
         notes.append(f"plan: incomplete: it lists none of {target}'s nodes while the execution shows "
                      f"{target} (rule 5a; plugin EPs leave their nodes out: measured with WebGPU on "
                      f"onnxruntime 1.30)" + (f"; no node on {', '.join(missing)}" if missing else ""))
         plan_ok = False
+    elif plan_ok and plan is not None and whole == 0 and exec_shows_target:
+        notes.append(f"plan: incomplete: it lists {_n(plan_total or 0, 'node')} onnxruntime inserted "
+                     f"(layout transposes, copies) and none of the graph's own while the execution "
+                     f"shows {target} (rule 5a; measured with WebGPU on onnxruntime 1.30)")
+        plan_ok = False
     if plan_ok and plan is not None:  # the plan is complete
-        originals = plan_check.originals if plan_check is not None else {}
-        rows = [(ep, op, originals.get(label, label) or label) for ep, op, label in plan.nodes]
-        on_set, off_set = _originals([(ep, label) for ep, _, label in rows], target)
-        node_fraction, whole = _node_fraction(on_set, off_set)
         notes.append(f"node fraction (plan): 1 - {len(off_set)}/{whole} original nodes off {target} = "
                      f"{_fmt(node_fraction)} (the nodes the plan lists: one onnxruntime removed counts "
                      "nowhere)")
