@@ -197,7 +197,8 @@ def test_device_inputs_hand_out_a_set_no_request_owns(tmp_path):
         stage({"x": xs[0]})  # the device slots are open
         client = stage._client
         os.kill(stage.worker_pid, signal.SIGSTOP)
-        futures, box, done = [], {}, threading.Event()
+        futures, box = [], {}
+        got, may_submit, done = threading.Event(), threading.Event(), threading.Event()
         try:
             for x in xs[:2]:
                 slots = stage.device_inputs()
@@ -209,20 +210,25 @@ def test_device_inputs_hand_out_a_set_no_request_owns(tmp_path):
             def third() -> None:
                 slots = stage.device_inputs()  # waits for a set to come free
                 slots["x"].copy_(xs[2])
+                got.set()
+                may_submit.wait(120)  # the first answer is read before its set is used again
                 box["fut"] = stage.submit(slots)
                 done.set()
 
             threading.Thread(target=third, daemon=True).start()
-            while not (done.is_set() or client._pipe.slot_waiters):
+            while not (got.is_set() or client._pipe.slot_waiters):
                 threading.Event().wait(0.001)
         finally:
             os.kill(stage.worker_pid, signal.SIGCONT)
+        # outputs are views of their set's slots, valid until the request K submissions later
+        # is submitted (docs/torch.md): the first two are read before the third is submitted
+        answers = [fut.result(timeout=120)["y"].clone() for fut in futures]
+        may_submit.set()
         assert done.wait(120)
-        futures.append(box["fut"])
-        for fut, x in zip(futures, xs, strict=True):
+        answers.append(box["fut"].result(timeout=120)["y"].clone())
+        for got_y, x in zip(answers, xs, strict=True):
             y, s = _want(module, x)
-            got = fut.result(timeout=120)
-            torch.testing.assert_close(got["y"].clone(), y, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got_y, y, rtol=1e-5, atol=1e-5)
 
 
 def test_tensors_on_another_device_or_a_mix_are_usage_errors(tmp_path):
