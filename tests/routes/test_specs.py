@@ -32,7 +32,7 @@ def test_every_route_in_fixed_order():
 
 def test_only_routes_this_project_ran_are_verified():
     assert {s.name for s in ROUTES if s.verified} == {"ort-cpu", "ort-openvino", "torch-cpu",
-                                                     "torch-cuda"}
+                                                     "torch-cuda", "ort-plugin:webgpu"}
 
 
 @pytest.mark.parametrize("spec", ROUTES, ids=lambda s: s.name)

@@ -157,6 +157,21 @@ def test_admission_on_recorded_nvml_output_charges_the_workers_own_figure(monkey
         assert verdict.cause == (None if expected <= budget else "peak_over_budget")
 
 
+def test_a_webgpu_worker_is_read_from_both_of_nvmls_lists(monkeypatch):
+    """Recorded on an H100 (``scripts/webgpu_check.sh``): a WebGPU (Vulkan) worker after its
+    warm-up is in NVML's compute list and its graphics list, once each; the worker's figure is
+    that process's, counted once, and it is what the webgpu route's admission charges."""
+    raw = json.loads((RECORDED.parent.parent / "h100" / "nvml" / "webgpu-vulkan.json").read_text())
+    (proc,) = raw["devices"][0]["processes"]
+    assert proc["pid"] == raw["pid"] and proc["lists"] == ["compute", "graphics"]
+    monkeypatch.setattr(nvml, "read", lambda: raw)
+    device = ort_runtime.device_memory(get_spec("ort-plugin:webgpu").device_memory)
+    assert device["peak"] == nvml.report(raw)["process_used"] == proc["used"] == 32432128
+    peak = admit._measured_peak("vram:gpu_discrete:nvidia:0", {"peak": 1}, {"peak": 1},
+                                {"device_memory": device})
+    assert peak == proc["used"]
+
+
 def test_a_users_gpu_plugin_table_is_read_by_nvml_and_an_npu_table_by_nothing(tmp_path):
     from xstage.routes import plugins
 
