@@ -29,7 +29,7 @@ def _base(route: str) -> dict[str, object]:
 
 
 def test_verified_is_exactly_the_routes_run_here():
-    assert VERIFIED == frozenset({"ort-cpu", "ort-openvino"})
+    assert VERIFIED == frozenset({"ort-cpu", "ort-openvino", "ort-plugin:webgpu"})
     assert {n for n in ONNX_ROUTES if get_spec(n).verified} == VERIFIED
 
 
