@@ -32,6 +32,14 @@ __all__ = ["Calls"]
 _NO_OUT: Mapping[str, np.ndarray] = MappingProxyType({})
 
 
+def _check_timeout(call: str, timeout: float | None) -> None:
+    """A slot wait's ``timeout``: seconds >= 0, or None to wait without limit."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+            timeout, (int, float)) or not timeout >= 0):
+        raise errors.UsageError(f"{call}(timeout={timeout!r}) is not a number of "
+                                "seconds >= 0", remedy="give seconds, or None to wait")
+
+
 class Calls:
     """The call API ``WorkerClient`` inherits; every attribute it reads is the client's."""
 
@@ -251,10 +259,7 @@ class Calls:
             SlotsBusy: no set came free within ``timeout``.
             StageClosed: the worker was closed or died.
         """
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-                timeout, (int, float)) or not timeout >= 0):
-            raise errors.UsageError(f"device_inputs(timeout={timeout!r}) is not a number of "
-                                    "seconds >= 0", remedy="give seconds, or None to wait")
+        _check_timeout("device_inputs", timeout)
         if self._forked:
             raise self._forked_error()
         self._require_ready()
@@ -293,10 +298,7 @@ class Calls:
             SlotsBusy: no set came free within ``timeout``.
             StageClosed: the worker was closed or died.
         """
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-                timeout, (int, float)) or not timeout >= 0):
-            raise errors.UsageError(f"input_slots(timeout={timeout!r}) is not a number of "
-                                    "seconds >= 0", remedy="give seconds, or None to wait")
+        _check_timeout("input_slots", timeout)
         if self._forked:
             raise self._forked_error()
         self._require_ready()
