@@ -246,6 +246,22 @@ def test_a_plan_of_inserted_nodes_only_is_not_used():
     assert any("onnxruntime inserted" in note and "none of the graph's own" in note for note in p.notes)
 
 
+def test_a_plan_of_inserted_nodes_only_does_not_hide_what_ran_on_the_cpu():
+    # The control: the same plan, with the graph's Conv run on the CPU in every profiled run.
+    # The execution decides and counts it: not placed at --min-placement 1.
+    raw = json.loads(evidence("webgpu130_vision")["profile_text"])
+    moved = 0
+    for event in raw:
+        if event.get("cat") == "Node" and event["name"].startswith("node_conv3d") \
+                and event["name"].endswith("_kernel_time"):
+            event["args"]["provider"] = CPU
+            moved += 1
+    assert moved
+    p = proof("webgpu130_vision", profile_text=json.dumps(raw), min_placement=1.0)
+    assert p.basis == "execution (plan incomplete)" and p.verdict != "placed"
+    assert "Conv" in p.cpu_nodes
+
+
 def test_an_unreadable_kernel_line_is_not_overlooked():
     # Without the rule, the lost CPU kernel would leave the CPU with less than it ran.
     broken = evidence("ort130_cpu_quoted")["profile_text"].replace('"quoted"', '"quo\nted"')
