@@ -262,3 +262,19 @@ def test_the_pinned_block_reads_what_the_worker_registered():
     failed = measured.pinned_block(pinned, {"state": "failed", "bytes": 8 * MiB, "why": "x"})
     assert failed["measured_bytes"] is None and failed["budget_over_measured"] is None
     assert measured.pinned_block(pinned, None)["state"] == "unreported"
+
+
+# --------------------------------------------------------------------- a call's peak
+def test_a_calls_host_peak_is_held_against_a_host_budget_only():
+    """A call reports the worker's host RSS peak: over a host budget it warns; against a budget
+    in a device pool it says nothing (the WebGPU tower's 223 MiB host peak against its 81.6 MiB
+    of VRAM was a false warning)."""
+    from xstage.ledger import HOST_POOL, call_peak_warning
+
+    host = {"budget_bytes": 100 << 20, "pool": {"name": HOST_POOL}}
+    vram = {"budget_bytes": 100 << 20, "pool": {"name": "vram:gpu_discrete:nvidia:0"}}
+    warning = call_peak_warning(223 << 20, host)
+    assert warning and "223.0 MiB" in warning and "100.0 MiB" in warning
+    assert call_peak_warning(99 << 20, host) is None
+    assert call_peak_warning(223 << 20, vram) is None
+    assert call_peak_warning(None, host) is None and call_peak_warning(0, host) is None

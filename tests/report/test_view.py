@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from xstage.record import read_record
 from xstage.report import build_view, compare_views
 from xstage.report.view import CPU_EP
 
@@ -63,3 +66,20 @@ def test_compare_names_what_changed_between_two_routes(records):
 def test_compare_of_two_artifacts_says_so(records):
     cmp = compare_views(build_view(records["split"]), build_view(records["placed"]))
     assert not cmp.same_artifact
+
+
+WEBGPU = Path(__file__).resolve().parents[2] / "docs" / "records" / "webgpu-h100" / "2026-12-06"
+
+
+def test_compare_shows_each_ledger_figure_in_its_pool_beside_the_host_rss():
+    """Two GPU stages (WebGPU and torch-cuda on the H100, real records): the measured peak and the
+    budget are the ledger's VRAM figures, named with their pool; the worker's host RSS is its own
+    row, not passed off as the stage's peak."""
+    a = build_view(read_record(WEBGPU / "block-ort-plugin-webgpu.json"))
+    b = build_view(read_record(WEBGPU / "block-torch-cuda.json"))
+    rows = {(r.section, r.label): r for r in compare_views(a, b).rows}
+    pool = "in vram:gpu_discrete:nvidia:0"
+    assert rows["memory", "measured peak"].a == f"31.0 MiB {pool}"
+    assert rows["memory", "measured peak"].b.endswith(pool)
+    assert rows["memory", "budget"].a.endswith(pool)
+    assert rows["memory", "worker host RSS peak"].a == "209.8 MiB"

@@ -26,6 +26,7 @@ from xstage.ledger.budget import (
 )
 from xstage.ledger.measured import (
     Measured,
+    call_peak_warning,
     check_measured,
     record_block,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "Pool",
     "Reservation",
     "blind_spots",
+    "call_peak_warning",
     "check_fit",
     "check_measured",
     "format_bytes",

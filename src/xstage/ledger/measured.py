@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xstage.ledger.budget import Budget, Fit, format_bytes
+from xstage.ledger.budget import HOST_POOL, Budget, Fit, format_bytes
 
-__all__ = ["Measured", "check_measured", "pinned_block", "record_block"]
+__all__ = ["Measured", "call_peak_warning", "check_measured", "pinned_block", "record_block"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,22 @@ def record_block(budget: Budget, fit: Fit, measured: Measured | None, *,
         **({"peak_basis": str(profiled.get("basis")),
             "profiled_peak_bytes": profiled.get("profiled_peak")} if profiled else {}),
     }
+
+
+def call_peak_warning(peak: int | None, ledger_doc: Mapping[str, Any]) -> str | None:
+    """The warning for a call whose worker peak passed the stage's budget, or None.
+
+    A call's peak is the worker's host RSS, so it is held against a budget in the host's pool
+    only: a budget in a device pool (``vram:…``) counts the device's bytes, which a call does not
+    report, and comparing the two would warn about memory the budget never covered.
+    """
+    limit = ledger_doc.get("budget_bytes")
+    if not peak or not isinstance(limit, int) or (ledger_doc.get("pool") or {}).get("name") != HOST_POOL:
+        return None
+    if peak <= limit:
+        return None
+    return (f"a call's peak {format_bytes(peak)} passed the budget of {format_bytes(limit)} "
+            "(the stage was not stopped)")
 
 
 def pinned_block(budget: Budget, pinned: Mapping[str, Any] | None) -> dict[str, Any]:

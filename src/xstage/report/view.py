@@ -397,6 +397,12 @@ def _mib(value: Any) -> str:
     return f"{value / 2**20:.1f} MiB" if isinstance(value, int) and not isinstance(value, bool) else "—"
 
 
+def _in_pool(ledger: Mapping[str, Any] | None, key: str) -> str:
+    """A ledger figure with the pool it counts in: a device pool's peak is not the host's RSS."""
+    figure, pool = _mib(_get(ledger, key)), _get(ledger, "pool", "name")
+    return f"{figure} in {pool}" if figure != "—" and pool else figure
+
+
 def _ms(timings: Mapping[str, Any] | None, block: str, key: str) -> Any:
     return _get(timings, block, key)
 
@@ -475,8 +481,11 @@ def compare_views(a: ReportView, b: ReportView) -> CompareView:
         )
     row("parity", "verdict", _fmt(_get(a.parity, "verdict")), _fmt(_get(b.parity, "verdict")))
     row("parity", "worst rel_l2", _fmt(_worst_rel_l2(a)), _fmt(_worst_rel_l2(b)))
-    row("memory", "worker peak", _mib(_get(a.memory, "peak_bytes")), _mib(_get(b.memory, "peak_bytes")))
-    row("memory", "budget", _mib(_get(a.ledger, "budget_bytes")), _mib(_get(b.ledger, "budget_bytes")))
+    row("memory", "worker host RSS peak", _mib(_get(a.memory, "peak_bytes")),
+        _mib(_get(b.memory, "peak_bytes")))
+    row("memory", "measured peak", _in_pool(a.ledger, "measured_peak_bytes"),
+        _in_pool(b.ledger, "measured_peak_bytes"))
+    row("memory", "budget", _in_pool(a.ledger, "budget_bytes"), _in_pool(b.ledger, "budget_bytes"))
     row(
         "provenance",
         "worker runtime",

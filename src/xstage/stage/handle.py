@@ -323,12 +323,9 @@ class Stage(Requests):
                     and _unsent(exc):
                 return self._run(inputs, views)  # it never reached the dead worker: the next one
             raise
-        peak = client.last_timing.get("peak")
-        limit = self._admission.ledger_doc["budget_bytes"]
-        if peak and peak > limit and not self.warnings:
-            self.warnings.append(
-                f"a call's peak {ledger_mod.format_bytes(peak)} passed the budget of "
-                f"{ledger_mod.format_bytes(limit)} (the stage was not stopped)")
+        warning = ledger_mod.call_peak_warning(client.last_timing.get("peak"), self._admission.ledger_doc)
+        if warning and not self.warnings:
+            self.warnings.append(warning)
         return out
 
     # ------------------------------------------------------------------ generations
