@@ -146,3 +146,30 @@ def test_the_next_major_is_rejected_naming_the_version(tmp_path):
     with pytest.raises(RecordError, match=named) as err:
         read_record(_write(tmp_path, doc))
     assert err.value.remedy == "upgrade xstage to read it"
+
+
+def test_a_later_minors_optional_key_reads_with_a_warning(tmp_path):
+    """A later minor version may add an optional key: a reader names it and reads the record."""
+    major, minor = SCHEMA_VERSION.split(".")
+    doc = record_docs.placed()
+    doc["schema_version"] = f"{major}.{int(minor) + 1}"
+    doc["a_later_block"] = {"p50_ms": 1.0}
+    with pytest.warns(UnknownValueWarning, match=r"at \$: additional properties are not allowed "
+                      r"\('a_later_block'\)"):
+        read = read_record(_write(tmp_path, doc))
+    assert read["a_later_block"] == {"p50_ms": 1.0}
+
+
+def test_an_unknown_key_in_a_record_of_this_minor_is_refused(tmp_path):
+    """A record that claims this minor (or an older one) and holds a key the schema does not list
+    is broken, not newer; the writer refuses it too."""
+    doc = record_docs.placed()
+    doc["a_later_block"] = 1
+    with pytest.raises(RecordError, match=r"at \$: additional properties"):
+        read_record(_write(tmp_path, doc))
+    doc["schema_version"] = "1.3"
+    with pytest.raises(RecordError, match=r"at \$: additional properties"):
+        read_record(_write(tmp_path, doc))
+    doc["schema_version"] = "1.99"
+    with pytest.raises(RecordError, match="additional properties"):
+        write_record(doc, tmp_path / "w.json")

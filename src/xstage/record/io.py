@@ -129,9 +129,10 @@ def validate_record(doc: Any, *, source: str | os.PathLike[str] | None = None,
     Args:
         doc: the parsed record.
         source: a file name to put in the messages, when the record came from a file.
-        unknown_values: accept a value that no enum of the schema lists, warning
-            :class:`UnknownValueWarning` for each (what a reader does); the writer keeps the
-            default, strict.
+        unknown_values: accept a value that no enum of the schema lists, and a key the schema
+            does not list where the record's minor version is later than this xstage's,
+            warning :class:`UnknownValueWarning` for each (what a reader does); the writer keeps
+            the default, strict.
 
     Raises:
         RecordError: if the document is not an object; if ``schema_version`` is missing or is
@@ -160,9 +161,15 @@ def validate_record(doc: Any, *, source: str | os.PathLike[str] | None = None,
             remedy="upgrade xstage to read it" if newer
             else "re-run xstage external to write a current record",
         )
+    # A later minor version may add enum values and optional keys (CHANGELOG.md, "Deprecation
+    # policy"): a reader takes both with a warning. A key this xstage does not know in a record
+    # that claims this minor or an older one is a broken record, not a newer one.
+    newer_minor = int(match.group(2)) > int(SCHEMA_VERSION.split(".")[1])
     issue = None
     for found in _validator(major).iter_errors(doc):
-        if not (unknown_values and found.keyword == "enum" and _unknown(doc, found.path, major)):
+        later = (found.keyword == "enum" and _unknown(doc, found.path, major)) \
+            or (found.keyword == "additionalProperties" and newer_minor)
+        if not (unknown_values and later):
             issue = found
             break
         warnings.warn(f"{what} (schema_version {version}) holds a value this xstage does not know "
@@ -261,7 +268,8 @@ def _no_constants(name: str) -> Any:
 def read_record(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate one record file; returns the document.
 
-    A value outside one of the schema's enums (a later minor version's) is read with an
+    A value outside one of the schema's enums (a later minor version's), and a key the schema
+    does not list in a record of a later minor version, are read with an
     :class:`UnknownValueWarning`, not refused.
 
     Raises:
