@@ -56,3 +56,28 @@ def test_the_node_ledger_takes_what_the_ledger_takes():
         local = inspect.signature(getattr(Ledger, name)).parameters
         node = inspect.signature(getattr(NodeLedger, name)).parameters
         assert list(node) == list(local), name
+
+
+def test_the_node_leaves_the_options_it_was_handed_as_they_were(tmp_path, monkeypatch):
+    """StageActor.open unpacks the reference's files into a path of its own copy of the options:
+    the mapping it received (Ray's deserialized copy, or a caller's in a local mode) is not
+    changed under whoever holds it."""
+    import hashlib
+
+    from xstage.cluster import actor
+
+    monkeypatch.setenv("XSTAGE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(actor, "node_ledger", lambda name: None)
+    seen = {}
+
+    def open_fn(path, **kwargs):
+        seen.update(kwargs)
+        raise errors.UsageError("stop here")
+
+    files = {"g.onnx": b"graph"}
+    ref = ({"r.onnx": b"reference"}, hashlib.sha256(b"reference").hexdigest(), "r.onnx")
+    options = {"route": "ort-cpu", "reference_files": ref}
+    handed = dict(options)
+    out = actor.StageActor("n").open(open_fn, files, "g.onnx", hashlib.sha256(b"graph").hexdigest(), options)
+    assert out["status"] == "error" and options == handed
+    assert seen["reference"].endswith("r.onnx") and "reference_files" not in seen

@@ -229,6 +229,7 @@ class StageActor:
         events: list[str] = []
         try:
             folder = unpack(files, sha256)
+            options = dict(options)  # the caller's mapping stays as it was handed over
             ref = options.pop("reference_files", None)
             if ref is not None:
                 options["reference"] = str(unpack(ref[0], ref[1]) / ref[2])
