@@ -68,6 +68,7 @@ def test_the_node_leaves_the_options_it_was_handed_as_they_were(tmp_path, monkey
 
     monkeypatch.setenv("XSTAGE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(actor, "node_ledger", lambda name: None)
+    monkeypatch.setattr(actor, "where", dict)  # Ray's node address is cached once read
     seen = {}
 
     def open_fn(path, **kwargs):
