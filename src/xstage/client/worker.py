@@ -212,6 +212,32 @@ class WorkerClient(Calls):
             with contextlib.suppress(OSError):
                 os.close(self._watch_pidfd)
 
+    @property
+    def forked(self) -> bool:
+        """True in a forked child of the worker's maker (``forked_away``)."""
+        return self._forked
+
+    def check_not_forked(self) -> None:
+        """Raise ``ForkedStage`` in a forked child of the worker's maker.
+
+        No lock is taken: one the parent's threads held at the fork stays held here.
+        """
+        if self._forked:
+            raise self._forked_error()
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The requests queued and in flight.
+
+        A stage's restart adopts the queued ones into the next generation's (``Stage._on_death``).
+        """
+        return self._pipe
+
+    @property
+    def next_id(self) -> int:
+        """The id the next request gets: a replacement worker continues its stage's ids."""
+        return self._next_id
+
     def _forked_error(self) -> errors.ForkedStage:
         return errors.ForkedStage(
             f"this {self.route} worker (pid {self.pid}) belongs to process {self._owner}; "

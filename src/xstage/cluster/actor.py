@@ -240,7 +240,7 @@ class StageActor:
             return {"status": "refused" if isinstance(exc, errors.Refused) else "error",
                     "error": _error(exc), "events": events, "where": where()}
         stage = self._stage
-        holding = stage._holding
+        holding = stage.holding
         return {"status": "placed", "record": stage.record(), "events": events, "where": where(),
                 "device": stage.device, "route": stage.route, "depth": stage.depth,
                 "inputs": dict(stage.inputs), "holding": holding.token if holding else None,

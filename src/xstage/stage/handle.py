@@ -210,6 +210,14 @@ class Stage(Requests):
         return self._client.depth
 
     @property
+    def holding(self) -> Holding | None:
+        """What this stage holds in its ledger (its budget's reservation).
+
+        None once closed, or while a restart holds nothing.
+        """
+        return self._holding
+
+    @property
     def concurrency(self) -> int:
         """Requests the worker computes at once, as it granted them (``open_stage(concurrency=...)``)."""
         return self._client.concurrent
@@ -330,7 +338,7 @@ class Stage(Requests):
 
     # ------------------------------------------------------------------ generations
     def _install(self, client: Any) -> None:
-        client._pipe.on_death = lambda queued, exc, c=client: self._on_death(c, queued, exc)
+        client.pipeline.on_death = lambda queued, exc, c=client: self._on_death(c, queued, exc)
 
     def _serving(self) -> Any:
         """The client of the serving generation (waits while a restart runs).
@@ -340,8 +348,7 @@ class Stage(Requests):
                 the parent's threads held at the fork stays held here).
             StageClosed: the stage is closed.
         """
-        if self._client._forked:
-            raise self._client._forked_error()
+        self._client.check_not_forked()
         with self._lock:
             if self._closed:
                 raise errors.StageClosed(
@@ -365,7 +372,7 @@ class Stage(Requests):
         """
         with self._lock:
             if self._client is not client:  # another thread restarted it already
-                self._client._pipe.adopt(list(queued))
+                self._client.pipeline.adopt(list(queued))
                 return not self._closed
             if self.restart != "on_death" or self._closed:
                 self._ledger.release(self._holding)
@@ -385,7 +392,7 @@ class Stage(Requests):
         entry = {"generation": client.generation + 1, "cause": cause, "at": utc_now()}
         self._ledger.release(self._holding)
         self._holding = None
-        queued = queued + client._pipe.take_queued()  # left by a synchronous caller's death
+        queued = queued + client.pipeline.take_queued()  # left by a synchronous caller's death
         client.close()
         if len(self._restart_times) >= self.max_restarts:
             entry["outcome"] = "limit"
@@ -395,7 +402,7 @@ class Stage(Requests):
         self._restart_times.append(now)
         self._say(f"restarting: generation {client.generation + 1} ({cause})")
         setup = replace(self._admission.setup, generation=client.generation + 1,
-                        first_id=client._next_id)
+                        first_id=client.next_id)
         try:
             outcome = admit(self.candidate, setup, self._say)
         except (errors.XstageError, errors.StageClosed) as exc:
@@ -417,7 +424,7 @@ class Stage(Requests):
         self._holding = outcome.holding
         self.proof, self.parity = outcome.proof, outcome.parity
         self._install(self._client)
-        self._client._pipe.adopt(queued)
+        self._client.pipeline.adopt(queued)
         return True
 
     def _shut(self, cause: str, queued: Sequence[Any]) -> bool:
@@ -441,8 +448,7 @@ class Stage(Requests):
             UsageError: the stage declares no state.
             StageClosed: the stage is closed.
         """
-        if self._client._forked:
-            raise self._client._forked_error()
+        self._client.check_not_forked()
         if not self._admission.setup.state:
             raise errors.UsageError(
                 f"{self.artifact.path.name} declares no state, so there is none to reset",
@@ -461,8 +467,7 @@ class Stage(Requests):
         Raises:
             ForkedStage: this process is a fork of the stage's.
         """
-        if self._client._forked:
-            raise self._client._forked_error()
+        self._client.check_not_forked()
         client, admission, restarting = self._client, self._admission, self._restarting
         if restarting:
             state = "restarting"
@@ -494,7 +499,7 @@ class Stage(Requests):
         never raises for the record: one that cannot be written (a full disk, a folder gone) is
         a ``RuntimeWarning`` and ``record_path`` stays None.
         """
-        if self._client._forked:
+        if self._client.forked:
             return
         with self._lock:
             self._closed = True
@@ -564,8 +569,7 @@ class Stage(Requests):
         Raises:
             ForkedStage: this process is a fork of the stage's.
         """
-        if self._client._forked:
-            raise self._client._forked_error()
+        self._client.check_not_forked()
         client, timing = self._client, self._client.last_timing
         worker = {"route": self.route, "interpreter": client.interpreter,
                   "hello": client.hello or {},
@@ -577,7 +581,7 @@ class Stage(Requests):
         accelerator = self._admission.warm.info.get("accelerator")
         if isinstance(accelerator, dict):  # torch-cuda: stream, pinned region, CUDA graph
             worker["accelerator"] = accelerator
-            slots = client._pipe.device
+            slots = client.pipeline.device
             if slots is not None and slots.info:  # device tensors: the slots as exported
                 worker["accelerator"] = {**accelerator, "device_tensors": {
                     "state": "exported", **{k: slots.info[k] for k in ("sets", "via")},
