@@ -98,6 +98,15 @@ def test_the_pipeline_uses_public_members_only() -> None:
     assert private_reaches(SRC / "xstage/client/pipeline.py") == []
 
 
+@pytest.mark.parametrize("path", sorted([*(SRC / "xstage/stage").glob("*.py"),
+                                         *(SRC / "xstage/cluster").glob("*.py")]),
+                         ids=lambda p: str(p.relative_to(SRC)))
+def test_the_stage_and_the_cluster_use_the_clients_public_members_only(path: Path) -> None:
+    """A stage drives its worker client (and the cluster's node its stage) through public
+    members; a class's own ``super()`` calls are its own."""
+    assert [r for r in private_reaches(path) if "super()" not in r] == []
+
+
 @pytest.mark.parametrize("path", sorted([*(SRC / "xstage/client").glob("*.py"),
                                          *(SRC / "xstage_remote").rglob("*.py")]),
                          ids=lambda p: str(p.relative_to(SRC)))
