@@ -91,6 +91,7 @@ def test_a_runtime_that_compiles_again_is_unread_then_not_handed_over(ov, mlp, o
                                 "(xstage cache clear --compiled tries again)")
     mark = json.loads((folder / "manifest.json").read_text())["unread"]
     assert mark["file"] == name
+    assert [e.unread for e in compile_cache.list_entries()] == [mark["at"]]  # xstage cache list
     kept = _ident(blob)
     third = _open(mlp)  # not handed over: the runtime compiles without it and leaves it alone
     assert third["status"] == "unreadable" and _ident(blob) == kept

@@ -267,11 +267,13 @@ class CompiledEntry:
     bytes: int
     last_used: float
     sealed: bool
+    #: rule 6: when the runtime compiled again instead of reading it (then it is not handed over)
+    unread: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "route": self.route, "artifact_sha256": self.artifact_sha256,
                 "files": self.files, "bytes": self.bytes, "last_used": self.last_used,
-                "sealed": self.sealed}
+                "sealed": self.sealed, "unread": self.unread}
 
 
 def list_entries() -> list[CompiledEntry]:
@@ -287,10 +289,12 @@ def list_entries() -> list[CompiledEntry]:
             doc = None
         inputs = (doc or {}).get("inputs") or {}
         sizes = [p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink()]
+        unread = (_unread_mark(folder / _MANIFEST) or {}).get("at")
         out.append(CompiledEntry(key=folder.name, route=inputs.get("route"),
                                  artifact_sha256=inputs.get("artifact_sha256"), files=len(sizes),
                                  bytes=sum(sizes), last_used=folder.stat().st_mtime,
-                                 sealed=doc is not None))
+                                 sealed=doc is not None,
+                                 unread=str(unread) if unread else None))
     return sorted(out, key=lambda e: e.last_used)
 
 
