@@ -4,9 +4,17 @@ For each graph (the built-in vision tower, and a third-party graph: the PP-OCRv4
 ``--ppocr`` exists), ``--opens`` fresh opens (a new worker each, ``open_stage`` to a placed and
 gated stage) of each kind, interleaved:
 
+* ``off``: ``XSTAGE_COMPILE_CACHE=off``, no cache handed to the runtime (the baseline);
 * ``cold``: the graph's compile cache entries removed first (``xstage.compile_cache.clear``), so
   the open compiles and seals a new entry (``miss``);
-* ``warm``: the entry the cold open sealed is verified and handed to OpenVINO (``hit``).
+* ``warm``: the next open: the entry the cold open sealed is verified and handed to OpenVINO;
+  ``hit`` when OpenVINO read it, ``unread`` when it compiled again and wrote it anew
+  (``xstage.compile_cache`` rule 6);
+* ``warm again``: the open after that: ``hit`` again, or ``unreadable`` (an entry the runtime
+  wrote anew is not handed over again, so the runtime compiles without a cache).
+
+The statuses are printed beside the figures: a warm figure means a cache was read only where
+its status is ``hit``. ``benchmarks/openvino_cache.py`` takes the compile itself apart.
 
 Per open: the compile phase (the worker's session creation, ``worker.runtime.load_s``, which is
 where OpenVINO compiles; the client's ``load`` span beside it), the warm-up (the profiled runs;
@@ -35,9 +43,15 @@ from xstage import compile_cache, open_stage
 from xstage.builtin_graphs import builtin_artifact
 
 PPOCR_DEFAULT = "/work/main/.devtree/graphs/ch_PP-OCRv4_det_infer.onnx"
+#: the opens of one round, in order (the module docstring says what each is)
+KINDS = ("off", "cold", "warm", "warm again")
 
 
-def one_open(graph: Path, shapes: dict | None) -> dict:
+def one_open(graph: Path, shapes: dict | None, off: bool = False) -> dict:
+    if off:
+        os.environ[compile_cache.ENV] = "off"
+    else:
+        os.environ.pop(compile_cache.ENV, None)
     t0 = time.perf_counter()
     with open_stage(graph, route="ort-openvino", shapes=shapes, record_on_close=False) as stage:
         wall = time.perf_counter() - t0
@@ -50,11 +64,11 @@ def one_open(graph: Path, shapes: dict | None) -> dict:
 
 
 def bench(name: str, graph: Path, shapes: dict | None, opens: int, say) -> dict:
-    rows: dict[str, list[dict]] = {"cold": [], "warm": []}
+    rows: dict[str, list[dict]] = {kind: [] for kind in KINDS}
     for i in range(opens):
         compile_cache.clear()
-        for kind in ("cold", "warm"):
-            row = one_open(graph, shapes)
+        for kind in KINDS:
+            row = one_open(graph, shapes, off=kind == "off")
             rows[kind].append(row)
             say(f"  {name} {kind} {i + 1}: {row}")
     keys = ("compile_s", "load_span_s", "warmup_s", "open_s")
@@ -62,17 +76,21 @@ def bench(name: str, graph: Path, shapes: dict | None, opens: int, say) -> dict:
     return {"graph": name, "opens": opens, "median": med,
             "statuses": {k: sorted({r["status"] for r in rs}) for k, rs in rows.items()},
             "verdicts": sorted({(r["placed"], r["parity"]) for rs in rows.values() for r in rs}),
-            "ratio": {k: med["warm"][k] / med["cold"][k] for k in med["cold"]}, "rows": rows}
+            "ratio": {kind: {k: med[kind][k] / med["cold"][k] for k in med["cold"]} for kind in KINDS},
+            "rows": rows}
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| graph | phase | cold (median) | warm (median) | warm / cold |", "|---|---|---|---|---|"]
+    head = " | ".join(f"{kind} ({'/'.join(r_status)})" for kind, r_status in results[0]["statuses"].items())
+    lines = [f"| graph | phase | {head} | warm / cold; warm again / cold |",
+             "|---|---|" + "---|" * len(KINDS) + "---|"]
     names = {"compile_s": "compile (session creation)", "load_span_s": "load (client span)",
              "warmup_s": "warm-up", "open_s": "whole open (proof and gate included)"}
     for r in results:
         for key, label in names.items():
-            lines.append(f"| {r['graph']} | {label} | {r['median']['cold'][key] * 1e3:.0f} ms "
-                         f"| {r['median']['warm'][key] * 1e3:.0f} ms | {r['ratio'][key]:.2f} |")
+            cells = " | ".join(f"{r['median'][kind][key] * 1e3:.0f} ms" for kind in KINDS)
+            lines.append(f"| {r['graph']} | {label} | {cells} "
+                         f"| {r['ratio']['warm'][key]:.2f}; {r['ratio']['warm again'][key]:.2f} |")
     return "\n".join(lines)
 
 
@@ -93,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [bench(name, graph, shapes, args.opens, say) for name, graph, shapes in graphs]
     print(table(results))
     for r in results:
-        print(f"{r['graph']}: cold opens {r['statuses']['cold']}, warm opens {r['statuses']['warm']}, "
-              f"verdicts {r['verdicts']}")
+        print(f"{r['graph']}: statuses {r['statuses']}, verdicts {r['verdicts']}")
     print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results}, indent=2) + "\n")

@@ -34,7 +34,20 @@ def _open(graph: Path, **kw) -> dict:
     return rec["worker"]["compile_cache"]
 
 
-def test_a_miss_is_sealed_then_hit_and_a_tampered_entry_is_rebuilt(ov, mlp):
+def _reads_its_cache(python: Path) -> bool:
+    """Whether the env's OpenVINO can read a CPU cache blob back: the blob is an IR model, and
+    onnxruntime-openvino 1.24.1 ships OpenVINO's ONNX reader only (docs/performance.md,
+    compile_cache)."""
+    site = sorted(python.parent.parent.glob("lib/python3*/site-packages"))[0]
+    return any(site.glob("onnxruntime*/**/libopenvino_ir_frontend*"))
+
+
+def _ident(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns
+
+
+def test_a_miss_is_sealed_and_a_tampered_entry_is_rebuilt(ov, mlp, openvino_python):
     first = _open(mlp)
     assert first["status"] == "miss" and first["files"] >= 1 and first["bytes"] > 0
     folder = Path(first["folder"])
@@ -44,23 +57,49 @@ def test_a_miss_is_sealed_then_hit_and_a_tampered_entry_is_rebuilt(ov, mlp):
     assert blobs and set(manifest["files"]) == {p.relative_to(folder / "files").as_posix()
                                                   for p in (folder / "files").rglob("*") if p.is_file()}
     assert manifest["inputs"]["route"] == "ort-openvino"
-    assert "cache_dir" not in manifest["inputs"]["ep_options"]
-
-    second = _open(mlp)
-    assert second["status"] == "hit" and second["key"] == first["key"] and second["reason"] is None
+    assert "cache_dir" not in manifest["inputs"]["ep_options"] and "unread" not in manifest
 
     blob = blobs[0]  # attack: a blob changed behind the manifest's back is never handed over
     blob.chmod(0o600)
     blob.write_bytes(blob.read_bytes() + b"\0")
-    third = _open(mlp)
-    assert third["status"] == "rebuilt"
+    second = _open(mlp)
+    assert second["status"] == "rebuilt"
     name = blob.relative_to(folder / "files").as_posix()
-    assert third["reason"] == f"{name} is not the file that was sealed"
-    assert _open(mlp)["status"] == "hit"
+    assert second["reason"] == f"{name} is not the file that was sealed"
+    warm = "hit" if _reads_its_cache(openvino_python) else "unread"
+    assert _open(mlp)["status"] == warm  # verified and handed over (rule 6 says what the runtime did)
 
     (folder / "files" / "stray.blob").write_bytes(b"x")  # a file nobody sealed
     assert _open(mlp) == {**first, "status": "rebuilt", "reason": "stray.blob is not in the manifest",
                           "files": first["files"], "bytes": first["bytes"]}
+
+
+def test_a_runtime_that_compiles_again_is_unread_then_not_handed_over(ov, mlp, openvino_python):
+    """Attack (rule 6): onnxruntime-openvino 1.24.1's OpenVINO cannot read its CPU blob back; it
+    removed it, compiled again and wrote it anew on every warm open while the record said hit."""
+    if _reads_its_cache(openvino_python):
+        pytest.skip("this env's OpenVINO reads its cache back (the hit path is tested below)")
+    first = _open(mlp)
+    folder = Path(first["folder"])
+    blob = sorted((folder / "files").rglob("*.blob"))[0]
+    sealed = _ident(blob)
+    second = _open(mlp)
+    assert second["status"] == "unread" and _ident(blob) != sealed  # the runtime wrote it anew
+    name = blob.relative_to(folder / "files").as_posix()
+    assert second["reason"] == (f"the runtime compiled again and wrote {name} anew instead of reading "
+                                "it; the entry is not handed over again under this key "
+                                "(xstage cache clear --compiled tries again)")
+    mark = json.loads((folder / "manifest.json").read_text())["unread"]
+    assert mark["file"] == name
+    assert [e.unread for e in compile_cache.list_entries()] == [mark["at"]]  # xstage cache list
+    kept = _ident(blob)
+    third = _open(mlp)  # not handed over: the runtime compiles without it and leaves it alone
+    assert third["status"] == "unreadable" and _ident(blob) == kept
+    assert third["reason"] == (f"the runtime compiled again instead of reading {name} ({mark['at']}): "
+                               "not handed over (xstage cache clear --compiled tries again)")
+    assert (third["key"], third["files"], third["bytes"]) == (first["key"], first["files"], first["bytes"])
+    compile_cache.clear()
+    assert _open(mlp)["status"] == "miss"
 
 
 def test_the_users_own_cache_dir_and_off_leave_the_home_alone(ov, mlp, tmp_path, monkeypatch):
@@ -108,3 +147,43 @@ def test_the_key_changes_with_what_changes_compilation(xstage_home, route, optio
     assert options["ep"]["options"]["cache_dir"] == str(Path(other.folder) / "files")
     same = compile_cache.prepare(_route(python="3.12.0"), art, _options())  # python is not in the key
     assert same.key == base.key
+
+
+def _compiles(folder: Path, data: bytes = b"blob") -> Path:
+    """What a runtime does with the folder it is handed when it compiles: writes its file anew."""
+    path = folder / "model.blob"
+    if path.exists():
+        path.unlink()
+    path.write_bytes(data)
+    return path
+
+
+def test_a_hit_is_what_the_runtime_did_with_the_folder(xstage_home):
+    """Rule 6 on the entry alone: a runtime that reads its files leaves them (hit); one that
+    writes them anew makes the open unread, and the entry is not handed over again."""
+    art = SimpleNamespace(sha256="c" * 64, format="onnx:fp32", runtime="onnxruntime")
+    miss = compile_cache.prepare(_route(), art, _options())
+    _compiles(Path(miss.options["cache_dir"]))
+    miss.seal()
+    assert miss.status == "miss" and miss.files == 1
+
+    hit = compile_cache.prepare(_route(), art, _options())
+    assert hit.status == "hit" and set(hit.handed) == {"model.blob"}
+    hit.seal()  # the runtime read the file and left it
+    assert hit.status == "hit" and hit.reason is None
+
+    options = _options()
+    again = compile_cache.prepare(_route(), art, options)
+    assert again.status == "hit" and options["ep"]["options"]["cache_dir"] == again.options["cache_dir"]
+    _compiles(Path(again.options["cache_dir"]))  # the same bytes, written anew: a full compile
+    again.seal()
+    assert again.status == "unread" and again.reason is not None and "model.blob anew" in again.reason
+    assert again.to_dict()["status"] == "unread"
+
+    options = _options()
+    after = compile_cache.prepare(_route(), art, options)
+    assert (after.status, after.options, after.files) == ("unreadable", {}, 1)
+    assert "cache_dir" not in options["ep"]["options"]
+    after.seal()  # nothing handed over, nothing written
+    assert after.status == "unreadable"
+    assert compile_cache.prepare(_route(onnxruntime="1.25.0"), art, _options()).status == "miss"

@@ -24,6 +24,17 @@ Rules:
    ``locks/compiled.lock`` to prepare and to seal.
 5. **Off.** ``XSTAGE_COMPILE_CACHE=off`` (``off``), or the user's own cache option among the
    EP options (``user``: their folder, as given, unmanaged), or a route without one (no entry).
+6. **A hit is what the runtime did, not what was handed over.** A runtime that reads its cache
+   leaves the files it reads as they are; one that cannot read them compiles again and writes
+   them anew (OpenVINO removes a blob it fails to import and writes a new one). So each file's
+   identity (inode, modification time, size) is taken when a verified entry is handed over and
+   compared when it is sealed: a file replaced or removed makes the open ``unread`` (it paid a
+   full compile), and the manifest marks the entry so. A marked entry is not handed over again
+   (``unreadable``: the runtime compiles without it and writes nothing); its key holds the
+   runtime's versions, so another runtime build gets a new entry, and ``xstage cache clear
+   --compiled`` tries again. Measured on onnxruntime-openvino 1.24.1 (docs/performance.md,
+   compile_cache): its OpenVINO ships the ONNX reader only, and a CPU blob is an IR model it
+   cannot read back, so every warm open compiled again while the record said ``hit``.
 
 .. versionadded:: 0.2
 """
@@ -83,8 +94,9 @@ def _files(folder: Path) -> dict[str, dict[str, Any]]:
 class Entry:
     """One compilation's cache folder, prepared for a worker and sealed after its warm-up.
 
-    ``status``: ``hit``, ``miss``, ``rebuilt``, ``user`` or ``off`` (rule 5); ``options``: the EP
-    options that point the runtime at the folder (empty unless hit, miss or rebuilt).
+    ``status``: ``hit``, ``miss``, ``rebuilt``, ``unread`` (rule 6: set by ``seal``),
+    ``unreadable`` (rule 6), ``user`` or ``off`` (rule 5); ``options``: the EP options that point
+    the runtime at the folder (empty unless hit, miss or rebuilt).
     """
 
     status: str
@@ -95,20 +107,32 @@ class Entry:
     reason: str | None = None
     files: int = 0
     bytes: int = 0
+    #: rule 6: each file's identity when a verified entry was handed over
+    handed: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False)
 
     def seal(self) -> None:
         """Rule 4: hash what the runtime wrote into the manifest (a hit whose files are as
-        listed is left as it is)."""
-        if self.folder is None or self.key is None:
+        listed is left as it is); rule 6: a hit whose files the runtime replaced is ``unread``,
+        and its manifest says so."""
+        if self.folder is None or self.key is None or self.status == "unreadable":
             return
         with locked(_lock()):
             files = _files(self.folder / "files")
             self.files, self.bytes = len(files), sum(max(0, f["bytes"]) for f in files.values())
             manifest = self.folder / _MANIFEST
-            if self.status == "hit" and _read(manifest, self.key, files) is None:
-                return
-            doc = {"kind": _KIND, "key": self.key, "inputs": dict(self.inputs), "files": files,
-                   "sealed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            unread = None
+            if self.status == "hit":
+                unread = _replaced(self.handed, _identities(self.folder / "files"))
+                if unread is None and _read(manifest, self.key, files) is None:
+                    return
+            doc: dict[str, Any] = {"kind": _KIND, "key": self.key, "inputs": dict(self.inputs),
+                                   "files": files, "sealed": _now()}
+            if unread is not None:
+                self.status = "unread"
+                self.reason = (f"the runtime compiled again and wrote {unread} anew instead of "
+                               "reading it; the entry is not handed over again under this key "
+                               "(xstage cache clear --compiled tries again)")
+                doc["unread"] = {"at": doc["sealed"], "file": unread}
             atomic_write(manifest, json.dumps(doc, indent=1, sort_keys=True).encode("utf-8"))
 
     def discard(self) -> None:
@@ -122,6 +146,39 @@ class Entry:
         return {"status": self.status, "key": self.key,
                 "folder": str(self.folder) if self.folder else None, "reason": self.reason,
                 "files": self.files, "bytes": self.bytes}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _identities(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """Rule 6: each regular file's (inode, modification time in ns, size)."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            st = path.stat()
+            out[path.relative_to(folder).as_posix()] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    return out
+
+
+def _replaced(before: Mapping[str, tuple[int, int, int]],
+              after: Mapping[str, tuple[int, int, int]]) -> str | None:
+    """The first file handed over that is not the same file now (rule 6), or None."""
+    for name in sorted(before):
+        if after.get(name) != before[name]:
+            return name
+    return None
+
+
+def _unread_mark(manifest: Path) -> Mapping[str, Any] | None:
+    """The manifest's rule-6 mark: the runtime once compiled again instead of reading it."""
+    try:
+        doc = json.loads(manifest.read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    mark = doc.get("unread") if isinstance(doc, dict) else None
+    return mark if isinstance(mark, dict) else None
 
 
 def _read(manifest: Path, key: str, files: Mapping[str, Any] | None = None) -> str | None:
@@ -184,9 +241,19 @@ def prepare(route: Any, artifact: Any, options: dict[str, Any]) -> Entry:
         owned_dir(folder)
         owned_dir(folder / "files")
         os.utime(folder)  # last use
+        mark = _unread_mark(folder / _MANIFEST) if status == "hit" else None
+        handed = _identities(folder / "files") if status == "hit" else {}
+    if mark is not None:  # rule 6: this runtime compiles again instead of reading it
+        sizes = [ident[2] for ident in handed.values()]
+        return Entry(status="unreadable", key=key, folder=folder, inputs=inputs,
+                     reason=(f"the runtime compiled again instead of reading {mark.get('file')} "
+                             f"({mark.get('at')}): not handed over (xstage cache clear --compiled "
+                             "tries again)"),
+                     files=len(sizes), bytes=sum(sizes))
     opts = {k: v.replace(_DIR_TOKEN, str(folder / "files")) for k, v in spec_keys}
     ep_options.update(opts)
-    return Entry(status=status, key=key, folder=folder, inputs=inputs, options=opts, reason=reason)
+    return Entry(status=status, key=key, folder=folder, inputs=inputs, options=opts, reason=reason,
+                 handed=handed)
 
 
 @dataclass(frozen=True)
@@ -200,11 +267,13 @@ class CompiledEntry:
     bytes: int
     last_used: float
     sealed: bool
+    #: rule 6: when the runtime compiled again instead of reading it (then it is not handed over)
+    unread: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "route": self.route, "artifact_sha256": self.artifact_sha256,
                 "files": self.files, "bytes": self.bytes, "last_used": self.last_used,
-                "sealed": self.sealed}
+                "sealed": self.sealed, "unread": self.unread}
 
 
 def list_entries() -> list[CompiledEntry]:
@@ -220,10 +289,12 @@ def list_entries() -> list[CompiledEntry]:
             doc = None
         inputs = (doc or {}).get("inputs") or {}
         sizes = [p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink()]
+        unread = (_unread_mark(folder / _MANIFEST) or {}).get("at")
         out.append(CompiledEntry(key=folder.name, route=inputs.get("route"),
                                  artifact_sha256=inputs.get("artifact_sha256"), files=len(sizes),
                                  bytes=sum(sizes), last_used=folder.stat().st_mtime,
-                                 sealed=doc is not None))
+                                 sealed=doc is not None,
+                                 unread=str(unread) if unread else None))
     return sorted(out, key=lambda e: e.last_used)
 
 

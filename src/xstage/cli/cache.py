@@ -65,7 +65,8 @@ def _list_compiled(compiled: list[compile_cache.CompiledEntry], out: Output) -> 
         ["key", "route", "artifact", "files", "size", "last used (UTC)", "sealed"],
         [[e.key[:16], escape(e.route or "-"), (e.artifact_sha256 or "-")[:16], e.files,
           ledger.format_bytes(e.bytes) if e.bytes else "0 B", _when(e.last_used),
-          "yes" if e.sealed else "no"] for e in compiled])
+          ("yes" if e.sealed else "no") + (f"; unread {e.unread}: not handed over" if e.unread else "")]
+         for e in compiled])
 
 
 def _clear(args: argparse.Namespace, out: Output) -> int:

@@ -152,7 +152,7 @@ def _worker(doc: Mapping[str, Any]) -> Rows:
     cache = worker.get("compile_cache")
     if isinstance(cache, Mapping) and cache.get("status"):
         text = str(cache["status"])
-        if cache.get("status") in ("hit", "miss", "rebuilt"):
+        if cache.get("status") in ("hit", "miss", "rebuilt", "unread", "unreadable"):
             text += (f" ({fmt_bytes(cache.get('bytes'))} in {cache.get('files')} files, "
                      f"key {str(cache.get('key'))[:12]})")
         if cache.get("reason"):
