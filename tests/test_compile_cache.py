@@ -187,3 +187,55 @@ def test_a_hit_is_what_the_runtime_did_with_the_folder(xstage_home):
     after.seal()  # nothing handed over, nothing written
     assert after.status == "unreadable"
     assert compile_cache.prepare(_route(onnxruntime="1.25.0"), art, _options()).status == "miss"
+
+
+def test_an_entry_the_runtime_wrote_nothing_into_is_no_hit(xstage_home):
+    """A runtime that ignores the cache option compiles and writes nothing: the next open has
+    nothing to read, so it is a miss that says why, not a hit (seen with the OpenVINO plugin EP,
+    which ignores ``cache_dir``)."""
+    art = SimpleNamespace(sha256="d" * 64, format="onnx:fp32", runtime="onnxruntime")
+    first = compile_cache.prepare(_route(), art, _options())
+    first.seal()  # the runtime wrote no file
+    assert (first.status, first.files) == ("miss", 0)
+    second = compile_cache.prepare(_route(), art, _options())
+    assert second.status == "miss" and "no file" in (second.reason or "")
+    _compiles(Path(second.options["cache_dir"]))
+    second.seal()
+    assert compile_cache.prepare(_route(), art, _options()).status == "hit"
+
+
+def _plugin_route():
+    spec = SimpleNamespace(compile_cache=(("cache_dir", "{dir}"),),
+                           plugin_compile_cache=(("load_config:CACHE_DIR", "{dir}"),))
+    return SimpleNamespace(name="ort-openvino", spec=spec, versions={"onnxruntime": "1.30.0"})
+
+
+def _plugin_options(load_config):
+    return {"device": "cpu", "session": {}, "ep": {
+        "name": "OpenVINOExecutionProvider", "plugin": {"module": "onnxruntime_ep_openvino"},
+        "options": {"load_config": json.dumps(load_config)}}}
+
+
+def test_the_openvino_plugin_ep_gets_its_cache_in_load_config(xstage_home):
+    """The plugin EP reads CACHE_DIR from load_config's device section (it ignores
+    ``cache_dir``): the section keeps what the route's hook put there, the key does not depend
+    on the folder, and a CACHE_DIR of the user's own is theirs (``user``)."""
+    art = SimpleNamespace(sha256="e" * 64, format="onnx:fp32", runtime="onnxruntime")
+    options = _plugin_options({"CPU": {"INFERENCE_PRECISION_HINT": "f32"}})
+    entry = compile_cache.prepare(_plugin_route(), art, options)
+    folder = str(Path(entry.folder) / "files")
+    assert entry.status == "miss" and entry.options == {"load_config:CACHE_DIR": folder}
+    ep_options = options["ep"]["options"]
+    assert "cache_dir" not in ep_options
+    assert json.loads(ep_options["load_config"]) == {
+        "CPU": {"INFERENCE_PRECISION_HINT": "f32", "CACHE_DIR": folder}}
+    hint = {"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}
+    again = compile_cache.prepare(_plugin_route(), art, _plugin_options(hint))
+    assert again.key == entry.key
+    npu = _plugin_options({})
+    npu["device"] = "npu:intel:0"
+    compile_cache.prepare(_plugin_route(), art, npu)
+    assert set(json.loads(npu["ep"]["options"]["load_config"])) == {"NPU"}
+    users = _plugin_options({"CPU": {"CACHE_DIR": "/somewhere/of/theirs"}})
+    assert compile_cache.prepare(_plugin_route(), art, users).status == "user"
+    assert json.loads(users["ep"]["options"]["load_config"]) == {"CPU": {"CACHE_DIR": "/somewhere/of/theirs"}}

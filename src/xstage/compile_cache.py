@@ -34,7 +34,9 @@ Rules:
    runtime's versions, so another runtime build gets a new entry, and ``xstage cache clear
    --compiled`` tries again. Measured on onnxruntime-openvino 1.24.1 (docs/performance.md,
    compile_cache): its OpenVINO ships the ONNX reader only, and a CPU blob is an IR model it
-   cannot read back, so every warm open compiled again while the record said ``hit``.
+   cannot read back, so every warm open compiled again while the record said ``hit``. An entry
+   that holds no file (the runtime wrote none: a cache option it ignored) is no hit either: it
+   is handed over again as a ``miss`` saying so.
 
 .. versionadded:: 0.2
 """
@@ -203,8 +205,61 @@ def _read(manifest: Path, key: str, files: Mapping[str, Any] | None = None) -> s
     return None
 
 
+def _cache_options(route: Any, options: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The EP options that point this open's runtime at its cache: the plugin EP's own where
+    the route names them (``RouteSpec.plugin_compile_cache``), else ``compile_cache``."""
+    plugin = (options.get("ep") or {}).get("plugin") or {}
+    if plugin and not plugin.get("builtin") and route.spec.plugin_compile_cache:
+        return tuple(route.spec.plugin_compile_cache)
+    return tuple(route.spec.compile_cache)
+
+
+def _device_section(doc: Mapping[str, Any], device: Any) -> str:
+    """The section of a per-device JSON option (OpenVINO's ``load_config``) this open's device
+    reads: the one section already there, else the device's kind (``npu:intel:0`` → ``NPU``)."""
+    if len(doc) == 1:
+        return str(next(iter(doc)))
+    kind = str(device or "cpu").split(":")[0]
+    return {"gpu_integrated": "GPU", "gpu_discrete": "GPU"}.get(kind, kind.upper())
+
+
+def _names_cache(ep_options: Mapping[str, Any], keys: tuple[tuple[str, str], ...]) -> bool:
+    """Whether the user's EP options already point the runtime's cache somewhere (rule 5)."""
+    for key, _ in keys:
+        option, _, prop = key.partition(":")
+        if not prop:
+            if option in ep_options:
+                return True
+            continue
+        try:
+            doc = json.loads(str(ep_options.get(option) or "{}"))
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and any(isinstance(v, dict) and prop in v for v in doc.values()):
+            return True
+    return False
+
+
+def _point_at(ep_options: dict[str, Any], keys: tuple[tuple[str, str], ...], folder: Path,
+              device: Any) -> dict[str, str]:
+    """Write the cache's options into ``ep_options``; returns them as the record lists them."""
+    opts = {}
+    for key, template in keys:
+        value = template.replace(_DIR_TOKEN, str(folder))
+        option, _, prop = key.partition(":")
+        if prop:
+            doc = json.loads(str(ep_options.get(option) or "{}"))
+            section = _device_section(doc, device)
+            doc.setdefault(section, {})[prop] = value
+            ep_options[option] = json.dumps(doc)
+        else:
+            ep_options[option] = value
+        opts[key] = value
+    return opts
+
+
 def _key_inputs(route: Any, artifact: Any, options: Mapping[str, Any]) -> dict[str, Any]:
-    cache_keys = {k for k, _ in route.spec.compile_cache}
+    cache_keys = {k for k, _ in _cache_options(route, options) if ":" not in k}
     ep = options.get("ep") or {}
     return {"artifact_sha256": artifact.sha256, "route": route.name, "device": options.get("device"),
             "format": artifact.format,
@@ -217,7 +272,7 @@ def _key_inputs(route: Any, artifact: Any, options: Mapping[str, Any]) -> dict[s
 def prepare(route: Any, artifact: Any, options: dict[str, Any]) -> Entry:
     """The entry for this compilation, verified or emptied (rule 3), its folder written into
     ``options``' EP options; ``off``/``user``/no entry as rule 5 says."""
-    spec_keys = tuple(route.spec.compile_cache)
+    spec_keys = _cache_options(route, options)
     if not spec_keys or artifact.runtime == "torch" or artifact.sha256 is None:
         return Entry(status="off", reason="the route names no runtime cache")
     ep_options = (options.get("ep") or {}).get("options")
@@ -225,7 +280,7 @@ def prepare(route: Any, artifact: Any, options: dict[str, Any]) -> Entry:
         return Entry(status="off", reason="no EP options")
     if os.environ.get(ENV, "").strip().lower() in ("off", "0", "no", "false"):
         return Entry(status="off", reason=f"{ENV}=off")
-    if any(k in ep_options for k, _ in spec_keys):
+    if _names_cache(ep_options, spec_keys):
         return Entry(status="user", reason="the EP options name the runtime's cache themselves")
     inputs = _key_inputs(route, artifact, options)
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode("utf-8")).hexdigest()
@@ -236,6 +291,9 @@ def prepare(route: Any, artifact: Any, options: dict[str, Any]) -> Entry:
         if folder.is_dir():
             reason = _read(folder / _MANIFEST, key)
             status = "hit" if reason is None else "rebuilt"
+            if status == "hit" and not _identities(folder / "files"):
+                # Rule 6: nothing to read is no hit; the runtime wrote no file when it compiled.
+                status, reason = "miss", "the entry holds no file: the runtime wrote none when it compiled"
             if status == "rebuilt":
                 shutil.rmtree(folder, ignore_errors=True)
         owned_dir(folder)
@@ -250,8 +308,7 @@ def prepare(route: Any, artifact: Any, options: dict[str, Any]) -> Entry:
                              f"({mark.get('at')}): not handed over (xstage cache clear --compiled "
                              "tries again)"),
                      files=len(sizes), bytes=sum(sizes))
-    opts = {k: v.replace(_DIR_TOKEN, str(folder / "files")) for k, v in spec_keys}
-    ep_options.update(opts)
+    opts = _point_at(ep_options, spec_keys, folder / "files", options.get("device"))
     return Entry(status=status, key=key, folder=folder, inputs=inputs, options=opts, reason=reason,
                  handed=handed)
 
