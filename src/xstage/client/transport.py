@@ -131,8 +131,15 @@ class InlineFrames:
         wire.send_parts(self.io, parts)
 
     def _send_frame_of(self, lane: Any) -> None:
-        """The lean call's kept frame, its id packed in (``wire.Lane``), as it is."""
-        self.io.sendall(lane.frame)
+        """The lean call's kept frame, its id packed in (``wire.Lane``), as it is.
+
+        One ``send`` takes a small frame whole (``DeadlineSocket.sendall``'s first step); what
+        the kernel did not take follows by ``sendall``.
+        """
+        frame = lane.frame  # a memoryview of the kept frame, its trailer room left out
+        sent = self.io.send(frame)
+        if sent != frame.nbytes:
+            self.io.sendall(frame[sent:])
 
     def recv(self, expect: Any = None) -> wire.Frame:
         """Read one frame within the deadline ``io.start`` set."""
