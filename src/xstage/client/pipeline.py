@@ -108,7 +108,7 @@ class Pipeline:
         """
         c = self.client
         seconds = getattr(c.deadlines, phase)
-        flags = c.take_reset()
+        flags = c.take_reset() if c.reset_next else 0  # its frame only after reset_state()
         if not self.queue and not self.inflight:
             region = c.link.region
             if region is not None:
