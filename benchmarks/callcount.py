@@ -3,7 +3,8 @@
 A shared machine's timings of a microsecond-scale call move by more than the few percent a
 change of the hot path costs; what each end executes per call does not. This counts, for
 ``--calls`` calls of ``slice_graph(16, 16)`` (64 B in, 64 B out) on the shared region
-(``shm_mode="auto"``) and on the authenticated TCP socket (``transport="tcp"``): Python
+(``shm_mode="auto"``), on the authenticated TCP socket (``transport="tcp"``) and inline on the
+local socketpair (``shm_mode="off"``): Python
 function calls (``sys.setprofile``'s ``call`` events), calls of built-ins and C methods
 (``c_call``) and bytecode instructions executed (``sys.settrace`` with ``f_trace_opcodes``:
 attribute loads and every other step a call count does not see):
@@ -121,7 +122,8 @@ def _session(interp: str, graph: str, arm: str, warm: int, calls: int, out: str)
     from xstage.client import WorkerClient
 
     os.environ["CALLCOUNT_OUT"] = out
-    kw = {"shm_mode": "auto"} if arm == "region" else {"shm_mode": "off", "transport": "tcp"}
+    kw = {"region": {"shm_mode": "auto"}, "tcp": {"shm_mode": "off", "transport": "tcp"},
+          "inline": {"shm_mode": "off"}}[arm]
     client = WorkerClient(interp, **kw)
     client.start()
     client.load(graph)
@@ -157,7 +159,7 @@ def measure(calls: int, warm: int = 300) -> dict:
         interp.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{boot}" "$@"\n')
         interp.chmod(interp.stat().st_mode | stat.S_IXUSR)
         graph = str(builtin_graphs.write(builtin_graphs.slice_graph(16, 16), t / "s.onnx"))
-        for arm in ("region", "tcp"):
+        for arm in ("region", "tcp", "inline"):
             base = str(t / f"{arm}-0.json")
             full = str(t / f"{arm}-1.json")
             _session(str(interp), graph, arm, warm, 0, base)
@@ -174,9 +176,26 @@ def measure(calls: int, warm: int = 300) -> dict:
     return rows
 
 
+#: What a wait executes, which depends on whether its answer was already there (the doorbell's
+#: and the socket spin's code, the policy's, the ready checks; the doorbell lived in ``shm.py``
+#: before ``doorbell.py``): left out of the ``rest`` column.
+_WAIT_FILES = ("doorbell.py", "waitpolicy.py", "sockspin.py")
+_WAIT_NAMES = {"ring", "wake", "_wake", "heads_up", "_decide", "_consume", "wait", "_announced",
+               "_spin_until_coming", "_catch_up", "_tell_cpu", "_learn", "_sleep", "_block",
+               "_block_eventfd", "_spin", "_shares_cpu", "read_load", "<lambda>", "set_flag",
+               "flag", "closed"}
+
+
+def _waits(key: str) -> bool:
+    file, _, name = key.partition(":")
+    return file in _WAIT_FILES or (file in ("shm.py", "region.py") and name in _WAIT_NAMES)
+
+
 def _totals(rows: dict) -> dict:
-    """``{"region client": {"py": n, "c": n, "ops": n}, ...}``: per-call totals."""
-    return {f"{arm} {end}": {kind: sum(d[kind].values()) for kind in KINDS}
+    """``{"region client": {"py": n, "c": n, "ops": n, "rest": n}, ...}``: per-call totals;
+    ``rest``: the instructions outside the waits (``_waits``)."""
+    return {f"{arm} {end}": {**{kind: sum(d[kind].values()) for kind in KINDS},
+                             "rest": sum(n for k, n in d["ops"].items() if not _waits(k))}
             for arm, ends in rows.items() for end, d in ends.items()}
 
 
@@ -186,10 +205,10 @@ def _print(got: dict, calls: int, top: int) -> None:
     totals = {tree: _totals(rows) for tree, rows in got.items()}
     trees = list(got)
     print(f"per 64 B call ({calls} calls; both ends spin 0): Python calls / C calls / "
-          f"bytecode instructions, by tree: " + ", ".join(trees))
+          f"bytecode instructions (those outside the waits), by tree: " + ", ".join(trees))
     for name in totals[trees[-1]]:
-        cells = "   ".join(f"{t[name]['py']:6.2f} / {t[name]['c']:6.2f} / {t[name]['ops']:7.1f}"
-                           for t in totals.values())
+        cells = "   ".join(f"{t[name]['py']:6.2f} / {t[name]['c']:6.2f} / {t[name]['ops']:7.1f} "
+                           f"({t[name]['rest']:6.1f})" for t in totals.values())
         print(f"  {name:<14} {cells}")
     if not top or len(trees) < 2:
         return

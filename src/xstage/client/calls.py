@@ -439,16 +439,15 @@ class Calls:
                 self._settle_state()
             link = self.link
             lane = link.lane
-            region = link.region
             if lane is not None and out is None and phase == "call" and self._pending is None \
-                    and not self.reset_next and type(inputs) is dict and region is None \
+                    and not self.reset_next and type(inputs) is dict and link.region is None \
                     and self.state is WorkerState.READY and self.closed_why is None \
                     and not self._pipe.queue and not self._pipe.inflight:
                 result = self._call_lean(link, lane, inputs)
                 if result is not None:
                     return result
             known = self._known
-            if known is not None and known[1] is region and out is None \
+            if known is not None and known[1] is link.region and out is None \
                     and phase == "call" and type(inputs) is dict \
                     and self.state is WorkerState.READY and self.closed_why is None:
                 try:
