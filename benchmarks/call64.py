@@ -40,7 +40,7 @@ from xstage import builtin_graphs
 from xstage.client import WorkerClient
 from xstage.client.deadlines import DeadlineSocket
 from xstage.client.worker import WorkerState
-from xstage_remote import memory, wire
+from xstage_remote import memory, shm, sockspin, wire
 from xstage_remote import worker as remote
 
 SECRET = "5e" * 16
@@ -55,7 +55,13 @@ def _channel_of(c: WorkerClient) -> wire.Channel:
 def wired(graph: str) -> tuple[WorkerClient, remote.Worker]:
     """A client and a worker in this process, joined by a TCP pair and two channels."""
     a, b = tcp_pair()
-    w = remote.Worker(b, None, 1, wire.Channel(b, SECRET, DIGEST, "worker"))
+    wch = wire.Channel(b, SECRET, DIGEST, "worker")
+    if not hasattr(remote, "ChannelStream") and sockspin.AVAILABLE:
+        # A tree before the worker's streams (--compare): its ``main`` installed the spin for
+        # the next request, which ``Worker`` then took from the channel; a tree with them
+        # installs it in ``Worker`` (``ChannelStream``). Both ends then spin as they ship.
+        sockspin.install(wch, shm.WORKER_SPIN_SECONDS, sockspin.nonblocking_poll(b))
+    w = remote.Worker(b, None, 1, wch)
     c = WorkerClient(sys.executable, shm_mode="off", transport="tcp")
     if hasattr(c, "link"):  # a tree with transports (client/transport.py)
         from xstage.client.transport import SocketChannel

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import socket
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from tests.client.conftest import identity_inputs
 from xstage.client import WorkerClient
+from xstage.client.deadlines import DeadlineSocket
 from xstage.client.region import SharedRegion
 from xstage.client.transport import InlineFrames, SocketChannel
 
@@ -52,3 +55,30 @@ def test_the_region_transport_sends_frames_for_a_call_without_slots(graphs) -> N
         np.testing.assert_array_equal(w.run(large)["y"], -large["x"])
         assert "copy_in_ns" not in w.last_timing  # no slot it fits: a frame each way
         assert w.link is link
+
+
+class _ShortSends(DeadlineSocket):
+    """A real socket whose ``send`` takes at most 1000 bytes at a time (the fault: a kernel
+    that takes a frame in part, as under a full send buffer)."""
+
+    __slots__ = ()
+
+    def send(self, data) -> int:  # type: ignore[no-untyped-def]
+        return super().send(memoryview(data).cast("B")[:1000])
+
+
+def test_a_lean_frame_the_kernel_takes_in_part_arrives_whole() -> None:
+    """The lean call's kept frame (``InlineFrames.send_lane``, one ``send`` for a small frame)
+    goes out whole where the kernel takes only part of it."""
+    a, b = socket.socketpair()
+    with a, b:
+        link = InlineFrames(a)
+        link.io = _ShortSends(a)
+        frame = bytes(range(256)) * 40  # 10,240 bytes: one send takes 1000 of them
+        link.io.start(30.0)
+        link.send_lane(SimpleNamespace(frame=memoryview(frame)))
+        got = bytearray()
+        b.settimeout(60.0)  # a frame cut short fails here instead of hanging
+        while len(got) < len(frame):
+            got += b.recv(len(frame) - len(got))
+        assert bytes(got) == frame

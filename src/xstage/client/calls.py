@@ -49,7 +49,6 @@ class Calls:
     _known: tuple[tuple[Any, ...], Any] | None
     _next_id: int
     _pending: tuple[str, int] | None
-    _reset_next: bool
 
     def _init_calls(self, first_id: int) -> None:
         """The call API's own state, set by ``WorkerClient.__init__``."""
@@ -60,7 +59,9 @@ class Calls:
         #: The region path's last accepted input signature and its region (``_known_for``).
         self._known = None
         self._next_id = first_id  # a replacement worker continues its stage's ids
-        self._reset_next = False
+        #: ``reset_state()`` asked for the next request to run from the initial state
+        #: (``take_reset`` hands the flag out once; the pipeline reads this first).
+        self.reset_next = False
         #: An interrupted request of a stage with state that may have moved the state
         #: (``Pipeline._uncertain``): calls raise ``StateUncertain`` until ``reset_state()``,
         #: unless its answer says it never ran.
@@ -438,16 +439,15 @@ class Calls:
                 self._settle_state()
             link = self.link
             lane = link.lane
-            region = link.region
             if lane is not None and out is None and phase == "call" and self._pending is None \
-                    and not self._reset_next and type(inputs) is dict and region is None \
+                    and not self.reset_next and type(inputs) is dict and link.region is None \
                     and self.state is WorkerState.READY and self.closed_why is None \
                     and not self._pipe.queue and not self._pipe.inflight:
                 result = self._call_lean(link, lane, inputs)
                 if result is not None:
                     return result
             known = self._known
-            if known is not None and known[1] is region and out is None \
+            if known is not None and known[1] is link.region and out is None \
                     and phase == "call" and type(inputs) is dict \
                     and self.state is WorkerState.READY and self.closed_why is None:
                 try:
@@ -613,7 +613,7 @@ class Calls:
         """
         if self._forked:
             raise self._forked_error()
-        self._reset_next = True
+        self.reset_next = True
         self.state_uncertain = None
 
     def state_settled(self, req: Any) -> None:
@@ -642,9 +642,9 @@ class Calls:
 
     def take_reset(self) -> int:
         """``shm.FLAG_RESET_STATE`` once after ``reset_state()``, else 0."""
-        if not self._reset_next:
+        if not self.reset_next:
             return 0
-        self._reset_next = False
+        self.reset_next = False
         return shm.FLAG_RESET_STATE
 
     def in_flight(self) -> int:

@@ -38,6 +38,7 @@ class CallHost(Protocol):
     close_requested: bool
     closed_why: str | None
     state_uncertain: Any
+    reset_next: bool
     inputs: list[dict[str, Any]]
     tuning: Any
 

@@ -108,7 +108,7 @@ class Pipeline:
         """
         c = self.client
         seconds = getattr(c.deadlines, phase)
-        flags = c.take_reset()
+        flags = c.take_reset() if c.reset_next else 0  # its frame only after reset_state()
         if not self.queue and not self.inflight:
             region = c.link.region
             if region is not None:
@@ -147,17 +147,18 @@ class Pipeline:
         """Set ``s``'s outputs into ``result``, each descriptor checked before its copy.
 
         A name the caller gave an ``out`` array for is copied into it; with ``views``, the
-        others are read-only views of their slots (no copy).
+        others are read-only views of their slots (no copy) (``SharedRegion.read_outputs``).
         """
-        if self.device is not None and self.device.on_device.get(s):
-            result.update(self.device.outputs(s))  # device tensors: views of set s's slots
-            return
-        c = self.client
         try:
-            c.link.read_outputs(region, s, out, result, views)
+            self.client.link.read_outputs(region, s, out, result, views, self.device)
         except wire.ProtocolError as exc:
-            c.abort()
-            raise errors.RemoteProtocolError(f"worker {c.pid}: {exc}") from exc
+            raise self._garbled(exc) from exc
+
+    def _garbled(self, exc: wire.ProtocolError) -> errors.RemoteProtocolError:
+        """A descriptor the worker wrote was out of its slot's bounds: the worker is ended."""
+        c = self.client
+        c.abort()
+        return errors.RemoteProtocolError(f"worker {c.pid}: {exc}")
 
     def _call_fast(self, region: shm.Region, feeds: Mapping[str, np.ndarray],
                    out: Mapping[str, np.ndarray], phase: str,
@@ -230,7 +231,10 @@ class Pipeline:
                 result = Outputs()
                 if answer & shm.FLAG_STATE_RESET:
                     result.state_reset = True
-                self._read_outputs(region, s, out, result, views)
+                try:  # ``_read_outputs`` without its frame (the common call)
+                    link.read_outputs(region, s, out, result, views, self.device)
+                except wire.ProtocolError as exc:
+                    raise self._garbled(exc) from exc
                 c.last_timing = {"worker_ns": worker_ns, "rss": rss, "peak": peak,
                                  "copy_in_ns": copy_in,
                                  "copy_out_ns": time.perf_counter_ns() - t0,

@@ -202,15 +202,21 @@ class SharedRegion(InlineFrames):
         return fill(target, value, name, self.copies)
 
     def read_outputs(self, region: shm.Region, s: int, out: Mapping[str, np.ndarray],
-                     result: dict[str, np.ndarray], views: bool = False) -> None:
+                     result: dict[str, np.ndarray], views: bool = False,
+                     device: Any = None) -> None:
         """Set ``s``'s outputs into ``result``, each descriptor checked before its copy.
 
         A name the caller gave an ``out`` array for is copied into it; with ``views``, the
-        others are read-only views of their slots (no copy).
+        others are read-only views of their slots (no copy). Where set ``s``'s outputs are on
+        the worker's device (``device``, ``device_slots.py``), they are views of its device
+        slots instead.
 
         Raises:
             wire.ProtocolError: a descriptor the worker wrote is out of its slot's bounds.
         """
+        if device is not None and device.on_device.get(s):
+            result.update(device.outputs(s))
+            return
         fill_output = self.fill_output
         if self._names_of is not self.outputs:  # the names, once per load
             self._names_of, self._out_names = self.outputs, [d["name"] for d in self.outputs]

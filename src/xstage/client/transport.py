@@ -23,7 +23,7 @@ into locals once per call: no call pays more than one method dispatch for the in
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,6 +55,7 @@ class Transport(Protocol):
     expected: float
     lane: Any
     reply: Any
+    send_lane: Callable[[Any], None]
 
     def encode(self, header: dict[str, Any], arrays: Mapping[str, np.ndarray] | None,
                generation: int) -> list[Any]:
@@ -93,6 +94,9 @@ class InlineFrames:
         #: The outputs a call returns (the loaded signature's, state outputs left out).
         self.outputs: list[dict[str, Any]] = []
         self.expected = 0.0
+        #: The lean call's kept frame sent (``wire.Lane``, its id packed in): a hook bound once,
+        #: so the call pays no frame of ours for it (a channel binds its ``send_sealed``).
+        self.send_lane: Callable[[Any], None] = self._send_frame_of
         self.forget()
 
     def forget(self) -> None:
@@ -126,9 +130,16 @@ class InlineFrames:
         """One ``sendmsg`` for a frame the kernel takes whole."""
         wire.send_parts(self.io, parts)
 
-    def send_lane(self, lane: Any) -> None:
-        """The lean call's kept frame, its id packed in (``wire._Lane``)."""
-        self.io.sendall(lane.frame)
+    def _send_frame_of(self, lane: Any) -> None:
+        """The lean call's kept frame, its id packed in (``wire.Lane``), as it is.
+
+        One ``send`` takes a small frame whole (``DeadlineSocket.sendall``'s first step); what
+        the kernel did not take follows by ``sendall``.
+        """
+        frame = lane.frame  # a memoryview of the kept frame, its trailer room left out
+        sent = self.io.send(frame)
+        if sent != frame.nbytes:
+            self.io.sendall(frame[sent:])
 
     def recv(self, expect: Any = None) -> wire.Frame:
         """Read one frame within the deadline ``io.start`` set."""
@@ -223,6 +234,7 @@ class SocketChannel(InlineFrames):
         super().__init__(ctl)
         self.channel = channel
         channel.sock = self.io  # records bounded by the call's deadline too
+        self.send_lane = channel.send_sealed  # the lane's frame as one record, sealed in place
 
     def watch(self, spin_seconds: float, peer_cpu: Any, tuning: Any = None) -> None:
         """Spin for a reply before blocking (``sockspin``: the shared region's policy).
@@ -248,10 +260,6 @@ class SocketChannel(InlineFrames):
             small = run and wire.PREFIX.size + hlen + plen <= wire.SMALL_FRAME
             self.spin.expected = self.expected if small else 60.0
         self.channel.send_parts(parts)  # type: ignore[union-attr]
-
-    def send_lane(self, lane: Any) -> None:
-        """The lane's frame as one record, sealed in place (``Channel.send_sealed``)."""
-        self.channel.send_sealed(lane)  # type: ignore[union-attr]
 
     def recv(self, expect: Any = None) -> wire.Frame:
         """One record's frame; ``expect``: the reply a call's signature makes (fewer checks)."""
