@@ -69,3 +69,23 @@ def test_widen_out_of_range_is_a_usage_error_and_changes_nothing(graphs, depth, 
         with pytest.raises(errors.UsageError, match=what):
             w.widen(depth, concurrency)
         assert w.link.region is region and w.depth == 1
+
+
+def test_a_wider_region_over_the_ceiling_leaves_the_one_set_region_serving(graphs, monkeypatch):
+    """K sets over ``XSTAGE_MAX_REGION_BYTES`` while one fits: the one-set region stays (its
+    calls still go through it, not inline)."""
+    with WorkerClient(sys.executable, depth=1) as w:
+        w.load(graphs["mlp"])
+        one_set = w.link.region.size
+    monkeypatch.setenv("XSTAGE_MAX_REGION_BYTES", str(one_set))
+    with WorkerClient(sys.executable, depth=1) as w:
+        w.load(graphs["mlp"])
+        region = w.link.region
+        assert region is not None and region.n_sets == 1
+        assert w.widen(3) is None
+        assert w.link.region is region and w.depth == 3
+        want = np.array(w.run(_x(5))["y"])
+        futures = [w.submit(_x(5)) for _ in range(3)]  # queued behind the one set
+        for fut in futures:
+            np.testing.assert_array_equal(fut.result(timeout=60)["y"], want)
+        assert w.link.region is region
