@@ -297,9 +297,11 @@ class Worker:
                     views[name] = None
             self.out_views.append(views)
         self._concurrent(spec.get("concurrent", 1), n_sets)
-        self.send({"op": "attached", "id": frame.id,
-                   "info": {"kind": self.region.kind, "bell": self.bell.kind,
-                            "concurrent": self.concurrent}})
+        info = {"kind": self.region.kind, "bell": self.bell.kind, "concurrent": self.concurrent}
+        cuda = getattr(self.runtime, "cuda", None)
+        if cuda is not None and isinstance(cuda.info.get("pinned_region"), dict):
+            info["pinned_region"] = dict(cuda.info["pinned_region"])  # this region, as registered
+        self.send({"op": "attached", "id": frame.id, "info": info})
 
     def _concurrent(self, want, n_sets):
         """Concurrent runs: up to ``want`` requests of the region's sets computed at once, on

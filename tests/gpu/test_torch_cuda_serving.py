@@ -88,7 +88,10 @@ def test_serves_from_a_captured_graph_through_the_pinned_region(mlp):
             np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(got["s"], want[1], rtol=1e-5, atol=1e-5)
         rec = stage.record()
+        serving = stage._client.link.region  # depth 2: the region that replaced the gate's
+        assert serving.n_sets == 2
     acc = rec["worker"]["accelerator"]
+    assert acc["pinned_region"]["bytes"] == serving.size  # the record: the region it serves from
     assert acc["cuda_graph"]["state"] == "captured", acc
     assert acc["cuda_graph"]["pool_bytes"] >= 0 and "replay" in acc["cuda_graph"]["gated"]
     assert acc["pinned_region"]["state"] == "registered" and acc["pinned_region"]["is_pinned"]

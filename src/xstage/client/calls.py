@@ -20,7 +20,7 @@ import numpy as np
 from xstage import errors
 from xstage.client import device_slots
 from xstage.client.outputs import USE_DEADLINE, Outputs
-from xstage.client.process import WorkerState
+from xstage.client.process import WorkerState, checked_settings
 from xstage.client.region import SharedRegion
 from xstage.client.requests import StageFuture
 from xstage.signature import check_inputs, not_a_mapping, wire_order
@@ -377,6 +377,38 @@ class Calls:
                 return True
             self._attach_region(link)
             return link.region is not None
+
+    def widen(self, depth: int, concurrency: int = 1) -> dict[str, Any] | None:
+        """Serve at ``depth`` slot sets from now on, up to ``concurrency`` computed at once.
+
+        The attached region is replaced by one of ``depth`` sets (the worker lets go of the old
+        one when it attaches the new one: docs/wire.md, "Shared-memory region"); without a region
+        the depth is kept for the one a later ``fit_region`` attaches. ``open_stage`` proves and
+        gates a stage at depth 1, so its calls there touch one set's pages, then widens it to the
+        depth it serves at (docs/memory.md, "The client's peak while opening a stage"). Whatever
+        is in flight is collected first; slots handed out of the old region are not reserved in
+        the new one. Where ``depth`` sets would not fit (the region's ceiling, or no space for a
+        named region), the region attached stays and serves.
+
+        Returns:
+            The worker's ``attached`` info for the new region (torch-cuda: its
+            ``pinned_region`` as registered), or None where no region was attached.
+
+        Raises:
+            UsageError: ``depth`` outside 1..64, or ``concurrency`` outside 1..``depth``.
+        """
+        if self._forked:
+            raise self._forked_error()
+        checked_settings(self.generation, depth, self.shm_mode, self.transport, self.tuning)
+        self._check_concurrency(concurrency, depth)
+        with self.lock:
+            self._require_ready()
+            link = self.link
+            same = (depth, concurrency) == (self.depth, self.concurrency)
+            self.depth, self.concurrency = depth, concurrency
+            if same or not isinstance(link, SharedRegion) or link.region is None:
+                return None
+            return self._attach_region(link)  # type: ignore[no-any-return]
 
     def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The inputs as the worker takes them (checked against the signature, wire order)."""

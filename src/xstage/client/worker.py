@@ -125,9 +125,7 @@ class WorkerClient(Calls):
         #: worker is sent ``to_wire()`` in ``load``.
         self.tuning, self._tuning_problems = tuning.from_environ(os.environ)
         self.shm_mode = checked_settings(generation, depth, shm_mode, transport, self.tuning)
-        if type(concurrency) is not int or not 1 <= concurrency <= depth:
-            raise errors.UsageError(f"concurrency {concurrency!r} is outside 1..{depth} (the depth)",
-                                    remedy="compute at most as many requests at once as are in flight")
+        self._check_concurrency(concurrency, depth)
         self.depth = depth
         self.concurrency = concurrency
         #: Requests the worker computes at once, as it granted them (1 until a region is attached).
@@ -691,11 +689,22 @@ class WorkerClient(Calls):
             self._pipe.device = device_slots.from_loaded(self, frame.header)  # #20
             return self.loaded
 
-    def _attach_region(self, link: SharedRegion) -> None:
-        """A region for the loaded signature, attached by the worker (``load``'s second half)."""
+    @staticmethod
+    def _check_concurrency(concurrency: int, depth: int) -> None:
+        """``concurrency`` is a whole number in 1..``depth``, else a usage error."""
+        if type(concurrency) is not int or not 1 <= concurrency <= depth:
+            raise errors.UsageError(f"concurrency {concurrency!r} is outside 1..{depth} (the depth)",
+                                    remedy="compute at most as many requests at once as are in flight")
+
+    def _attach_region(self, link: SharedRegion) -> dict[str, Any] | None:
+        """A region for the loaded signature, attached by the worker (``load``'s second half).
+
+        Returns the worker's ``attached`` info, or None where no region was attached (none
+        fits, or no space for a named one: the region attached before, if any, stays).
+        """
         slots, size = link.plan(self.depth)
         if slots is None:
-            return
+            return None
         kind = "memfd" if self.shm_mode in ("auto", "memfd") and hasattr(os, "memfd_create") \
             else "named"
         self._pipe.drain()
@@ -704,10 +713,12 @@ class WorkerClient(Calls):
             region = shm.Region.create(size, slots, kind, generation=self.generation,
                                        n_sets=self.depth)
         except shm.RegionSpaceError as exc:  # calls go inline (docs/workers.md)
-            warnings.warn(f"{exc.strerror}: this worker's tensors travel inline; free space in "
+            kept = link.region  # widened: the region attached serves on
+            how = f"keep their region of {kept.n_sets} slot set(s)" if kept else "travel inline"
+            warnings.warn(f"{exc.strerror}: this worker's tensors {how}; free space in "
                           f"{os.path.dirname(exc.filename)} or leave XSTAGE_SHM at auto (memfd)",
                           RuntimeWarning, stacklevel=2)
-            return
+            return None
         spec: dict[str, Any] = {"kind": kind, "size": size, "slots": slots, "sets": self.depth}
         if self.concurrency > 1:  # an older worker ignores the key: it runs one at a time
             spec["concurrent"] = self.concurrency
@@ -725,7 +736,8 @@ class WorkerClient(Calls):
                 assert self._ctl is not None
                 socket.send_fds(self._ctl, [b"\0"], [region.fd, *(events or ())])
             attached = self.expect(self.recv("load", self.deadlines.load), "attached", rid)
-            granted = (attached.header.get("info") or {}).get("concurrent", 1)
+            info = attached.header.get("info") or {}
+            granted = info.get("concurrent", 1)
             self.concurrent = granted if type(granted) is int and 1 <= granted <= self.depth else 1
         except BaseException:
             region.close()
@@ -736,3 +748,4 @@ class WorkerClient(Calls):
             region.handed_over()
         self._pipe.reset_sets()
         link.adopt(region, events, dma_reads_region(self.loaded))
+        return dict(info) if isinstance(info, dict) else {}

@@ -18,6 +18,10 @@ The gates, in order (each one's verdict comes from a pure module; this module on
    passes if it is no further from that than the reference is.
 5. **Measured peak** (``xstage.ledger.measured``): the worker's own peak fits the budget.
 
+Every call of rules 2-4 runs at depth 1 (one slot set in the shared region, so the client touches
+one set's pages, docs/memory.md); the region is then widened to the stage's depth, in the same
+visit to the worker, before the verdicts are read.
+
 Whatever fails, one cleanup path (an ``ExitStack``) closes the worker and gives the hold back;
 only an admission keeps them.
 """
@@ -30,7 +34,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -71,8 +75,12 @@ class WarmUp:
     #: outputs included), and the verdict of the same computed again against them (None: bit
     #: for bit the same)
     #: (``xstage.stage.gate``: checked as each call came back, never held)
+    #: An ``Admission`` keeps neither ``outputs`` nor ``calls``: they are let go once judged.
     calls: tuple[Mapping[str, np.ndarray], ...] = ()
     again: parity.Parity | None = None
+    #: torch-cuda: the page-locked region as the stage serves (the region of ``depth`` sets
+    #: that replaced the gate's one-set region: ``WorkerClient.widen``), else None
+    pinned_region: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -187,16 +195,15 @@ def attempt(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Attemp
         ledger_doc = measured.record_block(budget, fit, peak, memory=memory, spots=spots,
                                            profiled=profiled)
         if pinned is not None:
-            acc = warm.info.get("accelerator")
-            ledger_doc["host_pinned"] = measured.pinned_block(
-                pinned, acc.get("pinned_region") if isinstance(acc, dict) else None)
+            ledger_doc["host_pinned"] = measured.pinned_block(pinned, warm.pinned_region)
         if peak.cause:
             return Attempt(refusals.peak_refusal(cand, peak, ledger_doc, warm.worker, proof, gate),
                            doc)
         cleanup.pop_all()  # admitted: the worker and the hold now belong to the Stage
+        kept = replace(warm, outputs={}, calls=())  # the gate's copies: judged, not kept
         return Attempt(Admission(setup=setup, candidate=cand, client=client, ledger=book,
                                  holding=holding, proof=proof, parity=gate, ledger_doc=ledger_doc,
-                                 warm=warm, attestation=attested, notes=warm.notes, detail=doc),
+                                 warm=kept, attestation=attested, notes=warm.notes, detail=doc),
                        doc)
 
 
@@ -230,9 +237,9 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     cleanup.callback(lambda: cache.discard() if not sealed else None)
     sealed = False
     t_spawn = time.perf_counter_ns()
-    client = open_worker(cand.route, deadlines=setup.deadlines, depth=setup.depth,
-                         generation=setup.generation, first_id=setup.first_id,
-                         concurrency=setup.concurrency)
+    # depth 1 until the gate's calls are done (then ``widen``): they touch one set's pages
+    client = open_worker(cand.route, deadlines=setup.deadlines, depth=1,
+                         generation=setup.generation, first_id=setup.first_id)
     cleanup.callback(client.close)
     phase = "loading"
     try:
@@ -246,6 +253,7 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
         t_evidence, phase = time.perf_counter_ns(), "warming up"
         client.fit_region({**setup.feeds, **outputs})  # symbolic dims: slots sized from real ones
         calls, again = gate_mod.stage_runs(client, setup.feeds, setup.state, outputs)
+        attached = client.widen(setup.depth, setup.concurrency)  # the depth it serves at
     except errors.WorkerDied as exc:
         raise crash.CandidateDied(exc, phase, client.log_path) from exc
     except errors.WorkerRaised as exc:
@@ -258,13 +266,17 @@ def _start_and_warm_up(cand: Candidate, setup: Setup,
     sealed = True
     worker = {"hello": client.hello, "runtime": dict((client.loaded or {}).get("info") or {}),
               "evidence_sha256": _digest(info, profile), "compile_cache": cache.to_dict()}
+    acc = info.get("accelerator")
+    pinned = (attached or {}).get("pinned_region") or (
+        acc.get("pinned_region") if isinstance(acc, dict) else None)
     target = options["device"] if art.runtime == "torch" else options["ep"]["name"]
     phases = (("spawn + hello", t_spawn, t_ready), ("load", t_ready, t_loaded),
               ("warm-up", t_loaded, t_warm), ("evidence", t_warm, t_evidence))
     return client, WarmUp(outputs=outputs, timing=timing, info=info, profile=profile,
                           worker=worker, notes=(*options.get("notes", []), *_serving_notes(info)),
                           target=target,
-                          phases=phases, calls=tuple(calls), again=again)
+                          phases=phases, calls=tuple(calls), again=again,
+                          pinned_region=pinned if isinstance(pinned, dict) else None)
 
 
 def _serving_notes(info: Mapping[str, Any]) -> tuple[str, ...]:

@@ -580,7 +580,10 @@ class Stage(Requests):
             worker["compile_cache"] = dict(self._admission.warm.worker["compile_cache"])
         accelerator = self._admission.warm.info.get("accelerator")
         if isinstance(accelerator, dict):  # torch-cuda: stream, pinned region, CUDA graph
-            worker["accelerator"] = accelerator
+            serving = self._admission.warm.pinned_region  # the region it serves from
+            worker["accelerator"] = accelerator if serving is None else {
+                **accelerator, "pinned_region": dict(serving)}
+            accelerator = worker["accelerator"]
             slots = client.pipeline.device
             if slots is not None and slots.info:  # device tensors: the slots as exported
                 worker["accelerator"] = {**accelerator, "device_tensors": {
