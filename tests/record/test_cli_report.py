@@ -12,7 +12,7 @@ import pytest
 import record_docs
 
 from xstage.cli.main import EXIT_ERROR, EXIT_OK, main
-from xstage.record import summary, write_record
+from xstage.record import SCHEMA_VERSION, summary, write_record
 
 
 @pytest.fixture
@@ -60,7 +60,8 @@ def test_quiet_human_mode_still_validates(capsys, tmp_path: Path):
 
 @pytest.mark.parametrize(("content", "says"), [
     ('{"schema_version": "1.0", "kind": ', "is not valid JSON: Expecting value at line 1 column 35"),
-    ('{"schema_version": "3.0"}', "has schema_version 3.0 (major 3); this xstage reads major 1 (writes 1.4)"),
+    ('{"schema_version": "3.0"}',
+     f"has schema_version 3.0 (major 3); this xstage reads major 1 (writes {SCHEMA_VERSION})"),
     ('{"hello": 1}', "has no schema_version"),
     (None, "does not match record schema 1 at $.outcome.refusals[0].cause: 'tolerance' is not one of"),
 ])
