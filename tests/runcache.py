@@ -8,7 +8,8 @@ session, gets a copy, until something the command depends on changes.
 
 Why a hit is sound (what the key covers):
 
-* **The command**: the interpreter (its path, its target, its ``pyvenv.cfg``), the installed
+* **The command**: this file's own hash (how the code is recorded and results are copied), the
+  interpreter (its path, its target, its ``pyvenv.cfg``), the installed
   distributions of its venv (every ``*.dist-info`` name: torch, transformers, onnx, onnxscript
   and their versions), the arguments as written (``{out}`` unexpanded), the working folder, the
   content of every argument that names an existing file or folder (a spec, a checkpoint), the
@@ -17,13 +18,18 @@ Why a hit is sound (what the key covers):
   folder that ``xstage export`` does not read, and ``XSTAGE_ADV_SEED``, which reaches a
   command only through a spec file, hashed above); ``TORCH*``, ``OMP_*``, ``MKL_*``.
 * **The code it ran**, recorded by the command itself as it exits (a bootstrap around the
-  real entry point, ``runpy`` as ``-m`` does): every module it imported from outside its venv
-  and the base interpreter (this tree's ``src/``, ``tests/``, ``scripts/``, or whichever
-  tree ``PYTHONPATH`` or an editable install named), each with its sha256, and every
+  real entry point, ``runpy`` as ``-m`` does): the module ``-m`` ran and every module it
+  imported from outside its venv and the base interpreter (this tree's ``src/``, ``tests/``,
+  ``scripts/``, or whichever tree ``PYTHONPATH`` or an editable install named), each with its
+  sha256, and every
   non-Python file in those packages (record schemas, the shipped graphs). A kept result is
   used only while every recorded file still hashes the same, so a change to the exporter's
   code, the model code or a helper it imports runs the command again: a test whose subject is
   the export still runs the export on every change that could change its result.
+
+Not covered, by design: a file the command reads that is neither an argument nor inside an
+imported package (none of the suite's exports reads one: ``--config tiny`` and fixed seeds), and
+an exporter that is not deterministic is seen once per key, not once per run.
 
 Only a run that exits 0 is kept (a failing command runs, and fails, every time). Several
 results may be kept for one command (two branches sharing one cache), each with its own
@@ -50,13 +56,21 @@ ENV_IGNORED = ("XSTAGE_HOME", "XSTAGE_CONFIG", "XSTAGE_ADV_SEED")
 KEEP = 4
 
 #: Runs the command as ``python -m``, ``-c`` or a script would, then writes the files of every
-#: module loaded from outside the interpreter's own prefixes to the path in argv[1].
+#: module loaded from outside the interpreter's own prefixes to the path in argv[1] (with the
+#: module ``-m`` ran: runpy runs it as ``__main__`` and takes it out of ``sys.modules`` again).
 BOOTSTRAP = r"""
-import atexit, json, os, runpy, sys
+import atexit, importlib.util, json, os, runpy, sys
 deps_path, mode, target = sys.argv[1], sys.argv[2], sys.argv[3]
+ran = []  # what runs as __main__ (runpy takes it out of sys.modules again)
+if mode == "-m":
+    spec = importlib.util.find_spec(target)
+    if spec is not None and spec.submodule_search_locations is not None:
+        spec = importlib.util.find_spec(target + ".__main__")
+    if spec is not None and spec.origin:
+        ran.append(spec.origin)
 def _dump():
     roots = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
-    files = set()
+    files = {os.path.realpath(f) for f in ran if os.path.isfile(f)}
     for module in list(sys.modules.values()):
         f = getattr(module, "__file__", None)
         if f and os.path.isfile(f):
@@ -111,6 +125,7 @@ def command_key(python: Path, args: Sequence[str], env: Mapping[str, str], cwd: 
             inputs[arg] = _tree_digest(Path(arg))
     script = args[0] if args and args[0] not in ("-m", "-c") else None
     doc = {
+        "runcache": _sha(Path(__file__)),  # how deps are recorded and results copied is part of it
         "python": [str(python), os.path.realpath(python), cfg.read_text() if cfg.is_file() else ""],
         "packages": _venv_packages(Path(python)),
         "args": list(args),

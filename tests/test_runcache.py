@@ -104,3 +104,33 @@ def test_a_failing_command_is_never_kept(world):
     first, second = run("a"), run("b")
     assert first.returncode == second.returncode == 3 and runs() == 2
     assert not list((tmp / "cache").glob("*/r-*"))
+
+
+def test_a_module_run_with_dash_m_records_what_it_imported(world):
+    """``-m`` (as ``python -m xstage export`` is run): the module and what it imports are keyed."""
+    tmp, pkg, _, runs = world
+    (pkg / "cli.py").write_text("import sys\n" + SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(tmp / "lib"), COUNTER_FILE=str(tmp / "runs.txt"))
+
+    def run(dest: str):
+        return runcache.run(Path(sys.executable), ["-m", "helperpkg.cli", "{out}", str(tmp / "spec.json")],
+                            tmp / dest, env=env, cwd=tmp, timeout=120, cache=tmp / "cache")
+
+    assert [run("a").args[0], run("b").args[0]] == ["ran", "cached"] and runs() == 1
+    (pkg / "cli.py").write_text((pkg / "cli.py").read_text() + "\n# changed\n")
+    assert run("c").args[0] == "ran" and runs() == 2
+
+
+def test_a_script_run_by_path_is_keyed_by_its_text(world):
+    tmp, _, _, runs = world
+    script = tmp / "make.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(tmp / "lib"), COUNTER_FILE=str(tmp / "runs.txt"))
+
+    def run(dest: str):
+        return runcache.run(Path(sys.executable), [str(script), "{out}", str(tmp / "spec.json")],
+                            tmp / dest, env=env, cwd=tmp, timeout=120, cache=tmp / "cache")
+
+    assert [run("a").args[0], run("b").args[0]] == ["ran", "cached"] and runs() == 1
+    script.write_text(SCRIPT + "\n# changed\n")
+    assert run("c").args[0] == "ran" and runs() == 2
