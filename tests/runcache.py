@@ -204,6 +204,8 @@ def _prune(entry_root: Path) -> None:
 def _store(entry_root: Path, python: Path, args: Sequence[str], env: Mapping[str, str], cwd: Path,
            timeout: float) -> tuple[Path | None, subprocess.CompletedProcess[str]]:
     """Run the command into a fresh result folder; keep it only if it exits 0."""
+    for stale in entry_root.glob("run-*"):  # a run killed mid-way (we hold the lock: none is live)
+        shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix="run-", dir=entry_root)).resolve()
     out = work / "out"
     out.mkdir()

@@ -134,3 +134,14 @@ def test_a_script_run_by_path_is_keyed_by_its_text(world):
     assert [run("a").args[0], run("b").args[0]] == ["ran", "cached"] and runs() == 1
     script.write_text(SCRIPT + "\n# changed\n")
     assert run("c").args[0] == "ran" and runs() == 2
+
+
+def test_the_folder_of_a_run_killed_mid_way_is_removed_by_the_next_run(world):
+    tmp, pkg, run, _ = world
+    (pkg / "__init__.py").write_text((pkg / "__init__.py").read_text().replace("FAIL = False", "FAIL = True"))
+    run("a")  # makes the command's folder, keeps nothing
+    (key,) = (tmp / "cache").iterdir()
+    (key / "run-killed" / "out").mkdir(parents=True)
+    (pkg / "__init__.py").write_text((pkg / "__init__.py").read_text().replace("FAIL = True", "FAIL = False"))
+    assert run("b").args[0] == "ran"
+    assert not (key / "run-killed").exists() and len(list(key.glob("r-*"))) == 1
