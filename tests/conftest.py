@@ -9,6 +9,9 @@
   EP variant), ``openvino_plugin_python`` (the plugin EP variant) and ``torch_python``
   (torch 2.13.0, only where pip can take it from local disk: anything else is a download of
   several GB, so the fixture skips instead).
+* Exports run in the export venv are kept in the same cache (``runs/``) by ``tests/runcache.py``,
+  keyed by the command, its inputs, the venv's packages and the hash of every module the export
+  imported: a later run (or the other test process) copies them until that code changes.
 * Tests marked ``slow`` (long by nature: soaks, many start/kill cycles, full exports that a
   smaller test of the same code already covers) are skipped by default, saying how to run them:
   ``--run-slow`` or ``XSTAGE_SLOW=1`` runs them too (``python3 -m pytest -q --run-slow`` is the

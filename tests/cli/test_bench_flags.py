@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 
 import pytest
+import runcache
 
 
 @dataclass
@@ -111,7 +112,9 @@ write_manifest(path, component="mlp", fmt="pt:fp32", files=[path], source={"kind
 def test_per_op_of_a_torch_stage_is_by_op(xstage_home, tmp_path, export_python, torch_python, monkeypatch):
     """torch-cpu: the op log the proof judged, by op (addmm, relu), with host time and counts."""
     path = tmp_path / "mlp.pt2"
-    subprocess.run([str(export_python), "-c", _MLP_PT2, str(path)], check=True, timeout=600)
+    # kept in the test cache while the code it runs is unchanged (tests/runcache.py)
+    done = runcache.run(export_python, ["-c", _MLP_PT2, "{out}/mlp.pt2"], tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
     monkeypatch.setenv("XSTAGE_PYTHON_TORCH_CPU", str(torch_python))
     env = {k: v for k, v in os.environ.items() if k != "XSTAGE_DEBUG"}
     proc = subprocess.run([sys.executable, "-m", "xstage", "external", "--graph", str(path), "--route",

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import runcache
 
 from xstage.artifact import inspect_artifact
 from xstage.builtin_graphs import SHIPPED, builtin_artifact
@@ -32,6 +33,20 @@ def _export(python, *args, check=True):
     return done
 
 
+def _kept(python, dest: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` ({out} standing for ``dest``), run once and kept in the test cache while the
+    code it imports, its inputs and the export venv are unchanged (``tests/runcache.py`` says why
+    that is sound: a change to the exporter runs the export again)."""
+    done = runcache.run(python, args, dest)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _kept_export(python, dest: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``xstage export ARGS`` through ``_kept``."""
+    return _kept(python, dest, "-m", "xstage", "export", *args)
+
+
 def _external(*args, env=None):
     import os
 
@@ -50,7 +65,8 @@ def _run(path, feeds):
 
 
 class Exports:
-    """``xstage export COMPONENT ARGS --format F``, run on first use of each format and kept.
+    """``xstage export COMPONENT ARGS --format F``, run on first use of each format and kept (in
+    the test cache too: ``_kept``).
 
     ``onnx:fp32`` is the fp32 source the ``onnx:fp16`` export writes first, by the very call
     ``--format onnx:fp32`` makes (``cli/export.py``): one export gives both reports.
@@ -64,11 +80,10 @@ class Exports:
         if fmt == "onnx:fp32":
             return self["onnx:fp16"][:1]
         if fmt not in self.reports:
-            out = self.root / fmt.replace(":", "-") / self.component
-            out.parent.mkdir(parents=True, exist_ok=True)  # --out never makes a missing folder
-            _export(self.python, self.component, *self.args, "--format", fmt, "--out", str(out),
-                    "--json", str(out) + ".report.json")
-            self.reports[fmt] = json.loads(Path(str(out) + ".report.json").read_text())
+            folder, name = self.root / fmt.replace(":", "-"), self.component
+            _kept_export(self.python, folder, self.component, *self.args, "--format", fmt,
+                         "--out", f"{{out}}/{name}", "--json", f"{{out}}/{name}.report.json")
+            self.reports[fmt] = json.loads((folder / f"{name}.report.json").read_text())
         return self.reports[fmt]
 
 
@@ -116,14 +131,24 @@ def test_fp16_export_writes_its_fp32_source_and_names_it(towers):
     assert inspect_artifact(fp16["path"]).format == "onnx:fp16"
 
 
+#: ``xstage export`` of the tiny tower as ``tower.onnx``, then as ``tower.pt2`` into the same folder
+#: (the CLI's own entry, twice in one interpreter: one torch import instead of two).
+_ONE_STEM_TWICE = r"""
+import sys
+from xstage.cli.main import main
+for fmt, name in (("onnx:fp32", "tower.onnx"), ("pt:fp32", "tower.pt2")):
+    code = main(["export", "vision-tower", "--config", "tiny", "--format", fmt,
+                 "--out", sys.argv[1] + "/" + name])
+    if code:
+        sys.exit(code)
+"""
+
+
 def test_onnx_and_pt2_of_one_stem_in_one_folder_both_open(export_python, tmp_path):
     """Each artifact file has its own manifest (``<file>.manifest.json``): a ``.pt2`` exported
     beside an ``.onnx`` of the same stem leaves the ONNX artifact's manifest alone."""
     folder = tmp_path / "vt"
-    folder.mkdir()
-    for fmt, name in (("onnx:fp32", "tower.onnx"), ("pt:fp32", "tower.pt2")):
-        _export(export_python, "vision-tower", "--config", "tiny", "--format", fmt,
-                "--out", str(folder / name))
+    _kept(export_python, folder, "-c", _ONE_STEM_TWICE, "{out}")  # one export after the other
     assert {p.name for p in folder.glob("*.manifest.json")} == {"tower.onnx.manifest.json",
                                                                 "tower.pt2.manifest.json"}
     # Both open (their manifests are read where the ONNX one failed before: inspect_artifact);
@@ -171,9 +196,9 @@ def code2wavs(export_python, tmp_path_factory):
 def tiny_tower(export_python, tmp_path_factory) -> Path:
     """``xstage export vision-tower --config tiny`` (image size 64, one image: the defaults, and the
     shipped ``vision-tower-tiny``'s settings), exported once for the tests that compare with it."""
-    out = tmp_path_factory.mktemp("tiny-tower") / "tiny"
-    _export(export_python, "vision-tower", "--config", "tiny", "--out", str(out))
-    return out
+    folder = tmp_path_factory.mktemp("tiny-tower")
+    _kept_export(export_python, folder, "vision-tower", "--config", "tiny", "--out", "{out}/tiny")
+    return folder / "tiny"
 
 
 #: pt:fp16 takes no path that pt:fp32 (the .pt2) and onnx:fp16 (code2wav's fp16 cast) do not, and
@@ -217,15 +242,23 @@ print(len(model.state_dict()))
 """
 
 
+#: ``_WRITE_CHECKPOINT``, then ``xstage export vision-tower --checkpoint`` of it to ``argv[4]``.
+_CHECKPOINT_EXPORT = _WRITE_CHECKPOINT + r"""
+from xstage.cli.main import main
+sys.stdout.flush()
+sys.exit(main(["export", "vision-tower", "--checkpoint", str(out), "--out", sys.argv[4]]))
+"""
+
+
 #: Both prefixes take one line (``vision_tower.PREFIXES``): the second runs with --run-slow.
 @pytest.mark.parametrize("prefix", ["model.visual.", pytest.param("visual.", marks=pytest.mark.slow(
     reason="both prefixes take one line"))])
 def test_checkpoint_under_either_prefix_loads_strictly_and_matches(export_python, tiny_tower, tmp_path,
                                                                   prefix):
-    ckpt = tmp_path / "ckpt"
-    n = subprocess.run([str(export_python), "-c", _WRITE_CHECKPOINT, str(ckpt), prefix, "keep"],
-                       capture_output=True, text=True, timeout=300, check=True).stdout.strip()
-    _export(export_python, "vision-tower", "--checkpoint", str(ckpt), "--out", str(tmp_path / "a"))
+    # the checkpoint written, then exported by the CLI, in one command (kept as one: its paths
+    # are all under {out}, so a later run's key is the same)
+    done = _kept(export_python, tmp_path, "-c", _CHECKPOINT_EXPORT, "{out}/ckpt", prefix, "keep", "{out}/a")
+    n = done.stdout.splitlines()[0].strip()
     doc = read_manifest(tmp_path / "a.onnx.manifest.json")
     assert doc["source"]["kind"] == "checkpoint" and doc["source"]["tensors"] == int(n)
     x = np.random.default_rng(0).standard_normal((16, 1536)).astype(np.float32)
@@ -236,8 +269,7 @@ def test_checkpoint_under_either_prefix_loads_strictly_and_matches(export_python
 
 def test_checkpoint_with_a_missing_tensor_is_refused_by_name(export_python, tmp_path):
     ckpt = tmp_path / "ckpt"
-    subprocess.run([str(export_python), "-c", _WRITE_CHECKPOINT, str(ckpt), "visual.", "drop"],
-                   capture_output=True, text=True, timeout=300, check=True)
+    _kept(export_python, tmp_path, "-c", _WRITE_CHECKPOINT, "{out}/ckpt", "visual.", "drop")
     done = _export(export_python, "vision-tower", "--checkpoint", str(ckpt), "--out",
                    str(tmp_path / "a"), check=False)
     assert done.returncode == 1 and "Traceback" not in done.stderr
@@ -252,8 +284,8 @@ def test_shipped_builtins_match_a_fresh_export(export_python, tiny_tower, code2w
     if name == "vision-tower-tiny":  # --config tiny at the default --image-size 64
         fresh, manifest = tiny_tower.with_suffix(".onnx"), manifest_path(tiny_tower.with_suffix(".onnx"))
     elif name == "code2wav-stream-tiny":
-        _export(export_python, "code2wav", "--config", "tiny", "--chunk", "8", "--left-context", "50",
-                "--out", str(tmp_path / name))
+        _kept_export(export_python, tmp_path, "code2wav", "--config", "tiny", "--chunk", "8",
+                     "--left-context", "50", "--out", f"{{out}}/{name}")
         fresh, manifest = tmp_path / f"{name}.onnx", tmp_path / f"{name}.onnx.manifest.json"
     else:  # code2wav --config tiny --frames 50, in fp32
         (report,) = code2wavs["onnx:fp32"]

@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import runcache
 
 from xstage.export import _torch_schema_5_3 as schema
 from xstage.export.pt2_legacy import LegacySchemaError, project
@@ -71,8 +72,12 @@ def _export(python, out, *extra):
 
 @pytest.fixture(scope="module")
 def legacy_tower(export_python, tmp_path_factory):
+    """The legacy export, kept in the test cache while its code and inputs are unchanged
+    (tests/runcache.py: a change to the exporter runs it again)."""
     out = tmp_path_factory.mktemp("legacy") / "tower"
-    done = _export(export_python, out, "--for-torch", "2.4", "--json", str(out) + ".json")
+    done = runcache.run(export_python, ["-m", "xstage", "export", "vision-tower", "--config", "tiny",
+                                        "--format", "pt:fp32", "--out", "{out}/tower", "--for-torch", "2.4",
+                                        "--json", "{out}/tower.json"], out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "for torch 2.4: schema 5.3" in done.stdout
     return out.with_suffix(".pt2")

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import runcache
 from onnx import TensorProto, helper, numpy_helper
 
 from xstage import errors
@@ -296,9 +297,8 @@ def test_a_dynamo_export_of_boolean_mask_attention(export_python, tmp_path):
     its Softmax with Where(IsNaN(p), 0, p): kept by default (and said why), removed with
     --assume-finite all, the outputs bitwise equal on the 8 synthesized samples (random masks
     included) and on a mask with a row masked out."""
-    src = tmp_path / "attn.onnx"
-    done = subprocess.run([str(export_python), "-c", _ATTENTION, str(src)], capture_output=True,
-                          text=True, timeout=600)
+    src = tmp_path / "attn.onnx"  # kept in the test cache while its code is unchanged (tests/runcache.py)
+    done = runcache.run(export_python, ["-c", _ATTENTION, "{out}/attn.onnx"], tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     r = _cli(str(src), str(tmp_path / "keep.onnx"), "--json", str(tmp_path / "keep.json"))
     assert r.returncode == 0, r.stderr

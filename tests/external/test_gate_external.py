@@ -4,13 +4,13 @@ the float64 tie-break and 0-d outputs, through ``xstage external`` and ``open_st
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+import runcache
 from onnx import TensorProto, helper, numpy_helper
 
 from xstage import builtin_graphs, errors
@@ -262,7 +262,9 @@ def test_a_0d_torch_output_keeps_its_shape_on_both_arms(export_python, torch_pyt
     """A program returning a 0-d sum: the stage and the reference worker both return shape (),
     as the manifest declares (the declared-shape rule fails the gate otherwise)."""
     path = tmp_path / "zerod.pt2"
-    subprocess.run([str(export_python), "-c", _ZERO_D, str(path)], check=True, timeout=600)
+    # kept in the test cache while the code it runs is unchanged (tests/runcache.py)
+    done = runcache.run(export_python, ["-c", _ZERO_D, "{out}/zerod.pt2"], tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
     monkeypatch.setenv("XSTAGE_PYTHON_TORCH_CPU", str(torch_python))
     with open_stage(path, route="torch-cpu") as stage:
         shapes = {m.name: (m.shape, m.reference_shape) for m in stage.parity.outputs}

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import runcache
 
 import xstage
 from xstage import errors
@@ -85,18 +86,19 @@ def _export(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def made(export_python, tmp_path_factory) -> dict:
     """The references, a .pt2 of the shipped window and an ONNX window of M = 6."""
     root = tmp_path_factory.mktemp("stream")
-    done = subprocess.run([str(export_python), "-c", _REFERENCE, str(root / "ref"), str(FRAMES)],
-                          capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    # Each command is kept in the test cache while its code and inputs are unchanged
+    # (tests/runcache.py: a change to the exporter runs it again).
+    done = runcache.run(export_python, ["-c", _REFERENCE, "{out}/ref", str(FRAMES)], root, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     out = {"ref": dict(np.load(root / "ref.npz")), **json.loads((root / "ref.json").read_text())}
     for name, args in (("pt", ["--left-context", "50", "--format", "pt:fp32"]),
                        ("short", ["--left-context", "6"])):
-        (root / name).mkdir()
-        done = _export(export_python, "--config", "tiny", "--chunk", "8", *args,
-                       "--out", str(root / name / "c2w"), "--json", str(root / f"{name}.json"))
+        done = runcache.run(export_python, ["-m", "xstage", "export", "code2wav", "--config", "tiny",
+                                            "--chunk", "8", *args, "--out", "{out}/c2w",
+                                            "--json", "{out}/report.json"], root / name, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
-        out[name] = json.loads((root / f"{name}.json").read_text())[-1]
+        out[name] = json.loads((root / name / "report.json").read_text())[-1]
     return out
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import runcache
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -60,8 +61,9 @@ for name, mod in [("cond", Cond()), ("while", While()), ("map", Map()), ("views"
 @pytest.fixture(scope="module")
 def programs(export_python, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("control-flow")
-    done = subprocess.run([str(export_python), "-c", MAKE, str(root)], capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(SRC)))
+    # kept in the test cache while MAKE and the code it imports are unchanged (tests/runcache.py)
+    done = runcache.run(export_python, ["-c", MAKE, "{out}"], root,
+                        env=dict(os.environ, PYTHONPATH=str(SRC)), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return root
 

@@ -9,15 +9,17 @@ import sys
 from pathlib import Path
 
 import pytest
+import runcache
 
 
 @pytest.fixture(scope="module")
 def tower_pt2(export_python, tmp_path_factory):
+    """The tiny Qwen3-VL tower's .pt2, kept in the test cache while its code and inputs are
+    unchanged (tests/runcache.py: a change to the exporter runs it again)."""
     root = tmp_path_factory.mktemp("pt2")
-    done = subprocess.run([str(export_python), "-m", "xstage", "export", "vision-tower",
-                           "--family", "qwen3_vl", "--config", "tiny", "--format", "pt:fp32",
-                           "--out", str(root / "tower")], capture_output=True, text=True,
-                          timeout=900)
+    done = runcache.run(export_python, ["-m", "xstage", "export", "vision-tower", "--family", "qwen3_vl",
+                                        "--config", "tiny", "--format", "pt:fp32", "--out", "{out}/tower"],
+                        root)
     assert done.returncode == 0, done.stderr[-2000:]
     return root / "tower.pt2"
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import runcache
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -76,8 +77,9 @@ for name, mod in [("naive", Naive()), ("shifted", Shifted()), ("narrow", Narrow(
 @pytest.fixture(scope="module")
 def programs(export_python, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("ill-conditioned")
-    done = subprocess.run([str(export_python), "-c", MAKE, str(root)], capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(SRC)))
+    # kept in the test cache while MAKE and the code it imports are unchanged (tests/runcache.py)
+    done = runcache.run(export_python, ["-c", MAKE, "{out}"], root,
+                        env=dict(os.environ, PYTHONPATH=str(SRC)), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     x = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32) * 1e-2 + 1e4
     np.savez(root / "x.npz", x=x.astype(np.float32))
