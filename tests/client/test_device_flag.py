@@ -37,10 +37,10 @@ def test_a_worker_without_device_slots_refuses_the_frame_and_the_flag(graphs):
         w.load(graphs["mlp"])
         with pytest.raises(errors.WorkerRaised, match="torch runtime"):
             w.request({"op": "device_slots"}, "device_slots_ready", "call")
-        w._pipe.device = _FlagOnly()  # type: ignore[assignment]
+        w.pipeline.device = _FlagOnly()  # type: ignore[assignment]
         with pytest.raises(errors.WorkerRaised, match="worker without device slots"):
             w.run({"x": x})  # the synchronous path
         with pytest.raises(errors.WorkerRaised, match="worker without device slots"):
             w.submit({"x": x}).result(timeout=60)  # the queued path
-        w._pipe.device = None
+        w.pipeline.device = None
         assert w.run({"x": x})["y"].shape[0] == 8  # and the worker still serves

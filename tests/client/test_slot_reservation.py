@@ -38,7 +38,7 @@ def _values(k: int) -> list[np.ndarray]:
 
 def _waiting_for_a_set(client: WorkerClient, done: threading.Event) -> None:
     """Until the filler thread either waits inside ``input_slots`` or is done (no clock)."""
-    while not (done.is_set() or getattr(client._pipe, "slot_waiters", 0)):
+    while not (done.is_set() or getattr(client.pipeline, "slot_waiters", 0)):
         threading.Event().wait(0.001)
 
 
@@ -103,7 +103,7 @@ def test_a_reserved_set_is_not_taken_by_another_call(slice_big):
         np.testing.assert_array_equal(future.result(timeout=120)["y"], b[: N // 2])
         np.testing.assert_array_equal(client.run(slots)["y"], a[: N // 2])
         # Taken: the next call goes through the region again.
-        assert client._pipe.reserved == {}
+        assert client.pipeline.reserved == {}
 
 
 def test_slots_dropped_without_a_call_are_given_back(slice_big):

@@ -100,7 +100,7 @@ def test_closing_releases_the_device_slots_before_the_worker_ends(tmp_path):
     del out  # the caller keeps no view of the slots
     client = stage._client
     stage.close()
-    assert client._pipe.device is None or not client._pipe.device.views
+    assert client.pipeline.device is None or not client.pipeline.device.views
     assert torch.equal(s, torch.full_like(s, 256.0))
     assert "before all shared CUDA tensors released" not in client.log_tail(200)
 
@@ -216,7 +216,7 @@ def test_device_inputs_hand_out_a_set_no_request_owns(tmp_path):
                 done.set()
 
             threading.Thread(target=third, daemon=True).start()
-            while not (got.is_set() or client._pipe.slot_waiters):
+            while not (got.is_set() or client.pipeline.slot_waiters):
                 threading.Event().wait(0.001)
         finally:
             os.kill(stage.worker_pid, signal.SIGCONT)

@@ -44,11 +44,16 @@ class Calls:
     """The call API ``WorkerClient`` inherits; every attribute it reads is the client's."""
 
     # The client's (``WorkerClient.__init__``), named for the type checker.
-    _pipe: Any
+    pipeline: Any
     _accepted: set[tuple[Any, ...]]
     _known: tuple[tuple[Any, ...], Any] | None
     _next_id: int
     _pending: tuple[str, int] | None
+
+    @property
+    def next_id(self) -> int:
+        """The id the next request gets: a replacement worker continues its stage's ids."""
+        return self._next_id
 
     def _init_calls(self, first_id: int) -> None:
         """The call API's own state, set by ``WorkerClient.__init__``."""
@@ -220,7 +225,7 @@ class Calls:
                 arrays: Mapping[str, np.ndarray] | None = None) -> wire.Frame:
         """One frame each way (after any region requests in flight), the reply checked."""
         self._require_ready()
-        self._pipe.drain()  # region requests in flight are answered before any frame
+        self.pipeline.drain()  # region requests in flight are answered before any frame
         self._repair()
         rid = self.take_id()
         header = dict(header, id=rid)
@@ -264,7 +269,7 @@ class Calls:
         if self._forked:
             raise self._forked_error()
         self._require_ready()
-        device = self._pipe.device
+        device = self.pipeline.device
         if device is None:
             raise errors.UsageError(
                 "device_inputs() on a stage opened without device tensors",
@@ -276,7 +281,7 @@ class Calls:
         device.open()
         s = self._reserve_set(region, timeout)
         views = device.reserved_inputs(s)  # tensors of their own: see hand_out
-        self._pipe.hand_out(s, views)
+        self.pipeline.hand_out(s, views)
         return views
 
     def input_slots(self, shapes: Mapping[str, Sequence[int]] | None = None, *,
@@ -313,7 +318,7 @@ class Calls:
         s = self._reserve_set(region, timeout)
         views = {name: v.view() for name, v in   # objects of their own: see hand_out
                  region.slot_views("in", wanted, s).items()}
-        self._pipe.hand_out(s, views)
+        self.pipeline.hand_out(s, views)
         return views
 
     def _reserve_set(self, region: shm.Region, timeout: float | None) -> int:
@@ -322,7 +327,7 @@ class Calls:
         The requests in flight are collected by whoever drives (the pump, started here if
         need be, or a synchronous caller); each set that comes free wakes the waiters.
         """
-        pipe = self._pipe
+        pipe = self.pipeline
         deadline = None if timeout is None else time.monotonic() + timeout
         with pipe.mu:
             while True:
@@ -412,8 +417,8 @@ class Calls:
 
     def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The inputs as the worker takes them (checked against the signature, wire order)."""
-        if device_slots.on_device(self._pipe.device, inputs):  # device tensors (docs/torch.md)
-            return self._pipe.device.check(inputs)
+        if device_slots.on_device(self.pipeline.device, inputs):  # device tensors (docs/torch.md)
+            return self.pipeline.device.check(inputs)
         feeds = {name: np.asarray(value) for name, value in inputs.items()}
         # Calls usually repeat one signature: a checked one is remembered (a few µs a call).
         key = tuple((n, a.dtype, a.shape) for n, a in feeds.items())
@@ -474,7 +479,7 @@ class Calls:
             if lane is not None and out is None and phase == "call" and self._pending is None \
                     and not self.reset_next and type(inputs) is dict and link.region is None \
                     and self.state is WorkerState.READY and self.closed_why is None \
-                    and not self._pipe.queue and not self._pipe.inflight:
+                    and not self.pipeline.queue and not self.pipeline.inflight:
                 result = self._call_lean(link, lane, inputs)
                 if result is not None:
                     return result
@@ -487,7 +492,7 @@ class Calls:
                 except AttributeError:  # not an array
                     key = None
                 if key == known[0]:  # accepted as they are, region path: see _known_for
-                    return self._pipe.call(inputs, _NO_OUT, phase, views)
+                    return self.pipeline.call(inputs, _NO_OUT, phase, views)
             self._require_ready()
             if self.loaded is None:
                 raise errors.UsageError("run() before load()")
@@ -495,11 +500,11 @@ class Calls:
             if out is None and phase == "call":
                 if link.region is None:
                     if link.codec is not None:
-                        link.lane = None if self._pipe.stateful or self._pipe.device is not None \
+                        link.lane = None if self.pipeline.stateful or self.pipeline.device is not None \
                             else link.lane_for(feeds, inputs, self.generation)
                 else:
                     self._known = self._known_for(feeds, inputs)
-            return self._pipe.call(feeds, out or {}, phase, views)
+            return self.pipeline.call(feeds, out or {}, phase, views)
 
     def _known_for(self, feeds: Mapping[str, np.ndarray],
                    inputs: Mapping[str, Any]) -> tuple[tuple[Any, ...], Any] | None:
@@ -510,7 +515,7 @@ class Calls:
         as a socket call's lane does (~2 µs a call). Device tensors, converted inputs: None
         (checked each time).
         """
-        if self._pipe.device is not None or type(inputs) is not dict \
+        if self.pipeline.device is not None or type(inputs) is not dict \
                 or any(feeds[name] is not value or type(value) is not np.ndarray
                        for name, value in inputs.items()):
             return None
@@ -636,7 +641,7 @@ class Calls:
         if self.state_uncertain is not None:
             with self.lock:
                 self._settle_state()
-        return self._pipe.submit(self._check_inputs(inputs), seconds)
+        return self.pipeline.submit(self._check_inputs(inputs), seconds)
 
     def reset_state(self) -> None:
         """The next request (submitted after this) runs from the initial state.
@@ -662,8 +667,8 @@ class Calls:
         Raises:
             StateUncertain: the interrupted call may have moved the state.
         """
-        if self._pipe.inflight:
-            self._pipe.drain()
+        if self.pipeline.inflight:
+            self.pipeline.drain()
         if self.state_uncertain is not None:
             raise errors.StateUncertain(
                 f"request #{self.state_uncertain.rid} to the {self.route} worker was "
@@ -681,4 +686,4 @@ class Calls:
 
     def in_flight(self) -> int:
         """Requests queued or in flight (not yet answered)."""
-        return len(self._pipe.queue) + len(self._pipe.inflight)
+        return len(self.pipeline.queue) + len(self.pipeline.inflight)

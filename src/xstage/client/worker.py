@@ -164,7 +164,9 @@ class WorkerClient(Calls):
         self._stdin: Any = None
         self._spare_bell: socket.socket | None = None  # inline frames' unused doorbell
         self._init_calls(first_id)  # the call API's own state (``Calls``)
-        self._pipe = Pipeline(self)
+        #: The requests queued and in flight; a stage's restart adopts the queued ones into the
+        #: next generation's (``Stage._on_death``).
+        self.pipeline = Pipeline(self)
         #: The state pairs the worker keeps (``load``'s ``options["state"]``).
         self.state_pairs: list[dict[str, Any]] = []
         self.closed_why: str | None = None  # why the stage was closed under a caller
@@ -222,19 +224,6 @@ class WorkerClient(Calls):
         """
         if self._forked:
             raise self._forked_error()
-
-    @property
-    def pipeline(self) -> Pipeline:
-        """The requests queued and in flight.
-
-        A stage's restart adopts the queued ones into the next generation's (``Stage._on_death``).
-        """
-        return self._pipe
-
-    @property
-    def next_id(self) -> int:
-        """The id the next request gets: a replacement worker continues its stage's ids."""
-        return self._next_id
 
     def _forked_error(self) -> errors.ForkedStage:
         return errors.ForkedStage(
@@ -490,8 +479,8 @@ class WorkerClient(Calls):
             self._close_locked()
         finally:
             self.lock.release()
-        self._pipe.close(errors.StageClosed(f"the {self.route} worker was closed"))
-        self._pipe.release()
+        self.pipeline.close(errors.StageClosed(f"the {self.route} worker was closed"))
+        self.pipeline.release()
         self._copies.close()
 
     def _kill_group(self) -> None:
@@ -507,8 +496,8 @@ class WorkerClient(Calls):
             return
         if self.state is WorkerState.READY:
             self.state = WorkerState.CLOSING
-            if self._pipe.device is not None:  # the device slots' mapping, before the worker ends
-                self._pipe.device.release()
+            if self.pipeline.device is not None:  # the device slots' mapping, before the worker ends
+                self.pipeline.device.release()
             with contextlib.suppress(errors.XstageError, OSError, errors.StageClosed,
                                      subprocess.TimeoutExpired):
                 self._send({"op": "shutdown", "id": self.take_id()}, phase="shutdown")
@@ -682,11 +671,11 @@ class WorkerClient(Calls):
             self._accepted.clear()
             link.outputs = [d for d in frame.header["outputs"] if d["name"] not in held_out]
             self.state_pairs = state
-            self._pipe.stateful = bool(state)
+            self.pipeline.stateful = bool(state)
             if isinstance(link, SharedRegion):
                 link.inputs = self.inputs
                 self._attach_region(link)
-            self._pipe.device = device_slots.from_loaded(self, frame.header)  # #20
+            self.pipeline.device = device_slots.from_loaded(self, frame.header)  # #20
             return self.loaded
 
     @staticmethod
@@ -707,7 +696,7 @@ class WorkerClient(Calls):
             return None
         kind = "memfd" if self.shm_mode in ("auto", "memfd") and hasattr(os, "memfd_create") \
             else "named"
-        self._pipe.drain()
+        self.pipeline.drain()
         self._repair()
         try:
             region = shm.Region.create(size, slots, kind, generation=self.generation,
@@ -746,6 +735,6 @@ class WorkerClient(Calls):
             raise
         finally:
             region.handed_over()
-        self._pipe.reset_sets()
+        self.pipeline.reset_sets()
         link.adopt(region, events, dma_reads_region(self.loaded))
         return dict(info) if isinstance(info, dict) else {}
