@@ -239,3 +239,16 @@ def test_the_openvino_plugin_ep_gets_its_cache_in_load_config(xstage_home):
     users = _plugin_options({"CPU": {"CACHE_DIR": "/somewhere/of/theirs"}})
     assert compile_cache.prepare(_plugin_route(), art, users).status == "user"
     assert json.loads(users["ep"]["options"]["load_config"]) == {"CPU": {"CACHE_DIR": "/somewhere/of/theirs"}}
+
+
+@pytest.mark.parametrize("load_config", ["notjson", "[1, 2]", '{"CPU": 3}'])
+def test_a_load_config_the_cache_cannot_go_into_leaves_the_cache_out(xstage_home, load_config):
+    """A user's own malformed ``load_config`` is no place for the plugin's CACHE_DIR: the cache
+    is off, saying why, the option goes to the runtime as given (which judges it), and nothing
+    raises here."""
+    art = SimpleNamespace(sha256="f" * 64, format="onnx:fp32", runtime="onnxruntime")
+    options = _plugin_options({})
+    options["ep"]["options"]["load_config"] = load_config
+    entry = compile_cache.prepare(_plugin_route(), art, options)
+    assert entry.status == "off" and "load_config" in (entry.reason or "")
+    assert options["ep"]["options"]["load_config"] == load_config

@@ -240,6 +240,23 @@ def _names_cache(ep_options: Mapping[str, Any], keys: tuple[tuple[str, str], ...
     return False
 
 
+def _unmergeable(ep_options: Mapping[str, Any], keys: tuple[tuple[str, str], ...]) -> str | None:
+    """The per-device JSON option the cache would be merged into, where it is not a JSON object
+    of objects (the user's own ``--ep-option load_config=…``): the cache is left out, and the
+    runtime judges the option itself."""
+    for key, _ in keys:
+        option, _, prop = key.partition(":")
+        if not prop or option not in ep_options:
+            continue
+        try:
+            doc = json.loads(str(ep_options[option]))
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+            return option
+    return None
+
+
 def _point_at(ep_options: dict[str, Any], keys: tuple[tuple[str, str], ...], folder: Path,
               device: Any) -> dict[str, str]:
     """Write the cache's options into ``ep_options``; returns them as the record lists them."""
@@ -282,6 +299,10 @@ def prepare(route: Any, artifact: Any, options: dict[str, Any]) -> Entry:
         return Entry(status="off", reason=f"{ENV}=off")
     if _names_cache(ep_options, spec_keys):
         return Entry(status="user", reason="the EP options name the runtime's cache themselves")
+    bad = _unmergeable(ep_options, spec_keys)
+    if bad is not None:
+        return Entry(status="off", reason=f"the EP option {bad} is not a JSON object of per-device "
+                     "settings, so the cache cannot go into it")
     inputs = _key_inputs(route, artifact, options)
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode("utf-8")).hexdigest()
     root = compiled_dir()
