@@ -49,6 +49,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from xstage.manifest import sha256_file
+
 #: Environment variables that can change a command's output (prefixes), and those left out.
 ENV_PREFIXES = ("PYTHON", "XSTAGE_", "TORCH", "OMP_", "MKL_")
 ENV_IGNORED = ("XSTAGE_HOME", "XSTAGE_CONFIG", "XSTAGE_ADV_SEED")
@@ -93,21 +95,13 @@ else:
 """
 
 
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _tree_digest(path: Path) -> str:
     """sha256 of a file, or of a folder's relative names and contents."""
     if path.is_file():
-        return _sha(path)
+        return sha256_file(path)
     h = hashlib.sha256()
     for f in sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        h.update(f.relative_to(path).as_posix().encode() + b"\0" + _sha(f).encode())
+        h.update(f.relative_to(path).as_posix().encode() + b"\0" + sha256_file(f).encode())
     return h.hexdigest()
 
 
@@ -125,7 +119,7 @@ def command_key(python: Path, args: Sequence[str], env: Mapping[str, str], cwd: 
             inputs[arg] = _tree_digest(Path(arg))
     script = args[0] if args and args[0] not in ("-m", "-c") else None
     doc = {
-        "runcache": _sha(Path(__file__)),  # how deps are recorded and results copied is part of it
+        "runcache": sha256_file(Path(__file__)),  # how deps are recorded and results copied is part of it
         "python": [str(python), os.path.realpath(python), cfg.read_text() if cfg.is_file() else ""],
         "packages": _venv_packages(Path(python)),
         "args": list(args),
@@ -153,16 +147,16 @@ def _packages_of(files: Sequence[str]) -> set[Path]:
 
 def record_deps(files: Sequence[str]) -> dict[str, str]:
     """``{path: sha256}`` of the recorded modules and of their packages' non-Python files."""
-    deps = {f: _sha(Path(f)) for f in files}
+    deps = {f: sha256_file(Path(f)) for f in files}
     for top in _packages_of(files):
         for p in top.rglob("*"):
             if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts:
-                deps[str(p)] = _sha(p)
+                deps[str(p)] = sha256_file(p)
     return deps
 
 
 def _still_valid(deps: Mapping[str, str]) -> bool:
-    return all(Path(f).is_file() and _sha(Path(f)) == digest for f, digest in deps.items())
+    return all(Path(f).is_file() and sha256_file(Path(f)) == digest for f, digest in deps.items())
 
 
 def _expand(args: Sequence[str], out: Path) -> list[str]:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from xstage.home import atomic_write, cache_dir, locked, locks_dir, owned_dir
+from xstage.manifest import sha256_file
 
 __all__ = ["ENV", "CompiledEntry", "Entry", "clear", "compiled_dir", "list_entries", "prepare"]
 
@@ -73,14 +74,6 @@ def _lock() -> Path:
     return locks_dir() / "compiled.lock"
 
 
-def _hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(folder: Path) -> dict[str, dict[str, Any]]:
     """Every regular file under ``folder``: relative path → size and sha256 (links refused)."""
     out: dict[str, dict[str, Any]] = {}
@@ -88,7 +81,8 @@ def _files(folder: Path) -> dict[str, dict[str, Any]]:
         if path.is_symlink():
             out[path.relative_to(folder).as_posix()] = {"bytes": -1, "sha256": "symlink"}
         elif path.is_file():
-            out[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size, "sha256": _hash(path)}
+            out[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size,
+                                                        "sha256": sha256_file(path)}
     return out
 
 
