@@ -438,7 +438,7 @@ def tally(klass: str, *, as_expected: bool, false_placed: bool, xfail: bool) -> 
 def table(seed: int) -> str:
     """The classes and their counts, as text."""
     lines = [f"adversarial corpus, seed {seed} (set {SEED_ENV} to repeat)",
-             f"{'class':<17}{'cases':>6}{'as spec':>9}{'false placed':>14}{'xfail (issue 11)':>18}"]
+             f"{'class':<17}{'cases':>6}{'as spec':>9}{'false placed':>14}{'xfail (known gap)':>18}"]
     for klass in CLASSES:
         row = RESULTS.get(klass)
         if row is None:

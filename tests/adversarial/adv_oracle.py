@@ -2,7 +2,8 @@
 
 It shares no code with ``xstage.evidence`` (it imports nothing of xstage) and never looks at a
 profile, a plan or a record: it knows which nodes the EP takes and how much work each does
-because the corpus built them so. The rules are issue 11's, restated:
+because the corpus built them so. The rules are those of docs/external.md §3 ("The proof"),
+restated:
 
 * A user ``--ep-option device_type`` that selects another device than the planned one is a usage
   error: exit 64, no record, naming ``--ep-option device_type`` and the ``--device`` that selects

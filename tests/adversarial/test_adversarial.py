@@ -1,4 +1,4 @@
-"""Zero false "placed" (issue 11): the adversarial corpus, run for real through ``xstage external``.
+"""Zero false "placed": the adversarial corpus, run for real through ``xstage external``.
 
 Cases come from ``adv_corpus`` (generated per class from a seed printed at the start and in the
 table at the end; ``XSTAGE_ADV_SEED`` repeats a run), their expected results from ``adv_oracle``
@@ -33,8 +33,8 @@ adv_corpus.SEED = SEED  # for the table (conftest)
 CASES = adv_corpus.generate(SEED)
 print(f"\nadversarial corpus seed: {SEED} (set {adv_corpus.SEED_ENV}={SEED} to repeat)")
 
-#: Classes a known gap still fails (strict: each must fail until fixed). Empty: every class of
-#: issue 11 holds.
+#: Classes a known gap still fails (strict: each must fail until fixed). Empty: every class holds
+#: (the rules: docs/external.md §3, "The proof").
 XFAIL: dict[str, str] = {}
 
 
