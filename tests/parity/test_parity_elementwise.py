@@ -1,5 +1,5 @@
-"""Issue 12's gate: rule 8 (element-wise), criteria by name, declared shapes, the tie-break's
-pure half. Every array here is computed (bf16 through ml_dtypes rounding, the way a bf16
+"""The gate of docs/external.md §4: rule 8 (element-wise), criteria by name, declared shapes, the
+tie-break's pure half. Every array here is computed (bf16 through ml_dtypes rounding, the way a bf16
 kernel stores its result), not written by hand.
 """
 
@@ -56,7 +56,7 @@ def test_a_wrong_block_of_one_percent_beside_large_exact_values_fails_at_the_def
 
 
 def test_the_headline_block_fails_at_the_defaults():
-    """Issue 12's headline: 1% in bf16 at scale 1 beside exact values of scale 1e4.
+    """The headline case (docs/external.md §4): 1% in bf16 at scale 1 beside exact values of scale 1e4.
 
     Its errors (up to ~1e-2) sit under 1e-5·rms, the old a; rule 8 at a = 1e-7 refuses them,
     and the float64 tie-break (here the exact values themselves) does not overturn it: in the

@@ -25,8 +25,9 @@ def _reordered(x: np.ndarray, seed: int) -> np.ndarray:
 
 
 def test_no_finite_element_of_the_answer_is_unavailable_never_a_pass():
-    """Every float64 element NaN (issue 32's constant term): the stage, computed in bf16-sized
-    error, would pass on zero compared elements; now the tie-break is unavailable."""
+    """Every float64 element NaN (docs/external.md §4, "Finite positions only"): the stage,
+    computed in bf16-sized error, would pass on zero compared elements; now the tie-break is
+    unavailable."""
     x, r = _arms()
     y = (r * np.float32(1 + 4e-3)).astype(np.float32)
     gate = compare({"y": y}, {"y": r}, **FMT)

@@ -1,4 +1,4 @@
-"""Two follow-ups of issue 12 in the pure gate: the fp32 noise tier (what decides when the
+"""Two rules of the pure gate (docs/external.md §4): the fp32 noise tier (what decides when the
 float64 tie-break is ``unavailable``) and quantized outputs compared dequantized."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_fp16_has_one_tier():
     (3e-3, "failed", "failed")])
 def test_what_the_noise_tier_cannot_catch(ratio, tight, noise):
     """NOISE_TIER_BLIND, measured: a 1% bf16 block at rms s beside rms R passes rule 8 at
-    a = 1e-5 up to s/R = 1e-3 (issue 12's headline, 1e-4, among them) and fails from 3e-3; the
+    a = 1e-5 up to s/R = 1e-3 (the headline block's, 1e-4, among them) and fails from 3e-3; the
     tight tier (1e-7) fails it from 3e-5."""
     y, r = _block(ratio)
     assert compare({"y": y}, {"y": r}, **FP32).verdict == tight

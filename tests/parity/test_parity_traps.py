@@ -1,4 +1,4 @@
-"""The two traps the numeric gate exists for (issue 3, "Numeric gate"), made real.
+"""The two traps the numeric gate exists for (docs/design.md §6), made real.
 
 1. OpenVINO computing an fp32 graph in bf16: run for real in the ``ort-openvino`` env
    (onnxruntime-openvino, built-in EP) with ``INFERENCE_PRECISION_HINT`` bf16 vs f32, checked
