@@ -1,6 +1,6 @@
 """``xstage external --json R.json`` then ``xstage report R.json``: one summary, row for row.
 
-Issue 10: the two commands printed two different tables of one record. Both now print
+The two commands once printed two different tables of one record. Both now print
 ``xstage.record.summary``; only the title differs.
 """
 

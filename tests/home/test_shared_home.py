@@ -1,4 +1,5 @@
-"""Two or more processes on one fresh ``XSTAGE_HOME`` at once (issue 13, defect 5).
+"""Two or more processes on one fresh ``XSTAGE_HOME`` at once (docs/reliability.md,
+"One home, many processes").
 
 The built-in graph was written through one fixed temp name with no lock: in 18 of 20
 synchronized rounds one process read a 0-byte graph or crashed on the rename. Each test

@@ -1,4 +1,5 @@
-"""Streaming code2wav (issue 17): the windowed decoder chunk by chunk against transformers.
+"""Streaming code2wav: the windowed decoder chunk by chunk against transformers (docs/pipelines.md,
+"Streaming code2wav").
 
 The references come from the export environment (``export_python``: torch 2.13 CPU and
 transformers), run against this tree's ``src``: ``Qwen3OmniMoeCode2Wav.chunked_decode(codes,

@@ -191,7 +191,8 @@ def test_integral_float_counts_as_integer_like_jsonschema():
 
 
 def test_a_torch_cuda_workers_accelerator_block_is_checked():
-    """issue 20: the worker's stream, pinned region and CUDA graph (an optional key)."""
+    """The worker's stream, pinned region and CUDA graph, an optional key (docs/torch.md,
+    "Serving: the pinned region, one stream, CUDA graphs")."""
     doc = record_docs.placed()
     doc["worker"]["accelerator"] = {
         "stream": "dedicated", "sync_per_call": 1,

@@ -1,4 +1,4 @@
-"""A stage served (issue 15): ``submit`` and ``depth``, restarts with generations, state pairs.
+"""A stage served (docs/serving.md): ``submit`` and ``depth``, restarts with generations, state pairs.
 
 Order is checked with the worker's stamps (docs/serving.md), never with the wall clock.
 """

@@ -1,4 +1,5 @@
-"""State pairs kept in the worker (issue 15): carried, reset, reset on restart, gated, charged.
+"""State pairs kept in the worker: carried, reset, reset on restart, gated, charged (docs/serving.md,
+"State that stays in the worker").
 
 The stage is an accumulator: ``h_out = h_in + x`` and ``y = h_out``, with ``h_out -> h_in``
 declared as a state pair, so call n from the initial state returns ``init + n·x``.

@@ -129,7 +129,7 @@ def _two_scale_graph(path: Path, n: int = 64, width: int = 256, small: int = 4) 
 
 
 def test_a_bf16_block_beside_large_values_is_refused_through_the_real_float64_path(tmp_path):
-    """Issue 12's headline end to end in the stage layer: the graph's float64 answer, a
+    """The headline case of docs/external.md §4 end to end in the stage layer: the graph's float64 answer, a
     reference from onnxruntime, a stage that sums the large part in another order (fp32
     reordering noise, which the tie-break passes) and, in the second case, stores the small
     block in bf16 (which it refuses, naming the block's magnitude band)."""
@@ -272,9 +272,9 @@ def test_quantized_outputs_names_only_the_outputs_of_a_quantizelinear(tmp_path):
 
 
 def test_a_stateful_stage_failing_only_the_tight_tier_passes_at_the_noise_tier(tmp_path):
-    """A stateful stage (issue 17's streaming window): no float64 evaluation carries state
-    between the gate's two calls, so the tie-break is unavailable for that reason and the
-    noise tier decides, both calls named as the gate names them."""
+    """A stateful stage (docs/serving.md, "State that stays in the worker"): no float64
+    evaluation carries state between the gate's two calls, so the tie-break is unavailable for
+    that reason and the noise tier decides, both calls named as the gate names them."""
     _, _, stage, ref = _reordered_head(tmp_path)
     ours, theirs = {"y": stage, "y (call 2)": stage}, {"y": ref, "y (call 2)": ref}
     gate = compare(ours, theirs, fmt="onnx:fp32", reference_kind="same_graph_cpu")

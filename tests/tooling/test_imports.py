@@ -29,17 +29,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # bisect opens stages (probes, the split's regions): above stage; its search and cost
     # arithmetic are pure (below).
     ("bisect", ("xstage.bisect",)),
-    # Reports draw records the cli has read: renderers over a pure view model (issue 22).
+    # Reports draw records the cli has read: renderers over a pure view model (docs/reports.md).
     ("report", ("xstage.report",)),
     # A stage inside another library's pipeline (transformers): a user of the stage API.
     ("integrations", ("xstage.integrations",)),
-    # A stage on a cluster node (issue 23): beside stage, not above it, because open_stage
+    # A stage on a cluster node (docs/cluster.md): beside stage, not above it, because open_stage
     # dispatches to it; it never imports the admission path (open_stage hands itself over).
     ("stage", ("xstage.stage", "xstage.cluster")),
     ("planning", ("xstage.planner", "xstage.device_table", "xstage.builtin_graphs", "xstage.export")),
     ("routes", ("xstage.routes",)),
-    # A record describes the host it ran on, so it reads host facts (table in issue 10 had it
-    # beside the pure modules; it writes files and reads /proc, so it sits above host).
+    # A record describes the host it ran on, so it reads host facts (not beside the pure modules:
+    # it writes files and reads /proc, so it sits above host).
     ("record", ("xstage.record",)),
     # Host facts come partly from machine tools (nvidia-smi, powershell.exe), which only the
     # client's one tool runner starts: host sits above client.
@@ -191,7 +191,7 @@ def _cycles() -> list[list[str]]:
 XSTAGE = [m for m in _files() if _under(m, ("xstage",))]
 PURE_MODULES = [m for m in _files() if _under(m, PURE)]
 
-#: Violations another part of issue 10 is removing now; strict, so each fails once it is gone.
+#: Violations being removed now; strict, so each fails once it is gone.
 PENDING = {
 }
 
