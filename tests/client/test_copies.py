@@ -1,4 +1,5 @@
-"""The client's large copies on several CPUs (``client/copies.py``, issues 14 and 20).
+"""The client's large copies on several CPUs (``client/copies.py``; docs/workers.md,
+"Starting").
 
 A split copy must give what one ``np.copyto`` gives, bit for bit: every dtype, sizes that are
 not a multiple of a range, odd itemsizes, strided and transposed sources, byte-order

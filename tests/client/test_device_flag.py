@@ -1,6 +1,7 @@
-"""The device-tensor call's plumbing without a GPU (issue 20): the ``device_slots`` frame and
-a request flagged ``FLAG_DEVICE_TENSORS`` reach a real worker, which refuses both by name when
-it has no device slots (an ONNX worker), and serves host calls after."""
+"""The device-tensor call's plumbing without a GPU (docs/torch.md, "Device tensors in, device
+tensors out"): the ``device_slots`` frame and a request flagged ``FLAG_DEVICE_TENSORS`` reach a
+real worker, which refuses both by name when it has no device slots (an ONNX worker), and serves
+host calls after."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A lean call's reply and the worker's next request read against their signature's expected
-bytes (``wire._Expect``, issue 13 "sockdiet"), between a real client and a real worker in one
+bytes (``wire._Expect``), between a real client and a real worker in one
 thread over TCP: same numbers, and every frame that is not the expected one fails as before,
 by name (another id, another generation, tampered, replayed, reordered).
 """

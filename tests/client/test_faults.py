@@ -1,4 +1,5 @@
-"""Fault injection for issue 13's client side: request identity, byte order, deadlines.
+"""Fault injection for the client side: request identity (docs/wire.md, "Request identity"), byte
+order, deadlines.
 
 * An interrupted call (SIGINT mid-call) never poisons the next: on the shared region the next
   call discards the stale answer and answers its own request; on the socket, where the

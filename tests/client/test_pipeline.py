@@ -1,4 +1,4 @@
-"""Requests in flight: K slot sets, submission order, cancel and deadlines (issue 15).
+"""Requests in flight: K slot sets, submission order, cancel and deadlines (docs/serving.md).
 
 Order is checked with the worker's own stamps (``time.monotonic_ns`` on one kernel: when the
 client published a request, when the worker's compute started and ended), never with the

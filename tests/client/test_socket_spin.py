@@ -1,4 +1,4 @@
-"""The TCP path's spins before blocking, end to end (``xstage_remote.sockspin``, issue 13).
+"""The TCP path's spins before blocking, end to end (``xstage_remote.sockspin``).
 
 A client spinning for its reply still ends the call by its deadline (``CallTimeout``, the
 worker killed), and a worker spinning for its next request still leaves when its client's

@@ -1,4 +1,4 @@
-"""A local attacker on the TCP connect-back path (issue 13, defect 2; docs/security.md).
+"""A local attacker on the TCP connect-back path (docs/security.md).
 
 The attacker is a forked process that drops to another uid (nobody, 65534): the threat is
 another local user. It sits in the middle of the worker's connection (``mitm_wrapper.py``

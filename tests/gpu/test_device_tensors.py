@@ -1,4 +1,4 @@
-"""Device tensors in, device tensors out on a real GPU (issue 20's third part).
+"""Device tensors in, device tensors out on a real GPU (docs/torch.md, the section of that name).
 
 A torch-cuda stage opened with ``--ep-option device_tensors=on`` takes CUDA tensors on its own
 GPU: the worker's device slots (K sets) are exported once by CUDA IPC, a call copies device to

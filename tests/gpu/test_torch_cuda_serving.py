@@ -1,4 +1,5 @@
-"""torch-cuda serving on a real GPU (issue 20): the pinned region, the CUDA graph, the switches.
+"""torch-cuda serving on a real GPU: the pinned region, the CUDA graph, the switches (docs/torch.md,
+"Serving: the pinned region, one stream, CUDA graphs").
 
 Every test here needs torch with a CUDA device and skips without one (this VM has none);
 ``scripts/gpu_check.py`` runs them all on the GPU host in one call. Each test exports its

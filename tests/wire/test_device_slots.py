@@ -1,5 +1,6 @@
-"""Device tensors' framing without a GPU (issue 20): the slot layout, the CUDA IPC fields as
-bytes (never pickled), the option, the ledger's device slots and the client's refusals.
+"""Device tensors' framing without a GPU (docs/torch.md, "Device tensors in, device tensors out"):
+the slot layout, the CUDA IPC fields as bytes (never pickled), the option, the ledger's device
+slots and the client's refusals.
 
 The GPU half (the handle opened in another process, the calls) is ``tests/gpu``.
 """

@@ -1,4 +1,4 @@
-"""The shared region's per-signature caches change no outcome (issue 14's per-call Python).
+"""The shared region's per-signature caches change no outcome.
 
 ``Region.write`` reuses a (set, slot, dtype, shape)'s packed descriptor and view;
 ``Region.inputs`` reuses a set's input views while the inputs' descriptor bytes are the same;

@@ -1,4 +1,4 @@
-"""The socket path's spin before blocking (``xstage_remote.sockspin``, issue 13).
+"""The socket path's spin before blocking (``xstage_remote.sockspin``).
 
 * The decision is the wait policy's: a spin where it says spin, a block at once where it
   says block (one CPU, a crowded machine, spinning off, a long call), nothing polled beyond

@@ -447,7 +447,7 @@ def _unpaid(doc: dict) -> int:
 
 @pytest.mark.parametrize("role", ["caller", "worker"])
 def test_beside_busy_neighbours_few_spins_go_unpaid(role: str) -> None:
-    """Issue 14: beside processes that never sleep, a spin that does not pay hands the CPU to
+    """Beside processes that never sleep, a spin that does not pay hands the CPU to
     them for a slice; after one, the policy backs off, so few do. (Spins that pay stay: a
     worker whose caller sends the next request at once is answered within its budget.)"""
     doc = _load(TRACES[0].parent / f"busy-{role}.json")

@@ -1,4 +1,4 @@
-"""The encoder's and the readers' signature caches change no outcome (issue 13's socket speed).
+"""The encoder's and the readers' signature caches change no outcome.
 
 ``encode_frame`` reuses the descriptor JSON of a signature it encoded before, and
 ``_validate_head`` reuses the checked descriptor list of a header whose ``t`` member is
