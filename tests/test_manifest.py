@@ -80,7 +80,8 @@ def _mutated(tmp_path, change):
     (lambda d: d["inputs"][0].update(shape=[8, 1 << 41]), r"not 2199023255552"),
     (lambda d: d["inputs"][0].update(shape=[1 << 21, 1 << 20]), r"more than 2\^40 elements"),
     (lambda d: d["inputs"][0].update(shape=[1] * 33), r"rank 33, more than 32"),
-    # a windowed decoder's stream block (issue 17): x [8, 256] as 256 frames, y as their audio
+    # a windowed decoder's stream block (docs/export.md, the streaming window): x [8, 256] as 256
+    # frames, y as their audio
     (lambda d: d.update(stream=dict(_STREAM, chunk="256")), "stream needs non-negative integers"),
     (lambda d: d.update(stream=dict(_STREAM, output="wav")), "stream input 'x' and output 'wav'"),
     (lambda d: d.update(stream=dict(_STREAM, lookahead_samples=1)),

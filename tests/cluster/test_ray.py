@@ -1,4 +1,4 @@
-"""A stage on another node through Ray (issue 23), on a local two-node cluster (conftest).
+"""A stage on another node through Ray (docs/cluster.md), on a local two-node cluster (conftest).
 
 The head node has no ``fake_npu``; the other node has two. Outputs are compared with a local
 stage's, bit for bit (the same runtime on the same machine). No wall-clock assertions: every

@@ -1,4 +1,4 @@
-"""The EP's own operator report as a proof layer (issue 18; ``evidence.ep_report``, ``prove``'s rule 7).
+"""The EP's own operator report as a proof layer (``evidence.ep_report``, ``prove``'s rule 7).
 
 The reports are synthetic (tests/fixtures/ep_reports/README.md: written by hand from the
 documented format, each marked ``synthetic: true`` with its source); the onnxruntime layers they

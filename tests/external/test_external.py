@@ -150,7 +150,7 @@ def test_a_node_name_that_forges_openvino_events_cannot_place_a_cpu_graph(extern
 
 
 def test_an_ep_option_for_another_device_is_a_usage_error(external, graphs, openvino_python):
-    """device_type=NPU for a stage planned on the CPU: no re-planning, no record (issue 11);
+    """device_type=NPU for a stage planned on the CPU: no re-planning, no record (docs/external.md §3);
     before, onnxruntime built the session without the EP and the proof named a swap."""
     r = external("--graph", str(graphs["mlp"]), "--route", "ort-openvino",
                  "--ep-option", "device_type=NPU",

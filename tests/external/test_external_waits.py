@@ -1,4 +1,4 @@
-"""``xstage external --verbose`` says what the doorbell decided over the timed runs (issue 14)."""
+"""``xstage external --verbose`` says what the doorbell decided over the timed runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Issue 12 end to end: declared formats checked against the graph, ``--tolerance`` criteria,
-the float64 tie-break and 0-d outputs, through ``xstage external`` and ``open_stage``.
+"""The gate of docs/external.md §4 end to end: declared formats checked against the graph,
+``--tolerance`` criteria, the float64 tie-break and 0-d outputs, through ``xstage external`` and
+``open_stage``.
 """
 
 from __future__ import annotations
@@ -126,9 +127,9 @@ def _mean_graph(path: Path, kind: str, rows: int = 8, n: int = 1000) -> Path:
 
 
 def test_an_ill_conditioned_output_passes_by_the_tiebreak(tmp_path):
-    """x − mean(x) over 1000 ± 1e-3 (issue 12's false refusal): the stage (ReduceMean on the
-    ort-cpu worker) and the reference (a MatMul by 1/n) differ by rel_l2 ~2e-2, and each is
-    ~3e-2 from float64. Measured here: stage 3.85e-02, reference 3.11e-02 (1.24x)."""
+    """x − mean(x) over 1000 ± 1e-3 (docs/external.md §4, "Ill-conditioned outputs"): the stage
+    (ReduceMean on the ort-cpu worker) and the reference (a MatMul by 1/n) differ by rel_l2
+    ~2e-2, and each is ~3e-2 from float64. Measured here: stage 3.85e-02, reference 3.11e-02 (1.24x)."""
     stage_graph = _mean_graph(tmp_path / "stage.onnx", "reducemean")
     reference = _mean_graph(tmp_path / "reference.onnx", "matmul")
     x = (1000 + np.random.default_rng(0).standard_normal((8, 1000)) * 1e-3).astype(np.float32)

@@ -209,7 +209,7 @@ def test_canonical_silero_vad_is_refused_ep_compile_failed_on_ort_openvino(
         external, thirdparty, openvino_python, tmp_path):
     """OpenVINO claims the If and its branches, then its CPU plugin refuses the else branch's
     dynamic-rank Parameter at compile time: the EP's failure after placement, so a refusal
-    (``ep_compile_failed``, exit 2, issue 11), not the ArtifactError (exit 1) it was before."""
+    (``ep_compile_failed``, exit 2; docs/external.md §3), not the ArtifactError (exit 1) it was before."""
     r = _silero_on_openvino(external, thirdparty, openvino_python, tmp_path)
     assert r.code == 2, r.stderr[-3000:]
     assert "Traceback" not in r.stderr

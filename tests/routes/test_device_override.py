@@ -1,4 +1,4 @@
-"""A device the EP is told to leave (issue 11): a user ``--ep-option`` that selects another
+"""A device the EP is told to leave (docs/external.md §3): a user ``--ep-option`` that selects another
 device than the planned one is a usage error, and a run whose attested device is not the
 planned one is refused with ``device_mismatch`` — on a simulated Intel-GPU device table, the
 way ``tests/test_plan.py`` builds reports, with a real OpenVINO worker behind it."""

@@ -1,4 +1,5 @@
-"""DirectML's adapter chosen by identity, never ``device_id=0`` by default (issue 18).
+"""DirectML's adapter chosen by identity, never ``device_id=0`` by default (docs/routes.md,
+"DirectML: the adapter by identity").
 
 Golden tests on two transcribed two-adapter inventories (tests/fixtures/README.md: the Windows
 query and the probe's ``get_ep_devices()`` rows, ``synthetic: true``): a Radeon 890M iGPU beside

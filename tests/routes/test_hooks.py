@@ -159,7 +159,7 @@ def test_dml_with_an_adapter_index_says_nothing():
 
 
 def test_dml_adds_no_default_adapter_index():
-    """Issue 18: the adapter is bound by identity (tests/routes/test_dml_identity.py), never 0."""
+    """The adapter is bound by identity (tests/routes/test_dml_identity.py), never 0."""
     assert ep_options_for("ort-dml", "onnx:fp32", "gpu_integrated:amd", {}, None) == ({}, [])
 
 

@@ -1,4 +1,4 @@
-"""The plugin-EP family run live: onnxruntime-ggml through ``ort-plugin:ggml`` (issue 18).
+"""The plugin-EP family run live: onnxruntime-ggml through ``ort-plugin:ggml`` (docs/routes.md, "Plugin EPs").
 
 The route comes from the ``[plugins.ggml]`` table of ``tests/fixtures/plugins/ggml.toml`` (the
 same text as docs/routes.md shows), its env from ``env create``'s code (fixture ``ggml_python``,

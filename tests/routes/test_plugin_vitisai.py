@@ -1,7 +1,7 @@
 """``ort-vitisai`` as the plugin-EP preset: every step of the recipe in docs/routes.md, on recorded inputs.
 
 No machine here has an AMD NPU or Windows, so each step is tested as the pure function it is,
-on inputs transcribed from the issue's account of a Ryzen AI laptop (issue 18) and, for the
+on inputs transcribed from the reported run on a Ryzen AI laptop that the recipe comes from and, for the
 probe document, a real probe of this machine's interpreter with the facts named in each test
 changed (a Windows python, onnxruntime 1.25, the EP's registration and devices). The route stays
 ``verified: false``.

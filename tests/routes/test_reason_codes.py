@@ -316,7 +316,7 @@ def test_every_reason_code_is_tested_here():
         assert f"ReasonCode.{code.name}" in text, code
 
 
-# ---------------------------------------------------------------------------- plugin EPs (issue 18)
+# ---------------------------------------------------------------------- plugin EPs (docs/routes.md)
 
 
 def _table(tmp_path, name, body):

@@ -1,4 +1,4 @@
-"""Nothing outside ``xstage/routes/`` branches on a route name (issue 10, "routes as data").
+"""Nothing outside ``xstage/routes/`` branches on a route name (docs/design.md §2, "Routes are data").
 
 Walks every module of ``src/xstage`` except ``routes/`` and fails, naming file:line, on:
 

@@ -107,7 +107,7 @@ def test_unknown_route_names_the_routes():
         get_spec("ort-foo")
 
 
-# -- per-route facts on the spec (issue 10: routes as data) ----------------------------------------
+# -- per-route facts on the spec (routes as data: docs/design.md §2) -------------------------------
 
 
 def test_unverified_routes_say_their_constants_are_not_measured():

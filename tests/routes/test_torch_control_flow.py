@@ -1,4 +1,4 @@
-"""torch programs with control flow and with nothing to count, on torch-cpu (issue 11).
+"""torch programs with control flow and with nothing to count, on torch-cpu (docs/torch.md, "Evidence").
 
 Real ``.pt2`` programs made in the export venv: ``torch.cond``, ``while_loop`` and ``map``
 ran as exit 1 under the evidence dispatch mode ("no rule registered for HigherOrderOperator");
