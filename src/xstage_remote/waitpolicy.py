@@ -8,8 +8,8 @@ decisions (``tests/wire/test_waitpolicy.py`` replays traces recorded from real r
 A spin answers a short call in a few microseconds where a blocked waiter pays two system calls
 and a wake-up (10-50 µs on a small machine); but a spinner holds a CPU, and when every CPU is
 wanted it holds it *from* someone: the peer that computes the answer, or a neighbour's work. On
-a 2-core machine with two busy neighbours a 64 B call then took ~2 ms instead of ~10 µs (issue
-14). A blocked waiter costs the kernel's wake-up, which hands the CPU straight over.
+a 2-core machine with two busy neighbours a 64 B call then took ~2 ms instead of ~10 µs. A
+blocked waiter costs the kernel's wake-up, which hands the CPU straight over.
 
 Inputs of one decision (``decide``):
 
