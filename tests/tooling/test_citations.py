@@ -1,11 +1,12 @@
 """Code cites the repository's own docs (docs/design.md §12), never a document outside the
 repository or an issue number.
 
-1. In ``src/``, ``benchmarks/``, ``scripts/`` and ``tests/`` (every text file), and in the
-   reference pages ``README.md`` and ``docs/*.md`` (not ``docs/records/``, the dated history): no
-   citation of the outside design documents ("DESIGN §4", "DESIGN.md", "the seed's …", "seed
-   document", a ``seed/…`` path). A random generator's seed is not one.
-2. In the same files and pages, ``tests/`` left out: no issue-number citation ("issue 18", "issues 13 and 14",
+1. In ``src/``, ``benchmarks/``, ``scripts/`` and ``tests/`` (every text file, read whole: a
+   citation wrapped across two lines counts), and in the reference pages ``README.md`` and
+   ``docs/*.md`` (not ``docs/records/``, the dated history): no citation of the outside design
+   documents ("DESIGN §4", "DESIGN.md", "the seed's …", "seed document", a ``seed/…`` path). A
+   random generator's seed is not one.
+2. In the same files and pages: no issue-number citation ("issue 18", "issues 13 and 14",
    "issue #12", "(#20)"). The word "issue" without a number is prose, a GitHub address
    (``…/issues/123``) is a link, ``CHANGELOG.md`` and ``docs/records/`` (history) are not read,
    and a page may name a section of the history by its title in quotes ("Issues 13 and 14 on
@@ -43,12 +44,20 @@ def _name(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
+def _tests() -> list[Path]:
+    """The text files of ``tests/`` that rules 1 and 2 read. This file is not one of them: its
+    pattern tests hold, on purpose, the citations the patterns must catch."""
+    return [p for p in _files([REPO / "tests"]) if p != Path(__file__).resolve()]
+
+
 def _hits(paths: list[Path], pattern: re.Pattern[str]) -> list[str]:
+    """Every match in each file's whole text, by line: one wrapped at a line end counts too."""
     found = []
     for path in paths:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            for match in pattern.finditer(line):
-                found.append(f"{path.relative_to(REPO)}:{number}: {match.group(0)!r}")
+        text = path.read_text(encoding="utf-8")
+        for match in pattern.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append(f"{_name(path)}:{line}: {match.group(0)!r}")
     return found
 
 
@@ -82,14 +91,13 @@ def _sections() -> set[int]:
 
 
 def test_no_outside_documents_are_cited() -> None:
-    tests = [p for p in _files([REPO / "tests"]) if p != Path(__file__).resolve()]
-    hits = _hits(_files(CODE) + tests + PAGES, OUTSIDE)
+    hits = _hits(_files(CODE) + _tests() + PAGES, OUTSIDE)
     assert not hits, f"{len(hits)} citation(s) of a document outside the repository " \
         f"({FIX_OUTSIDE}):\n" + "\n".join(hits)
 
 
 def test_no_issue_numbers_are_cited() -> None:
-    hits = _hits(_files(CODE), ISSUE) + _page_issue_hits(PAGES)
+    hits = _hits(_files(CODE) + _tests(), ISSUE) + _page_issue_hits(PAGES)
     assert not hits, f"{len(hits)} issue-number citation(s) ({FIX_ISSUE}):\n" + "\n".join(hits)
 
 
@@ -131,3 +139,14 @@ def test_a_page_may_quote_a_history_title_but_not_cite_an_issue(tmp_path: Path) 
     page.write_text(f'History: "{" ".join(words[:2])}\n{" ".join(words[2:])}". Built by issue 13.\n',
                     encoding="utf-8")
     assert _page_issue_hits([page]) == [f"{page}:2: 'issue 13'"]
+
+
+def test_rule_2_reads_tests_and_citations_wrapped_across_lines(tmp_path: Path) -> None:
+    """tests/ is read (this file aside), and a citation broken at a line end is still one."""
+    read = _tests()
+    assert REPO / "tests" / "adversarial" / "adv_corpus.py" in read
+    assert REPO / "tests" / "fixtures" / "ep_reports" / "vitisai_all_npu.json" in read
+    assert Path(__file__).resolve() not in read
+    source = tmp_path / "wrapped.py"
+    source.write_text('"""A 64 B call took ~2 ms (issue\n14). Nothing else."""\n', encoding="utf-8")
+    assert _hits([source], ISSUE) == [f"{source}:1: 'issue\\n14'"]
