@@ -25,8 +25,13 @@ PP-OCRv4 detector at 1x3x320x320, from ``--ppocr PATH`` where it exists). ``--ro
 (or ``torch-cpu``) runs a ``.pt2`` exported from the same MLP (its weights read from the ONNX
 graph) with ``--torch-python`` (default: ``XSTAGE_PYTHON_TORCH_CUDA``/``_CPU``).
 
+``--session-config KEY=VALUE`` gives both arms' onnxruntime sessions the same config entries
+(``session.intra_op.allow_spinning=0``: docs/throughput.md, "Session config"); with
+``--and-default`` each graph also runs without them, in the same run.
+
 Run: ``PYTHONPATH=src python benchmarks/throughput.py [--route ort-cpu --route ort-openvino]
-[--graph mlp --graph ppocr] [--depth 4] [--requests 200] [--repeats 5] [--json OUT.json]``.
+[--graph mlp --graph ppocr] [--depth 4] [--requests 200] [--repeats 5]
+[--session-config KEY=VALUE [--and-default]] [--json OUT.json]``.
 Not a test: nothing asserts.
 """
 
@@ -61,7 +66,10 @@ with np.load(cfg["inputs"], allow_pickle=False) as z:
 if cfg["kind"] == "onnx":
     import onnxruntime as ort
     providers = [(cfg["ep"], cfg["ep_options"])]
-    sess = ort.InferenceSession(cfg["graph"], ort.SessionOptions(), providers=providers)
+    so = ort.SessionOptions()
+    for key, value in cfg.get("config", {}).items():  # the stage's --session-config, the same
+        so.add_session_config_entry(key, value)
+    sess = ort.InferenceSession(cfg["graph"], so, providers=providers)
     sample = sess.run(None, feeds)
     local = threading.local()
     def call():
@@ -209,9 +217,10 @@ def _benchmark_app(python: str, graph: Path, k: int, seconds: int = 10) -> float
 
 
 def bench(graph: Path, route: str, *, k: int, requests: int, repeats: int, shapes: dict | None,
-          torch_python: str | None, say) -> dict:
+          torch_python: str | None, say, config: dict[str, str] | None = None) -> dict:
     torch_route = route.startswith("torch-")
-    with open_stage(graph, route=route, depth=k, concurrency=k, shapes=shapes) as stage:
+    with open_stage(graph, route=route, depth=k, concurrency=k, shapes=shapes,
+                    session_config=config or None) as stage:
         rec = stage.record()
         python = rec["worker"]["interpreter"]
         feeds = {n: np.ascontiguousarray(v) for n, v in stage.inputs.items()}
@@ -223,7 +232,7 @@ def bench(graph: Path, route: str, *, k: int, requests: int, repeats: int, shape
         else:
             ep, options = _ep(route)
             cfg = {"kind": "onnx", "graph": str(graph), "ep": ep, "ep_options": options,
-                   "inputs": str(tmp / "inputs.npz")}
+                   "inputs": str(tmp / "inputs.npz"), "config": dict(config or {})}
         helper = InProc(python, cfg)
         stage.measure(runs=20, warmup=5)
         compute_ms = stage.timings["compute"]["p50_ms"]
@@ -247,7 +256,8 @@ def bench(graph: Path, route: str, *, k: int, requests: int, repeats: int, shape
             shutil.rmtree(tmp, ignore_errors=True)
         tool = None if torch_route or route != "ort-openvino" else _benchmark_app(python, graph, k)
     med = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    return {"graph": graph.name, "route": route, "depth": k, "requests": requests, "repeats": repeats,
+    return {"graph": graph.name, "route": route, "session_config": dict(config or {}),
+            "depth": k, "requests": requests, "repeats": repeats,
             "compute_p50_ms": compute_ms, "runtime": helper.version, "median": med,
             "ratio_min": min(r["ratio"] for r in rounds), "ratio_max": max(r["ratio"] for r in rounds),
             "rounds": rounds, "benchmark_app_fps": tool, "cpu_count": os.cpu_count(),
@@ -255,13 +265,15 @@ def bench(graph: Path, route: str, *, k: int, requests: int, repeats: int, shape
 
 
 def table(results: list[dict]) -> str:
-    head = ("| graph | route | compute p50 | xstage d1 | xstage dK | in-proc K threads | in-proc 1 thread "
-            "| dK / in-proc K (median, range) |\n|---|---|---|---|---|---|---|---|")
+    head = ("| graph | route | session config | compute p50 | xstage d1 | xstage dK | in-proc K threads "
+            "| in-proc 1 thread | dK / in-proc K (median, range) |\n|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in results:
         m = r["median"]
-        lines.append(f"| {r['graph']} | {r['route']} | {r['compute_p50_ms']:.2f} ms | {m['xstage_d1']:.1f}/s "
-                     f"| {m['xstage_dk']:.1f}/s | {m['inproc_k']:.1f}/s | {m['inproc_1']:.1f}/s "
+        config = ", ".join(f"{k}={v}" for k, v in r["session_config"].items()) or "—"
+        lines.append(f"| {r['graph']} | {r['route']} | {config} | {r['compute_p50_ms']:.2f} ms "
+                     f"| {m['xstage_d1']:.1f}/s | {m['xstage_dk']:.1f}/s | {m['inproc_k']:.1f}/s "
+                     f"| {m['inproc_1']:.1f}/s "
                      f"| **{m['ratio']:.3f}×** ({r['ratio_min']:.3f}–{r['ratio_max']:.3f}) |")
     return "\n".join(lines)
 
@@ -276,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--torch-python", help="the interpreter that exports the MLP's .pt2 (torch routes)")
+    ap.add_argument("--session-config", action="append", default=[], metavar="KEY=VALUE",
+                    help="an onnxruntime session config entry for both arms' sessions (repeatable)")
+    ap.add_argument("--and-default", action="store_true",
+                    help="with --session-config: each graph also without it, in the same run")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     routes = args.route or ["ort-cpu", "ort-openvino"]
@@ -301,10 +317,16 @@ def main(argv: list[str] | None = None) -> int:
                         say(f"skipping ppocr: {args.ppocr} is absent")
                 else:
                     graphs.append((Path(name), None))
+        configs = [dict(item.split("=", 1) for item in args.session_config)]
+        if args.and_default and configs[0]:
+            configs.insert(0, {})
         for graph, shapes in graphs:
-            say(f"{graph.name} on {route}, depth {args.depth}, {args.requests} requests x {args.repeats}")
-            results.append(bench(graph, route, k=args.depth, requests=args.requests, repeats=args.repeats,
-                                 shapes=shapes, torch_python=args.torch_python, say=say))
+            for config in configs if not route.startswith("torch-") else [{}]:
+                say(f"{graph.name} on {route} {config or ''}, depth {args.depth}, "
+                    f"{args.requests} requests x {args.repeats}")
+                results.append(bench(graph, route, k=args.depth, requests=args.requests,
+                                     repeats=args.repeats, shapes=shapes,
+                                     torch_python=args.torch_python, say=say, config=config))
     print(table(results))
     for r in results:
         if r["benchmark_app_fps"] is not None:

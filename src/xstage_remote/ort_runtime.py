@@ -106,6 +106,21 @@ def _session_options(ort, opts):
     return so
 
 
+def _applied_config(session, config):
+    """Each session config entry as the session holds it (None where it cannot say)."""
+    out = {}
+    try:
+        held = session.get_session_options()
+    except Exception:  # an onnxruntime without the accessor
+        return {str(k): None for k in config}
+    for key in config:
+        try:
+            out[str(key)] = held.get_session_config_entry(str(key))
+        except Exception:
+            out[str(key)] = None
+    return out
+
+
 def _version(text):
     parts = []
     for piece in str(text).split(".")[:3]:
@@ -296,6 +311,9 @@ def _load(path, options, tmpdir):
         "node_names": names,
     }
     runtime = OrtRuntime(ort, session, ep["name"], load_s, bound_device, evidence, tmpdir)
+    config = (options.get("session") or {}).get("config")
+    if config:  # what the session holds, read back (onnxruntime keeps keys it does not know)
+        runtime.info["session_config"] = _applied_config(session, config)
     runtime.ep_report = (plugin or {}).get("report"), report_path
     runtime.memory_reader = options.get("device_memory")  # the route spec's reader, by name
     if tmpdir is not None:

@@ -54,6 +54,17 @@ def test_threads_within_the_cpu_count_runs(xstage_home):
     assert read_record(ran.records[0])["request"]["threads"] == 1
 
 
+@pytest.mark.parametrize("value, cause, hint", [
+    ("novalue", "--session-config 'novalue' is not KEY=VALUE", "e.g. --session-config"),
+    ("allow_spinning=0", "is not an onnxruntime config key", "give a dotted key"),
+    ("ep.context_enable=1", "a graph file other than the one hashed", "Compile caches"),
+])
+def test_a_session_config_xstage_cannot_pass_is_a_usage_error(xstage_home, value, cause, hint):
+    ran = _external(xstage_home, "--session-config", value)
+    assert ran.code == 64 and cause in _one_error_line(ran)
+    assert hint in ran.stderr and ran.records == []
+
+
 @pytest.mark.parametrize("value", ["nan", "-1", "inf", "rel_l2=nan"])
 def test_tolerance_that_is_not_a_finite_number_is_a_usage_error(xstage_home, value):
     ran = _external(xstage_home, "--tolerance", value)

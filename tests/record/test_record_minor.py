@@ -29,8 +29,8 @@ def _tiebreak(**extra: object) -> dict:
             **extra}
 
 
-def test_this_xstage_writes_1_5():
-    assert SCHEMA_VERSION == "1.5"
+def test_this_xstage_writes_1_6():
+    assert SCHEMA_VERSION == "1.6"
 
 
 def test_a_1_3_record_with_an_unknown_cause_reads_with_a_warning(tmp_path):

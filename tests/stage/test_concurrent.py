@@ -59,3 +59,27 @@ def test_a_stage_with_state_computes_one_at_a_time(tmp_path):
         assert stage.depth == 1 and stage.concurrency == 1
         tp = stage.measure_throughput({"x": X}, depth=4, requests=3)
         assert tp["depth"] == 1 and "state pairs runs one request at a time" in tp["note"]
+
+
+def test_a_throughput_run_with_wrong_inputs_raises_and_the_stage_serves_on(wide):
+    """The throughput driver submits from the last request's callback: an error there reaches
+    the caller, and nothing is left in flight."""
+    with xstage.open_stage(wide, route="ort-cpu", depth=4, concurrency=4, record_on_close=False) as stage:
+        with pytest.raises(errors.InputError):
+            stage.measure_throughput({"x": np.zeros((3, 3), np.float32)}, depth=4, requests=8)
+        x = np.ones((64, 512), np.float32)
+        tp = stage.measure_throughput({"x": x}, depth=4, requests=20)
+        assert tp["requests"] == 20
+        np.testing.assert_array_equal(stage({"x": x})["y"], stage({"x": x})["y"])
+
+
+def test_session_config_entries_are_in_the_worker_session_and_its_record(wide):
+    """``session_config`` reaches the worker's real onnxruntime session: the record holds each
+    entry as the session reads it back."""
+    spin = {"session.intra_op.allow_spinning": "0"}
+    with xstage.open_stage(wide, route="ort-cpu", depth=2, concurrency=2, session_config=spin,
+                           record_on_close=False) as stage:
+        rec = stage.record()
+        assert rec["request"]["session_config"] == spin
+        assert rec["worker"]["runtime"]["session_config"] == spin
+        assert rec["outcome"]["status"] == "placed"

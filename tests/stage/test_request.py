@@ -97,7 +97,7 @@ def test_the_cli_and_the_api_build_equal_requests(tmp_path):
             "--threads", "1", "--graph-opt-level", "ORT_ENABLE_BASIC", "--format", "onnx:fp32",
             "--component", "tower", "--inputs", str(npz), "--reference-arm", "in_process",
             "--timeout", "load=30", "--shape", "x=2x3", "--dim", "batch=4",
-            "--throughput", "--depth", "3"]
+            "--throughput", "--depth", "3", "--session-config", "session.intra_op.allow_spinning=0"]
     args = build_parser().parse_args(argv)
     cli = stage_request(args, Path("m.onnx"), Output())
     api = StageRequest.build(
@@ -105,7 +105,8 @@ def test_the_cli_and_the_api_build_equal_requests(tmp_path):
         tolerance={"rel_l2": 1e-3, "elem": 0.5}, ep_options={"device_type": "CPU"}, threads=1,
         graph_opt_level="ORT_ENABLE_BASIC", fmt="onnx:fp32", component="tower",
         inputs=str(npz), reference_arm="in_process", deadlines=Deadlines(load=30.0),
-        shapes={"x": (2, 3)}, dims={"batch": 4}, depth=3, concurrency=3, record_on_close=False)
+        shapes={"x": (2, 3)}, dims={"batch": 4}, depth=3, concurrency=3, record_on_close=False,
+        session_config={"session.intra_op.allow_spinning": "0"})
     assert cli == api
     assert cli.to_record() == api.to_record()
     plain = StageRequest.build(Path("m.onnx"), record_on_close=False)
@@ -153,7 +154,8 @@ def test_a_cluster_node_gets_the_whole_request_but_the_placement():
         "m.onnx", prefer=["npu"], tolerance={"cosine": 0.99}, ep_options={"a": "b"}, threads=1,
         shapes={"x": (1, 2)}, dims={"n": 3}, depth=4, concurrency=2, restart="on_death",
         max_restarts=1, restart_window=5.0, deadlines=Deadlines(call=9.0), cluster="ray",
-        resources={"npu": 1}, placement_timeout=7.0, record_on_close=False)
+        resources={"npu": 1}, placement_timeout=7.0, record_on_close=False,
+        session_config={"session.intra_op.allow_spinning": "0"})
     assert request.resources == (("npu", 1.0),)
     again = StageRequest.build(request.artifact, **request.node_arguments())
     assert again == dataclasses.replace(request, cluster=None, resources=(),
@@ -169,10 +171,25 @@ def test_a_cluster_node_gets_the_whole_request_but_the_placement():
     ({"restart": "always"}, "restart="),
     ({"threads": -1}, "--threads -1"),
     ({"cluster": "ray", "report": object()}, r"report=\.\.\.\) does not cross"),
+    ({"session_config": {"allow_spinning": "0"}}, "not an onnxruntime config key"),
+    ({"session_config": {"session. intra_op": "0"}}, "not an onnxruntime config key"),
+    ({"session_config": {"session.intra_op.allow_spinning": True}}, "the value is not a string"),
+    ({"session_config": {"ep.context_enable": "1"}}, "a graph file other than the one hashed"),
+    ({"session_config": {"session.record_ep_graph_assignment_info": "0"}}, "xstage sets it itself"),
+    ({"session_config": [("session.a", "1")]}, "not a mapping"),
 ])
 def test_bad_arguments_are_refused_when_the_request_is_built(kwargs, match):
     with pytest.raises(errors.UsageError, match=match):
         StageRequest.build("m.onnx", **kwargs)
+
+
+def test_session_config_reaches_the_worker_session_only_and_the_record():
+    """The entries go to the worker's session (``config``); the reference arm reads only the
+    threads and the optimization level; the request block names them, absent when none."""
+    request = StageRequest.build("m.onnx", threads=1, session_config={"session.a.b": 1})
+    assert request.session_options() == {"intra_op_num_threads": 1, "config": {"session.a.b": "1"}}
+    assert request.to_record()["session_config"] == {"session.a.b": "1"}
+    assert "session_config" not in StageRequest.build("m.onnx").to_record()
 
 
 def test_a_cluster_node_checks_its_own_cpu_count():

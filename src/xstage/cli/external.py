@@ -89,6 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "their defaults, tighter and looser values both apply")
     p.add_argument("--ep-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an execution provider option (repeatable; wins over the route's hook)")
+    p.add_argument("--session-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="an onnxruntime session config entry for the worker's session "
+                   "(repeatable), e.g. session.intra_op.allow_spinning=0")
     p.add_argument("--threads", type=int, metavar="N",
                    help="intra-op threads (both arms), 1 to the CPU count; 0 the default")
     p.add_argument("--graph-opt-level", metavar="L",
@@ -149,13 +152,15 @@ def _percentiles(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{exc} (e.g. --percentiles 50,90,99,99.9)") from None
 
 
-def _ep_options(items: list[str]) -> dict[str, str]:
+def _ep_options(items: list[str], flag: str = "--ep-option",
+                example: str = "device_type=CPU") -> dict[str, str]:
+    """``KEY=VALUE`` flags (``--ep-option``, ``--session-config``) as a dict, the last one winning."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise errors.UsageError(f"--ep-option {item!r} is not KEY=VALUE",
-                                    remedy="e.g. --ep-option device_type=CPU")
+            raise errors.UsageError(f"{flag} {item!r} is not KEY=VALUE",
+                                    remedy=f"e.g. {flag} {example}")
         out[key] = value
     return out
 
@@ -423,6 +428,8 @@ def stage_request(args: argparse.Namespace, graph: Path, out: Output,
         reference=args.reference or "auto", reference_arm=args.reference_arm,
         tolerance=parse_tolerance(args.tolerance),
         ep_options=_ep_options(args.ep_option), threads=args.threads,
+        session_config=_ep_options(args.session_config, "--session-config",
+                                   "session.intra_op.allow_spinning=0"),
         graph_opt_level=args.graph_opt_level, fmt=args.fmt, component=args.component,
         shapes=shapes, dims=dims, on_event=out.log,
         ledger=Ledger(capacity=dict(parse_pool_arg(p) for p in args.pool)) if args.pool else None,

@@ -56,7 +56,7 @@ __all__ = [
 #: record (``parity.tiebreak``: its status, the graph evaluated, each output's two distances,
 #: ``ill_conditioned``, an ``unavailable`` tie-break's ``reason_code``), and readers accept
 #: enum values they do not know within the major (with an :class:`UnknownValueWarning`).
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 SCHEMA_MAJOR = 1
 
 _VERSION = re.compile(r"^([0-9]+)\.([0-9]+)$")

@@ -25,6 +25,7 @@ from xstage.refusal import Refusal
 from xstage.snapshot import release
 from xstage.stage.admit import Admission, admit
 from xstage.stage.ledger import Holding
+from xstage.stage.refill import Refill
 from xstage.stage.request import RESTART_POLICIES
 from xstage.stage.state import state_bytes
 from xstage.timings import DEFAULT_PERCENTILES, summarize, throughput_block
@@ -88,11 +89,17 @@ class Requests:
         100 requests); the block is ``xstage.timings.throughput_block``'s.
 
         Each request's latency runs from its ``submit`` to its result (stamped when the result
-        arrives, not when this loop collects it). A depth above the stage's runs at the stage's
-        depth and says so (a stage with state pairs is served at depth 1).
+        arrives). The next request is submitted from the finished one's done-callback, in the
+        thread that collected it, as ``benchmark_app`` restarts an infer request from its
+        completion callback: no hand-off to the calling thread between two requests
+        (docs/throughput.md, "How the throughput mode drives the stage"). A depth above the
+        stage's runs at the stage's depth and says so (a stage with state pairs is served at
+        depth 1).
 
         Raises:
             UsageError: ``depth`` below 1, or ``requests``/``duration`` not positive.
+            The first request's error (``InputError``, ``WorkerDied``, ...), once the requests
+            in flight have ended.
         """
         if depth < 1 or (requests is not None and requests < 1) \
                 or (duration is not None and duration <= 0):
@@ -103,27 +110,12 @@ class Requests:
                     + ("a stage with state pairs runs one request at a time" if k == 1
                        else f"the stage's depth is {k}"))
         total = requests if requests is not None else (None if duration is not None else 100)
-        latency: list[float] = []
-        window: deque[concurrent.futures.Future[dict[str, np.ndarray]]] = deque()
-
-        def stamp(t0: float) -> Callable[[concurrent.futures.Future[Any]], None]:
-            return lambda _fut: latency.append(time.perf_counter() - t0)
-
+        drive = Refill(self.submit, inputs, depth=k, total=total, duration=duration)
         start = time.perf_counter()
-        end = start + duration if duration is not None else None
-        sent = 0
-        while (total is None or sent < total) and (end is None or time.perf_counter() < end):
-            t0 = time.perf_counter()
-            fut = self.submit(inputs)
-            fut.add_done_callback(stamp(t0))
-            window.append(fut)
-            sent += 1
-            if len(window) >= k:
-                window.popleft().result()
-        while window:
-            window.popleft().result()
+        drive.run()
         wall = time.perf_counter() - start
-        return throughput_block(depth=k, requests=sent, wall_s=wall, batch=batch, latency_s=latency,
+        return throughput_block(depth=k, requests=drive.sent, wall_s=wall, batch=batch,
+                                latency_s=drive.latency,
                                 concurrency=getattr(self, "concurrency", None), percentiles=percentiles,
                                 note=note)
 

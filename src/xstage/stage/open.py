@@ -63,7 +63,8 @@ def open_stage(
     shapes: Mapping[str, tuple[int, ...]] | None = None, dims: Mapping[str, int] | None = None,
     fmt: str | None = None, component: str | None = None,
     ep_options: Mapping[str, str] | None = None, threads: int | None = None,
-    graph_opt_level: str | None = None, deadlines: Deadlines | None = None,
+    graph_opt_level: str | None = None, session_config: Mapping[str, str] | None = None,
+    deadlines: Deadlines | None = None,
     report: DeviceReport | None = None, ledger: Ledger | None = None,
     on_event: Callable[[str], None] | None = None, depth: int = 2, concurrency: int = 1,
     restart: str = "never",
@@ -107,6 +108,10 @@ def open_stage(
         ep_options: execution provider options, over the route's hook's own.
         threads: intra-op threads for both arms (None: the runtime's default).
         graph_opt_level: onnxruntime's graph optimization level (``ORT_ENABLE_ALL``, …).
+        session_config: onnxruntime session config entries for the worker's session
+            (``{"session.intra_op.allow_spinning": "0"}``; onnxruntime's ``perf_test -C``);
+            the reference arm's session is built as always (docs/throughput.md, "Session
+            config").
         deadlines: per-phase worker deadlines (spawn, hello, load, warm-up, call, shutdown).
         report: the device table to plan against (default: ``xstage.devices()``, cached).
         ledger: the memory ledger the stage is budgeted in (default: the process-wide one);
@@ -143,7 +148,8 @@ def open_stage(
         min_placement=min_placement, tolerance=tolerance, reference=reference,
         reference_arm=reference_arm, inputs=inputs, shapes=shapes, dims=dims, fmt=fmt,
         component=component, ep_options=ep_options, threads=threads,
-        graph_opt_level=graph_opt_level, deadlines=deadlines, report=report, ledger=ledger,
+        graph_opt_level=graph_opt_level, session_config=session_config, deadlines=deadlines,
+        report=report, ledger=ledger,
         on_event=on_event, depth=depth, concurrency=concurrency, restart=restart,
         max_restarts=max_restarts, restart_window=restart_window,
         record_on_close=record_on_close, cluster=cluster, resources=resources,

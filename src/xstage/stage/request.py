@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from xstage.stage.ledger import Ledger
 
 __all__ = ["CLUSTERS", "MAX_DEPTH", "RESTART_POLICIES", "InputsAsked", "Resolved", "StageRequest",
-           "TensorSeen", "check_criteria", "check_resources", "describe_feeds"]
+           "TensorSeen", "check_criteria", "check_resources", "check_session_config",
+           "describe_feeds"]
 
 #: The most slot sets a region holds (``xstage_remote.shm.MAX_SETS``).
 MAX_DEPTH = 64
@@ -123,6 +124,8 @@ class StageRequest:
     ep_options: tuple[tuple[str, str], ...] = ()
     threads: int | None = None
     graph_opt_level: str | None = None
+    #: onnxruntime session config entries for the worker's session (``--session-config``)
+    session_config: tuple[tuple[str, str], ...] = ()
     deadlines: Deadlines | None = None
     depth: int = 2
     concurrency: int = 1
@@ -149,7 +152,8 @@ class StageRequest:
         shapes: Mapping[str, tuple[int, ...]] | None = None, dims: Mapping[str, int] | None = None,
         fmt: str | None = None, component: str | None = None,
         ep_options: Mapping[str, str] | None = None, threads: int | None = None,
-        graph_opt_level: str | None = None, deadlines: Deadlines | None = None,
+        graph_opt_level: str | None = None, session_config: Mapping[str, str] | None = None,
+        deadlines: Deadlines | None = None,
         report: DeviceReport | None = None, ledger: Ledger | None = None,
         on_event: Callable[[str], None] | None = None, depth: int = 2, concurrency: int = 1,
         restart: str = "never",
@@ -162,7 +166,8 @@ class StageRequest:
         Raises:
             UsageError: a tolerance mapping with an unknown criterion or a bad value;
                 ``min_placement``, ``threads``, ``depth``, ``concurrency`` or the restart policy
-                out of range (``_check_numbers``, ``_check_restart``); with ``cluster``: an
+                out of range (``_check_numbers``, ``_check_restart``); a session config entry
+                xstage cannot pass (``check_session_config``); with ``cluster``: an
                 unknown cluster, bad resources or ``placement_timeout``, or an argument that
                 cannot cross to a node.
         """
@@ -170,6 +175,7 @@ class StageRequest:
         criteria = check_criteria(tolerance) if isinstance(tolerance, Mapping) else None
         _check_numbers(min_placement, threads, depth, concurrency, here=cluster is None)
         _check_restart(restart, max_restarts, restart_window)
+        config = check_session_config(session_config)
         wanted = _check_cluster(cluster, resources, placement_timeout,
                                 {"report": report, "ledger": ledger})
         return cls(
@@ -191,7 +197,8 @@ class StageRequest:
                          for k, v in (shapes or {}).items()),
             dims=tuple((dims or {}).items()), fmt=fmt, component=component,
             ep_options=tuple((ep_options or {}).items()), threads=threads,
-            graph_opt_level=graph_opt_level, deadlines=deadlines, depth=depth,
+            graph_opt_level=graph_opt_level, session_config=tuple(config.items()),
+            deadlines=deadlines, depth=depth,
             concurrency=concurrency, restart=restart, max_restarts=max_restarts,
             restart_window=restart_window, record_on_close=record_on_close, cluster=cluster,
             resources=tuple(wanted.items()), placement_timeout=placement_timeout,
@@ -212,12 +219,19 @@ class StageRequest:
         return dict(self.ep_options)
 
     def session_options(self) -> dict[str, Any]:
-        """The onnxruntime session options both arms use (the worker's and the reference's)."""
+        """The onnxruntime session options of the worker's session.
+
+        Threads and the optimization level both arms use (the worker's and the reference's);
+        ``config``, the session config entries, the worker's session only (they tune how it
+        runs, and the gate compares it with a reference built as always).
+        """
         session: dict[str, Any] = {}
         if self.threads:
             session["intra_op_num_threads"] = self.threads
         if self.graph_opt_level:
             session["graph_optimization_level"] = self.graph_opt_level
+        if self.session_config:
+            session["config"] = dict(self.session_config)
         return session
 
     def node_arguments(self) -> dict[str, Any]:
@@ -237,7 +251,8 @@ class StageRequest:
                 "shapes": dict(self.shapes) or None,
                 "dims": dict(self.dims) or None, "fmt": self.fmt, "component": self.component,
                 "ep_options": self.ep_option_map(), "threads": self.threads,
-                "graph_opt_level": self.graph_opt_level, "deadlines": self.deadlines,
+                "graph_opt_level": self.graph_opt_level,
+                "session_config": dict(self.session_config) or None, "deadlines": self.deadlines,
                 "depth": self.depth, "concurrency": self.concurrency, "restart": self.restart,
                 "max_restarts": self.max_restarts, "restart_window": self.restart_window}
 
@@ -260,6 +275,8 @@ class StageRequest:
                        "seed": self.inputs.seed, "tensors": {
                            t.name: {"dtype": t.dtype, "shape": list(t.shape)}
                            for t in resolved.tensors}}}
+        if self.session_config:
+            block["session_config"] = dict(self.session_config)
         if resolved.reference_arm is not None:
             block["reference_arm"] = resolved.reference_arm
         if self.cluster is not None:
@@ -356,6 +373,51 @@ def _check_numbers(min_placement: float, threads: int | None, depth: int = 2,
         raise errors.UsageError(
             f"--threads {threads} is outside 0..{cpus} (this machine's CPU count)",
             remedy=f"give a whole number from 1 to {cpus}, or 0 for the runtime's default")
+
+
+#: Session config entries xstage sets itself, or that make onnxruntime write or read a graph
+#: file other than the one hashed (an EP context model): the bytes that ran are the bytes
+#: hashed (docs/throughput.md, "Compile caches"). Prefixes end with a dot.
+SESSION_CONFIG_REFUSED = ("ep.context_", "session.record_ep_graph_assignment_info",
+                          "session.model_external_initializers_file_folder_path",
+                          "session.optimized_model_external_initializers_file_name",
+                          "session.load_model_format", "session.save_model_format")
+
+
+def check_session_config(config: Mapping[str, str] | None) -> dict[str, str]:
+    """The onnxruntime session config entries (``--session-config KEY=VALUE``), checked.
+
+    onnxruntime takes any key and ignores the ones it does not know, so only the form is
+    checked here: a dotted key (``session.intra_op.allow_spinning``), a string value. The
+    record's ``worker.runtime.session_config`` says what the session holds.
+
+    Raises:
+        UsageError: not a mapping of strings, a key without a dot or with spaces, or a key
+            xstage sets itself or that reads or writes another graph file.
+    """
+    if not config:
+        return {}
+    if not isinstance(config, Mapping):
+        raise errors.UsageError(f"session_config={config!r} is not a mapping of KEY to VALUE",
+                                remedy='e.g. {"session.intra_op.allow_spinning": "0"}')
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if not isinstance(key, str) or "." not in key.strip(".") or any(c.isspace() for c in key):
+            raise errors.UsageError(
+                f"session config key {key!r} is not an onnxruntime config key",
+                remedy="give a dotted key from onnxruntime's session options config keys, "
+                "e.g. session.intra_op.allow_spinning=0")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise errors.UsageError(f"session config {key}={value!r}: the value is not a string",
+                                    remedy=f'give it as text, e.g. "{key}": "0"')
+        if key.startswith(SESSION_CONFIG_REFUSED):
+            raise errors.UsageError(
+                f"session config {key} is not passed through: xstage sets it itself, or it makes "
+                "onnxruntime read or write a graph file other than the one hashed",
+                remedy="leave it out (a route's compile cache keeps compiled blobs: "
+                "docs/throughput.md, \"Compile caches\")")
+        out[key] = str(value)
+    return out
 
 
 def _check_restart(restart: str, max_restarts: int, window: float) -> None:
