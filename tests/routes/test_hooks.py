@@ -105,6 +105,17 @@ def test_openvino_without_a_device_type_assumes_cpu():
     assert opts == {"load_config": F32_CPU}
 
 
+@pytest.mark.parametrize("device, section", [("npu:intel:0", "NPU"), ("gpu_integrated:intel:0", "GPU"),
+                                             ("gpu_discrete:intel:1", "GPU"), ("cpu", "CPU")])
+def test_a_plugin_ep_without_a_device_type_gets_the_planned_devices_section(device, section):
+    """The plugin EP is bound to its device by the EP-device API, so its options carry no
+    ``device_type``: the hint goes to the planned device's section (it went to ``CPU``'s, which
+    an NPU or GPU session never reads)."""
+    opts, notes = ep_options_for("ort-openvino", "onnx:fp32", device, {}, None)
+    assert json.loads(opts["load_config"]) == {section: {"INFERENCE_PRECISION_HINT": "f32"}}
+    assert f"on {section}" in notes[0] and "device_type" not in opts
+
+
 @pytest.mark.parametrize("fmt", ["onnx:fp16", "onnx:a16w8"])
 def test_openvino_never_adds_a_hint_for_a_non_fp32_artifact(fmt):
     opts, notes = ep_options_for("ort-openvino", fmt, "cpu", _base("ort-openvino"), None)

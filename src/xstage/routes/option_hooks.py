@@ -42,6 +42,13 @@ def _device_kind(device: str) -> str:
     return "gpu" if kind.startswith("gpu") else kind
 
 
+def _openvino_name(device: str | None) -> str:
+    """The OpenVINO device name of an xstage device: ``npu:intel:0`` → ``NPU``, a GPU → ``GPU``,
+    the CPU or none → ``CPU``."""
+    kind = _device_kind(device) if device else "cpu"
+    return kind.upper() if kind in ("gpu", "npu") else "CPU"
+
+
 def _openvino_kinds(device_type: str) -> tuple[str, ...]:
     """``GPU.1`` → (``gpu``,); ``HETERO:GPU,CPU`` / ``AUTO:NPU,CPU`` → every device listed."""
     text = device_type.split(":", 1)[1] if ":" in device_type else device_type
@@ -56,7 +63,9 @@ def openvino(opts: dict[str, str], fmt: str, device: str | None, user: Mapping[s
         kinds = _openvino_kinds(user["device_type"])
         if not kinds or any(k != _device_kind(device) for k in kinds):
             raise DeviceOverride("device_type", user["device_type"], kinds or ("nothing",), device)
-    device_type = user.get("device_type") or opts.get("device_type") or "CPU"  # the one that runs
+    # The one that runs: the user's, the probe's, else the planned device's kind (a plugin EP is
+    # bound to its device by the EP-device API and has no device_type among its options).
+    device_type = user.get("device_type") or opts.get("device_type") or _openvino_name(device)
     if fmt.endswith(":fp32") and "load_config" not in user and "precision" not in user:
         target = device_type.split(".")[0].split(":")[0]
         opts["load_config"] = json.dumps({target: {"INFERENCE_PRECISION_HINT": "f32"}})
