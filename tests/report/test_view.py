@@ -60,6 +60,9 @@ def test_compare_names_what_changed_between_two_routes(records):
     assert rows["run", "route"].a == "ort-cpu" and rows["run", "route"].b == "ort-openvino"
     assert rows["run", "target EP"].changed
     assert cmp.moved and all(a == CPU_EP for _, a, _ in cmp.moved)
+    # A node the target EP fused away has no provider: said so, never "None".
+    fused = [m for m in cmp.moved if m[2].startswith("fused away")]
+    assert fused and all("None" not in m for m in cmp.moved)
     assert any(c.startswith("placement:") and "changed side" in c for c in cmp.changes)
 
 

@@ -496,7 +496,7 @@ def compare_views(a: ReportView, b: ReportView) -> CompareView:
     providers_a = {str(n.get("name")): n.get("provider") for n in a.nodes}
     providers_b = {str(n.get("name")): n.get("provider") for n in b.nodes}
     moved = tuple(
-        (name, str(providers_a[name]), str(providers_b[name]))
+        (name, _provider_cell(providers_a[name]), _provider_cell(providers_b[name]))
         for name in providers_a
         if name in providers_b
         and _side(providers_a[name], a.target_ep) != _side(providers_b[name], b.target_ep)
@@ -509,6 +509,12 @@ def compare_views(a: ReportView, b: ReportView) -> CompareView:
         )
     same = a.artifact_sha256 is not None and a.artifact_sha256 == b.artifact_sha256
     return CompareView(a=a, b=b, same_artifact=same, rows=tuple(rows), moved=moved, changes=tuple(changes))
+
+
+def _provider_cell(provider: Any) -> str:
+    """A node's provider in one run, or what having none means: the EP fused it into a
+    neighbour's kernel, so no kernel of its own was seen (docs/external.md, "The proof")."""
+    return "fused away (no kernel of its own)" if provider is None else str(provider)
 
 
 def _side(provider: Any, target: str | None) -> str:
