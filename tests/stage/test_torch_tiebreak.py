@@ -146,3 +146,16 @@ def test_dtypes_the_graph_names_are_widened(export_python, programs, tmp_path):
     done, doc = _external(export_python, programs, "naive", "casts", tmp_path / "r.json")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert _refused_gate(doc)["tiebreak"]["status"] == "failed"
+
+
+def test_session_config_for_a_torch_program_is_a_usage_error(export_python, programs):
+    """Session config entries are onnxruntime's: for a ``.pt2`` they would be dropped silently,
+    so the request is refused before any worker starts (docs/throughput.md, "Session config")."""
+    env = dict(os.environ, XSTAGE_PYTHON_TORCH_CPU=str(export_python), COLUMNS="160")
+    done = subprocess.run([sys.executable, "-m", "xstage", "external", "--graph",
+                           str(programs / "shifted.pt2"), "--route", "torch-cpu",
+                           "--session-config", "session.intra_op.allow_spinning=0"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 64, done.stderr[-2000:]
+    assert "--session-config entries are onnxruntime's" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -171,6 +171,11 @@ def open_request(request: StageRequest) -> Stage:
     try:
         art = inspect_artifact(request.artifact, fmt=request.fmt, component=request.component)
         held += [art.snapshot.folder] if art.snapshot is not None else []
+        if request.session_config and art.runtime == "torch":
+            raise errors.UsageError(
+                f"--session-config entries are onnxruntime's, and {Path(request.artifact).name} "
+                "is a torch program (a torch route runs it)",
+                remedy="leave --session-config out for a .pt2 (docs/throughput.md, \"Session config\")")
         nodes = graph_nodes(art)
         feeds, pairs, init = _feeds_and_state(art, request)
         resolved = Resolved(tensors=describe_feeds(feeds))
