@@ -113,3 +113,12 @@ def test_the_noise_tier_and_dequantized_outputs_are_said_and_valid():
     rows = dict(summary_rows(doc))
     assert rows["dequantized"].startswith("q: QuantizeLinear outputs compared as")
     assert rows["parity q"].startswith("FAILED: dequantized (uint16 of q_out, scale 0.001, zero point 0)")
+
+
+def test_the_request_row_names_ep_options_and_session_config():
+    doc = record_docs.placed()
+    doc["request"]["ep_options"] = {"device_type": "CPU"}
+    doc["request"]["session_config"] = {"session.intra_op.allow_spinning": "0"}
+    (text,) = [t for f, t in summary_rows(doc) if f == "request"]
+    assert "ep_options=device_type=CPU" in text
+    assert "session_config=session.intra_op.allow_spinning=0" in text

@@ -65,8 +65,9 @@ def _request(doc: Mapping[str, Any]) -> Rows:
              if v not in (None, {}, []) and not isinstance(v, Mapping)]
     if isinstance(request.get("inputs"), Mapping):
         asked.append(f"inputs={request['inputs'].get('source')}")
-    if request.get("ep_options"):
-        asked.append("ep_options=" + ",".join(f"{k}={v}" for k, v in sorted(request["ep_options"].items())))
+    for key in ("ep_options", "session_config"):
+        if isinstance(request.get(key), Mapping) and request[key]:
+            asked.append(f"{key}=" + ",".join(f"{k}={v}" for k, v in sorted(request[key].items())))
     return [("request", " ".join(asked))]
 
 
