@@ -144,3 +144,21 @@ def test_a_duration_ends_the_run():
     finally:
         submit.stop()
     assert drive.sent >= 1 and len(drive.latency) == drive.sent
+
+
+def test_a_submit_that_returns_no_future_ends_the_run_instead_of_hanging():
+    """The third submit runs in the collecting thread's callback, where an exception is only
+    logged by ``concurrent.futures``: the run ends with it rather than wait for a callback
+    that never comes."""
+    collector = Collector()
+
+    def submit(inputs):
+        fut = collector(inputs)
+        return object() if collector.calls == 3 else fut
+
+    try:
+        drive = Refill(submit, {"x": 1}, depth=2, total=10, duration=None)
+        with pytest.raises(AttributeError):
+            drive.run()
+    finally:
+        collector.stop()

@@ -45,6 +45,7 @@ class Refill:
         self._lock = threading.Lock()
         self._finished = threading.Event()
         self._local = threading.local()
+        self._caller: threading.Thread | None = None
         self._inflight = 0
         self._error: BaseException | None = None
         self.sent = 0
@@ -52,6 +53,7 @@ class Refill:
 
     def run(self) -> None:
         """Send, wait until every request sent has ended, raise the first error."""
+        self._caller = threading.current_thread()
         if self._duration is not None:
             self._end = time.perf_counter() + self._duration
         self._fill()
@@ -96,11 +98,30 @@ class Refill:
                             self._error = exc
                     return
                 future.add_done_callback(lambda fut, t0=t0: self._done(fut, t0))
+        except BaseException as exc:  # noqa: BLE001 - in a callback it would only be logged
+            self._fail(exc)
+            if threading.current_thread() is self._caller:
+                raise
         finally:
             self._local.filling = False
 
     def _done(self, future: Future[Any], t0: float) -> None:
         """A request ended: its latency kept, the next one sent from here."""
+        try:
+            self._ended(future, t0)
+        except BaseException as exc:  # noqa: BLE001 - a callback's error is only logged: end the run
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """End the run now with an error outside the requests (a submit that returned no future).
+
+        Waiting would wait for a callback that will not come.
+        """
+        with self._lock:
+            self._error = self._error or exc
+        self._finished.set()
+
+    def _ended(self, future: Future[Any], t0: float) -> None:
         now = time.perf_counter()
         error = None if future.cancelled() else future.exception()
         with self._lock:
