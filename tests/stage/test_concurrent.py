@@ -83,3 +83,49 @@ def test_session_config_entries_are_in_the_worker_session_and_its_record(wide):
         assert rec["request"]["session_config"] == spin
         assert rec["worker"]["runtime"]["session_config"] == spin
         assert rec["outcome"]["status"] == "placed"
+
+
+def _gather_after_matmuls(path):
+    """Six 512x512 MatMuls (milliseconds of work) and then a Gather whose index is an input: an
+    index out of range fails the run inside onnxruntime, after the work."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(3)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [512, 512],
+                           (rng.standard_normal((512, 512)) * 0.05).astype(np.float32).ravel())
+    nodes = [helper.make_node("MatMul", ["x" if k == 0 else f"h{k}", "w"], [f"h{k + 1}"]) for k in range(6)]
+    nodes.append(helper.make_node("Gather", ["h6", "i"], ["y"], axis=0))
+    graph = helper.make_graph(
+        nodes, "gather", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 512]),
+                          helper.make_tensor_value_info("i", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    import onnx
+
+    onnx.save(model, path)
+    return path
+
+
+def test_requests_that_fail_while_runs_overlap_each_get_their_own_error(tmp_path):
+    """Runs that overlap finish in any order, and a failed run's error frame comes on the
+    control stream in that order: each failed request gets its own error, each good one its
+    outputs, and the stage serves on. (Before, a second failure's frame read while the client
+    waited for the first killed the stage with a protocol error.) Whatever order the runs
+    finish in, the assertions are the same."""
+    graph = _gather_after_matmuls(tmp_path / "gather.onnx")
+    x = np.full((64, 512), 1e-2, np.float32)
+    good, bad = {"x": x, "i": np.array([1], np.int64)}, {"x": x, "i": np.array([1000], np.int64)}
+    with xstage.open_stage(graph, route="ort-cpu", depth=4, concurrency=4, inputs=good,
+                           record_on_close=False) as stage:
+        want = stage(good)["y"]
+        for _ in range(3):
+            futures = [stage.submit(bad if j % 2 == 0 else good) for j in range(8)]
+            for j, fut in enumerate(futures):
+                if j % 2 == 0:
+                    with pytest.raises(errors.WorkerRaised, match="1000"):
+                        fut.result(timeout=120)
+                else:
+                    np.testing.assert_array_equal(fut.result(timeout=120)["y"], want)
+        assert stage.health()["state"] == "serving"
+        np.testing.assert_array_equal(stage(good)["y"], want)

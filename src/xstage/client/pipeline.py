@@ -41,13 +41,7 @@ from xstage.client import device_slots
 from xstage.client.host import CallHost
 from xstage.client.outputs import USE_DEADLINE, Outputs
 from xstage.client.region import SharedRegion, heads_up_default
-from xstage.client.requests import (
-    Request,
-    Reservation,
-    Reservations,
-    StageFuture,
-    snapshot,
-)
+from xstage.client.requests import EarlyFrames, Request, Reservation, Reservations, StageFuture, snapshot
 from xstage_remote import shm, wire
 
 if TYPE_CHECKING:
@@ -93,6 +87,7 @@ class Pipeline:
         #: Threads waiting in ``input_slots`` for a set to come free, and their condition.
         self.slot_waiters = 0
         self.freed = threading.Condition(self.mu)
+        self.early = EarlyFrames()  # frames of requests answered ahead of the head
 
     # ------------------------------------------------------------------ entry points
     def idle(self) -> bool:
@@ -536,6 +531,8 @@ class Pipeline:
                 if c.close_requested:
                     raise c.closed_under_call()
                 frame = c.recv(head.phase, head.seconds)
+                if frame.id != rid and self.early.keep(frame, self.inflight):
+                    return  # another request's answer, finished first (concurrent runs)
                 if region.resp_id(s) != rid:
                     bell.wait(lambda: region.resp_id(s) == rid, head.deadline, spin=0)
                 self._collect(head, frame)
@@ -716,7 +713,7 @@ class Pipeline:
             self._resolve(req, result, timing)
             return
         if frame is None:
-            frame = c.recv(req.phase, req.seconds)
+            frame = self.early.read(c.recv, req, self.inflight)
         try:
             frame = c.expect(frame, "result", rid)
         except errors.WorkerRaised as exc:
@@ -763,6 +760,7 @@ class Pipeline:
             queued = [r for r in self.queue if r.future is not None]
             self.queue.clear()
             self.reserved.clear()
+            self.early.clear()
             self._notify_freed()
         gen_exc: BaseException = exc
         if isinstance(exc, errors.CallTimeout):

@@ -12,15 +12,15 @@ import contextlib
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
 
 from xstage.client import device_slots
 
-__all__ = ["Request", "Reservation", "Reservations", "StageFuture", "Withdraws", "address", "snapshot",
-           "view_dropped"]
+__all__ = ["EarlyFrames", "Request", "Reservation", "Reservations", "StageFuture", "Withdraws",
+           "address", "snapshot", "view_dropped"]
 
 
 class Withdraws(Protocol):
@@ -185,6 +185,32 @@ class Reservations(dict):  # type: ignore[type-arg]
             if token.carried_by(feeds):
                 return token
         return None
+
+
+class EarlyFrames(dict):  # type: ignore[type-arg]
+    """Frames read ahead of the request being collected, by request id.
+
+    With concurrent runs the worker answers requests in the order they finish, and an error's
+    or an inline result's frame comes on the control stream in that order, not in the order
+    the pipeline collects (docs/serving.md, "Concurrent runs").
+    """
+
+    def keep(self, frame: Any, inflight: Iterable[Request]) -> bool:
+        """Keep ``frame`` for its request if that one is in flight; False if it is not."""
+        if any(r.rid == frame.id for r in inflight):
+            self[frame.id] = frame
+            return True
+        return False
+
+    def read(self, recv: Callable[[str, float | None], Any], req: Request,
+             inflight: Iterable[Request]) -> Any:
+        """``req``'s frame: kept earlier, or read, keeping any other in-flight request's."""
+        frame = self.pop(req.rid, None)
+        while frame is None:
+            got = recv(req.phase, req.seconds)
+            if got.id == req.rid or not self.keep(got, inflight):
+                frame = got  # not another request's: ``expect`` judges it
+        return frame
 
 
 def address(view: Any) -> int:
