@@ -198,3 +198,24 @@ def test_a_cluster_node_checks_its_own_cpu_count():
     with pytest.raises(errors.UsageError, match="CPU count"):
         StageRequest.build("m.onnx", threads=many)
     assert StageRequest.build("m.onnx", threads=many, cluster="ray").threads == many
+
+
+def test_the_reference_arm_never_gets_the_session_config(monkeypatch):
+    """The entries tune the stage's session; the gate's reference is built as always, in its
+    own worker too (which takes ``load`` options as the stage's worker does)."""
+    import xstage.stage.open as open_mod
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def make_reference(art, reference, session, *args, **kwargs):
+        seen.update(session)
+        raise Stop
+
+    monkeypatch.setattr(open_mod, "make_reference", make_reference)
+    with pytest.raises(Stop):
+        open_stage(builtin_stage(), route="ort-cpu", threads=1,
+                   session_config={"session.intra_op.allow_spinning": "0"})
+    assert seen == {"intra_op_num_threads": 1}

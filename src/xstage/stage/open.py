@@ -211,7 +211,7 @@ def _reference_arm(art: Artifact, request: StageRequest, report: DeviceReport,
     A plan with no candidate is refused as planned: the caller runs no reference call for it.
     """
     book = request.ledger if request.ledger is not None else Ledger.default()
-    return make_reference(art, request.reference, request.session_options(), report,
+    return make_reference(art, request.reference, request.reference_session_options(), report,
                           where=request.reference_arm, ledger=book,
                           shapes={n: tuple(a.shape) for n, a in inputs.items()},
                           deadlines=request.deadlines)

@@ -234,6 +234,14 @@ class StageRequest:
             session["config"] = dict(self.session_config)
         return session
 
+    def reference_session_options(self) -> dict[str, Any]:
+        """The session options of the gate's reference arm.
+
+        The threads and the optimization level, never the session config entries (they tune
+        the stage's session only).
+        """
+        return {k: v for k, v in self.session_options().items() if k != "config"}
+
     def node_arguments(self) -> dict[str, Any]:
         """``open_stage``'s keyword arguments for a cluster node's own ``open_stage``.
 
