@@ -24,6 +24,11 @@ from xstage.record.summary import summary
 
 NPU = {"fake_npu": 1}
 WAIT = 120  # seconds any single future may take before the test fails instead of hanging
+#: The placement timeout of every placement that must succeed: starting an actor's worker on a
+#: loaded 2-CPU machine took over the 60 s default once (the suite under load); a placement is
+#: never a race the test means to run, only the refusal test below times one out (its resource
+#: is held, so it can never be placed).
+PLACE = 600
 #: A re-placement opens the stage again on the node (two workers, proof and gate, each phase
 #: under its own deadline): on a machine loaded many times over its CPUs that passed 300 s.
 pytestmark = pytest.mark.timeout(900)
@@ -38,6 +43,7 @@ def mlp(tmp_path_factory):
 def remote(ray_cluster, mlp):
     """One stage on the fake-NPU node for the tests that only call it (it holds fake_npu=1)."""
     stage = xstage.open_stage(mlp, route="ort-cpu", cluster="ray", resources=NPU, depth=3,
+                              placement_timeout=PLACE,
                               record_on_close=False)
     yield stage
     stage.close()
@@ -127,7 +133,8 @@ def test_killing_the_actor_mid_request_names_the_node_and_the_next_generation_se
         ray_cluster, remote, wide):
     x = {"x": np.random.default_rng(0).standard_normal((128, 1024)).astype(np.float32)}
     with xstage.open_stage(wide, route="ort-cpu", cluster="ray", resources=NPU, depth=2,
-                           restart="on_death", record_on_close=False) as stage:
+                           restart="on_death", placement_timeout=PLACE,
+                           record_on_close=False) as stage:
         want = stage(x)["y"]
         first = stage.node
         futures = [stage.submit(x, timeout=None) for _ in range(6)]
@@ -156,7 +163,8 @@ def test_xstage_external_and_devices_with_cluster_ray(ray_cluster, tmp_path):
     out = tmp_path / "record.json"
     done = subprocess.run(
         [sys.executable, "-m", "xstage", "external", "--cluster", "ray", "--resource",
-         "fake_npu=1", "--route", "ort-cpu", "--runs", "3", "--warmup", "1", "--json", str(out)],
+         "fake_npu=1", "--route", "ort-cpu", "--runs", "3", "--warmup", "1", "--json", str(out),
+         "--placement-timeout", str(PLACE)],
         capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     doc = read_record(out)
@@ -190,7 +198,7 @@ def test_xstage_external_and_devices_with_cluster_ray(ray_cluster, tmp_path):
 def test_without_a_restart_policy_a_dead_actor_closes_the_stage(ray_cluster, remote, mlp):
     x = _xs(1)[0]
     stage = xstage.open_stage(mlp, route="ort-cpu", cluster="ray", resources=NPU,
-                              record_on_close=False)
+                              placement_timeout=PLACE, record_on_close=False)
     try:
         os.kill(stage.node["pid"], signal.SIGKILL)
         with pytest.raises(errors.WorkerDied, match=ray_cluster.npu_node):
