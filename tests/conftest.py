@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -202,10 +203,26 @@ def _home(path: Path) -> Iterator[None]:
 
 
 def _works(python: Path, check: str) -> bool:
+    """``check`` runs in ``python``: once per test run, not once per test process (the export
+    env's check imports torch and transformers, ~3 s), when pytest-xdist names the run."""
     if not python.is_file():
         return False
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    stamp = None
+    if run_id:
+        key = hashlib.sha256(f"{python}\0{check}".encode()).hexdigest()[:16]
+        stamp = cache_root() / ".checked" / f"{key}-{run_id}"
+        if stamp.is_file():
+            return True
     done = subprocess.run([str(python), "-c", check], capture_output=True, timeout=300)
-    return done.returncode == 0
+    if done.returncode != 0:
+        return False
+    if stamp is not None:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        for old in stamp.parent.glob(f"{key}-*"):
+            old.unlink(missing_ok=True)
+        stamp.touch()
+    return True
 
 
 def build_cached_env(

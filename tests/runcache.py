@@ -217,6 +217,27 @@ def _store(entry_root: Path, python: Path, args: Sequence[str], env: Mapping[str
     return entry, done
 
 
+def _cache_root() -> Path:
+    return Path(os.environ.get("XSTAGE_TEST_CACHE", Path(__file__).resolve().parents[1] / ".test-cache"))
+
+
+def input_file(text: str, suffix: str = ".json") -> Path:
+    """``text`` in a file named by its own hash, for a command's argument.
+
+    The key holds an argument as written, so an input written into a per-test temporary folder
+    would make every run a miss; a file named by its content is the same argument whenever the
+    content is the same (and the key hashes the content too).
+    """
+    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+    path = _cache_root() / "inputs" / f"{digest}{suffix}"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{digest}.{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)  # another process writing the same bytes is harmless
+    return path
+
+
 def run(python: Path, args: Sequence[str], dest: Path, *, env: Mapping[str, str] | None = None,
         cwd: Path | None = None, timeout: float = 900, cache: Path | None = None
         ) -> subprocess.CompletedProcess[str]:
@@ -228,8 +249,7 @@ def run(python: Path, args: Sequence[str], dest: Path, *, env: Mapping[str, str]
     """
     env = dict(os.environ if env is None else env)
     cwd = Path.cwd() if cwd is None else cwd
-    root = Path(os.environ.get("XSTAGE_TEST_CACHE", Path(__file__).resolve().parents[1] / ".test-cache"))
-    entry_root = (cache or root / "runs") / command_key(python, args, env, cwd)
+    entry_root = (cache or _cache_root() / "runs") / command_key(python, args, env, cwd)
     entry_root.mkdir(parents=True, exist_ok=True)
     with open(entry_root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the second process waits for the first run, then uses it

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import adv_corpus
 import adv_gatefmt
 import numpy as np
 import pytest
+import runcache
 
 from xstage import builtin_graphs, device_table
 from xstage.cli.main import main as cli_main
@@ -83,11 +83,11 @@ def torch_programs(export_python: Path, tmp_path_factory: pytest.TempPathFactory
     root = tmp_path_factory.mktemp("adv-gate-torch")
     spec = [{"name": f"{c.id}-{random}", "random": random == "random", **c.params}
             for c in CASES if c.klass == "nondet_torch" for random in ("random", "control")]
-    (root / "spec.json").write_text(json.dumps(spec))
     script = Path(__file__).with_name("torch_random.py")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
-    done = subprocess.run([str(export_python), str(script), str(root / "spec.json"), str(root)],
-                          capture_output=True, text=True, timeout=900, env=env)
+    # kept in the test cache while the spec and the code it runs are unchanged (tests/runcache.py)
+    done = runcache.run(export_python, [str(script), str(runcache.input_file(json.dumps(spec))), "{out}"],
+                        root, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

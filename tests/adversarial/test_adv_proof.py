@@ -19,6 +19,7 @@ from typing import Any
 
 import adv_proof
 import pytest
+import runcache
 from test_adversarial import SEED, Observed, _resolve, module_home, onnx_report, torch_report  # noqa: F401
 
 from xstage import builtin_graphs, device_table
@@ -82,12 +83,12 @@ export_artifact(module, example, path, fmt="pt:fp32", opset=17, input_names=["x"
 def _graph(case: adv_proof.Case, padded: bool, tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     if case.route == "torch-cpu":
         export = request.getfixturevalue("export_python")
-        path = tmp_path / "stage.pt2"
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
-        done = subprocess.run([str(export), "-c", _ZERO_D, case.zero_d, str(path)], capture_output=True,
-                              text=True, timeout=600, env=env)
+        # kept in the test cache while the code it runs is unchanged (tests/runcache.py)
+        done = runcache.run(export, ["-c", _ZERO_D, case.zero_d, "{out}/stage.pt2"], tmp_path / "export",
+                            env=env, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-        return path
+        return tmp_path / "export" / "stage.pt2"
     return builtin_graphs.write(adv_proof.build_onnx(case, padded=padded), tmp_path / "stage.onnx")
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import adv_corpus
 import adv_oracle
 import pytest
+import runcache
 
 from xstage import builtin_graphs, device_table
 from xstage.cli.main import main as cli_main
@@ -109,11 +110,11 @@ def torch_artifacts(export_python: Path, tmp_path_factory: pytest.TempPathFactor
     root = tmp_path_factory.mktemp("adv-torch")
     spec = [{"name": c.id, "kind": c.torch_kind, "ops": list(c.torch_ops), "shape": list(c.torch_shape)}
             for c in adv_corpus.default_cases(CASES, run_slow(pytestconfig)) if c.torch_kind is not None]
-    (root / "spec.json").write_text(json.dumps(spec))
     script = Path(__file__).with_name("torch_programs.py")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
-    done = subprocess.run([str(export_python), str(script), str(root / "spec.json"), str(root)],
-                          capture_output=True, text=True, timeout=600, env=env)
+    # kept in the test cache while the spec and the code it runs are unchanged (tests/runcache.py)
+    done = runcache.run(export_python, [str(script), str(runcache.input_file(json.dumps(spec))), "{out}"],
+                        root, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -146,6 +146,8 @@ def _alloc_chain() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+@pytest.mark.slow(reason="a second live bisect (13 s here); a range the budget refuses is not judged in "
+                        "tests/bisect/test_search.py, by default")
 def test_a_range_the_ledger_refuses_is_not_judged_and_the_split_passes_the_gate(tmp_path) -> None:
     """Only the partitioner's answer is a decline: on ort-cpu (whose partitioner takes every
     node) the probes that hold ``alloc`` are refused by the ledger, so their ranges are *not

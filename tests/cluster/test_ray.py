@@ -157,6 +157,8 @@ def test_killing_the_actor_mid_request_names_the_node_and_the_next_generation_se
         assert doc["cluster"]["generation"] == 2 and doc["proof"]["verdict"] == "placed"
 
 
+@pytest.mark.slow(reason="the CLI over the placement the module's other tests make through the API; a "
+                        "second client process and stage (14 s here)")
 def test_xstage_external_and_devices_with_cluster_ray(ray_cluster, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.address, "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONPATH": os.pathsep.join([str(p) for p in sys.path if p.endswith("src")])}

@@ -258,6 +258,8 @@ _ZERO_D = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow(reason="a 0-d torch output through both arms is tests/adversarial/test_adv_proof.py's "
+                        "zero_d case on torch-cpu, by default")
 def test_a_0d_torch_output_keeps_its_shape_on_both_arms(export_python, torch_python, tmp_path,
                                                         monkeypatch):
     """A program returning a 0-d sum: the stage and the reference worker both return shape (),

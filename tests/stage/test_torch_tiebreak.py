@@ -139,6 +139,8 @@ def test_a_hard_coded_float32_makes_the_torch_tiebreak_unavailable(export_python
     assert "computes view in float32" in tiebreak["reason"]
 
 
+@pytest.mark.slow(reason="a third widened reference program: the widening of a .pt2 is the right "
+                        "program's test, the ONNX Cast widening tests/stage/test_tiebreak.py's, by default")
 def test_dtypes_the_graph_names_are_widened(export_python, programs, tmp_path):
     """``.to(float16)`` and a float32 ``linspace`` in the reference graph run in float64:
     unwidened, either one would return a narrower float and make the tie-break
