@@ -31,9 +31,10 @@ graph) with ``--torch-python`` (default: ``XSTAGE_PYTHON_TORCH_CUDA``/``_CPU``).
 
 Run: ``PYTHONPATH=src python benchmarks/throughput.py [--route ort-cpu --route ort-openvino]
 [--graph mlp --graph ppocr] [--depth 4] [--requests 200] [--repeats 5]
-[--session-config KEY=VALUE [--and-default]] [--concurrency C] [--json OUT.json]``.
+[--session-config KEY=VALUE [--and-default]] [--concurrency C] [--busy N] [--json OUT.json]``.
 ``--concurrency C`` opens the stage with C concurrent runs (1..K) at depth K; the in-process arm
-keeps K threads.
+keeps K threads. ``--busy N`` runs N busy-looping neighbours (``benchmarks/_busy.py``) through
+the whole run, so every arm of every round is measured beside them alike.
 Not a test: nothing asserts.
 """
 
@@ -54,6 +55,9 @@ import onnx
 from onnx import numpy_helper
 
 from xstage import builtin_graphs, open_stage
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _busy import Neighbours  # noqa: E402
 
 PPOCR_DEFAULT = "/work/main/.devtree/graphs/ch_PP-OCRv4_det_infer.onnx"
 
@@ -298,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="an onnxruntime session config entry for both arms' sessions (repeatable)")
     ap.add_argument("--and-default", action="store_true",
                     help="with --session-config: each graph also without it, in the same run")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="N busy-looping neighbours running through every round of every arm")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     routes = args.route or ["ort-cpu", "ort-openvino"]
@@ -305,6 +311,23 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="xstage-throughput-graphs-"))
     mlp = builtin_graphs.write(builtin_graphs.mlp(width=512, depth=6, batch=64), work / "mlp-512x6-b64.onnx")
     results = []
+    with Neighbours(args.busy) as neighbours:
+        neighbours.busy()  # every arm measured beside them alike (none with --busy 0)
+        _run_routes(args, routes, mlp, work, say, results)
+    print(table(results))
+    for r in results:
+        if r["benchmark_app_fps"] is not None:
+            print(f"benchmark_app -hint throughput -nireq {r['depth']} on {r['graph']}: "
+                  f"{r['benchmark_app_fps']} FPS")
+    print(f"host: {os.cpu_count()} CPUs, {args.busy} busy neighbours, load average "
+          f"{os.getloadavg()[0]:.1f} at the end")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "busy": args.busy}, indent=2,
+                                              default=str) + "\n")
+    return 0
+
+
+def _run_routes(args, routes, mlp, work, say, results) -> None:  # type: ignore[no-untyped-def]
     for route in routes:
         if route.startswith("torch-"):
             python = args.torch_python or os.environ.get(f"XSTAGE_PYTHON_{route.upper().replace('-', '_')}") \
@@ -334,15 +357,6 @@ def main(argv: list[str] | None = None) -> int:
                                      repeats=args.repeats, shapes=shapes,
                                      torch_python=args.torch_python, say=say, config=config,
                                      concurrency=args.concurrency))
-    print(table(results))
-    for r in results:
-        if r["benchmark_app_fps"] is not None:
-            print(f"benchmark_app -hint throughput -nireq {r['depth']} on {r['graph']}: "
-                  f"{r['benchmark_app_fps']} FPS")
-    print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"results": results}, indent=2, default=str) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

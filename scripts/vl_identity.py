@@ -34,6 +34,14 @@ ROUTES = ("ort-cpu", "ort-openvino", "torch-cpu")
 FAMILIES = ("qwen3_vl", "qwen3_5")
 
 
+def exported(folder: Path) -> Path | None:
+    """The tower an export of this script's own arguments left in ``folder`` (``tower.*`` with its
+    manifest), or None."""
+    found = [p for p in folder.glob("tower.*") if not p.name.endswith(".manifest.json")
+             and p.with_name(p.name + ".manifest.json").is_file()]
+    return found[0] if len(found) == 1 else None
+
+
 def _format_for(route: str) -> str:
     from xstage.routes.specs import get_spec
 
@@ -79,9 +87,12 @@ def run_family(family: str, args: argparse.Namespace, out_dir: Path) -> dict[str
     for route in args.routes:
         fmt = _format_for(route)
         if fmt not in artifacts:
-            report = export_vision_tower(out_dir / family / fmt.replace(":", "-") / "tower",
-                                         family=family, config="tiny", seed=args.seed, fmt=fmt)
-            artifacts[fmt] = Path(report["path"])
+            where = family + "/" + fmt.replace(":", "-")
+            artifacts[fmt] = exported(args.towers / where) if args.towers else None
+            if artifacts[fmt] is None:
+                report = export_vision_tower(out_dir / where / "tower", family=family,
+                                             config="tiny", seed=args.seed, fmt=fmt)
+                artifacts[fmt] = Path(report["path"])
         t0 = time.perf_counter()
         try:
             stage = xstage.open_stage(artifacts[fmt], route=route)
@@ -142,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-changed", type=float, default=0.75,
                         help="the control's bar, a fraction of the pairs (12 of 16)")
     parser.add_argument("--out", type=Path, help="where the exported towers go (default: a temp dir)")
+    parser.add_argument("--towers", type=Path,
+                        help="towers exported before with the same family, seed and format, as "
+                             "TOWERS/<family>/<onnx-fp32|pt-fp32>/tower.*: used instead of "
+                             "exporting (a missing one is exported)")
     parser.add_argument("--json", type=Path, help="write the table here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="vl-identity-") as tmp:

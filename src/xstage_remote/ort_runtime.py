@@ -287,7 +287,7 @@ def _load(path, options, tmpdir):
     t0 = time.perf_counter()
     plugin = ep.get("plugin")
     try:
-        session, bound_device, report_path, printed, log_lines = _construct(
+        session, bound_device, report_path, printed, log_lines, bind_s = _construct(
             ort, model, so, ep, plugin, tmpdir)
     finally:
         if leftover is not None:  # the session has read it (external data too)
@@ -311,6 +311,8 @@ def _load(path, options, tmpdir):
         "node_names": names,
     }
     runtime = OrtRuntime(ort, session, ep["name"], load_s, bound_device, evidence, tmpdir)
+    if plugin:  # of load_s: the plugin EP's registration and device pick, which no cache can skip
+        runtime.info["ep_bind_s"] = bind_s
     config = (options.get("session") or {}).get("config")
     if config:  # what the session holds, read back (onnxruntime keeps keys it does not know)
         runtime.info["session_config"] = _applied_config(session, config)
@@ -326,16 +328,19 @@ def _construct(ort, model, so, ep, plugin, scratch):
     named, onnxruntime's Python fallback off, and what the runtime prints captured.
 
     Returns the session, the bound device (plugin EPs), the EP report's path, what the Python
-    layer printed, and the C++ log's fallback lines.
+    layer printed, the C++ log's fallback lines and the seconds the binding took.
     """
     bound_device = report_path = None
+    bind_s = 0.0
     tee = _Tee(sys.stdout)
     saved, sys.stdout = sys.stdout, tee
     capture = _StderrCapture()
     try:
         capture.__enter__()
         if plugin:
+            t0 = time.perf_counter()
             bound_device, report_path = _bind_plugin(ort, so, ep, plugin, scratch)
+            bind_s = time.perf_counter() - t0
             session = ort.InferenceSession(model, sess_options=so, enable_fallback=0)
         else:
             providers = [(ep["name"], dict(ep.get("options") or {}))]
@@ -348,7 +353,7 @@ def _construct(ort, model, so, ep, plugin, scratch):
         sys.stdout = saved
     if hasattr(session, "disable_fallback"):
         session.disable_fallback()
-    return session, bound_device, report_path, "".join(tee.text), capture.lines
+    return session, bound_device, report_path, "".join(tee.text), capture.lines, bind_s
 
 
 def _applied_options(session, name, given):
@@ -444,7 +449,7 @@ def _unprofiled_session(ort, path, options):
     if _version(ort.__version__) >= (1, 24) and hasattr(
             ort.InferenceSession, "get_provider_graph_assignment_info"):
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-    session, _, _, printed, _ = _construct(ort, path, so, ep, ep.get("plugin"), None)
+    session, _, _, printed, _, _ = _construct(ort, path, so, ep, ep.get("plugin"), None)
     if FALLBACK_MARK in printed:
         raise RuntimeError("the unprofiled session fell back: %s" % printed.strip()[:300])
     return session

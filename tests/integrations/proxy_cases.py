@@ -22,11 +22,15 @@ from xstage.integrations.tiny import tiny_pairs, tiny_vl_model
 from xstage.integrations.transformers import find_module, offload
 
 OUT = Path(sys.argv[1])
+#: towers exported before with these arguments (``OUT2/<name>/tower.onnx``), used where present
+BEFORE = Path(sys.argv[2]) if len(sys.argv) > 2 else None
 VL = tiny_vl_model("qwen3_vl", seed=0)
 Q35 = tiny_vl_model("qwen3_5", seed=0)
 
 
 def _export(name, **kw):
+    if BEFORE is not None and (BEFORE / name / "tower.onnx.manifest.json").is_file():
+        return str(BEFORE / name / "tower.onnx")
     return export_vision_tower(OUT / name / "tower", config="tiny", **kw)["path"]
 
 

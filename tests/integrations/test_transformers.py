@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import runcache
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -37,12 +38,35 @@ def _env(**extra: str) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(REPO / "src"), **extra)
 
 
+#: Exports the towers named ``[[folder, export_vision_tower's keywords], ...]`` (argv[1]) under
+#: argv[2]/<folder>/tower, as the scripts would: run through the test cache (tests/runcache.py).
+_TOWERS = """
+import json, sys
+from pathlib import Path
+from xstage.export.vision_tower import export_vision_tower
+for name, kw in json.loads(sys.argv[1]):
+    export_vision_tower(Path(sys.argv[2]) / name / "tower", config="tiny", **kw)
+"""
+
+
+def _towers(export_python, spec: list, dest: Path) -> Path:
+    """The towers of ``spec``, kept in the test cache while the exporter's code is unchanged: a
+    test of what runs *through* a tower copies it (the export's own tests are tests/export's)."""
+    done = runcache.run(export_python, ["-c", _TOWERS, json.dumps(spec), "{out}"], dest,
+                        env=_env(), timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dest
+
+
 @pytest.fixture(scope="module")
 def identity(export_python, openvino_python, tmp_path_factory):
     out = tmp_path_factory.mktemp("vl-identity")
+    towers = _towers(export_python, [[f"{family}/{fmt.replace(':', '-')}", {"family": family, "fmt": fmt}]
+                                     for family in FAMILIES for fmt in ("onnx:fp32", "pt:fp32")],
+                     out / "exported")
     done = subprocess.run(
         [str(export_python), str(REPO / "scripts" / "vl_identity.py"), "--pairs", "4",
-         "--families", ",".join(FAMILIES),
+         "--families", ",".join(FAMILIES), "--towers", str(towers),
          "--out", str(out / "towers"), "--json", str(out / "table.json")],
         capture_output=True, text=True, timeout=900,
         env=_env(XSTAGE_PYTHON_ORT_OPENVINO=str(openvino_python), COLUMNS="160"))
@@ -54,7 +78,9 @@ def identity(export_python, openvino_python, tmp_path_factory):
 @pytest.fixture(scope="module")
 def cases(export_python, tmp_path_factory):
     out = tmp_path_factory.mktemp("proxy-cases")
-    done = subprocess.run([str(export_python), str(HERE / "proxy_cases.py"), str(out)],
+    towers = _towers(export_python, [["vl-two", {"family": "qwen3_vl", "images": 2}],
+                                     ["vl-seed1", {"family": "qwen3_vl", "seed": 1}]], out / "exported")
+    done = subprocess.run([str(export_python), str(HERE / "proxy_cases.py"), str(out), str(towers)],
                           capture_output=True, text=True, timeout=900, env=_env())
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
