@@ -121,6 +121,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark ``network`` every test that uses a fixture in NETWORK_FIXTURES; skip every test marked
     ``slow`` unless the run asked for them (SLOW_REASON says how)."""
     skip_slow = not run_slow(config)
+    bare = slow_without_reason(items)
+    if bare:  # the slow list carries its reasons (the README's test section)
+        raise pytest.UsageError("tests marked slow without a reason (give "
+                                "@pytest.mark.slow(reason=...) why the default run can skip it): "
+                                + ", ".join(bare))
     for item in items:
         needs = sorted(set(getattr(item, "fixturenames", ())) & NETWORK_FIXTURES.keys())
         if needs:
@@ -128,6 +133,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         mark = item.get_closest_marker("slow")
         if skip_slow and mark is not None:
             item.add_marker(pytest.mark.skip(reason=slow_reason(mark)))
+
+
+def slow_without_reason(items: list[pytest.Item]) -> list[str]:
+    """The tests (parameters folded) marked ``slow`` with no reason of their own."""
+    return sorted({item.nodeid.split("[")[0] for item in items
+                   if (m := item.get_closest_marker("slow")) is not None
+                   and not (m.kwargs.get("reason") or m.args)})
 
 
 def slow_reason(mark: pytest.Mark) -> str:

@@ -371,6 +371,10 @@ def per_class_count(slow: bool, controls: int = 0) -> int:
     return max(SLOW_PER_CLASS, DEFAULT_PER_CLASS + controls) if slow else DEFAULT_PER_CLASS + controls
 
 
+#: The reason a generated case past a class's default ones is ``slow`` (every generated corpus).
+FURTHER = "a further generated case of its class: the default run takes each class's first and its controls"
+
+
 def per_class_params(cases: Sequence[Any], *, klass: Callable[[Any], str] = lambda c: c.klass,
                      ident: Callable[[Any], str] = lambda c: c.id,
                      marks: Callable[[Any], list[Any]] = lambda c: [],
@@ -389,8 +393,7 @@ def per_class_params(cases: Sequence[Any], *, klass: Callable[[Any], str] = lamb
         n = seen[name] = seen.get(name, 0) + 1
         extra = list(marks(case))
         if n > per_class_count(False, controls.get(name, 0)):
-            extra.append(pytest.mark.slow(reason="a further generated case of its class: the "
-                                                 "default run takes each class's first and its controls"))
+            extra.append(pytest.mark.slow(reason=FURTHER))
         out.append(pytest.param(case, id=ident(case), marks=extra))
     return out
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import adv_artifact
+import adv_corpus
 import numpy as np
 import pytest
 
@@ -30,7 +31,8 @@ ALL = {c.id: c for c in [*adv_artifact.generate(SEED, slow=False), *adv_artifact
 
 
 def _params() -> list[Any]:
-    return [pytest.param(case, id=case_id, marks=[] if case_id in DEFAULT else [pytest.mark.slow])
+    return [pytest.param(case, id=case_id, marks=[] if case_id in DEFAULT
+                         else [pytest.mark.slow(reason=adv_corpus.FURTHER)])
             for case_id, case in ALL.items()]
 
 

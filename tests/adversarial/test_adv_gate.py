@@ -31,7 +31,7 @@ print(f"\nadversarial gate seed: {SEED} (set {adv_corpus.SEED_ENV}={SEED} to rep
 def _params() -> list[Any]:
     out = []
     for case in adv_gate.generate(SEED, adv_gate.PER_CLASS_SLOW):
-        marks = [pytest.mark.slow] if case.ident != "0" else []
+        marks = [pytest.mark.slow(reason=adv_corpus.FURTHER)] if case.ident != "0" else []
         for variant, _ in adv_gate.VARIANTS[case.klass]:
             out.append(pytest.param(case, variant, id=f"{case.id}-{variant}", marks=marks))
     return out

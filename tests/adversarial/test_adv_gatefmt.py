@@ -36,7 +36,7 @@ def _params() -> list[Any]:
     out = []
     for case in CASES:
         for k, run in enumerate(case.runs):
-            marks = [pytest.mark.slow] if case.ident >= 1 else []
+            marks = [pytest.mark.slow(reason=adv_corpus.FURTHER)] if case.ident >= 1 else []
             out.append(pytest.param(case, run, id=f"{case.id}-{k}-{run.role}-{run.graph}", marks=marks))
     return out
 

@@ -20,6 +20,7 @@ from typing import Any
 import adv_proof
 import pytest
 import runcache
+from adv_corpus import FURTHER
 from test_adversarial import SEED, Observed, _resolve, module_home, onnx_report, torch_report  # noqa: F401
 
 from xstage import builtin_graphs, device_table
@@ -37,7 +38,7 @@ def _params() -> list[Any]:
         adv_proof.expected(case)  # a case too close to call is a corpus bug: fail at collection
         seen = per_class.get(case.klass, 0)
         per_class[case.klass] = seen + 1
-        marks = [pytest.mark.slow] if seen >= DEFAULT else []
+        marks = [pytest.mark.slow(reason=FURTHER)] if seen >= DEFAULT else []
         variants = (True, False) if case.klass == "identity_padding" else (True,)
         for padded in variants:
             ident = case.id if len(variants) == 1 else f"{case.id}-{'padded' if padded else 'plain'}"

@@ -36,7 +36,8 @@ def test_the_quantized_tower_fits_its_budget_on_both_routes(tmp_path, monkeypatc
         assert row["reservations"]["a16w8 runtime"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="the docs' table, six graphs (the built-in tower's row is the default "
+                        "test's)")
 def test_every_calibration_graph_fits_its_budget(tmp_path, monkeypatch, openvino_python):
     """The docs/memory.md table: six quantized graphs (the third-party ones from the test cache)."""
     rows = _run(tmp_path, "vision-tower-tiny,code2wav-tiny,mlp-512x6-b64,ppocr-cls-v2,"

@@ -54,7 +54,7 @@ def test_each_row_matches_onnxruntime_at_its_version(row, tmp_path):
     _check_row(row, tmp_path, FAST)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="every case of every row: the default run takes up to FAST a row")
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r[1]}-{r[2]}")
 def test_each_row_on_every_case(row, tmp_path):
     """The sweep: every node case of the op that reaches the row's version, and every built one."""

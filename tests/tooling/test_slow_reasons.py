@@ -1,0 +1,28 @@
+"""Every ``slow`` test says why the default run can skip it: a marker without a reason stops the
+collection, naming the test (tests/conftest.py, ``pytest_collection_modifyitems``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import slow_reason, slow_without_reason
+
+
+class _Item:
+    def __init__(self, nodeid: str, mark: pytest.Mark | None) -> None:
+        self.nodeid, self._mark = nodeid, mark
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        return self._mark if name == "slow" else None
+
+
+def test_a_slow_marker_without_a_reason_is_named_once_per_test() -> None:
+    bare, why = pytest.mark.slow.mark, pytest.mark.slow(reason="a soak").mark
+    items = [_Item("t.py::test_a[1]", bare), _Item("t.py::test_a[2]", bare),
+             _Item("t.py::test_b", why), _Item("t.py::test_c", None),
+             _Item("t.py::test_d", pytest.mark.slow("positional").mark)]
+    assert slow_without_reason(items) == ["t.py::test_a"]
+
+
+def test_the_skip_line_repeats_the_markers_reason() -> None:
+    assert slow_reason(pytest.mark.slow(reason="a soak").mark).startswith("slow (a soak): skipped")
