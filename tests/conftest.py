@@ -126,6 +126,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("tests marked slow without a reason (give "
                                 "@pytest.mark.slow(reason=...) why the default run can skip it): "
                                 + ", ".join(bare))
+    whole = not (config.option.keyword or config.option.markexpr) and not any(
+        "::" in str(arg) for arg in config.args)
+    lacking = modules_without_default(items) if whole else []
+    if lacking:  # every module keeps a test the default run takes
+        raise pytest.UsageError("test modules whose every test is marked slow (keep one the "
+                                "default run takes): " + ", ".join(lacking))
     for item in items:
         needs = sorted(set(getattr(item, "fixturenames", ())) & NETWORK_FIXTURES.keys())
         if needs:
@@ -140,6 +146,15 @@ def slow_without_reason(items: list[pytest.Item]) -> list[str]:
     return sorted({item.nodeid.split("[")[0] for item in items
                    if (m := item.get_closest_marker("slow")) is not None
                    and not (m.kwargs.get("reason") or m.args)})
+
+
+def modules_without_default(items: list[pytest.Item]) -> list[str]:
+    """The modules among ``items`` whose every test is marked ``slow``."""
+    default: dict[str, bool] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        default[module] = default.get(module, False) or item.get_closest_marker("slow") is None
+    return sorted(m for m, has in default.items() if not has)
 
 
 def slow_reason(mark: pytest.Mark) -> str:
