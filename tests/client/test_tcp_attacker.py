@@ -116,23 +116,24 @@ def _middle(listener: socket.socket, mode: str) -> None:
     tell.close()
     worker, _ = listener.accept()
     client = socket.create_connection(("127.0.0.1", real_port))
-    answered = threading.Event()  # the first run's result is relayed to the client
 
     def upstream() -> None:  # client → worker: byte-exact, or the first run sent twice
         try:
             if mode == "replay-to-worker":
                 worker.sendall(_records(client, False)[0])  # auth
-                k = 0
-                while True:
+                first_run = b""
+                for k in range(3):  # 0 load, 1 first run, 2 the client's next request
                     data = b"".join(_records(client, True))
-                    worker.sendall(data)  # 0 load, 1 first run
-                    if k == 1:
-                        # The copy only once the client has the first run's result: a worker
-                        # that ends on the copy must not take its answer with it (an unread
-                        # copy makes its close a reset, which can drop the answer in flight).
-                        answered.wait(60)
+                    if k == 2:
+                        # The client sends its next request only once it has read the first
+                        # run's answer whole (a call is synchronous), so the copy goes now, in
+                        # place of that request: the worker that ends on the copy can no
+                        # longer cut the answer short, and this side holds no unread byte
+                        # whose close would reset the client's connection.
+                        worker.sendall(first_run)
+                    else:
                         worker.sendall(data)
-                    k += 1
+                        first_run = data
             while data := client.recv(1 << 20):
                 worker.sendall(data)
         except (EOFError, OSError):
@@ -155,8 +156,6 @@ def _middle(listener: socket.socket, mode: str) -> None:
             frames.append(_records(worker, authenticated))
             for data in _attack(mode, frames, len(frames) - 1, authenticated):
                 client.sendall(data)
-            if len(frames) == 2:
-                answered.set()
     except (EOFError, OSError):
         pass
 
@@ -353,10 +352,11 @@ def test_a_peer_that_connects_first_does_not_win(big_slice: Path, tmp_path: Path
 
 def test_a_request_replayed_to_the_worker_ends_it_with_the_check_named(big_slice: Path,
                                                                         wrapper: str) -> None:
-    """The other direction: the attacker sends the client's first run twice, the copy once
-    the client has the answer (by order). The worker runs it once, answers, refuses the copy
-    (status 65, the check in its log), and the client's next call fails with that log; no call
-    returns anything but the worker's own outputs."""
+    """The other direction: the attacker sends the client's first run twice, the copy in
+    place of the client's next request (by order: the client has read the answer whole). The
+    worker runs it once, answers, refuses the copy (status 65, the check in its log), and the
+    client's next call fails with that log; no call returns anything but the worker's own
+    outputs."""
     pid, port = _spawn_attacker("replay-to-worker")
     env = dict(os.environ, XSTAGE_ATTACK_PORT=str(port))
     try:
