@@ -20,7 +20,12 @@ cites its number (``_check_arguments`` is rule 0, it judges no evidence):
       line could not be read) is not used: a kernel we did not see could be the one on the CPU.
    b. Runs: the profile is split by its ``model_run`` events (by their time span; by file order
       when a span is missing). The time fraction sums runs 2–4, leaving out the first run's
-      start-up costs; a profile of one run is used whole, with a note.
+      start-up costs; a profile of one run is used whole, with a note. Where the median of the
+      timed runs' own fractions (the lower middle of two) is below the sum's, it is the time
+      fraction, with a note: a busy machine only adds time, and one preempted run's delay
+      inside a target kernel must not carry the sum past the threshold (measured: a Scan of
+      10,338 empty steps on the CPU beside an OpenVINO MatMul, 0.0006 of the time on OpenVINO
+      quiet, summed to 0.647 on a machine at load 10-14). It never raises the fraction.
    c. Names (docs/design.md §5, "Untrusted text"; :mod:`xstage.evidence.names`): every kernel event's
       name must be one of the node names the session ran with, or an onnxruntime-derived form
       of one, and agree with its ``op_name``. One failure makes the execution layer unusable.
@@ -110,6 +115,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -155,6 +161,8 @@ class _Execution:
     #: every kernel event of the first run by provider, copies and control flow included: the
     #: seed's metric (``event_fraction``), recorded beside the verdict's, never deciding it
     events: dict[str, int] = field(default_factory=dict)
+    #: each timed run's own time fraction (rule 1b), None for a run whose kernels took 0 us
+    run_fractions: tuple[float | None, ...] = ()
 
 
 def _kernel_node_name(event_name: str) -> str:
@@ -231,9 +239,12 @@ def _execution(events: Sequence[Mapping[str, Any]], names: SessionNames | None,
     time_us: dict[str, int] = {}
     copies = copy_time = control = control_time = control_own = own_unknown = 0
     nodes: list[tuple[str, str, str]] = []
+    run_fractions: list[float | None] = []
     for index in timed:
         counted = index == timed[-1]  # counts are of one run (the last timed); times add up
         own = _own_times(per_run[index - 1])
+        target_before = time_us.get(target, 0)
+        whole_before = sum(time_us.values()) + copy_time
         for event in per_run[index - 1]:
             op = event["op_name"] or ""
             name = _kernel_node_name(event["name"])
@@ -258,12 +269,14 @@ def _execution(events: Sequence[Mapping[str, Any]], names: SessionNames | None,
             if counted:
                 kernels[provider] = kernels.get(provider, 0) + 1
             time_us[provider] = time_us.get(provider, 0) + dur
+        run_fractions.append(_fraction(time_us.get(target, 0) - target_before,
+                                       sum(time_us.values()) + copy_time - whole_before))
     first_run: dict[str, int] = {}
     for event in per_run[0] if per_run else ():
         provider = event["provider"] or _UNKNOWN_PROVIDER
         first_run[provider] = first_run.get(provider, 0) + 1
     return _Execution(kernels, time_us, copies, copy_time, control, control_time, control_own, nodes, n_runs,
-                      timed, check, own_unknown, first_run)
+                      timed, check, own_unknown, first_run, tuple(run_fractions))
 
 
 @dataclass(frozen=True)
@@ -522,6 +535,29 @@ def _execution_basis(args: _Arguments, execution: _Execution, time_fraction: flo
                    tuple(sorted(off_set)), "unmeasured", (), off, None)
 
 
+def _time_fraction(execution: _Execution, target: str, notes: list[str]) -> float | None:
+    """Rule 1b: the lower of the timed runs' summed fraction and the median of their own.
+
+    Load only adds time: a preemption inside one run's target kernel would lift the sum (one
+    run of three carrying a delay longer than all the others' work), not the median of the
+    runs; time a run spends off the target still counts through the sum, so a run that does
+    more work off the target than the others is not voted away. The lower of the two is never
+    above the sum: a time fraction is never raised by this rule, only a run's delay kept out."""
+    whole = sum(execution.time_us.values()) + execution.copy_time_us  # 1d: copies are off it
+    summed = _fraction(execution.time_us.get(target, 0), whole)
+    runs = execution.run_fractions
+    if summed is None or len(runs) < 2 or any(f is None for f in runs):
+        return summed
+    median = statistics.median_low([f for f in runs if f is not None])
+    if median >= summed:
+        return summed
+    notes.append(f"execution: the time fraction is the median of the timed runs' own fractions, "
+                 f"{_fmt(median)} ({', '.join(_fmt(f) for f in runs)}), below their sum's "
+                 f"{_fmt(summed)}: one run's time on the target was longer than the others' "
+                 "(load adds time; rule 1b)")
+    return median
+
+
 def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version: str | None,
                     notes: list[str]) -> _Layers:
     """Rule 5 (docs/design.md §5's conflict table): which layer decides, each fraction, and the conflicts."""
@@ -532,8 +568,7 @@ def _resolve_layers(args: _Arguments, execution: _Execution | None, ort_version:
     if execution is not None:
         total_k, total_t = sum(execution.kernels.values()), sum(execution.time_us.values())
         kernel_fraction = _fraction(execution.kernels.get(target, 0), total_k)
-        whole_t = total_t + execution.copy_time_us  # rule 1d: copies are time not on the target
-        time_fraction = _fraction(execution.time_us.get(target, 0), whole_t)
+        time_fraction = _time_fraction(execution, target, notes)
         notes.append(f"execution: {_n(total_k, 'compute kernel')} a run, {total_t} us "
                      f"({_counts(execution.kernels)}) over run{'s' if len(execution.timed_runs) > 1 else ''} "
                      f"{', '.join(map(str, execution.timed_runs))} of {execution.runs}"
@@ -781,6 +816,7 @@ def _assemble(args: _Arguments, ort_version: str | None, parsed: ParsedProfile,
         original_nodes_total=layers.whole,
         original_nodes_off_target=len(layers.plan_off_originals) if layers.node_basis else None,
         timed_runs=execution.timed_runs if execution else None,
+        run_time_fractions=execution.run_fractions if execution else None,
         conflicts=layers.conflicts + conflicts,
         names_checked=None if names is None else names.passed,
         name_failures=names.failures if names is not None else (),

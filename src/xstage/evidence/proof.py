@@ -59,7 +59,8 @@ class PlacementProof:
         plan_copies: plan: ``Memcpy*`` nodes.
         graph_node_count: nodes of the ONNX graph and its subgraphs, when given.
         time_fraction: execution: kernel time on the target / all kernel time (copies count as
-            not on the target), summed over :attr:`timed_runs`.
+            not on the target), summed over :attr:`timed_runs`; the median of
+            :attr:`run_time_fractions` where it is lower (a delay in one run kept out).
         kernel_fraction: execution: compute kernels on the target / all compute kernels.
         event_fraction: execution: the event count, recorded beside the verdict's (never
             deciding it): every kernel event of the first profiled run on the target / all of
@@ -90,6 +91,8 @@ class PlacementProof:
             :attr:`node_fraction`); None when only bounds of it are known.
         original_nodes_off_target: those the node basis put on other providers.
         timed_runs: the profiled runs the time fraction sums (2–4; 1 for a one-run profile).
+        run_time_fractions: execution: each timed run's own time fraction (None for a run
+            whose kernels took 0 us).
         conflicts: where the layers disagreed (docs/design.md §5's case (b); the lower fraction decided).
         names_checked: whether every kernel event's name passed the name check; None when no
             names were given to check against.
@@ -141,6 +144,7 @@ class PlacementProof:
     original_nodes_total: int | None = None
     original_nodes_off_target: int | None = None
     timed_runs: tuple[int, ...] | None = None
+    run_time_fractions: tuple[float | None, ...] | None = None
     conflicts: tuple[str, ...] = ()
     names_checked: bool | None = None
     name_failures: tuple[str, ...] = ()
