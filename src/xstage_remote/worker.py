@@ -32,7 +32,7 @@ from .worker_transport import ChannelStream, InlineStream, receive_region
 __all__ = ["main"]
 
 FEATURES = ["inline", "shm-memfd", "shm-named", "death-stdin", "evidence", "bell-eventfd",
-            "fast-frames", "state-read"]
+            "fast-frames", "state-read", "check-sets"]
 #: Exit status when the client vanished (stdin ended or the control stream closed).
 EXIT_ORPHANED = 70
 
@@ -367,6 +367,18 @@ class Worker:
         values = {out: self.state.values[name] for out, name in self.state.by_output.items()}
         self.send({"op": "state_data", "id": frame.id}, values)
 
+    def on_check_sets(self, frame):
+        """The gate's inputs in every slot set, each set's answer against set 0's
+        (``set_check``); a stage with state serves in one set and has nothing to check."""
+        from .set_check import check_sets
+
+        if self.runtime is None or self.region is None or self.state is not None:
+            raise ValueError("check_sets: needs a loaded stage without state and a region")
+        feeds = frame.arrays()
+        self.check_feeds(feeds)
+        info, arrays = check_sets(self.runtime, self.region, self.in_names, self.out_views, feeds)
+        self.send({"op": "sets_checked", "id": frame.id, "info": info}, arrays)
+
     def check_feeds(self, feeds):
         declared = self.fed_names
         if declared is None:  # once per load: the inputs the caller gives (not the state's)
@@ -668,13 +680,17 @@ class Worker:
             return None
         handler = {"load": self.on_load, "attach": self.on_attach, "run": self.on_run,
                    "evidence": self.on_evidence, "device_slots": self.on_device_slots,
-                   "state": self.on_state}.get(op)
+                   "state": self.on_state, "check_sets": self.on_check_sets}.get(op)
         try:
             if handler is None:
                 raise wire.ProtocolError("op %s is not a request a worker serves" % op)
             handler(frame)
         except Exception as exc:
             self.send_error(frame.id, exc)
+        if op == "check_sets":  # its inline inputs were a copy the stage never holds: not a peak
+            del frame, header
+            memory.release_freed()
+            memory.reset_peak()
 
 
 def hello(secret, nonce=None, generation=1):

@@ -211,5 +211,25 @@ elif fault == "stop-on-run":
     ort_runtime.OrtRuntime.run_into = stopping(ort_runtime.OrtRuntime.run_into)
     sys.argv = [sys.argv[0]] + args
     worker.main(args)
+elif fault == "wrong-in-set":
+    # The real worker, but what it computes in slot set XSTAGE_FAULT_SET comes back with its
+    # first float output off by one: a set whose binding or slots went wrong.
+    import numpy as np
+
+    from xstage_remote import ort_runtime
+
+    wrong_set = int(os.environ["XSTAGE_FAULT_SET"])
+    real_run_into = ort_runtime.OrtRuntime.run_into
+
+    def run_into(self, feeds, out_views, slot_set=0):
+        left = real_run_into(self, feeds, out_views, slot_set)
+        if slot_set == wrong_set:
+            view = next(v for v in out_views.values() if v is not None and v.dtype.kind == "f")
+            view += np.ones((), view.dtype)
+        return left
+
+    ort_runtime.OrtRuntime.run_into = run_into
+    sys.argv = [sys.argv[0]] + args
+    worker.main(args)
 else:
     sys.exit(f"unknown fault {fault!r}")

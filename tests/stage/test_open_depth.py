@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import xstage
-from tests.client.conftest import wait_until
+from tests.client.conftest import fault_env, wait_until
 from xstage import builtin_graphs
 from xstage.client.pipeline import Pipeline
+
+FAULT_WORKER = Path(__file__).resolve().parents[1] / "client" / "fault_worker.py"
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +89,32 @@ def test_an_open_stage_keeps_none_of_the_gates_outputs(mlp):
         warm = stage._admission.warm
         assert dict(warm.outputs) == {} and warm.calls == ()
         assert stage.parity.passed and warm.again is None  # judged: the same bits twice
+
+
+@pytest.mark.parametrize(("depth", "wrong"), [(3, 2), (2, 2)])
+def test_a_set_that_answers_otherwise_fails_the_gate(mlp, tmp_path, monkeypatch, depth, wrong):
+    """A worker whose slot set 2 answers off by one (fault_worker.py, "wrong-in-set"): the gate's
+    calls run in a region of one set and pass; at depth 3 the worker's check of every set of the
+    serving region finds set 2 answering the same inputs otherwise and fails the gate, naming the
+    set; at depth 2 (sets 0 and 1, the control) the stage is admitted."""
+    for key, value in fault_env("wrong-in-set").items():
+        if key.startswith("XSTAGE_FAULT"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("XSTAGE_FAULT_SET", str(wrong))
+    fake = tmp_path / "fakepy"  # stands in for an interpreter (tests/client/conftest.py, fault_python)
+    fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAULT_WORKER}" "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("XSTAGE_PYTHON_ORT_CPU", str(fake))
+    if depth == 2:
+        with xstage.open_stage(mlp, route="ort-cpu", depth=depth, reference_arm="in_process",
+                               record_on_close=False) as stage:
+            assert stage.parity.verdict == "passed" and stage.depth == 2
+            assert ("the gate's inputs ran in each of the serving region's 2 slot sets: each "
+                    "answered bit for bit as set 0") in stage.notes
+        return
+    with pytest.raises(xstage.Refused) as refused:
+        xstage.open_stage(mlp, route="ort-cpu", depth=depth, reference_arm="in_process",
+                          record_on_close=False)
+    (refusal,) = refused.value.refusals
+    assert refusal.code == "numeric_gate_failed" and refusal.cause == "nondeterministic"
+    assert "y (slot set 2)" in refusal.message, refusal.message

@@ -35,6 +35,8 @@ VALID = {
     "device_slots_ready": {"op": "device_slots_ready", "id": 7, "info": {}, "t": []},
     "state": {"op": "state", "id": 8},
     "state_data": {"op": "state_data", "id": 8, "t": []},
+    "check_sets": {"op": "check_sets", "id": 9, "t": []},
+    "sets_checked": {"op": "sets_checked", "id": 9, "info": {"sets": 2, "differs": None}},
     "shutdown": {"op": "shutdown", "id": 5},
     "bye": {"op": "bye", "id": 5},
     "error": {"op": "error", "id": 3, "kind": "ValueError", "message": "bad input"},
@@ -267,8 +269,8 @@ def test_rejects_huge_integer_literal(parse):
 @pytest.mark.parametrize("op", ["pickle", "__reduce__", "PING", ""])
 def test_rejects_unknown_op(parse, op):
     """An op not in ``OPS`` is refused and the known ops are listed."""
-    with rejects(f"unknown op {op!r} (known: attach, attached, auth, auth_ok, bye, device_slots, "
-                 f"device_slots_ready, error"):
+    with rejects(f"unknown op {op!r} (known: attach, attached, auth, auth_ok, bye, check_sets, "
+                 f"device_slots, device_slots_ready, error"):
         parse({"op": op, "id": 1})
 
 

@@ -442,6 +442,35 @@ class Calls:
             profile = arrays.get(wire.PROFILE_TENSOR)
             return dict(frame.header["info"]), (bytes(profile) if profile is not None else None)
 
+    def check_sets(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray],
+                                                            dict[str, np.ndarray]]:
+        """Have the worker answer ``inputs`` in every slot set and compare each with set 0.
+
+        The inputs travel inline, and every set's pages are touched in the worker only
+        (``xstage_remote.set_check``), so the client's peak stays where it was. Returns the
+        worker's info (``sets``: how many ran; ``differs``: the first set that answered
+        otherwise, bit for bit, or None) and, where one did, set 0's outputs and that set's by
+        name; ``({}, {}, {})`` without a region of two sets or more; ``skipped`` says why
+        where inputs too large for one frame were not sent.
+        """
+        if self._forked:
+            raise self._forked_error()
+        with self.lock:
+            region = getattr(self.link, "region", None)
+            if region is None or region.n_sets < 2:
+                return {}, {}, {}
+            feeds = self._check_inputs(inputs)
+            if sum(a.nbytes for a in feeds.values()) > wire.MAX_PAYLOAD_BYTES:
+                return {"sets": 0, "skipped": "the inputs are over one frame's limit "
+                        f"({wire.MAX_PAYLOAD_BYTES >> 30} GiB)"}, {}, {}
+            frame = self.request({"op": "check_sets"}, "sets_checked", "warmup", arrays=feeds)
+            arrays = frame.arrays()
+            return (dict(frame.header["info"]),
+                    {n[len(wire.SET0_PREFIX):]: np.array(a) for n, a in arrays.items()
+                     if n.startswith(wire.SET0_PREFIX)},
+                    {n[len(wire.SETK_PREFIX):]: np.array(a) for n, a in arrays.items()
+                     if n.startswith(wire.SETK_PREFIX)})
+
     def state_values(self) -> dict[str, np.ndarray]:
         """The state the last call left in the worker, by state output name (copies).
 

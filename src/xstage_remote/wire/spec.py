@@ -30,6 +30,8 @@ FAST_MAGIC = b"XSB1"
 #: The profile's bytes in an ``evidence_data`` frame (a name no ONNX output can take: it is
 #: not a valid identifier, and the client refuses a stage whose outputs use it anyway).
 PROFILE_TENSOR = "xstage:profile"
+#: ``sets_checked``'s tensor names where a slot set answered otherwise: set 0's outputs, that set's
+SET0_PREFIX, SETK_PREFIX = "set0/", "setk/"
 
 
 PREFIX = struct.Struct("<4sIQ")
@@ -148,6 +150,8 @@ OPS = {
     "device_slots_ready": {"info": (_OBJ, True), "t": (_LIST, True)},
     "state": {},
     "state_data": {"t": (_LIST, True)},
+    "check_sets": {"t": (_LIST, True)},
+    "sets_checked": {"info": (_OBJ, True), "t": (_LIST, False)},
     "shutdown": {},
     "bye": {},
     "error": {"kind": (_STR, True), "message": (_STR, True), "traceback": (_STR, False)},
