@@ -25,7 +25,7 @@ _CHUNK = 1 << 20  # bytes compared at a time: no temporary the size of an output
 def _same_bytes(a, b):
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    x = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    x = np.ascontiguousarray(a).reshape(-1).view(np.uint8)  # 0-d: one element, 1-d here
     y = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
     for start in range(0, x.size, _CHUNK):
         if not np.array_equal(x[start:start + _CHUNK], y[start:start + _CHUNK]):
@@ -36,7 +36,9 @@ def _same_bytes(a, b):
 def _answer(runtime, region, in_names, out_views, feeds, s):
     """Set ``s``'s answer to ``feeds``, computed as a request in that set is (``on_shm_call``)."""
     for name, value in feeds.items():
-        if not region.write("in", name, np.ascontiguousarray(value), s):
+        if not value.flags.c_contiguous:  # (ascontiguousarray would make a 0-d input 1-d)
+            value = value.copy(order="C")
+        if not region.write("in", name, value, s):
             raise ValueError("check_sets: input %r does not fit its slot in set %d" % (name, s))
     views = out_views[s]
     rest = runtime.run_into(region.inputs(s, in_names), views, s)

@@ -118,3 +118,34 @@ def test_a_set_that_answers_otherwise_fails_the_gate(mlp, tmp_path, monkeypatch,
     (refusal,) = refused.value.refusals
     assert refusal.code == "numeric_gate_failed" and refusal.cause == "nondeterministic"
     assert "y (slot set 2)" in refusal.message, refusal.message
+
+
+def test_inputs_and_outputs_of_every_rank_are_checked_in_every_set(tmp_path):
+    """The set check writes the gate's inputs into each set as given: a 0-d input stays 0-d (a
+    1-d copy of it was refused by onnxruntime, "model input (shape=[]) and the tensor (shape=(1))"),
+    and 0-d and integer outputs are compared byte for byte like the rest."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "s"], ["y"]),
+         helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+         helper.make_node("Add", ["k", "k"], ["twice"])],
+        "ranks",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("k", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3]),
+         helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("twice", TensorProto.INT64, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    path = tmp_path / "ranks.onnx"
+    path.write_bytes(model.SerializeToString())
+    with xstage.open_stage(path, route="ort-cpu", depth=3, reference_arm="in_process",
+                           record_on_close=False) as stage:
+        assert ("the gate's inputs ran in each of the serving region's 3 slot sets: each "
+                "answered bit for bit as set 0") in stage.notes
+        out = stage({"x": np.ones((4, 3), np.float32), "s": np.float32(2.0),
+                     "k": np.array([1, 2], np.int64)})
+        assert out["total"].shape == () and float(out["total"]) == 12.0
+        assert out["twice"].tolist() == [2, 4] and float(out["y"][0, 0]) == 2.0

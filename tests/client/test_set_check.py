@@ -1,0 +1,99 @@
+"""``xstage_remote.set_check`` on a real onnxruntime runtime and a real region of three sets.
+
+The worker's side of ``check_sets``: the gate's inputs written into every set as given (a 0-d
+input stays 0-d: OpenVINO refuses a 1-d copy of it, onnxruntime's CPU EP does not), each set run
+through its own binding, each answer compared with set 0's byte for byte. The fault, a set run
+through another set's binding (its addresses), is injected into the runtime's own binding cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from xstage_remote import ort_runtime, shm, wire
+from xstage_remote.set_check import check_sets
+
+SETS = 3
+
+
+@pytest.fixture
+def ranks(tmp_path: Path) -> Path:
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "s"], ["y"]),
+         helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+         helper.make_node("Add", ["k", "k"], ["twice"])],
+        "ranks",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("k", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3]),
+         helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("twice", TensorProto.INT64, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    path = tmp_path / "ranks.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+FEEDS = {"x": np.arange(12, dtype=np.float32).reshape(4, 3), "s": np.array(2.0, np.float32),
+         "k": np.array([1, 2], np.int64)}
+
+
+def _served(path: Path):
+    runtime = ort_runtime.load(str(path), {})
+    ins = [(n, wire.tag_of_dtype(a.dtype), a.nbytes) for n, a in FEEDS.items()]
+    outs = [(o["name"], o["dtype"], 64) for o in runtime.outputs]
+    slots, size = shm.plan_layout(ins, outs, sets=SETS)
+    region = shm.Region.create(size, slots, n_sets=SETS)
+    views = [{o["name"]: region.view("out", o["name"], wire.dtype_of_tag(o["dtype"]),
+                                     tuple(o["shape"]), k) for o in runtime.outputs}
+             for k in range(SETS)]
+    return runtime, region, views
+
+
+def test_every_set_answers_alike_and_a_0d_input_stays_0d(ranks: Path) -> None:
+    runtime, region, views = _served(ranks)
+    seen: list[tuple[int, dict[str, tuple[int, ...]]]] = []
+    real = runtime.run_into
+
+    def run_into(feeds, out_views, slot_set=0):  # records what each set was fed, runs it for real
+        seen.append((slot_set, {n: a.shape for n, a in feeds.items()}))
+        return real(feeds, out_views, slot_set)
+
+    runtime.run_into = run_into
+    try:
+        info, arrays = check_sets(runtime, region, tuple(FEEDS), views, FEEDS)
+        assert info == {"sets": SETS, "differs": None} and arrays == {}
+        assert [s for s, _ in seen] == [0, 1, 2]
+        assert all(shapes == {"x": (4, 3), "s": (), "k": (2,)} for _, shapes in seen)
+        for k in range(SETS):  # each set's own slots hold the answer
+            np.testing.assert_array_equal(views[k]["y"], FEEDS["x"] * 2)
+            assert views[k]["total"].shape == () and float(views[k]["total"]) == 66.0
+    finally:
+        region.close()
+
+
+def test_a_set_bound_to_another_sets_memory_is_named_with_both_answers(ranks: Path) -> None:
+    runtime, region, views = _served(ranks)
+    real = runtime.run_into
+
+    def run_into(feeds, out_views, slot_set=0):  # set 2 reuses set 1's binding (its addresses)
+        if slot_set == 2:
+            runtime._bindings[2] = runtime._bindings[1]
+        return real(feeds, out_views, slot_set)
+
+    runtime.run_into = run_into
+    try:
+        info, arrays = check_sets(runtime, region, tuple(FEEDS), views, FEEDS)
+        assert info == {"sets": 3, "differs": 2}
+        assert sorted(arrays) == ["set0/total", "set0/twice", "set0/y",
+                                  "setk/total", "setk/twice", "setk/y"]
+        np.testing.assert_array_equal(arrays["set0/y"], FEEDS["x"] * 2)
+        assert not np.array_equal(arrays["setk/y"], arrays["set0/y"])  # set 2's own slot, unwritten
+    finally:
+        region.close()
