@@ -744,6 +744,9 @@ class Parity:
         formats: the outputs judged by another format than :attr:`fmt`, each with its format.
         determinism: set where an arm disagreed with itself (:func:`nondeterministic`): which
             arm, the outputs, the random ops, and whether a named tolerance admitted it.
+        slot_sets: set where the serving region's slot sets were checked after the gate
+            (``xstage.stage.admit``): ``sets`` (how many answered the gate's inputs), ``differs``
+            (the first that answered otherwise, bit for bit, or None), ``skipped`` (why not).
     """
 
     verdict: Verdict
@@ -761,6 +764,7 @@ class Parity:
     tier: Mapping[str, Any] | None = None
     formats: Mapping[str, str] = field(default_factory=dict)
     determinism: Mapping[str, Any] | None = None
+    slot_sets: Mapping[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -793,6 +797,8 @@ class Parity:
             extra["formats"] = dict(self.formats)
         if self.determinism is not None:
             extra["determinism"] = dict(self.determinism)
+        if self.slot_sets is not None:
+            extra["slot_sets"] = dict(self.slot_sets)
         return {
             "verdict": self.verdict,
             "cause": self.cause,

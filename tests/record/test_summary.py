@@ -72,6 +72,18 @@ def test_known_shapes_read_as_sentences():
             "ort-vitisai needs Windows (natively, or reached from WSL); this host is Linux (not WSL)") in rows
 
 
+@pytest.mark.parametrize(("sets", "row"), [
+    ({"sets": 2, "differs": None}, "2 checked: each answered the gate's inputs bit for bit as set 0"),
+    ({"sets": 3, "differs": 2}, "3 checked: set 2 answered the gate's inputs otherwise than set 0"),
+    ({"sets": 0, "differs": None, "skipped": "the inputs are over one frame's limit (8 GiB)"},
+     "not checked: the inputs are over one frame's limit (8 GiB)"),
+])
+def test_the_slot_sets_check_reads_as_a_sentence(sets, row):
+    doc = _external_shaped()
+    doc["parity"]["slot_sets"] = sets
+    assert dict(summary_rows(doc))["slot sets"] == row
+
+
 def test_a_torch_proof_counts_ops_and_copies():
     doc = _external_shaped()
     doc["proof"] = {"verdict": "placed", "target_ep": "torch:cuda", "nodes_on_target": 40,

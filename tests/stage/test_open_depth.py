@@ -109,8 +109,7 @@ def test_a_set_that_answers_otherwise_fails_the_gate(mlp, tmp_path, monkeypatch,
         with xstage.open_stage(mlp, route="ort-cpu", depth=depth, reference_arm="in_process",
                                record_on_close=False) as stage:
             assert stage.parity.verdict == "passed" and stage.depth == 2
-            assert ("the gate's inputs ran in each of the serving region's 2 slot sets: each "
-                    "answered bit for bit as set 0") in stage.notes
+            assert stage.parity.slot_sets == {"sets": 2, "differs": None}
         return
     with pytest.raises(xstage.Refused) as refused:
         xstage.open_stage(mlp, route="ort-cpu", depth=depth, reference_arm="in_process",
@@ -118,6 +117,7 @@ def test_a_set_that_answers_otherwise_fails_the_gate(mlp, tmp_path, monkeypatch,
     (refusal,) = refused.value.refusals
     assert refusal.code == "numeric_gate_failed" and refusal.cause == "nondeterministic"
     assert "y (slot set 2)" in refusal.message, refusal.message
+    assert refusal.evidence["parity"]["slot_sets"] == {"sets": 3, "differs": 2}
 
 
 def test_inputs_and_outputs_of_every_rank_are_checked_in_every_set(tmp_path):
@@ -143,8 +143,8 @@ def test_inputs_and_outputs_of_every_rank_are_checked_in_every_set(tmp_path):
     path.write_bytes(model.SerializeToString())
     with xstage.open_stage(path, route="ort-cpu", depth=3, reference_arm="in_process",
                            record_on_close=False) as stage:
-        assert ("the gate's inputs ran in each of the serving region's 3 slot sets: each "
-                "answered bit for bit as set 0") in stage.notes
+        assert stage.parity.slot_sets == {"sets": 3, "differs": None}
+        assert stage.record()["parity"]["slot_sets"] == {"sets": 3, "differs": None}
         out = stage({"x": np.ones((4, 3), np.float32), "s": np.float32(2.0),
                      "k": np.array([1, 2], np.int64)})
         assert out["total"].shape == () and float(out["total"]) == 12.0

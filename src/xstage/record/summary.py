@@ -285,6 +285,12 @@ def _judged_rows(parity: Mapping[str, Any]) -> Rows:
         ops = ", ".join(str(o) for o in det.get("random_ops") or []) or "none found in the graph"
         rows.append(("nondeterministic", f"{said}: the {', the '.join(arms)} disagreed with "
                      f"itself on two computations of the same inputs; random ops: {ops}"))
+    sets = parity.get("slot_sets")
+    if isinstance(sets, Mapping):
+        rows.append(("slot sets", f"not checked: {sets['skipped']}" if sets.get("skipped") else
+                     f"{sets.get('sets')} checked: set {sets['differs']} answered the gate's inputs "
+                     "otherwise than set 0" if sets.get("differs") is not None else
+                     f"{sets.get('sets')} checked: each answered the gate's inputs bit for bit as set 0"))
     return rows
 
 

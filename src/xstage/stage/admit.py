@@ -190,7 +190,7 @@ def attempt(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Attemp
             return Attempt(refusals.gate_refusal(cand, gate, proof, setup.reference.kind,
                                                  warm.worker), doc)
         try:
-            gate, sets_note = _every_set(setup, client, warm, gate)
+            gate = _every_set(setup, client, warm, gate)
         except errors.WorkerDied as exc:
             return Attempt(_crashed(cand, setup, crash.CandidateDied(exc, "warming up",
                                                                      client.log_path)), doc)
@@ -214,8 +214,7 @@ def attempt(cand: Candidate, setup: Setup, say: Callable[[str], None]) -> Attemp
         kept = replace(warm, outputs={}, calls=())  # the gate's copies: judged, not kept
         return Attempt(Admission(setup=setup, candidate=cand, client=client, ledger=book,
                                  holding=holding, proof=proof, parity=gate, ledger_doc=ledger_doc,
-                                 warm=kept, attestation=attested,
-                                 notes=warm.notes + ((sets_note,) if sets_note else ()), detail=doc),
+                                 warm=kept, attestation=attested, notes=warm.notes, detail=doc),
                        doc)
 
 
@@ -228,33 +227,32 @@ def _gate(setup: Setup, warm: WarmUp) -> tuple[parity.Parity, Mapping[str, np.nd
 
 
 def _every_set(setup: Setup, client: WorkerClient, warm: WarmUp,
-               gate: parity.Parity) -> tuple[parity.Parity, str | None]:
+               gate: parity.Parity) -> parity.Parity:
     """The passed gate, failed where a slot set of the serving region answers otherwise.
 
     ``WorkerClient.check_sets`` runs the gate's inputs in each set and compares each set's
-    answer with set 0's in the worker, bit for bit; the note says what was checked.
-
+    answer with set 0's in the worker, bit for bit; :attr:`parity.Parity.slot_sets` records it.
     Only a stage that answered bit for bit the same twice is held to it: one with state serves
     in one set, and one that computes differently each time is the nondeterminism rule's. A set
     that differs is judged as a second computation (:func:`xstage.parity.self_agreement`), its
     outputs named ``<output> (slot set k)``; no named tolerance admits it.
     """
     if setup.depth < 2 or setup.state or warm.again is not None or gate.determinism:
-        return gate, None
+        return gate
     info, first, other = client.check_sets(setup.feeds)
+    if not info:
+        return gate
+    checked = replace(gate, slot_sets={"sets": info.get("sets"), "differs": info.get("differs"),
+                                       **({"skipped": info["skipped"]} if info.get("skipped") else {})})
     k = info.get("differs")
-    if info.get("skipped"):
-        return gate, f"the serving region's slot sets were not checked: {info['skipped']}"
     if k is None:
-        sets = info.get("sets")
-        return gate, (f"the gate's inputs ran in each of the serving region's {sets} slot sets: "
-                      "each answered bit for bit as set 0" if sets else None)
+        return checked
     tag = f" (slot set {k})"
     check = parity.self_agreement({n + tag: a for n, a in first.items()},
                                   {n + tag: a for n, a in other.items()})
     if check.passed:  # within SELF_TOLERANCE: the same numbers, summed in another order
-        return gate, f"slot set {k} answered the gate's inputs within the self-agreement bound of set 0"
-    return parity.nondeterministic(gate, {"stage": check}, setup.artifact.random_ops, named=False), None
+        return checked
+    return parity.nondeterministic(checked, {"stage": check}, setup.artifact.random_ops, named=False)
 
 
 def _both_calls(warm: WarmUp) -> dict[str, np.ndarray]:
