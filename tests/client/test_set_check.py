@@ -97,3 +97,25 @@ def test_a_set_bound_to_another_sets_memory_is_named_with_both_answers(ranks: Pa
         assert not np.array_equal(arrays["setk/y"], arrays["set0/y"])  # set 2's own slot, unwritten
     finally:
         region.close()
+
+
+def test_the_client_asks_only_a_worker_that_offers_it_and_only_with_two_sets(ranks: Path) -> None:
+    """Through ``WorkerClient.check_sets``: a region of one set has nothing to compare; a worker
+    whose hello lacks ``check-sets`` is not asked (docs/wire.md: no peer relies on a capability the
+    other did not offer); one that offers it answers for every set."""
+    import sys
+
+    from xstage.client import WorkerClient
+
+    with WorkerClient(sys.executable, depth=1) as client:
+        client.load(ranks)
+        assert client.check_sets(FEEDS) == ({}, {}, {})  # one set
+        client.widen(3)
+        info, first, other = client.check_sets(FEEDS)
+        assert info == {"sets": 3, "differs": None} and first == other == {}
+        offered = client.hello
+        client.hello = {**offered, "features": [f for f in offered["features"] if f != "check-sets"]}
+        assert client.check_sets(FEEDS) == ({"sets": 0, "skipped": "the worker does not offer "
+                                             "check-sets"}, {}, {})
+        client.hello = offered
+        np.testing.assert_array_equal(client.run(FEEDS)["y"], FEEDS["x"] * 2)  # serves on

@@ -451,7 +451,7 @@ class Calls:
         worker's info (``sets``: how many ran; ``differs``: the first set that answered
         otherwise, bit for bit, or None) and, where one did, set 0's outputs and that set's by
         name; ``({}, {}, {})`` without a region of two sets or more; ``skipped`` says why
-        where inputs too large for one frame were not sent.
+        where the worker does not offer ``check-sets`` or the inputs are over one frame.
         """
         if self._forked:
             raise self._forked_error()
@@ -459,6 +459,8 @@ class Calls:
             region = getattr(self.link, "region", None)
             if region is None or region.n_sets < 2:
                 return {}, {}, {}
+            if "check-sets" not in ((self.hello or {}).get("features") or ()):
+                return {"sets": 0, "skipped": "the worker does not offer check-sets"}, {}, {}
             feeds = self._check_inputs(inputs)
             if sum(a.nbytes for a in feeds.values()) > wire.MAX_PAYLOAD_BYTES:
                 return {"sets": 0, "skipped": "the inputs are over one frame's limit "
