@@ -80,6 +80,25 @@ def identity_graph() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def ranks_graph() -> onnx.ModelProto:
+    """Inputs and outputs of several ranks and dtypes: ``y = x * s`` (``s`` 0-d), ``total``
+    (0-d) the sum of ``x``, ``twice = k + k`` (int64)."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "s"], ["y"]),
+         helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+         helper.make_node("Add", ["k", "k"], ["twice"])],
+        "ranks",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("k", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3]),
+         helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("twice", TensorProto.INT64, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
 def slow_graph(n: int = 1536, depth: int = 160) -> onnx.ModelProto:
     """Seconds of MatMul on two cores: a call that is reliably still running when killed."""
     return builtin_graphs.matmul_chain(depth, n, name="slow")

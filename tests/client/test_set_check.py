@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 
+from tests.client.conftest import ranks_graph
 from xstage_remote import ort_runtime, shm, wire
 from xstage_remote.set_check import check_sets
 
@@ -22,21 +22,8 @@ SETS = 3
 
 @pytest.fixture
 def ranks(tmp_path: Path) -> Path:
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "s"], ["y"]),
-         helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
-         helper.make_node("Add", ["k", "k"], ["twice"])],
-        "ranks",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3]),
-         helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
-         helper.make_tensor_value_info("k", TensorProto.INT64, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3]),
-         helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
-         helper.make_tensor_value_info("twice", TensorProto.INT64, [2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
     path = tmp_path / "ranks.onnx"
-    path.write_bytes(model.SerializeToString())
+    path.write_bytes(ranks_graph().SerializeToString())
     return path
 
 

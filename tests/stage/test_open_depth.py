@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import xstage
-from tests.client.conftest import fault_env, wait_until
+from tests.client.conftest import fault_env, ranks_graph, wait_until
 from xstage import builtin_graphs
 from xstage.client.pipeline import Pipeline
 
@@ -124,23 +124,8 @@ def test_inputs_and_outputs_of_every_rank_are_checked_in_every_set(tmp_path):
     """The set check writes the gate's inputs into each set as given: a 0-d input stays 0-d (a
     1-d copy of it was refused by onnxruntime, "model input (shape=[]) and the tensor (shape=(1))"),
     and 0-d and integer outputs are compared byte for byte like the rest."""
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "s"], ["y"]),
-         helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
-         helper.make_node("Add", ["k", "k"], ["twice"])],
-        "ranks",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3]),
-         helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
-         helper.make_tensor_value_info("k", TensorProto.INT64, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3]),
-         helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
-         helper.make_tensor_value_info("twice", TensorProto.INT64, [2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
     path = tmp_path / "ranks.onnx"
-    path.write_bytes(model.SerializeToString())
+    path.write_bytes(ranks_graph().SerializeToString())
     with xstage.open_stage(path, route="ort-cpu", depth=3, reference_arm="in_process",
                            record_on_close=False) as stage:
         assert stage.parity.slot_sets == {"sets": 3, "differs": None}
