@@ -3,11 +3,14 @@
 Where ``benchmarks/compile_cache.py`` times xstage's opens, this times onnxruntime's session
 creation alone, in a fresh process per sample, with the plugin EP (``onnxruntime_ep_openvino``)
 bound as xstage's route binds it (``load_config``'s CPU section: the f32 precision hint, and
-``CACHE_DIR`` for the cached kinds), and each of the session options xstage's profiled
-warm-up adds turned on in turn: ``plain`` (none), ``prof`` (``enable_profiling``), ``prof+assign``
-(``session.record_ep_graph_assignment_info``), ``prof+assign+bytes`` (the model handed over as
-bytes, node names checked or renamed by ``xstage_remote.onnx_names``: what the worker does), and
-``plain+noopt`` (onnxruntime's graph optimizations off, for scale). Kinds: ``off`` (no cache),
+``CACHE_DIR`` for the cached kinds), with the session options in turn: ``plain`` (none),
+``prof+assign+bytes`` (what xstage's profiled warm-up adds: ``enable_profiling``,
+``session.record_ep_graph_assignment_info``, the model handed over as bytes with its node names
+checked or renamed by ``xstage_remote.onnx_names``), ``+nospin``
+(``session.intra_op.allow_spinning=0``, the route's default: ``prof+assign+bytes+nospin`` is what
+the worker does), ``+intra1`` (``intra_op_num_threads=1``) and ``+noopt`` (onnxruntime's graph
+optimizations off). Each sample's process CPU time is printed beside its wall time: a pool that
+spins shows there. Kinds: ``off`` (no cache),
 ``cold`` (an empty cache folder), ``warm`` and ``warm2`` (the folder the cold one wrote). Medians
 of wall and process CPU time, onnxruntime's own session events where profiled, and warm/cold.
 
@@ -53,6 +56,10 @@ if "bytes" in variant:
     so.add_session_config_entry("session.model_external_initializers_file_folder_path", os.path.dirname(g))
 if "noopt" in variant:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+if "nospin" in variant:
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+if "intra1" in variant:
+    so.intra_op_num_threads = 1
 t1 = time.perf_counter()
 c0 = time.process_time()
 s = ort.InferenceSession(model, so)
@@ -75,7 +82,8 @@ if args.ppocr:
 RAW_PATH = os.path.join(tempfile.mkdtemp(), "session.py")
 with open(RAW_PATH, "w") as f:
     f.write(RAW)
-variants = ["plain", "prof", "prof+assign", "prof+assign+bytes", "plain+noopt"]
+variants = ["plain", "plain+nospin", "plain+intra1", "prof+assign+bytes", "prof+assign+bytes+nospin",
+            "plain+noopt+nospin"]
 res = {}
 prof = tempfile.mkdtemp()
 for _ in range(args.repeats):

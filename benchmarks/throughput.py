@@ -27,7 +27,9 @@ graph) with ``--torch-python`` (default: ``XSTAGE_PYTHON_TORCH_CUDA``/``_CPU``).
 
 ``--session-config KEY=VALUE`` gives both arms' onnxruntime sessions the same config entries
 (``session.intra_op.allow_spinning=0``: docs/throughput.md, "Session config"); with
-``--and-default`` each graph also runs without them, in the same run.
+``--and-default`` each graph also runs without them, in the same run. The in-process arm takes
+the entries the worker's session holds (``worker.runtime.session_config``), a route's own
+defaults included, so both arms run the same session.
 
 Run: ``PYTHONPATH=src python benchmarks/throughput.py [--route ort-cpu --route ort-openvino]
 [--graph mlp --graph ppocr] [--depth 4] [--requests 200] [--repeats 5]
@@ -230,6 +232,10 @@ def bench(graph: Path, route: str, *, k: int, requests: int, repeats: int, shape
                     session_config=config or None) as stage:
         rec = stage.record()
         python = rec["worker"]["interpreter"]
+        # What the worker's session holds: the --session-config entries and the route's own
+        # defaults (ort-openvino's spinning off), so both arms run the same session.
+        held = {k: v for k, v in (rec["worker"]["runtime"].get("session_config") or {}).items()
+                if v is not None}
         feeds = {n: np.ascontiguousarray(v) for n, v in stage.inputs.items()}
         tmp = Path(tempfile.mkdtemp(prefix="xstage-throughput-"))
         np.savez(tmp / "inputs.npz", **feeds)
@@ -239,7 +245,7 @@ def bench(graph: Path, route: str, *, k: int, requests: int, repeats: int, shape
         else:
             ep, options = _ep(route)
             cfg = {"kind": "onnx", "graph": str(graph), "ep": ep, "ep_options": options,
-                   "inputs": str(tmp / "inputs.npz"), "config": dict(config or {})}
+                   "inputs": str(tmp / "inputs.npz"), "config": held}
         helper = InProc(python, cfg)
         stage.measure(runs=20, warmup=5)
         compute_ms = stage.timings["compute"]["p50_ms"]
@@ -263,7 +269,7 @@ def bench(graph: Path, route: str, *, k: int, requests: int, repeats: int, shape
             shutil.rmtree(tmp, ignore_errors=True)
         tool = None if torch_route or route != "ort-openvino" else _benchmark_app(python, graph, k)
     med = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    return {"graph": graph.name, "route": route, "session_config": dict(config or {}),
+    return {"graph": graph.name, "route": route, "session_config": held,
             "concurrency": concurrency or k,
             "depth": k, "requests": requests, "repeats": repeats,
             "compute_p50_ms": compute_ms, "runtime": helper.version, "median": med,

@@ -93,3 +93,22 @@ def test_device_tensors_are_opt_in_and_only_torch_cuda_has_them():
     off = load_options(_resolved("ort-cpu", ("cpu",)), fmt="onnx:fp32",
                        ep_options={"device_tensors": "off"})
     assert "device_tensors" not in off["ep"]["options"]  # never handed to onnxruntime
+
+
+def test_ort_openvino_turns_the_pools_spinning_off_unless_the_user_says_otherwise():
+    plugin = {"kind": "builtin", "ep_name": "OpenVINOExecutionProvider", "options": {"device_type": "CPU"},
+              "device_options": {"cpu": {"device_type": "CPU"}}}
+    status = _resolved("ort-openvino", ("cpu",), ep_plugin=plugin)
+    out = load_options(status, fmt="onnx:fp32", session={"intra_op_num_threads": 2})
+    assert out["session"] == {"intra_op_num_threads": 2,
+                              "config": {"session.intra_op.allow_spinning": "0"}}
+    assert any(n.startswith("session config session.intra_op.allow_spinning=0: the route's default")
+               for n in out["notes"])
+    given = {"config": {"session.intra_op.allow_spinning": "1", "session.x": "y"}}
+    out = load_options(status, fmt="onnx:fp32", session=given)
+    assert out["session"] == given and given == {"config": {"session.intra_op.allow_spinning": "1",
+                                                            "session.x": "y"}}
+    assert not any("the route's default" in n for n in out["notes"])
+    # ort-cpu keeps onnxruntime's own default: its pool is what runs the graph
+    cpu = load_options(_resolved("ort-cpu", ("cpu",)), fmt="onnx:fp32")
+    assert cpu["session"] == {}

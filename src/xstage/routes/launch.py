@@ -20,7 +20,7 @@ from xstage.host.wsl import WslInfo
 from xstage.routes import RouteStatus
 from xstage.routes.hooks import ep_options_for, options_taken
 from xstage.routes.option_hooks import DeviceOverride
-from xstage.routes.specs import OPT_IN_SWITCHES, ROUTES, SWITCH_OFF
+from xstage.routes.specs import OPT_IN_SWITCHES, ROUTES, SWITCH_OFF, RouteSpec
 
 __all__ = ["load_options", "open_worker", "serving_switches", "windows_side_options"]
 
@@ -100,11 +100,27 @@ def load_options(
         notes = [*notes, f"adapter chosen by identity: {adapter.get('description')} (DXGI adapter "
                  f"{adapter.get('dxgi_adapter_number')}, PCI {adapter.get('pci_id')}, matched by "
                  f"{adapter.get('matched_by')}), bound with add_provider_for_devices"]
-    options = {"ep": ep, "session": dict(session or {}), "route": status.name, "device": device,
+    session, defaults = _with_session_defaults(status.spec, session)
+    notes = [*notes, *defaults]
+    options = {"ep": ep, "session": session, "route": status.name, "device": device,
                "profile": profile, "notes": notes, "device_memory": status.spec.device_memory}
     if compile_cache_of is not None:
         options["compile_cache"] = compile_cache.prepare(status, compile_cache_of, options)
     return options
+
+
+def _with_session_defaults(spec: RouteSpec, session: Mapping[str, Any] | None
+                           ) -> tuple[dict[str, Any], list[str]]:
+    """The worker's session options with the route's own config entries under the user's
+    (a key the user gave is kept as given), and a note for each entry the route added."""
+    session = dict(session or {})
+    given = dict(session.get("config") or {})
+    added = {k: v for k, v in spec.session_defaults.items() if k not in given}
+    if not added:
+        return session, []
+    session["config"] = {**added, **given}
+    return session, [f"session config {k}={v}: the route's default (docs/throughput.md, \"Session "
+                     f"config\"); --session-config {k}=... sets another" for k, v in added.items()]
 
 
 def _override_error(status: RouteStatus, info: Mapping[str, Any],

@@ -224,6 +224,11 @@ class RouteSpec:
             ``options_as_applied``) of vendor :attr:`gpu_vendor`.
         gpu_vendor: the vendor of the GPUs its EP runs on (``nvidia`` for ort-cuda; one of
             the vendors of ``drives``); None: any vendor, or no GPU.
+        session_defaults: onnxruntime session config entries the route's worker session gets
+            unless the user gives the same key (``--session-config`` wins); the load options'
+            notes say each one applied. ort-openvino turns the intra-op pool's spinning off:
+            OpenVINO runs the graph on threads of its own, and the pool's spinning threads took
+            CPUs from them (docs/throughput.md, "Session config").
         device_memory: the worker's reader of the device memory its own process holds, by
             name (a key of ``xstage_remote.ort_runtime.DEVICE_MEMORY_READERS``: ``nvml``,
             ``dxgi``), sent in ``load``; None where the stage's tensors are in host RAM or no
@@ -271,6 +276,7 @@ class RouteSpec:
     device_id_picks_gpu: bool = False
     gpu_vendor: str | None = None
     device_memory: str | None = None
+    session_defaults: Mapping[str, str] = field(default_factory=_frozen, hash=False)
 
     def captures_graph(self, ep_options: Mapping[str, str] | None) -> bool:
         """Whether this route's worker will serve from a captured CUDA graph.
@@ -461,6 +467,10 @@ ROUTES: tuple[RouteSpec, ...] = (
         # CACHE_DIR from load_config's device section (measured on an Intel Xeon: PP-OCRv4 det's
         # session 322 ms cold, 133-143 ms warm, the blob read as written).
         plugin_compile_cache=(("load_config:CACHE_DIR", "{dir}"),),
+        # Measured on an Intel Xeon, 16 CPUs, plugin EP: with the pool spinning, a session's
+        # creation took ~800 ms more CPU than its wall time; the tower's warm session 95-110 ms,
+        # 77-81 ms with it off (docs/throughput.md, "Session config").
+        session_defaults=_frozen({"session.intra_op.allow_spinning": "0"}),
         plugin_module="onnxruntime_ep_openvino",
         packages=_frozen(
             {
