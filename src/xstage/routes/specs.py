@@ -468,7 +468,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         # session 322 ms cold, 133-143 ms warm, the blob read as written).
         plugin_compile_cache=(("load_config:CACHE_DIR", "{dir}"),),
         # Measured on an Intel Xeon, 16 CPUs, plugin EP: with the pool spinning, a session's
-        # creation took ~800 ms more CPU than its wall time; the tower's warm session 95-110 ms,
+        # creation took ~800 ms more CPU than with it off; the tower's warm session 95-110 ms,
         # 77-81 ms with it off (docs/throughput.md, "Session config").
         session_defaults=_frozen({"session.intra_op.allow_spinning": "0"}),
         plugin_module="onnxruntime_ep_openvino",
