@@ -252,3 +252,40 @@ def test_a_load_config_the_cache_cannot_go_into_leaves_the_cache_out(xstage_home
     entry = compile_cache.prepare(_plugin_route(), art, options)
     assert entry.status == "off" and "load_config" in (entry.reason or "")
     assert options["ep"]["options"]["load_config"] == load_config
+
+
+def test_an_entry_another_open_is_compiling_into_is_left_to_it(xstage_home):
+    """Rule 7: a second open of the same key while the first compiles into the entry (its
+    runtime has written part of it, nothing sealed) neither empties the entry nor writes into it:
+    it compiles without the cache, saying so. The first seals what its runtime wrote, and the
+    next open hits it. ``clear`` leaves an entry being built."""
+    art = SimpleNamespace(sha256="1" * 64, format="onnx:fp32", runtime="onnxruntime")
+    first = compile_cache.prepare(_route(), art, _options())
+    blob = _compiles(Path(first.options["cache_dir"]))
+    options = _options()
+    second = compile_cache.prepare(_route(), art, options)
+    assert (second.status, second.key, second.folder) == ("off", first.key, None)
+    assert second.reason == compile_cache.BUILDING and "cache_dir" not in options["ep"]["options"]
+    assert blob.read_bytes() == b"blob"  # the first open's file, untouched
+    second.seal()
+    second.discard()  # neither touches the entry
+    assert compile_cache.clear() == [] and blob.exists()
+    first.seal()
+    assert (first.status, first.files) == ("miss", 1)
+    third = compile_cache.prepare(_route(), art, _options())
+    assert third.status == "hit"
+    third.seal()
+
+
+def test_an_entry_whose_builder_died_is_rebuilt(xstage_home):
+    """A builder that ended without sealing let go of the build lock with its process (here: its
+    lock file closed): the next open finds an entry that does not verify and rebuilds it."""
+    art = SimpleNamespace(sha256="2" * 64, format="onnx:fp32", runtime="onnxruntime")
+    dead = compile_cache.prepare(_route(), art, _options())
+    _compiles(Path(dead.options["cache_dir"]), b"half")
+    dead.building.close()  # what the process's end does
+    after = compile_cache.prepare(_route(), art, _options())
+    assert after.status == "rebuilt" and after.reason is not None
+    assert not any(Path(after.options["cache_dir"]).iterdir())  # emptied for this build
+    after.discard()
+    assert not Path(after.folder).exists()

@@ -37,6 +37,12 @@ Rules:
    cannot read back, so every warm open compiled again while the record said ``hit``. An entry
    that holds no file (the runtime wrote none: a cache option it ignored) is no hit either: it
    is handed over again as a ``miss`` saying so.
+7. **One builder.** An open that compiles into an entry (``miss``, ``rebuilt``) holds the
+   entry's build lock (``locks/compiled/<key>.lock``) until it seals or discards it. Another open
+   of the same key meanwhile finds an entry that does not verify yet: it neither empties it nor
+   writes into it, and compiles without the cache (``off``, saying so). A builder that died let
+   go of the lock with its process, so the next open rebuilds what it left. ``clear`` leaves an
+   entry that is being built.
 
 .. versionadded:: 0.2
 """
@@ -53,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xstage.home import atomic_write, cache_dir, locked, locks_dir, owned_dir
+from xstage.home import atomic_write, cache_dir, locked, locks_dir, owned_dir, try_lock
 from xstage.manifest import sha256_file
 
 __all__ = ["ENV", "CompiledEntry", "Entry", "clear", "compiled_dir", "list_entries", "prepare"]
@@ -72,6 +78,16 @@ def compiled_dir() -> Path:
 
 def _lock() -> Path:
     return locks_dir() / "compiled.lock"
+
+
+def _build_lock(key: str) -> Path:
+    """Rule 7: held by the open compiling into entry ``key``."""
+    return locks_dir() / "compiled" / f"{key}.lock"
+
+
+#: Rule 7's reason, for the open that found another compiling into its entry.
+BUILDING = ("another open is compiling into this entry now (it holds the entry's build lock): "
+            "this open compiles without the cache and leaves the entry to it")
 
 
 def _files(folder: Path) -> dict[str, dict[str, Any]]:
@@ -105,6 +121,13 @@ class Entry:
     bytes: int = 0
     #: rule 6: each file's identity when a verified entry was handed over
     handed: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False)
+    #: rule 7: the open build lock while this open compiles into the entry
+    building: Any = field(default=None, repr=False, compare=False)
+
+    def _let_go(self) -> None:
+        if self.building is not None:
+            self.building.close()
+            self.building = None
 
     def seal(self) -> None:
         """Rule 4: hash what the runtime wrote into the manifest (a hit whose files are as
@@ -112,6 +135,13 @@ class Entry:
         and its manifest says so."""
         if self.folder is None or self.key is None or self.status == "unreadable":
             return
+        try:
+            self._seal()
+        finally:
+            self._let_go()
+
+    def _seal(self) -> None:
+        assert self.folder is not None and self.key is not None
         with locked(_lock()):
             files = _files(self.folder / "files")
             self.files, self.bytes = len(files), sum(max(0, f["bytes"]) for f in files.values())
@@ -133,9 +163,12 @@ class Entry:
 
     def discard(self) -> None:
         """A candidate that failed: an entry it started is removed (rule 4)."""
-        if self.folder is not None and self.status in ("miss", "rebuilt"):
-            with locked(_lock()):
-                shutil.rmtree(self.folder, ignore_errors=True)
+        try:
+            if self.folder is not None and self.status in ("miss", "rebuilt"):
+                with locked(_lock()):
+                    shutil.rmtree(self.folder, ignore_errors=True)
+        finally:
+            self._let_go()
 
     def to_dict(self) -> dict[str, Any]:
         """The record's ``worker.compile_cache``."""
@@ -302,13 +335,17 @@ def prepare(route: Any, artifact: Any, options: dict[str, Any]) -> Entry:
     root = compiled_dir()
     folder = root / key
     with locked(_lock()):
-        status, reason = "miss", None
+        status, reason, building = "miss", None, None
         if folder.is_dir():
             reason = _read(folder / _MANIFEST, key)
             status = "hit" if reason is None else "rebuilt"
             if status == "hit" and not _identities(folder / "files"):
                 # Rule 6: nothing to read is no hit; the runtime wrote no file when it compiled.
                 status, reason = "miss", "the entry holds no file: the runtime wrote none when it compiled"
+        if status != "hit":  # rule 7: this open compiles into the entry, unless another does now
+            building = try_lock(_build_lock(key))
+            if building is None:
+                return Entry(status="off", key=key, inputs=inputs, reason=BUILDING)
             if status == "rebuilt":
                 shutil.rmtree(folder, ignore_errors=True)
         owned_dir(folder)
@@ -325,7 +362,7 @@ def prepare(route: Any, artifact: Any, options: dict[str, Any]) -> Entry:
                      files=len(sizes), bytes=sum(sizes))
     opts = _point_at(ep_options, spec_keys, folder / "files", options.get("device"))
     return Entry(status=status, key=key, folder=folder, inputs=inputs, options=opts, reason=reason,
-                 handed=handed)
+                 handed=handed, building=building)
 
 
 @dataclass(frozen=True)
@@ -371,12 +408,20 @@ def list_entries() -> list[CompiledEntry]:
 
 
 def clear() -> list[str]:
-    """Remove every entry; the keys removed."""
+    """Remove every entry but one an open is compiling into now (rule 7); the keys removed."""
     root = cache_dir() / "compiled"
     removed = []
     with locked(_lock()):
         for folder in sorted(root.iterdir()) if root.is_dir() else []:
-            if folder.is_dir():
+            if not folder.is_dir():
+                continue
+            building = try_lock(_build_lock(folder.name))
+            if building is None:
+                continue
+            try:
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.append(folder.name)
+                _build_lock(folder.name).unlink(missing_ok=True)  # under the lock: none opens it now
+            finally:
+                building.close()
     return removed

@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import platformdirs
 
@@ -38,7 +39,7 @@ from xstage.errors import UsageError, naming_full_disk
 __all__ = [
     "LOG_KEEP_DEFAULT", "atomic_write", "cache_dir", "check_output", "check_owned", "envs_dir",
     "file_mode", "hold_log", "home", "home_path", "locked", "locks_dir", "log_keep", "logs_dir", "owned_dir",
-    "prune_logs", "records_dir", "write_output",
+    "prune_logs", "records_dir", "try_lock", "write_output",
 ]
 
 #: File systems that keep no POSIX owner or mode (every file shows one owner and ``0777``):
@@ -364,6 +365,31 @@ def locked(path: str | os.PathLike[str]) -> Iterator[None]:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
     finally:
         handle.close()
+
+
+def try_lock(path: str | os.PathLike[str]) -> IO[bytes] | None:
+    """Take an exclusive lock on ``path`` (a lock file, created if missing) without waiting.
+
+    Returns the open file that holds it (closing it lets go; so does the process ending), or
+    None while another open file holds it, in this process or another.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(target, "a+b")  # noqa: SIM115 - returned: it holds the lock
+    try:
+        if sys.platform == "win32":
+            import msvcrt
+
+            handle.seek(0)
+            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+        else:
+            import fcntl
+
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle
 
 
 #: ``XSTAGE_LOG_KEEP``'s default: the newest 100 worker logs, none older than 30 days.
