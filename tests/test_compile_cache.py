@@ -258,7 +258,7 @@ def test_an_entry_another_open_is_compiling_into_is_left_to_it(xstage_home):
     """Rule 7: a second open of the same key while the first compiles into the entry (its
     runtime has written part of it, nothing sealed) neither empties the entry nor writes into it:
     it compiles without the cache, saying so. The first seals what its runtime wrote, and the
-    next open hits it. ``clear`` leaves an entry being built."""
+    next opens hit it, two at once. ``clear`` leaves an entry being built or read."""
     art = SimpleNamespace(sha256="1" * 64, format="onnx:fp32", runtime="onnxruntime")
     first = compile_cache.prepare(_route(), art, _options())
     blob = _compiles(Path(first.options["cache_dir"]))
@@ -273,8 +273,12 @@ def test_an_entry_another_open_is_compiling_into_is_left_to_it(xstage_home):
     first.seal()
     assert (first.status, first.files) == ("miss", 1)
     third = compile_cache.prepare(_route(), art, _options())
-    assert third.status == "hit"
+    fourth = compile_cache.prepare(_route(), art, _options())  # two readers at once
+    assert (third.status, fourth.status) == ("hit", "hit")
+    assert compile_cache.clear() == [] and blob.exists()  # read now: left
     third.seal()
+    fourth.seal()
+    assert compile_cache.clear() == [first.key] and not blob.exists()
 
 
 def test_an_entry_whose_builder_died_is_rebuilt(xstage_home):

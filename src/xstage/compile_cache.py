@@ -37,12 +37,14 @@ Rules:
    cannot read back, so every warm open compiled again while the record said ``hit``. An entry
    that holds no file (the runtime wrote none: a cache option it ignored) is no hit either: it
    is handed over again as a ``miss`` saying so.
-7. **One builder.** An open that compiles into an entry (``miss``, ``rebuilt``) holds the
-   entry's build lock (``locks/compiled/<key>.lock``) until it seals or discards it. Another open
-   of the same key meanwhile finds an entry that does not verify yet: it neither empties it nor
+7. **One builder, readers left alone.** An open that compiles into an entry (``miss``,
+   ``rebuilt``) holds the entry's lock (``locks/compiled/<key>.lock``) exclusively until it
+   seals or discards it; an open handed a verified entry (``hit``) holds it shared, as long. An
+   open of the same key meanwhile that finds the entry not verified yet neither empties it nor
    writes into it, and compiles without the cache (``off``, saying so). A builder that died let
    go of the lock with its process, so the next open rebuilds what it left. ``clear`` leaves an
-   entry that is being built.
+   entry that is being built or read (on Windows, where the lock has no shared mode, a read is
+   not held).
 
 .. versionadded:: 0.2
 """
@@ -81,13 +83,13 @@ def _lock() -> Path:
 
 
 def _build_lock(key: str) -> Path:
-    """Rule 7: held by the open compiling into entry ``key``."""
+    """Rule 7: held by the open compiling into entry ``key`` (exclusive) or reading it (shared)."""
     return locks_dir() / "compiled" / f"{key}.lock"
 
 
 #: Rule 7's reason, for the open that found another compiling into its entry.
-BUILDING = ("another open is compiling into this entry now (it holds the entry's build lock): "
-            "this open compiles without the cache and leaves the entry to it")
+BUILDING = ("another open holds this entry now (compiling into it, or reading it while this open "
+            "would rebuild it): this open compiles without the cache and leaves the entry alone")
 
 
 def _files(folder: Path) -> dict[str, dict[str, Any]]:
@@ -121,7 +123,7 @@ class Entry:
     bytes: int = 0
     #: rule 6: each file's identity when a verified entry was handed over
     handed: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False)
-    #: rule 7: the open build lock while this open compiles into the entry
+    #: rule 7: the entry's lock while this open compiles into it or reads it
     building: Any = field(default=None, repr=False, compare=False)
 
     def _let_go(self) -> None:
@@ -143,6 +145,8 @@ class Entry:
     def _seal(self) -> None:
         assert self.folder is not None and self.key is not None
         with locked(_lock()):
+            if not (self.folder / "files").is_dir():  # removed under it (by hand): nothing to seal
+                return
             files = _files(self.folder / "files")
             self.files, self.bytes = len(files), sum(max(0, f["bytes"]) for f in files.values())
             manifest = self.folder / _MANIFEST
@@ -342,18 +346,19 @@ def prepare(route: Any, artifact: Any, options: dict[str, Any]) -> Entry:
             if status == "hit" and not _identities(folder / "files"):
                 # Rule 6: nothing to read is no hit; the runtime wrote no file when it compiled.
                 status, reason = "miss", "the entry holds no file: the runtime wrote none when it compiled"
-        if status != "hit":  # rule 7: this open compiles into the entry, unless another does now
-            building = try_lock(_build_lock(key))
-            if building is None:
-                return Entry(status="off", key=key, inputs=inputs, reason=BUILDING)
-            if status == "rebuilt":
-                shutil.rmtree(folder, ignore_errors=True)
+        # rule 7: this open compiles into the entry (unless another does now) or reads it
+        building = try_lock(_build_lock(key), shared=status == "hit")
+        if building is None:
+            return Entry(status="off", key=key, inputs=inputs, reason=BUILDING)
+        if status == "rebuilt":
+            shutil.rmtree(folder, ignore_errors=True)
         owned_dir(folder)
         owned_dir(folder / "files")
         os.utime(folder)  # last use
         mark = _unread_mark(folder / _MANIFEST) if status == "hit" else None
         handed = _identities(folder / "files") if status == "hit" else {}
     if mark is not None:  # rule 6: this runtime compiles again instead of reading it
+        building.close()  # handed nothing: nothing to hold
         sizes = [ident[2] for ident in handed.values()]
         return Entry(status="unreadable", key=key, folder=folder, inputs=inputs,
                      reason=(f"the runtime compiled again instead of reading {mark.get('file')} "

@@ -367,11 +367,14 @@ def locked(path: str | os.PathLike[str]) -> Iterator[None]:
         handle.close()
 
 
-def try_lock(path: str | os.PathLike[str]) -> IO[bytes] | None:
-    """Take an exclusive lock on ``path`` (a lock file, created if missing) without waiting.
+def try_lock(path: str | os.PathLike[str], *, shared: bool = False) -> IO[bytes] | None:
+    """Take a lock on ``path`` (a lock file, created if missing) without waiting: exclusive, or
+    ``shared`` with other shared holders.
 
     Returns the open file that holds it (closing it lets go; so does the process ending), or
-    None while another open file holds it, in this process or another.
+    None while another open file holds it in a mode that excludes this one, in this process or
+    another. On Windows a shared lock is not taken (the file is returned open, holding nothing):
+    msvcrt has exclusive locks only.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -380,12 +383,13 @@ def try_lock(path: str | os.PathLike[str]) -> IO[bytes] | None:
         if sys.platform == "win32":
             import msvcrt
 
-            handle.seek(0)
-            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+            if not shared:
+                handle.seek(0)
+                msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
         else:
             import fcntl
 
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle.fileno(), (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except OSError:
         handle.close()
         return None
