@@ -174,6 +174,7 @@ def test_a_batch_sweep_admits_each_shape_and_writes_one_record_each(xstage_home,
     (("--batch", "1,2"), "--batch: no input of this graph has a free first dimension"),
     (("--batch", "1,x"), "--batch '1,x': 'x' is not a whole number >= 1"),
     (("--sweep", "x=64x512;abc"), "--sweep x: 'abc' is not D1xD2x…"),
+    (("--sweep", "x=64x512;32x512"), "--sweep x=32x512 contradicts the declared [64, 512]"),
     (("--sweep", "x=64x512", "--per-op"), "--per-op takes one stage; a sweep opens one per shape"),
     (("--sweep", "x=64x512", "--batch", "1"), "not allowed with argument")])
 def test_a_bad_sweep_is_a_usage_error(xstage_home, args, why):

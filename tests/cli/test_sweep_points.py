@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xstage.cli._sweep import batch_points, parse_batches, sweep_points
+from xstage.cli._sweep import batch_points, check_points, parse_batches, sweep_points
 from xstage.errors import UsageError
 
 
@@ -34,3 +34,19 @@ def test_batch_over_an_unnamed_shape_with_other_free_dimensions_names_sweep():
 def test_a_repeated_batch_is_refused():
     with pytest.raises(UsageError, match="names 2 twice"):
         parse_batches("1,2,2")
+
+
+@pytest.mark.parametrize(("sweep", "why"), [
+    ("y=1x8;2x8", "--sweep names 'y', which is not an input"),
+    ("x=1x8;2x9", "--sweep x=2x9 contradicts the declared ['batch', 8]"),
+    ("x=1x8;2x8x1", "--sweep x=2x8x1 contradicts the declared ['batch', 8]"),
+])
+def test_every_point_is_checked_against_the_inputs_before_any_runs(sweep, why):
+    """The second point's fault is found before the first point runs, naming --sweep."""
+    with pytest.raises(UsageError) as info:
+        check_points(sweep_points([sweep]), [("x", ("batch", 8))])
+    assert str(info.value) == why
+
+
+def test_points_the_inputs_take_pass():
+    check_points(sweep_points(["x=1x8;4x8"]), [("x", ("batch", 8)), ("m", ("?", 3))])

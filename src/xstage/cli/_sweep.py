@@ -19,7 +19,8 @@ from typing import Any
 
 from xstage.errors import UsageError
 
-__all__ = ["SWEEP_COLUMNS", "Point", "batch_points", "parse_batches", "sweep_points", "sweep_rows"]
+__all__ = ["SWEEP_COLUMNS", "Point", "batch_points", "check_points", "parse_batches", "sweep_points",
+           "sweep_rows"]
 
 #: The sweep table's columns, one row per shape.
 SWEEP_COLUMNS = ("shape", "outcome", "placed on", "proof", "parity", "round trip p50", "compute p50",
@@ -71,6 +72,29 @@ def sweep_points(items: Sequence[str]) -> list[Point]:
     count = lengths.pop() if lengths else 0
     return [Point(label=" ".join(f"{k}={'x'.join(map(str, v[i]))}" for k, v in per_input.items()),
                   shapes={k: v[i] for k, v in per_input.items()}) for i in range(count)]
+
+
+def check_points(points: Sequence[Point], inputs: Sequence[tuple[str, tuple[int | str, ...]]]) -> None:
+    """Every ``--sweep`` point against the artifact's declared ``(name, shape)`` inputs, before
+    any of them runs: a shape for an input the graph lacks, or one whose rank or fixed
+    dimensions differ, would otherwise stop the sweep at that point, after the points before it
+    had run.
+
+    Raises:
+        UsageError: naming ``--sweep``, the input and the declared shape.
+    """
+    declared = dict(inputs)
+    for point in points:
+        for name, shape in point.shapes.items():
+            if name not in declared:
+                raise UsageError(f"--sweep names {name!r}, which is not an input",
+                                 remedy=f"inputs: {', '.join(sorted(declared))}")
+            want = declared[name]
+            if len(shape) != len(want) or any(isinstance(d, int) and d != s
+                                               for d, s in zip(want, shape, strict=False)):
+                raise UsageError(
+                    f"--sweep {name}={'x'.join(map(str, shape))} contradicts the declared "
+                    f"{list(want)}", remedy="keep the fixed dimensions; sweep the free ones")
 
 
 def parse_batches(text: str) -> list[int]:

@@ -21,7 +21,15 @@ from xstage import errors
 from xstage.cli._flags import add_input_flags, add_json_flag, bounded_int
 from xstage.cli._output import Output
 from xstage.cli._summary import show_summary
-from xstage.cli._sweep import SWEEP_COLUMNS, Point, batch_points, parse_batches, sweep_points, sweep_rows
+from xstage.cli._sweep import (
+    SWEEP_COLUMNS,
+    Point,
+    batch_points,
+    check_points,
+    parse_batches,
+    sweep_points,
+    sweep_rows,
+)
 from xstage.client.deadlines import parse_timeouts
 from xstage.cluster import parse_resources
 from xstage.exit_codes import EXIT_OK, EXIT_REFUSED
@@ -367,15 +375,19 @@ def _sweep_points(args: argparse.Namespace, graph: Path) -> list[Point]:
         if value:
             raise errors.UsageError(f"{flag} takes one stage; a sweep opens one per shape",
                                     remedy=f"run {flag} on the shape you want, without the sweep")
-    if args.sweep:
-        return sweep_points(args.sweep)
+    points = sweep_points(args.sweep) if args.sweep else None
+    batches = None if args.sweep else parse_batches(args.batch)
     from xstage.artifact import inspect_artifact
 
     art = inspect_artifact(graph, fmt=args.fmt, component=args.component)
     try:
-        return batch_points(parse_batches(args.batch), [(i.name, i.shape) for i in art.inputs])
+        inputs = [(i.name, i.shape) for i in art.inputs]
     finally:
         art.release()
+    if points is None:
+        return batch_points(batches or [], inputs)
+    check_points(points, inputs)
+    return points
 
 
 def _run_sweep(args: argparse.Namespace, graph: Path, argv: list[str], out: Output) -> int:
