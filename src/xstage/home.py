@@ -230,6 +230,11 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int | None 
 _FD_PREFIXES = ("/dev/fd/", "/proc/self/fd/", "/dev/stdout", "/dev/stderr")
 
 
+def _named(flag: str, path: object) -> str:
+    """The flag and its path as the user typed them: ``--json PATH``, ``--per-op csv=PATH``."""
+    return f"{flag}{path}" if flag.endswith("=") else f"{flag} {path}"
+
+
 def _followed(target: Path, flag: str) -> Path:
     """``target`` with its symlinks followed, each one owned by this user or root.
 
@@ -255,11 +260,12 @@ def _followed(target: Path, flag: str) -> Path:
         uid = os.getuid() if hasattr(os, "getuid") else None  # no owners to compare on Windows
         if uid is not None and info.st_uid not in (uid, 0):
             raise UsageError(
-                f"{flag} {target} is a symbolic link owned by another user (uid {info.st_uid}): "
+                f"{_named(flag, target)} is a symbolic link owned by another user (uid {info.st_uid}): "
                 "xstage does not write through it", remedy="choose a path you own")
         link = Path(os.readlink(target))
         target = link if link.is_absolute() else target.parent / link
-    raise UsageError(f"{flag} {target}: too many levels of symbolic links", remedy="choose another path")
+    raise UsageError(f"{_named(flag, target)}: too many levels of symbolic links",
+                     remedy="choose another path")
 
 
 def _in_place(target: Path) -> bool:
@@ -291,15 +297,16 @@ def check_output(path: str | os.PathLike[str], *, flag: str = "--json") -> Path:
     if _in_place(target):
         return target
     if target.is_dir():
-        example = "record.json" if flag == "--json" else "out" + (Path(path).suffix or ".file")
-        raise UsageError(f"{flag} {path} is a folder, not a file",
-                         remedy=f"name a file in it, e.g. {flag} {Path(path) / example}")
+        suffix = Path(path).suffix or (".csv" if flag.endswith("csv=") else ".file")
+        example = "record.json" if flag == "--json" else "out" + suffix
+        raise UsageError(f"{_named(flag, path)} is a folder, not a file",
+                         remedy=f"name a file in it, e.g. {_named(flag, Path(path) / example)}")
     folder = target.parent
     if not folder.is_dir():
-        raise UsageError(f"{flag} {path}: the folder {folder} does not exist",
+        raise UsageError(f"{_named(flag, path)}: the folder {folder} does not exist",
                          remedy=f"create it first (mkdir -p {folder}) or choose another path")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: the folder {folder} is not writable",
+        raise UsageError(f"{_named(flag, path)}: the folder {folder} is not writable",
                          remedy="choose a path in a folder you can write")
     return target
 

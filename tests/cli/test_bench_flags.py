@@ -82,7 +82,9 @@ def test_per_op_table_and_file(xstage_home, tmp_path):
 
 @pytest.mark.parametrize(("args", "why"), [
     (("--per-op=xml",), "--per-op 'xml' is neither empty nor csv=PATH"),
-    (("--per-op=csv=-", "--json"), "--per-op csv=- and --json both want stdout alone")])
+    (("--per-op=csv=-", "--json"), "--per-op csv=- and --json both want stdout alone"),
+    (("--per-op=csv=/",), "--per-op csv=/ is a folder, not a file"),  # as typed, not "--per-op /"
+    (("--per-op=csv=/no/such/folder/x.csv",), "--per-op csv=/no/such/folder/x.csv: the folder")])
 def test_a_bad_per_op_is_a_usage_error(xstage_home, args, why):
     assert why in _usage_error(_external(*args))
 

@@ -272,7 +272,7 @@ def _check_per_op(args: argparse.Namespace, out: Output) -> str | None:
                                     remedy="write one of them to a file: --json=PATH or --per-op csv=PATH")
         out.out = out.err  # stdout holds the CSV alone: the summary goes to stderr
     else:
-        check_output(target, flag="--per-op")
+        check_output(target, flag="--per-op csv=")
     return target
 
 
@@ -296,7 +296,7 @@ def _show_per_op(doc: dict[str, Any], target: str | None, out: Output) -> None:
         sys.stdout.flush()
         return
     try:
-        write_output(target, text.encode("utf-8"), flag="--per-op")
+        write_output(target, text.encode("utf-8"), flag="--per-op csv=")
     except OSError as exc:
         raise errors.XstageError(f"could not write --per-op csv={target}: {exc.strerror or exc}",
                                  remedy="choose a writable --per-op csv=PATH") from None
