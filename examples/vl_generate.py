@@ -38,7 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+
+try:
+    import torch
+    import transformers  # noqa: F401 - the models below are transformers'
+except ImportError as exc:  # this example's own dependencies: say which, not a traceback
+    raise SystemExit(f"error: examples/vl_generate.py needs torch and transformers ({exc})\n"
+                     "hint: pip install -e '.[transformers,export]'") from None
 
 import xstage
 from xstage import errors
