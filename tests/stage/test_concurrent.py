@@ -61,6 +61,14 @@ def test_a_stage_with_state_computes_one_at_a_time(tmp_path):
         assert tp["depth"] == 1 and "state pairs runs one request at a time" in tp["note"]
 
 
+def test_a_stage_opened_at_depth_1_says_its_depth_not_state(wide):
+    """A stateless stage opened at depth 1 and driven at 4 is served at 1, and the note says
+    why: its depth, not state pairs it does not have."""
+    with xstage.open_stage(wide, route="ort-cpu", depth=1, record_on_close=False) as stage:
+        tp = stage.measure_throughput({"x": np.ones((64, 512), np.float32)}, depth=4, requests=3)
+        assert tp["depth"] == 1 and tp["note"] == "depth 4 asked, served at 1: the stage's depth is 1"
+
+
 def test_a_throughput_run_with_wrong_inputs_raises_and_the_stage_serves_on(wide):
     """The throughput driver submits from the last request's callback: an error there reaches
     the caller, and nothing is left in flight."""

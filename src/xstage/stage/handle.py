@@ -51,6 +51,10 @@ class Requests:
         """One request; its outputs come through the future."""
         raise NotImplementedError
 
+    def _keeps_state(self) -> bool:
+        """Whether the stage carries state pairs (and so serves one request at a time)."""
+        return False
+
     async def acall(self, inputs: Mapping[str, Any], *,
                     timeout: Any = USE_DEADLINE) -> dict[str, np.ndarray]:
         """``await stage.acall(inputs)``: ``submit`` for asyncio (the event loop never blocks).
@@ -107,7 +111,7 @@ class Requests:
         k, note = min(depth, self.depth), None
         if k < depth:
             note = (f"depth {depth} asked, served at {k}: "
-                    + ("a stage with state pairs runs one request at a time" if k == 1
+                    + ("a stage with state pairs runs one request at a time" if self._keeps_state()
                        else f"the stage's depth is {k}"))
         total = requests if requests is not None else (None if duration is not None else 100)
         drive = Refill(self.submit, inputs, depth=k, total=total, duration=duration)
@@ -200,6 +204,9 @@ class Stage(Requests):
     def depth(self) -> int:
         """Requests in flight at once in the worker (``open_stage(depth=...)``)."""
         return self._client.depth
+
+    def _keeps_state(self) -> bool:
+        return bool(self._admission.setup.state)
 
     @property
     def holding(self) -> Holding | None:
