@@ -1,7 +1,8 @@
 """Fixtures shared by the whole suite.
 
 * Every test runs with its own ``XSTAGE_HOME`` and user config file (autouse), and with no
-  ``XSTAGE_PYTHON_*`` variable inherited from the developer's shell.
+  ``XSTAGE_PYTHON_*`` variable inherited from the developer's shell; under them the run has a
+  home of its own (``pytest_configure``), so nothing reaches the developer's real home.
 * Real second interpreters are built once and kept in a persistent cache,
   ``XSTAGE_TEST_CACHE`` (default ``<repo>/.test-cache/``), through xstage's own
   ``env create`` code, so re-runs cost nothing: ``py39_ort119_python`` (CPython 3.9 with
@@ -32,6 +33,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,6 +54,9 @@ NETWORK_FIXTURES = {
     "thirdparty_graphs": "the third-party graphs' wheels",
 }
 
+
+#: The run's own XSTAGE_HOME, made in ``pytest_configure`` (None before).
+_SESSION_HOME: str | None = None
 
 #: Why a ``slow`` test skipped, and how to run it.
 SLOW_REASON = "slow: skipped by default; run it with --run-slow or XSTAGE_SLOW=1"
@@ -76,10 +81,24 @@ def pytest_configure(config: pytest.Config) -> None:
     same cases and the printed seed repeats the whole run."""
     if config.getoption("--run-slow", default=False):
         os.environ["XSTAGE_SLOW"] = "1"
+    # A home of the run's own under everything: the autouse fixture gives each test a fresh one,
+    # but an environment captured at a module's import (before any fixture) would otherwise be
+    # the developer's real home, whose envs and records a test must neither read nor write (the
+    # README's first command makes an env there).
+    global _SESSION_HOME
+    _SESSION_HOME = tempfile.mkdtemp(prefix="xstage-test-home-")
+    os.environ["XSTAGE_HOME"] = _SESSION_HOME
+    os.environ["XSTAGE_CONFIG"] = os.path.join(_SESSION_HOME, "no-user-config.toml")
     if not os.environ.get("XSTAGE_ADV_SEED", "").strip():
         import random
 
         os.environ["XSTAGE_ADV_SEED"] = str(random.SystemRandom().randrange(1, 2**31))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The run's own home (``pytest_configure``) goes with the run."""
+    if _SESSION_HOME:
+        shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -137,7 +137,8 @@ def test_a_fifo_is_written_in_place(tmp_path):
 
 def test_dev_stdout_is_stdout_never_a_file():
     done = subprocess.run([sys.executable, "-m", "xstage", "env", "list", "--json", "/dev/stdout"],
-                          capture_output=True, text=True, env=ENV, timeout=120)
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(ENV, XSTAGE_HOME=os.environ["XSTAGE_HOME"]))  # the test's own home
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["envs"] == []  # stdout holds the document alone
     assert os.path.islink("/dev/stdout") or stat.S_ISCHR(os.stat("/dev/stdout").st_mode)
