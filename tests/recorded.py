@@ -41,3 +41,19 @@ def materialize_sysfs(listing: str, root: Path) -> Path:
         if fields.get("driver"):
             (dev / "driver").symlink_to(f"../../bus/pci/drivers/{fields['driver']}")
     return root
+
+
+def runs_timed(raw: list[dict[str, Any]], per_run: list[dict[str, int]]) -> str:
+    """A recorded one-run ORT profile repeated into ``len(per_run)`` runs, run k's kernel events
+    timed by ``per_run[k]`` (microseconds by provider); each ``model_run`` at least 20 s long, so
+    it spans its kernels. The profile text ``prove`` reads."""
+    events = []
+    for k, durations in enumerate(per_run):
+        for e in raw:
+            e2 = {**e, "ts": e["ts"] + k * 10**8, "args": dict(e["args"])}
+            if e2["cat"] == "Node" and e2["name"].endswith("_kernel_time"):
+                e2["dur"] = durations[e2["args"]["provider"]]
+            if e2["name"] == "model_run":
+                e2["dur"] = max(e2["dur"], 2 * 10**7)
+            events.append(e2)
+    return json.dumps(events)

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from recorded import runs_timed
 
 from xstage.evidence import prove
 
@@ -25,16 +26,7 @@ START = {OV: 10**6, CPU: 980}  # run 1: the EP's start-up, never timed
 def _judge(runs: list[dict[str, int]]) -> str:
     meta = json.loads((PROFILES / "ov124_det.meta.json").read_text())
     raw = json.loads((PROFILES / "ov124_det.profile.json").read_text())
-    events = []
-    for k, durations in enumerate([START, *runs]):
-        for e in raw:
-            e2 = {**e, "ts": e["ts"] + k * 10**8, "args": dict(e["args"])}
-            if e2["cat"] == "Node" and e2["name"].endswith("_kernel_time"):
-                e2["dur"] = durations[e2["args"]["provider"]]
-            if e2["name"] == "model_run":
-                e2["dur"] = max(e2["dur"], 2 * 10**7)
-            events.append(e2)
-    p = prove(target_ep=OV, profile_text=json.dumps(events),
+    p = prove(target_ep=OV, profile_text=runs_timed(raw, [START, *runs]),
               assignment=json.loads((PROFILES / "ov124_det.assignment.json").read_text()),
               session_providers=meta["session_providers"], available_providers=meta["available_providers"],
               fallback_banner=meta["fallback_banner"], graph_nodes=meta["graph"]["nodes"],

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recorded import runs_timed
 
 from xstage.evidence import CAUSES, VERDICTS, PlacementProof, prove
 
@@ -613,17 +614,7 @@ def test_the_time_fraction_leaves_out_the_first_run():
 
 def _runs_timed(per_run: list[dict[str, int]]) -> str:
     """ov124_det's one run repeated, run k's kernels timed by ``per_run[k]`` (by provider)."""
-    raw = json.loads(evidence("ov124_det")["profile_text"])
-    events = []
-    for k, durations in enumerate(per_run):
-        for e in raw:
-            e2 = {**e, "ts": e["ts"] + k * 10**8, "args": dict(e["args"])}
-            if e2["cat"] == "Node" and e2["name"].endswith("_kernel_time"):
-                e2["dur"] = durations[e2["args"]["provider"]]
-            if e2["name"] == "model_run":
-                e2["dur"] = max(e2["dur"], 2 * 10**7)
-            events.append(e2)
-    return json.dumps(events)
+    return runs_timed(json.loads(evidence("ov124_det")["profile_text"]), per_run)
 
 
 def test_a_delay_in_one_runs_target_kernel_does_not_carry_the_sum_past_the_threshold():
